@@ -1,0 +1,1 @@
+"""Autotuning of scheduling options: space, search, builder, runner, database."""

@@ -1,0 +1,56 @@
+"""The public entry points: ``define`` and ``einsum``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from polyfuse.errors import ArgumentError, DTypeError, FrontendError
+from polyfuse.frontends.einsum import einsum_source
+from polyfuse.frontends.tc import parse
+from polyfuse.ir.types import DType
+from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
+from polyfuse.targets import Target
+
+
+def define(source: str, *, target: str | Target = "reference") -> KernelModule:
+    """Compile the TC definitions in ``source`` for ``target``.
+
+    Returns a module whose definitions are attributes: ``define(src).mm(A, B)``.
+    Targets: ``"reference"`` (numpy interpreter), ``"x86"``, ``"aarch64"``, ``"cuda"``,
+    ``"host"`` (this machine's CPU).
+    """
+    if not isinstance(source, str):
+        raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
+    tgt = Target.parse(target)
+    check_target(tgt)
+    module = parse(source)
+    return KernelModule({d.name: Kernel(d, tgt, source) for d in module.definitions})
+
+
+@functools.lru_cache(maxsize=256)
+def _einsum_kernel(source: str, target: Target) -> Kernel:
+    return define(source, target=target).einsum
+
+
+def einsum(subscripts: str, *operands: Any, target: str | Target = "reference") -> np.ndarray:
+    """``np.einsum(subscripts, *operands)`` computed by a generated TC definition."""
+    arrays = []
+    for k, op in enumerate(operands):
+        if not isinstance(op, (np.ndarray, np.generic)):
+            raise ArgumentError(f"einsum: operand {k} must be a numpy array, got {type(op).__name__}")
+        arrays.append(np.asarray(op))
+    dtypes = []
+    for k, a in enumerate(arrays):
+        dt = DType.from_numpy(a.dtype)
+        if dt is None:
+            raise DTypeError(f"einsum: operand {k} has dtype {a.dtype}, which polyfuse does not support")
+        dtypes.append(dt)
+    source = einsum_source(subscripts, dtypes, [a.ndim for a in arrays])
+    try:
+        kernel = _einsum_kernel(source, Target.parse(target))
+    except FrontendError as err:
+        raise ArgumentError(f"einsum: cannot compute '{subscripts}': {err.message}") from None
+    return kernel(*arrays)  # type: ignore[return-value]

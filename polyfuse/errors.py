@@ -1,0 +1,110 @@
+"""Every error polyfuse raises on purpose.
+
+All of them derive from :class:`PolyfuseError`. Errors about a user's TC text carry
+the location and print the offending source line with a caret under it; errors
+about call arguments name the argument, the size or dtype and both values.
+"""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLocation:
+    """A 1-based line and column in a source text, and the length to underline."""
+
+    line: int
+    col: int
+    length: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.line}:{self.col}"
+
+
+class PolyfuseError(Exception):
+    """Base class of every error polyfuse raises on purpose."""
+
+
+class FrontendError(PolyfuseError):
+    """An error in user source text; prints ``line:col``, the line and a caret."""
+
+    def __init__(self, message: str, loc: SourceLocation | None = None,
+                 source: str | None = None, *, hint: str | None = None,
+                 filename: str = "<tc>") -> None:
+        self.message = message
+        self.loc = loc
+        self.source = source
+        self.hint = hint
+        self.filename = filename
+        super().__init__(self._render())
+
+    @property
+    def line(self) -> int | None:
+        return self.loc.line if self.loc else None
+
+    @property
+    def col(self) -> int | None:
+        return self.loc.col if self.loc else None
+
+    def with_source(self, source: str, filename: str = "<tc>") -> FrontendError:
+        """The same error, rendered against ``source`` (used when raised deep inside)."""
+        return type(self)(self.message, self.loc, source, hint=self.hint, filename=filename)
+
+    def _render(self) -> str:
+        if self.loc is None:
+            head = f"{self.filename}: error: {self.message}"
+        else:
+            head = f"{self.filename}:{self.loc}: error: {self.message}"
+        lines = [head]
+        if self.loc is not None and self.source is not None:
+            text = self.source.splitlines()
+            if 1 <= self.loc.line <= len(text):
+                src = text[self.loc.line - 1].expandtabs(1)
+                lines.append("    " + src)
+                width = max(1, min(self.loc.length, len(src) - self.loc.col + 1))
+                lines.append("    " + " " * (self.loc.col - 1) + "^" + "~" * (width - 1))
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+
+class TCSyntaxError(FrontendError):
+    """The TC text does not parse."""
+
+
+class TCSemanticError(FrontendError):
+    """The TC text parses but means nothing valid (unknown names, bad types, ...)."""
+
+
+class RangeInferenceError(TCSemanticError):
+    """An index's range cannot be inferred from the accesses; a ``where`` clause is needed."""
+
+
+class IRVerificationError(PolyfuseError):
+    """An IR object breaks an invariant of its level (a compiler bug or a hand-built IR)."""
+
+
+class ArgumentError(PolyfuseError, TypeError):
+    """A kernel was called with the wrong number, names or kinds of arguments."""
+
+
+class ShapeError(PolyfuseError, ValueError):
+    """Ranks or sizes of arguments disagree with the kernel or with each other."""
+
+
+class DTypeError(PolyfuseError, TypeError):
+    """An argument has a dtype the kernel does not accept (no silent casts)."""
+
+
+class BoundsError(PolyfuseError, IndexError):
+    """A tensor read fell outside the tensor at run time (e.g. a bad indirect index)."""
+
+
+class TargetError(PolyfuseError):
+    """An unknown target, or one that cannot compile or run on this machine."""
+
+
+__all__ = [name for name, obj in list(globals().items())
+           if isinstance(obj, type) and issubclass(obj, builtins.BaseException)] + ["SourceLocation"]

@@ -1,0 +1,1 @@
+"""Front ends: the TC language, einsum subscripts (later ONNX)."""

@@ -1,0 +1,1 @@
+"""All IR data structures, printers, verifiers and interpreters; imports nothing else of polyfuse."""

@@ -1,0 +1,36 @@
+"""The scalar builtin functions of the comprehension IR (what TC calls intrinsics).
+
+Each level that executes code (the reference interpreter, the LLVM and CUDA emitters)
+keeps its own table of implementations keyed by these names.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class BuiltinKind(enum.Enum):
+    FLOAT = "float"      # computes on floats; integer arguments are converted to float32
+    NUMERIC = "numeric"  # keeps its argument type (abs, max, min)
+
+
+@dataclass(frozen=True, slots=True)
+class Builtin:
+    name: str
+    arity: int
+    kind: BuiltinKind
+
+
+def _table(kind: BuiltinKind, arity: int, names: str) -> dict[str, Builtin]:
+    return {n: Builtin(n, arity, kind) for n in names.split()}
+
+
+BUILTINS: dict[str, Builtin] = {
+    **_table(BuiltinKind.FLOAT, 1, "exp exp2 expm1 log log2 log10 log1p sqrt rsqrt cbrt "
+                                   "tanh sinh cosh sigmoid erf erfc fabs floor ceil round trunc "
+                                   "sin cos tan asin acos atan"),
+    **_table(BuiltinKind.FLOAT, 2, "fmax fmin pow atan2 fmod"),
+    **_table(BuiltinKind.NUMERIC, 1, "abs"),
+    **_table(BuiltinKind.NUMERIC, 2, "max min"),
+}

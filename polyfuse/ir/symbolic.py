@@ -1,0 +1,137 @@
+"""Integer expressions over sizes, as sympy expressions and back.
+
+Shapes and index ranges are kept as IR expressions (so they print as TC) but all
+arithmetic on them goes through sympy: :func:`canonical` rewrites an expression to
+one normal form, so two paths to the same range give equal IR.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import sympy
+
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, SizeVar, Unary, UnaryOp
+from polyfuse.ir.types import DType
+
+
+@functools.cache
+def size_symbol(name: str) -> sympy.Symbol:
+    """Sizes are positive integers; sympy uses that to simplify min/max and floors."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def to_sympy(e: Expr, names: Mapping[str, sympy.Expr] | None = None) -> sympy.Expr:
+    """``e`` as sympy; other leaf names (indices) are looked up in ``names``."""
+    match e:
+        case Literal(value=v):
+            return sympy.Integer(int(v))
+        case SizeVar(name=n):
+            return size_symbol(n)
+        case Unary(op=UnaryOp.NEG, operand=a):
+            return -to_sympy(a, names)
+        case Binary(op=op, lhs=a, rhs=b) if op in _SYMPY_BINARY:
+            return _SYMPY_BINARY[op](to_sympy(a, names), to_sympy(b, names))
+        case Call(fn="min", args=args):
+            return sympy.Min(*(to_sympy(a, names) for a in args))
+        case Call(fn="max", args=args):
+            return sympy.Max(*(to_sympy(a, names) for a in args))
+    name = getattr(e, "name", None)
+    if names is not None and name in names:
+        return names[name]
+    raise ValueError(f"not an integer size expression: {e}")
+
+
+_SYMPY_BINARY = {
+    BinaryOp.ADD: lambda a, b: a + b,
+    BinaryOp.SUB: lambda a, b: a - b,
+    BinaryOp.MUL: lambda a, b: a * b,
+    BinaryOp.DIV: lambda a, b: sympy.floor(a / b),
+    BinaryOp.MOD: lambda a, b: sympy.Mod(a, b),
+}
+
+
+def _int(v: int) -> Literal:
+    return Literal(int(v), DType.INT32 if -2**31 <= v < 2**31 else DType.INT64)
+
+
+def _binary(op: BinaryOp, a: Expr, b: Expr) -> Expr:
+    return Binary(op, a, b, DType.INT64 if DType.INT64 in (a.dtype, b.dtype) else DType.INT32)
+
+
+def from_sympy(x: sympy.Expr) -> Expr:
+    """The IR expression for an integer sympy expression built from sizes, in normal form."""
+    e = _from_sympy(sympy.sympify(x))
+    for _ in range(4):  # a rewrite like ceiling -> floor may simplify once more
+        again = _from_sympy(to_sympy(e))
+        if again == e:
+            break
+        e = again
+    return e
+
+
+def _from_sympy(x: sympy.Expr) -> Expr:
+    if x.is_Integer:
+        return _int(int(x))
+    if x.is_Symbol:
+        return SizeVar(x.name)
+    if isinstance(x, sympy.Add):
+        terms = x.as_ordered_terms()
+        positive = [t for t in terms if not t.could_extract_minus_sign()]
+        negative = [-t for t in terms if t.could_extract_minus_sign()]
+        out = _from_sympy(positive[0]) if positive else _int(0)
+        for t in positive[1:]:
+            out = _binary(BinaryOp.ADD, out, _from_sympy(t))
+        for t in negative:
+            out = _binary(BinaryOp.SUB, out, _from_sympy(t))
+        return out
+    if isinstance(x, sympy.Mul):
+        coeff, rest = x.as_coeff_Mul()
+        if coeff.is_Rational and not coeff.is_Integer:
+            # p/q * rest only appears inside floor(); reaching here means a fraction
+            raise ValueError(f"non-integer size expression: {x}")
+        factors = [f for f in sympy.Mul.make_args(rest)]
+        out = _from_sympy(factors[0])
+        for f in factors[1:]:
+            out = _binary(BinaryOp.MUL, out, _from_sympy(f))
+        if coeff == -1:
+            return _binary(BinaryOp.SUB, _int(0), out)
+        return out if coeff == 1 else _binary(BinaryOp.MUL, _int(int(coeff)), out)
+    if isinstance(x, sympy.floor):
+        return _floor_div(x.args[0])
+    if isinstance(x, sympy.ceiling):
+        num, den = sympy.fraction(sympy.together(x.args[0]))
+        return _floor_div((num + den - 1) / den)
+    if isinstance(x, (sympy.Min, sympy.Max)):
+        args = tuple(_from_sympy(a) for a in sorted(x.args, key=sympy.default_sort_key))
+        dt = DType.INT64 if any(a.dtype is DType.INT64 for a in args) else DType.INT32
+        return Call("min" if isinstance(x, sympy.Min) else "max", args, dt)
+    if isinstance(x, sympy.Mod):
+        return _binary(BinaryOp.MOD, _from_sympy(x.args[0]), _from_sympy(x.args[1]))
+    if isinstance(x, sympy.Pow) and x.exp.is_Integer and x.exp > 0:
+        return _from_sympy(sympy.Mul(*([x.base] * int(x.exp)), evaluate=False))
+    raise ValueError(f"cannot express {x} as a TC size expression")
+
+
+def _floor_div(arg: sympy.Expr) -> Expr:
+    num, den = sympy.fraction(sympy.together(arg))
+    if not den.is_Integer or den <= 0:
+        raise ValueError(f"cannot express floor({arg}) as a TC size expression")
+    num = sympy.expand(num)
+    if den == 1:
+        return _from_sympy(num)
+    return _binary(BinaryOp.DIV, _from_sympy(num), _int(int(den)))
+
+
+def canonical(e: Expr) -> Expr:
+    """``e`` in sympy's normal form (constants folded, terms ordered)."""
+    return from_sympy(to_sympy(e))
+
+
+def evaluate_int(e: Expr, sizes: Mapping[str, int]) -> int:
+    """The value of an integer size expression for concrete sizes."""
+    value = to_sympy(e).subs({size_symbol(k): v for k, v in sizes.items()})
+    if not value.is_Integer:
+        raise ValueError(f"size expression {e} is not fixed by sizes {dict(sizes)}")
+    return int(value)

@@ -1,0 +1,100 @@
+"""Element types shared by every IR level."""
+
+from __future__ import annotations
+
+import enum
+
+import ml_dtypes
+import numpy as np
+
+
+class DType(enum.Enum):
+    """An element type. ``value`` is the canonical name used in every IR text form."""
+
+    BOOL = "bool"
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    UINT8 = "uint8"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self in _INTS
+
+    @property
+    def is_bool(self) -> bool:
+        return self is DType.BOOL
+
+    @property
+    def bits(self) -> int:
+        return _BITS[self]
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype that stores this type."""
+        return _NUMPY[self]
+
+    @property
+    def compute(self) -> DType:
+        """The type arithmetic runs in: 16-bit floats are storage types computed in float32."""
+        return DType.FLOAT32 if self in (DType.FLOAT16, DType.BFLOAT16) else self
+
+    @staticmethod
+    def from_name(name: str) -> DType | None:
+        """The type a TC type name denotes (``float`` is float32), or None if unknown."""
+        return _NAMES.get(name)
+
+    @staticmethod
+    def from_numpy(dtype: np.dtype) -> DType | None:
+        """The DType stored as ``dtype``, or None if polyfuse has no such type."""
+        return _FROM_NUMPY.get(np.dtype(dtype))
+
+
+_FLOATS = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64})
+_INTS = frozenset({DType.INT8, DType.INT16, DType.INT32, DType.INT64, DType.UINT8})
+_BITS = {DType.BOOL: 8, DType.INT8: 8, DType.INT16: 16, DType.INT32: 32, DType.INT64: 64,
+         DType.UINT8: 8, DType.FLOAT16: 16, DType.BFLOAT16: 16, DType.FLOAT32: 32,
+         DType.FLOAT64: 64}
+_NUMPY = {d: np.dtype(d.value) for d in DType if d is not DType.BFLOAT16}
+_NUMPY[DType.BFLOAT16] = np.dtype(ml_dtypes.bfloat16)
+_FROM_NUMPY = {v: k for k, v in _NUMPY.items()}
+_NAMES = {d.value: d for d in DType} | {
+    "float": DType.FLOAT32, "double": DType.FLOAT64, "half": DType.FLOAT16,
+    "int": DType.INT32, "long": DType.INT64, "char": DType.INT8, "short": DType.INT16,
+}
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The common type of two strongly typed operands of an arithmetic operator.
+
+    C-like: a float beats an int, the wider float wins (float16 with bfloat16 gives
+    float32), integers follow numpy's rules but never turn into floats.
+    """
+    if a is b:
+        return a
+    if a.is_bool:
+        return promote(DType.INT32, b) if not b.is_bool else a
+    if b.is_bool:
+        return promote(a, DType.INT32)
+    if a.is_float and b.is_float:
+        if a.bits == b.bits:
+            return DType.FLOAT32 if a.bits == 16 else a
+        return a if a.bits > b.bits else b
+    if a.is_float:
+        return a
+    if b.is_float:
+        return b
+    joined = DType.from_numpy(np.promote_types(a.numpy, b.numpy))
+    return joined if joined is not None and joined.is_int else DType.INT64

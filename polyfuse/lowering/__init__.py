@@ -1,0 +1,1 @@
+"""Passes that rewrite IR toward code: specialization, graph passes, fusion, memory plans."""

@@ -1,0 +1,1 @@
+"""Kernels and programs as Python callables: argument checking, specialization, execution."""

@@ -1,0 +1,145 @@
+"""Callable kernels: what ``polyfuse.define`` returns.
+
+A :class:`Kernel` is one TC ``def`` for one target. Calling it checks the arguments,
+specializes the definition to their shapes and dtypes (cached), and runs it. A
+:class:`SpecializedKernel` keeps the text of every stage it went through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polyfuse.errors import ShapeError, TargetError
+from polyfuse.ir.comprehension import Definition
+from polyfuse.ir.comprehension_interpreter import interpret
+from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.lowering.bind_sizes import bind_sizes
+from polyfuse.runtime.arguments import BoundArguments, bind_arguments
+from polyfuse.targets import Target
+
+Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
+
+
+def _build_reference(d: Definition, sizes: Mapping[str, int],
+                     stages: dict[str, str]) -> Executable:
+    return lambda values: interpret(d, values, sizes)
+
+
+# target name -> builder(specialized definition, sizes, stages to fill) -> executable
+BUILDERS: dict[str, Callable[[Definition, Mapping[str, int], dict[str, str]], Executable]] = {
+    "reference": _build_reference,
+}
+
+
+def check_target(target: Target) -> None:
+    if target.name not in BUILDERS:
+        raise TargetError(
+            f"target '{target.name}' has no code generator in this version of polyfuse yet; "
+            f"available: {', '.join(BUILDERS)}")
+
+
+@dataclass(frozen=True)
+class SpecializedKernel:
+    """A kernel fixed to concrete sizes and dtypes; ``stages`` maps stage name -> text."""
+
+    definition: Definition          # with every size bound
+    sizes: dict[str, int]
+    target: Target
+    stages: dict[str, str]
+    run: Executable = field(repr=False)
+
+    @property
+    def output_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(evaluate_int(s, {}) for s in t.shape) for t in self.definition.outputs)
+
+    @property
+    def output_dtypes(self) -> tuple[np.dtype, ...]:
+        return tuple(t.dtype.numpy for t in self.definition.outputs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        bound = bind_arguments(self.definition, args, kwargs)
+        return _results(self.definition, self.run(bound.values))
+
+
+def _results(d: Definition, outputs: dict[str, np.ndarray]) -> np.ndarray | tuple[np.ndarray, ...]:
+    values = tuple(outputs[t.name] for t in d.outputs)
+    return values[0] if len(values) == 1 else values
+
+
+class Kernel:
+    """One TC definition compiled for one target; call it with numpy arrays."""
+
+    def __init__(self, definition: Definition, target: Target, source: str) -> None:
+        check_target(target)
+        self.definition = definition
+        self.target = target
+        self.source = source
+        self._cache: dict[tuple, SpecializedKernel] = {}
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    def __repr__(self) -> str:
+        params = ", ".join(p.name for p in self.definition.params)
+        outs = ", ".join(t.name for t in self.definition.outputs)
+        return f"<polyfuse.Kernel {self.name}({params}) -> ({outs}) target={self.target}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        bound = bind_arguments(self.definition, args, kwargs)
+        kernel = self._specialized(bound)
+        return _results(self.definition, kernel.run(bound.values))
+
+    def specialize(self, *args: Any, **kwargs: Any) -> SpecializedKernel:
+        """The kernel specialized to the shapes and dtypes of these arguments."""
+        return self._specialized(bind_arguments(self.definition, args, kwargs))
+
+    def _specialized(self, bound: BoundArguments) -> SpecializedKernel:
+        key = bound.signature()
+        kernel = self._cache.get(key)
+        if kernel is None:
+            kernel = self._cache[key] = self._build(bound.sizes)
+        return kernel
+
+    def _build(self, sizes: dict[str, int]) -> SpecializedKernel:
+        specialized = bind_sizes(self.definition, sizes)
+        for t in specialized.outputs:
+            extents = [evaluate_int(s, {}) for s in t.shape]
+            if any(e < 0 for e in extents):
+                raise ShapeError(
+                    f"{self.name}: output '{t.name}' would have shape {tuple(extents)} for sizes "
+                    f"{sizes}: the inputs are too small for the statement that writes it")
+        stages = {"source": self.source, "comprehension": str(self.definition),
+                  "specialized": str(specialized)}
+        run = BUILDERS[self.target.name](specialized, sizes, stages)
+        return SpecializedKernel(specialized, dict(sizes), self.target, stages, run)
+
+
+class KernelModule:
+    """The definitions of one TC source; each is an attribute (``mod.mm``) and an item."""
+
+    def __init__(self, kernels: dict[str, Kernel]) -> None:
+        self._kernels = kernels
+
+    def __getattr__(self, name: str) -> Kernel:
+        try:
+            return self.__dict__["_kernels"][name]
+        except KeyError:
+            known = ", ".join(self.__dict__.get("_kernels", {}))
+            raise AttributeError(f"no definition '{name}' in this module (defined: {known})") from None
+
+    def __getitem__(self, name: str) -> Kernel:
+        return getattr(self, name)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._kernels.values())
+
+    def __dir__(self) -> list[str]:
+        return [*self._kernels, *super().__dir__()]
+
+    def __repr__(self) -> str:
+        return f"<polyfuse.KernelModule {', '.join(self._kernels)}>"

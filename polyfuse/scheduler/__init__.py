@@ -1,0 +1,1 @@
+"""Polyhedral scheduling with isl (the only package that imports islpy)."""

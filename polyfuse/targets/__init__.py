@@ -1,0 +1,5 @@
+"""Compilation targets."""
+
+from polyfuse.targets.target import Target
+
+__all__ = ["Target"]
