@@ -179,6 +179,12 @@ class _StatementEval:
         names = st.indices + st.reduction_indices
         box = _Box(names, tuple(bounds[n] for n in names))
         out = self.env[st.tensor]
+        for dim, name in enumerate(st.indices):
+            lo, hi = bounds[name]
+            if lo < hi and (lo < 0 or hi > out.shape[dim]):
+                raise BoundsError(
+                    f"statement '{st}' writes '{st.tensor}' out of bounds: index {name} runs over "
+                    f"{lo}:{hi} but dimension {dim} has size {out.shape[dim]}")
         if st.init:
             out[self.region(box)] = identity(st.op, _dtype_of(out))
         if 0 in box.shape:

@@ -104,9 +104,12 @@ def _from_sympy(x: sympy.Expr) -> Expr:
         num, den = sympy.fraction(sympy.together(x.args[0]))
         return _floor_div((num + den - 1) / den)
     if isinstance(x, (sympy.Min, sympy.Max)):
-        args = tuple(_from_sympy(a) for a in sorted(x.args, key=sympy.default_sort_key))
-        dt = DType.INT64 if any(a.dtype is DType.INT64 for a in args) else DType.INT32
-        return Call("min" if isinstance(x, sympy.Min) else "max", args, dt)
+        fn = "min" if isinstance(x, sympy.Min) else "max"
+        args = [_from_sympy(a) for a in sorted(x.args, key=sympy.default_sort_key)]
+        out = args[-1]
+        for a in reversed(args[:-1]):  # min(a, min(b, c)): the builtins take two arguments
+            out = Call(fn, (a, out), DType.INT64 if DType.INT64 in (a.dtype, out.dtype) else DType.INT32)
+        return out
     if isinstance(x, sympy.Mod):
         return _binary(BinaryOp.MOD, _from_sympy(x.args[0]), _from_sympy(x.args[1]))
     if isinstance(x, sympy.Pow) and x.exp.is_Integer and x.exp > 0:

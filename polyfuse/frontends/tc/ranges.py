@@ -127,12 +127,15 @@ def solve(e: Expr, x: str, lo: sympy.Expr, hi: sympy.Expr,
 
 
 def infer_ranges(accesses: list[Access], fixed: Mapping[str, Interval],
-                 indices: Mapping[str, SourceLocation], source: str) -> dict[str, Interval]:
+                 indices: Mapping[str, SourceLocation], source: str,
+                 outputs: frozenset[str] = frozenset()) -> dict[str, Interval]:
     """Half-open ``(lo, hi)`` ranges for every index of a statement.
 
     ``fixed`` holds the half-open ranges of ``where`` clauses; ``indices`` every index of
-    the statement with its first location, used in errors.
+    the statement with its first location, used in errors; ``outputs`` the indices of
+    the left-hand side, which also never go below 0 (tensors start at 0).
     """
+    half_open = dict(fixed)
     known: dict[str, Interval] = {n: (lo, hi - 1) for n, (lo, hi) in fixed.items()}
     dims = [(a, e, size) for a in accesses for e, size in zip(a.indices, a.shape)
             if not _has_read(e) and index_names(e)]
@@ -150,11 +153,14 @@ def infer_ranges(accesses: list[Access], fixed: Mapping[str, Interval],
         if not found:
             break
         for x, rs in found.items():
-            known[x] = (sympy.Max(*(r[0] for r in rs)), sympy.Min(*(r[1] for r in rs)))
+            floor = [sympy.Integer(0)] if x in outputs else []
+            half_open[x] = (sympy.Max(*floor, *(r[0] for r in rs)),
+                            sympy.Min(*(r[1] + 1 for r in rs)))
+            known[x] = (half_open[x][0], half_open[x][1] - 1)
         pending = [n for n in pending if n not in found]
     if pending:
-        _unresolved(pending[0], dims, indices, source)
-    return {n: (lo, hi + 1) for n, (lo, hi) in known.items() if n in indices}
+        _unresolved(pending[-1], dims, indices, source)  # reduction indices come last
+    return {n: half_open[n] for n in indices}
 
 
 def _unresolved(x: str, dims: list[tuple[Access, Expr, sympy.Expr]],

@@ -200,7 +200,8 @@ class DefinitionAnalyzer:
             lhs = tuple(IndexVar(i) for i in scope.lhs_indices)
             accesses.append(Access(st.tensor.id, access_shape(info.shape), lhs))
         order = [i for i in scope.index_locs if i in used]
-        inferred = infer_ranges(accesses, fixed, {i: scope.index_locs[i] for i in order}, self.source)
+        inferred = infer_ranges(accesses, fixed, {i: scope.index_locs[i] for i in order},
+                                self.source, frozenset(scope.lhs_indices))
         return tuple(Range(i, from_sympy(inferred[i][0]), from_sympy(inferred[i][1])) for i in order)
 
     def finish(self, st: ast.StatementAST, info: TensorInfo, op: ReduceOp, init: bool,
