@@ -127,8 +127,11 @@ class Parser:
                     raise self.error("left-hand side indices must be plain index names, "
                                      f"found {self.tok.describe()}")
                 indices.append(self.ident("an index"))
-                if not self.at(","):
+                if self.at(")"):
                     break
+                if not self.at(","):
+                    raise self.error("left-hand side indices must be plain index names, "
+                                     f"found {self.tok.describe()} after '{indices[-1].id}'")
                 self.advance()
         self.expect(")")
         if not (self.tok.kind is Kind.OP and self.tok.text in ASSIGN_OPS):
