@@ -102,6 +102,14 @@ class BoundsError(PolyfuseError, IndexError):
     """A tensor read fell outside the tensor at run time (e.g. a bad indirect index)."""
 
 
+class ScheduleError(PolyfuseError):
+    """The scheduler cannot model or schedule a kernel (e.g. a non-affine range bound)."""
+
+
+class CodegenError(PolyfuseError):
+    """A target cannot generate or compile code for a kernel."""
+
+
 class TargetError(PolyfuseError):
     """An unknown target, or one that cannot compile or run on this machine."""
 

@@ -1,0 +1,188 @@
+"""isl AST -> loop IR.
+
+Each AST user node is an instance of an isl statement; its call arguments give the
+original indices as expressions of the loop iterators. An init statement stores the
+reduction identity; a main statement stores ``combine(old, value)``. ``parallel``
+marks become parallel loops; the innermost loops get the vector width and unroll
+factor of the options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import islpy as isl
+
+from polyfuse.errors import ScheduleError
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read,
+                                       ReduceOp, Select, map_expr)
+from polyfuse.ir.comprehension_interpreter import identity
+from polyfuse.ir.loops import Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store
+from polyfuse.ir.types import DType
+from polyfuse.scheduler.model import Model
+from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.schedule import PARALLEL_MARK
+
+_I64 = DType.INT64
+
+
+def _int(v: int) -> Literal:
+    return Literal(v, DType.INT32 if -2**31 <= v < 2**31 else DType.INT64)
+
+
+def _fold(op: BinaryOp, a: Expr, b: Expr) -> Expr:
+    """Constant-fold and simplify integer index arithmetic from the AST."""
+    if isinstance(a, Literal) and isinstance(b, Literal) and op in _FOLD:
+        return _int(_FOLD[op](int(a.value), int(b.value)))
+    if op in (BinaryOp.ADD, BinaryOp.SUB) and isinstance(b, Literal) and b.value == 0:
+        return a
+    if op is BinaryOp.ADD and isinstance(a, Literal) and a.value == 0:
+        return b
+    if op is BinaryOp.MUL and isinstance(b, Literal) and b.value == 1:
+        return a
+    if op is BinaryOp.MUL and isinstance(a, Literal) and a.value == 1:
+        return b
+    dt = DType.BOOL if op.is_comparison or op.is_logical else _I64
+    return Binary(op, a, b, dt)
+
+
+_FOLD = {BinaryOp.ADD: lambda x, y: x + y, BinaryOp.SUB: lambda x, y: x - y,
+         BinaryOp.MUL: lambda x, y: x * y, BinaryOp.DIV: lambda x, y: x // y,
+         BinaryOp.MOD: lambda x, y: x % y}
+
+_OPS = {
+    isl.ast_expr_op_type.add: BinaryOp.ADD, isl.ast_expr_op_type.sub: BinaryOp.SUB,
+    isl.ast_expr_op_type.mul: BinaryOp.MUL, isl.ast_expr_op_type.fdiv_q: BinaryOp.DIV,
+    isl.ast_expr_op_type.pdiv_q: BinaryOp.DIV, isl.ast_expr_op_type.div: BinaryOp.DIV,
+    isl.ast_expr_op_type.pdiv_r: BinaryOp.MOD, isl.ast_expr_op_type.zdiv_r: BinaryOp.MOD,
+    isl.ast_expr_op_type.lt: BinaryOp.LT, isl.ast_expr_op_type.le: BinaryOp.LE,
+    isl.ast_expr_op_type.gt: BinaryOp.GT, isl.ast_expr_op_type.ge: BinaryOp.GE,
+    isl.ast_expr_op_type.eq: BinaryOp.EQ, isl.ast_expr_op_type.and_: BinaryOp.AND,
+    isl.ast_expr_op_type.and_then: BinaryOp.AND, isl.ast_expr_op_type.or_: BinaryOp.OR,
+    isl.ast_expr_op_type.or_else: BinaryOp.OR,
+}
+
+
+class _Lowering:
+    def __init__(self, model: Model, sizes: dict[str, int], options: MappingOptions) -> None:
+        self.model = model
+        self.sizes = sizes
+        self.options = options
+
+    def expr(self, e: isl.AstExpr) -> Expr:
+        kind = e.get_type()
+        if kind == isl.ast_expr_type.int:
+            return _int(int(e.get_val().to_python()))
+        if kind == isl.ast_expr_type.id:
+            name = e.get_id().get_name()
+            if name.startswith("s_") and name[2:] in self.sizes:
+                return _int(self.sizes[name[2:]])
+            return IndexVar(name)
+        op = e.get_op_type()
+        args = [self.expr(e.get_op_arg(k)) for k in range(e.get_op_n_arg())]
+        if op == isl.ast_expr_op_type.minus:
+            return _fold(BinaryOp.SUB, _int(0), args[0])
+        if op in (isl.ast_expr_op_type.min, isl.ast_expr_op_type.max):
+            fn = "min" if op == isl.ast_expr_op_type.min else "max"
+            out = args[0]
+            for a in args[1:]:
+                out = Call(fn, (out, a), _I64)
+            return out
+        if op in (isl.ast_expr_op_type.select, isl.ast_expr_op_type.cond):
+            return Select(args[0], args[1], args[2], _I64)
+        if op in _OPS:
+            return _fold(_OPS[op], args[0], args[1])
+        raise ScheduleError(f"unsupported isl AST operation {op}")
+
+    def node(self, n: isl.AstNode) -> list[Stmt]:
+        kind = n.get_type()
+        if kind == isl.ast_node_type.block:
+            children = n.block_get_children()
+            return [s for k in range(children.n_ast_node()) for s in self.node(children.get_at(k))]
+        if kind == isl.ast_node_type.mark:
+            body = self.node(n.mark_get_node())
+            if n.mark_get_id().get_name() == PARALLEL_MARK and body and isinstance(body[0], For):
+                body[0] = replace(body[0], kind=LoopKind.PARALLEL)
+            return body
+        if kind == isl.ast_node_type.for_:
+            return [self.loop(n)]
+        if kind == isl.ast_node_type.if_:
+            then = tuple(self.node(n.if_get_then_node()))
+            other = tuple(self.node(n.if_get_else_node())) if n.if_has_else_node() else ()
+            return [If(self.expr(n.if_get_cond()), then, other)]
+        if kind == isl.ast_node_type.user:
+            return [self.user(n.user_get_expr())]
+        raise ScheduleError(f"unsupported isl AST node {kind}")
+
+    def loop(self, n: isl.AstNode) -> For:
+        var = n.for_get_iterator().get_id().get_name()
+        step = int(n.for_get_inc().get_val().to_python())
+        cond = n.for_get_cond()
+        op = cond.get_op_type()
+        bound = self.expr(cond.get_op_arg(1))
+        if op == isl.ast_expr_op_type.le:
+            hi = _fold(BinaryOp.ADD, bound, _int(1))
+        elif op == isl.ast_expr_op_type.lt:
+            hi = bound
+        else:
+            raise ScheduleError(f"unsupported loop condition {cond.to_C_str()}")
+        return For(var, self.expr(n.for_get_init()), hi, tuple(self.node(n.for_get_body())),
+                   step=step)
+
+    def user(self, call: isl.AstExpr) -> Stmt:
+        name = call.get_op_arg(0).get_id().get_name()
+        info = self.model.statements[name]
+        values = {it: self.expr(call.get_op_arg(k + 1)) for k, it in enumerate(info.iterators)}
+        st = info.statement
+
+        def substitute(e: Expr) -> Expr:
+            return values[e.name] if isinstance(e, IndexVar) else e
+
+        lhs = tuple(values[i] for i in st.indices)
+        dtype = self.model.definition.tensor(st.tensor).dtype
+        if info.init:
+            return Store(st.tensor, lhs, Literal(identity(st.op, dtype), dtype))
+        value = map_expr(st.rhs, substitute)
+        if st.op is not ReduceOp.ASSIGN:
+            old = Read(st.tensor, lhs, dtype)
+            value = _combine(st.op, old, value, dtype)
+        return Store(st.tensor, lhs, value)
+
+
+def _combine(op: ReduceOp, old: Expr, value: Expr, dtype: DType) -> Expr:
+    if op is ReduceOp.ADD:
+        return Binary(BinaryOp.ADD, old, value, dtype)
+    if op is ReduceOp.MUL:
+        return Binary(BinaryOp.MUL, old, value, dtype)
+    return Call(op.value, (old, value), dtype)  # max / min
+
+
+def _annotate_innermost(body: tuple[Stmt, ...], options: MappingOptions) -> tuple[Stmt, ...]:
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For):
+            inner = _annotate_innermost(s.body, options)
+            innermost = not any(isinstance(c, (For, If)) for c in s.body)
+            s = replace(s, body=inner)
+            if innermost and s.kind is LoopKind.SERIAL:
+                s = replace(s, vector=options.vector_width, unroll=options.unroll)
+        elif isinstance(s, If):
+            s = replace(s, then=_annotate_innermost(s.then, options),
+                        other=_annotate_innermost(s.other, options))
+        out.append(s)
+    return tuple(out)
+
+
+def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
+                   options: MappingOptions) -> LoopKernel:
+    """The loop kernel that runs ``schedule`` for the given sizes."""
+    build = isl.AstBuild.from_context(model.context(sizes))
+    ast = build.node_from_schedule(schedule)
+    lowering = _Lowering(model, sizes, options)
+    body = _annotate_innermost(tuple(lowering.node(ast)), options)
+    d = model.definition
+    from polyfuse.ir.symbolic import evaluate_int
+    buffers = tuple(
+        Buffer(t.name, t.dtype, tuple(evaluate_int(s, sizes) for s in t.shape), role)
+        for ts, role in ((d.inputs, BufferRole.IN), (d.outputs, BufferRole.OUT)) for t in ts)
+    return LoopKernel(d.name, buffers, d.scalars, body)

@@ -1,0 +1,158 @@
+"""The polyhedral model of a definition: iteration domains, accesses, dependences.
+
+Every TC statement becomes an isl statement ``S<k>`` over all its indices (left-hand
+side first, then reduction indices); a statement with ``op=!`` also gets an init
+statement ``I<k>`` over the left-hand side indices. Sizes stay isl parameters
+(``s_<name>``) so scheduling is fast and independent of their values (see
+ISL_NOTES.md); iterators are renamed ``t<j>`` so no user name clashes with isl syntax.
+Accesses that are not affine (indirect reads, products of indices) are modelled
+conservatively as touching the whole tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyfuse.errors import ScheduleError
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Cast, Definition, Expr, IndexVar,
+                                       Literal, Read, SizeVar, Statement, Unary, UnaryOp, walk)
+
+
+class _NotAffine(Exception):
+    pass
+
+
+def isl_expr(e: Expr, names: dict[str, str]) -> str:
+    """``e`` in isl's syntax, with indices and sizes renamed by ``names``."""
+    match e:
+        case Literal(value=v) if e.dtype.is_int:
+            return str(int(v))
+        case IndexVar(name=n) | SizeVar(name=n):
+            return names[n]
+        case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
+            return isl_expr(a, names)
+        case Unary(op=UnaryOp.NEG, operand=a):
+            return f"(-{isl_expr(a, names)})"
+        case Binary(op=BinaryOp.ADD | BinaryOp.SUB, lhs=a, rhs=b):
+            return f"({isl_expr(a, names)} {e.op.value} {isl_expr(b, names)})"
+        case Binary(op=BinaryOp.MUL, lhs=a, rhs=b) if isinstance(a, Literal) or isinstance(b, Literal):
+            return f"({isl_expr(a, names)} * {isl_expr(b, names)})"
+        case Binary(op=BinaryOp.DIV, lhs=a, rhs=Literal(value=d)) if int(d) > 0:
+            return f"floor({isl_expr(a, names)} / {int(d)})"
+        case Binary(op=BinaryOp.MOD, lhs=a, rhs=Literal(value=d)) if int(d) > 0:
+            return f"({isl_expr(a, names)} mod {int(d)})"
+    raise _NotAffine(str(e))
+
+
+def _bound_constraints(var: str, lo: Expr, hi: Expr, names: dict[str, str]) -> list[str]:
+    """``lo <= var < hi`` where the bounds may be max(...) and min(...) respectively."""
+    def parts(e: Expr, fn: str) -> list[Expr]:
+        from polyfuse.ir.comprehension import Call
+        if isinstance(e, Call) and e.fn == fn:
+            return [p for a in e.args for p in parts(a, fn)]
+        return [e]
+    try:
+        return ([f"{var} >= {isl_expr(e, names)}" for e in parts(lo, "max")]
+                + [f"{var} < {isl_expr(e, names)}" for e in parts(hi, "min")])
+    except _NotAffine as err:
+        raise ScheduleError(f"range bound {err} is not affine") from None
+
+
+@dataclass
+class StatementInfo:
+    """One isl statement: which TC statement it comes from and whether it is the init."""
+
+    name: str
+    index: int            # position of the TC statement
+    statement: Statement
+    init: bool
+    iterators: tuple[str, ...]   # TC index names, in isl dimension order
+
+
+@dataclass
+class Model:
+    ctx: isl.Context
+    definition: Definition
+    params: tuple[str, ...]              # TC size names
+    statements: dict[str, StatementInfo]
+    domain: isl.UnionSet
+    reads: isl.UnionMap
+    writes: isl.UnionMap
+    order: isl.UnionMap                  # the original, sequential schedule
+    dependences: isl.UnionMap = field(init=False)
+
+    def param_space(self) -> str:
+        return "[" + ", ".join(f"s_{p}" for p in self.params) + "]"
+
+    def context(self, sizes: dict[str, int] | None = None) -> isl.Set:
+        """Every size >= 1, or fixed to ``sizes``."""
+        cons = [f"s_{p} = {sizes[p]}" if sizes else f"s_{p} >= 1" for p in self.params]
+        return isl.Set.read_from_str(self.ctx, f"{self.param_space()} -> {{ : {' and '.join(cons) or '1 = 1'} }}")
+
+
+def build_model(d: Definition, ctx: isl.Context | None = None) -> Model:
+    ctx = ctx or isl.Context()
+    params = d.sizes
+    sizes = {p: f"s_{p}" for p in params}
+    statements: dict[str, StatementInfo] = {}
+    domains, reads, writes, order = [], [], [], []
+    depth = max((len(s.ranges) for s in d.statements), default=0)
+    for k, st in enumerate(d.statements):
+        full = st.indices + st.reduction_indices
+        variants = ([(f"I{k}", st.indices, True)] if st.init else []) + [(f"S{k}", full, False)]
+        for name, its, init in variants:
+            statements[name] = StatementInfo(name, k, st, init, its)
+            names = dict(sizes) | {n: f"t{j}" for j, n in enumerate(its)}
+            tup = f"{name}[{', '.join(names[n] for n in its)}]"
+            cons = [c for n in its for c in _bound_constraints(names[n], st.range_of(n).lo,
+                                                               st.range_of(n).hi, names)]
+            domains.append(f"{tup} : {' and '.join(cons) or '1 = 1'}")
+            lhs = ", ".join(names[n] for n in st.indices)
+            writes.append(f"{tup} -> {st.tensor}[{lhs}]")
+            if not init:
+                if st.op.value:  # a reduction also reads what it accumulates into
+                    reads.append(f"{tup} -> {st.tensor}[{lhs}]")
+                reads += [_access(r, tup, names, d) for r in walk(st.rhs) if isinstance(r, Read)]
+            position = 2 * k + (0 if init else 1)
+            order.append(f"{tup} -> [{position}, {', '.join([names[n] for n in its] + ['0'] * (depth - len(its)))}]")
+    space = "[" + ", ".join(sizes.values()) + "]"
+
+    def union_set(parts: list[str]) -> isl.UnionSet:
+        return isl.UnionSet.read_from_str(ctx, f"{space} -> {{ {'; '.join(parts)} }}")
+
+    def union_map(parts: list[str]) -> isl.UnionMap:
+        text = f"{space} -> {{ {'; '.join(parts)} }}" if parts else f"{space} -> {{ }}"
+        return isl.UnionMap.read_from_str(ctx, text)
+
+    domain = union_set(domains)
+    model = Model(ctx, d, params, statements, domain,
+                  union_map(reads).intersect_domain(domain),
+                  union_map(writes).intersect_domain(domain),
+                  union_map(order).intersect_domain(domain))
+    model.dependences = dependences(model)
+    return model
+
+
+def _access(r: Read, tup: str, names: dict[str, str], d: Definition) -> str:
+    try:
+        return f"{tup} -> {r.tensor}[{', '.join(isl_expr(i, names) for i in r.indices)}]"
+    except _NotAffine:
+        shape = d.tensor(r.tensor).shape
+        outs = [f"o{j}" for j in range(len(shape))]
+        try:
+            cons = [f"0 <= o{j} < {isl_expr(s, names)}" for j, s in enumerate(shape)]
+        except _NotAffine:
+            cons = []
+        return f"{tup} -> {r.tensor}[{', '.join(outs)}] : {' and '.join(cons) or '1 = 1'}"
+
+
+def dependences(m: Model) -> isl.UnionMap:
+    """Flow, anti and output dependences under the original order."""
+    raw = (isl.UnionAccessInfo.from_sink(m.reads).set_must_source(m.writes)
+           .set_schedule_map(m.order).compute_flow().get_may_dependence())
+    war_waw = (isl.UnionAccessInfo.from_sink(m.writes).set_must_source(m.writes)
+               .set_may_source(m.reads).set_schedule_map(m.order).compute_flow()
+               .get_may_dependence())
+    return raw.union(war_waw)

@@ -1,0 +1,38 @@
+"""Mapping options: how a kernel is scheduled, after TC's MappingOptions, for CPUs.
+
+One frozen, hashable dataclass; the autotuner searches over it, so every field changes
+the generated code.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Fusion(enum.Enum):
+    """How eagerly isl fuses statements into shared loops."""
+
+    MAX = "max"                    # isl's default: fuse whatever the dependences allow
+    PRESERVE = "preserve_coincident"  # fuse only where outer loops stay parallel
+    MIN = "min"                    # every strongly connected component in its own nest
+
+
+@dataclass(frozen=True, slots=True)
+class MappingOptions:
+    fusion: Fusion = Fusion.MAX
+    tile_sizes: tuple[int, ...] = ()   # per member of each outermost band; 0 = do not tile
+    tile_order: tuple[int, ...] = ()   # permutation of the tile loops (identity if empty)
+    parallel: int = 1                  # outer coincident loops run on the thread pool (0 or 1)
+    vector_width: int = 1              # SIMD width of the innermost loop; 1 = scalar
+    unroll: int = 1                    # unroll factor of the innermost loop
+    fix_sizes: bool = False            # schedule with sizes fixed instead of symbolic
+    num_threads: int = 0               # 0 = the runtime's default (POLYFUSE_NUM_THREADS / cores)
+
+    def __post_init__(self) -> None:
+        if any(t < 0 for t in self.tile_sizes):
+            raise ValueError(f"tile sizes must be >= 0, got {self.tile_sizes}")
+        if self.tile_order and sorted(self.tile_order) != list(range(len(self.tile_order))):
+            raise ValueError(f"tile_order must be a permutation, got {self.tile_order}")
+        if self.vector_width < 1 or self.unroll < 1 or self.num_threads < 0:
+            raise ValueError("vector_width and unroll must be >= 1, num_threads >= 0")

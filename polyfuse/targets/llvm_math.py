@@ -1,0 +1,267 @@
+"""Vectorizable float32 transcendental functions, emitted as LLVM IR.
+
+The CPU code generators call :func:`math_function` instead of libm so that loops over
+``exp``, ``tanh``, ... vectorize: every function here is straight-line code (selects,
+no branches, no calls but always-lowered intrinsics) on ``float`` or
+``<width x float>``, and is inlined into the kernel. The algorithms are Cephes'
+single-precision ones (exp, exp2, log, log2, tanh), Eigen's rational erf, and
+compositions of those; tests/targets/test_llvm_math.py states and checks their
+accuracy against float64 numpy.
+
+Nothing relies on fast-math flags: the instructions emitted here carry none, and
+the caller's flags stay on the caller's instructions. Polynomials use
+``llvm.fmuladd`` so that FMA targets fuse them while others get a multiply and an
+add rather than a call to ``fmaf``; the range reductions use Cody-Waite splits of
+ln 2 whose first products are exact, so they are accurate with or without FMA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from llvmlite import ir
+
+from polyfuse.errors import TargetError
+
+_F32 = ir.FloatType()
+_I32 = ir.IntType(32)
+
+# 1.5 * 2^23: adding it to |v| < 2^22 rounds v to an integer held in the low
+# mantissa bits, which gives both the rounded float and its int32 value without
+# fptosi (poison on NaN) or a roundeven intrinsic (a libm call without SSE4.1).
+_ROUND_MAGIC = 12582912.0
+_LN2_HI = 0.693359375            # 9 significant bits: n * _LN2_HI is exact for |n| < 2^15
+_LN2_LO = -2.12194440e-4         # ln 2 - _LN2_HI
+_LOG2E = 1.44269504088896341
+_SQRT_HALF = 0.707106781186547524
+
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+             4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+_EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
+              5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1)
+_LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1,
+             -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
+             2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2,
+              1.33314422036e-1, -3.33332819422e-1)
+# Eigen's generic_fast_erf_float: odd numerator, even denominator, in x^2.
+_ERF_NUM = (0.00022905065861350646, 0.0034082910107109506, 0.050955695062380861,
+            0.18520832239976145, 1.128379143519084)
+_ERF_DEN = (-1.1791602954361697e-7, 0.000023547966471313185, 0.0010179625278914885,
+            0.014070470171167667, 0.11098505178285362, 0.49746925110067538, 1.0)
+_ERF_SATURATION = 3.832506856900711  # erf(x) rounds to +-1 in float32 beyond this
+
+
+class _Emit:
+    """Float32 arithmetic on one value type (``float`` or ``<w x float>``).
+
+    Constants are splatted to the type, and integer views use the matching i32
+    type, so the algorithms below read the same for scalars and vectors.
+    """
+
+    def __init__(self, builder: ir.IRBuilder, ty: ir.Type) -> None:
+        self.b = builder
+        self.ty = ty
+        self.ity = ir.VectorType(_I32, ty.count) if isinstance(ty, ir.VectorType) else _I32
+
+    def f(self, value: float) -> ir.Constant:
+        return ir.Constant(self.ty, value)
+
+    def i(self, value: int) -> ir.Constant:
+        return ir.Constant(self.ity, value)
+
+    def call(self, intrinsic: str, *args: ir.Value) -> ir.Value:
+        """Call an overloaded float intrinsic (``llvm.fabs``, ``llvm.fmuladd``, ...)."""
+        fnty = ir.FunctionType(self.ty, [self.ty] * len(args))
+        fn = self.b.module.declare_intrinsic(intrinsic, [self.ty], fnty)
+        return self.b.call(fn, args)
+
+    def mad(self, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+        """``a * b + c``, fused where the target has FMA."""
+        return self.call("llvm.fmuladd", a, b, c)
+
+    def horner(self, x: ir.Value, coeffs: Sequence[float]) -> ir.Value:
+        """The polynomial with ``coeffs`` (highest degree first) at ``x``."""
+        acc = self.f(coeffs[0])
+        for c in coeffs[1:]:
+            acc = self.mad(acc, x, self.f(c))
+        return acc
+
+    def bits(self, x: ir.Value) -> ir.Value:
+        return self.b.bitcast(x, self.ity)
+
+    def from_bits(self, n: ir.Value) -> ir.Value:
+        return self.b.bitcast(n, self.ty)
+
+    def cmp(self, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
+        """An ordered comparison: false whenever either side is NaN."""
+        return self.b.fcmp_ordered(op, a, b)
+
+    def select(self, cond: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.b.select(cond, a, b)
+
+    def clamp(self, x: ir.Value, lo: float, hi: float) -> ir.Value:
+        """``x`` limited to [lo, hi]; NaN stays NaN (unlike minnum/maxnum)."""
+        x = self.select(self.cmp("<", x, self.f(lo)), self.f(lo), x)
+        return self.select(self.cmp(">", x, self.f(hi)), self.f(hi), x)
+
+    def round(self, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """``x`` rounded to the nearest integer, as float and as i32 (needs |x| < 2^22)."""
+        t = self.b.fadd(x, self.f(_ROUND_MAGIC))
+        n = self.b.sub(self.bits(t), self.i(0x4B400000))  # the bit pattern of the magic
+        return self.b.fsub(t, self.f(_ROUND_MAGIC)), n
+
+    def ldexp(self, p: ir.Value, n: ir.Value) -> ir.Value:
+        """``p * 2^n`` for i32 ``n`` in [-252, 254], rounding once into subnormals.
+
+        ``2^n`` is built from exponent bits in two halves, each a normal float, so
+        one product overflows to inf or underflows gracefully with no range checks.
+        """
+        half = self.b.ashr(n, self.i(1))
+        for k in (half, self.b.sub(n, half)):
+            scale = self.from_bits(self.b.shl(self.b.add(k, self.i(127)), self.i(23)))
+            p = self.b.fmul(p, scale)
+        return p
+
+
+def _exp(e: _Emit, x: ir.Value) -> ir.Value:
+    """Cephes expf: x = n ln2 + r with |r| <= ln2/2, e^r = 1 + r + r^2 P(r), times 2^n.
+
+    Clamping first keeps n within ldexp's range; beyond the clamp points exp is
+    already inf or 0 in float32, and NaN passes through the clamp and the polynomial.
+    """
+    x = e.clamp(x, -104.5, 89.0)
+    n_float, n = e.round(e.b.fmul(x, e.f(_LOG2E)))
+    r = e.b.fsub(x, e.b.fmul(n_float, e.f(_LN2_HI)))
+    r = e.mad(n_float, e.f(-_LN2_LO), r)
+    p = e.mad(e.b.fmul(r, r), e.horner(r, _EXP_POLY), r)
+    return e.ldexp(e.b.fadd(p, e.f(1.0)), n)
+
+
+def _exp2(e: _Emit, x: ir.Value) -> ir.Value:
+    """Cephes exp2f: x = n + r with |r| <= 1/2 (exact), 2^r = 1 + r P(r), times 2^n."""
+    x = e.clamp(x, -151.0, 129.0)
+    n_float, n = e.round(x)
+    r = e.b.fsub(x, n_float)
+    return e.ldexp(e.mad(r, e.horner(r, _EXP2_POLY), e.f(1.0)), n)
+
+
+def _log_parts(e: _Emit, x: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """Cephes logf's split: x = 2^k (1 + f), 1 + f in [sqrt(1/2), sqrt(2)).
+
+    Returns ``k`` (as float), ``f`` (exact) and ``y``, where log(1 + f) = f + y with
+    y = f^3 P(f) - f^2/2 small, so callers add the large terms last. Subnormal x
+    are scaled by 2^23 first so the exponent field is meaningful.
+    """
+    tiny = e.cmp("<", x, e.f(1.1754943508222875e-38))
+    x = e.select(tiny, e.b.fmul(x, e.f(8388608.0)), x)
+    bits = e.bits(x)
+    k = e.b.sub(e.b.lshr(bits, e.i(23)), e.select(tiny, e.i(126 + 23), e.i(126)))
+    m = e.from_bits(e.b.or_(e.b.and_(bits, e.i(0x007FFFFF)), e.i(0x3F000000)))  # [1/2, 1)
+    low = e.cmp("<", m, e.f(_SQRT_HALF))
+    k = e.b.sub(k, e.b.zext(low, e.ity))
+    f = e.b.fsub(e.select(low, e.b.fadd(m, m), m), e.f(1.0))
+    z = e.b.fmul(f, f)
+    y = e.mad(e.b.fmul(f, z), e.horner(f, _LOG_POLY), e.b.fmul(z, e.f(-0.5)))
+    return e.b.sitofp(k, e.ty), f, y
+
+
+def _log_specials(e: _Emit, x: ir.Value, result: ir.Value) -> ir.Value:
+    """The IEEE results at 0 (-inf), +inf (inf), negatives and NaN (NaN)."""
+    result = e.select(e.cmp("==", x, e.f(float("inf"))), x, result)
+    result = e.select(e.cmp("==", x, e.f(0.0)), e.f(float("-inf")), result)
+    return e.select(e.b.fcmp_unordered("<", x, e.f(0.0)), e.f(float("nan")), result)
+
+
+def _log(e: _Emit, x: ir.Value) -> ir.Value:
+    """log x = k ln2 + f + y, summed from the smallest term (k ln2 split Cody-Waite)."""
+    k, f, y = _log_parts(e, x)
+    small = e.b.fadd(f, e.mad(k, e.f(_LN2_LO), y))
+    return _log_specials(e, x, e.mad(k, e.f(_LN2_HI), small))
+
+
+def _log2(e: _Emit, x: ir.Value) -> ir.Value:
+    """Cephes log2f: log2 x = k + (f + y) log2(e), with log2(e) - 1 applied separately."""
+    k, f, y = _log_parts(e, x)
+    excess = e.f(_LOG2E - 1.0)
+    t = e.mad(f, excess, e.b.fmul(y, excess))
+    t = e.b.fadd(e.b.fadd(t, y), f)
+    return _log_specials(e, x, e.b.fadd(t, k))
+
+
+def _log1p(e: _Emit, x: ir.Value) -> ir.Value:
+    """log(1 + x) as log(u) * x / (u - 1) with u = 1 + x (Goldberg's correction).
+
+    The factor x / (u - 1) undoes the rounding of u; where u rounds to 1 the answer
+    is x itself, and at x = +inf the factor would be inf/inf.
+    """
+    u = e.b.fadd(x, e.f(1.0))
+    result = e.b.fmul(_log(e, u), e.b.fdiv(x, e.b.fsub(u, e.f(1.0))))
+    result = e.select(e.cmp("==", u, e.f(1.0)), x, result)
+    return e.select(e.cmp("==", x, e.f(float("inf"))), x, result)
+
+
+def _tanh(e: _Emit, x: ir.Value) -> ir.Value:
+    """Cephes tanhf: x + x^3 P(x^2) below |x| = 0.625, 1 - 2/(e^{2|x|} + 1) above.
+
+    The large form saturates to exactly 1 as e^{2|x|} overflows to inf; the sign
+    is copied back from x. NaN fails the ordered compare and takes the polynomial.
+    """
+    a = e.call("llvm.fabs", x)
+    s = e.b.fadd(_exp(e, e.b.fadd(a, a)), e.f(1.0))
+    large = e.b.fsub(e.f(1.0), e.b.fdiv(e.f(2.0), s))
+    z = e.b.fmul(x, x)
+    small = e.mad(e.b.fmul(x, z), e.horner(z, _TANH_POLY), x)
+    return e.select(e.cmp(">=", a, e.f(0.625)), e.call("llvm.copysign", large, x), small)
+
+
+def _sigmoid(e: _Emit, x: ir.Value) -> ir.Value:
+    """1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below, with e^-|x| in (0, 1].
+
+    Never forming e^{+|x|} means no inf/inf: the results are exactly 1 and 0 (or the
+    correct subnormal) at the extremes, and tiny results keep their relative accuracy.
+    """
+    t = _exp(e, e.b.fneg(e.call("llvm.fabs", x)))
+    numerator = e.select(e.cmp(">=", x, e.f(0.0)), e.f(1.0), t)
+    return e.b.fdiv(numerator, e.b.fadd(t, e.f(1.0)))
+
+
+def _erf(e: _Emit, x: ir.Value) -> ir.Value:
+    """Eigen's rational erf: x N(x^2) / D(x^2), and +-1 from where float32 erf rounds to 1."""
+    z = e.b.fmul(x, x)
+    ratio = e.b.fdiv(e.b.fmul(x, e.horner(z, _ERF_NUM)), e.horner(z, _ERF_DEN))
+    saturated = e.cmp(">=", e.call("llvm.fabs", x), e.f(_ERF_SATURATION))
+    return e.select(saturated, e.call("llvm.copysign", e.f(1.0), x), ratio)
+
+
+_BODIES: dict[str, Callable[[_Emit, ir.Value], ir.Value]] = {
+    "exp": _exp, "exp2": _exp2, "log": _log, "log2": _log2, "log1p": _log1p,
+    "tanh": _tanh, "sigmoid": _sigmoid, "erf": _erf,
+}
+
+SUPPORTED: frozenset[str] = frozenset(_BODIES)
+
+
+def math_function(module: ir.Module, name: str, width: int) -> ir.Function:
+    """The function computing ``name`` elementwise on ``<width x float>`` (width 1: ``float``).
+
+    It is emitted into ``module`` once, as ``polyfuse.math.<name>.<type>`` with internal
+    linkage and ``alwaysinline``, and later calls with the same name and width return
+    the same function.
+    """
+    if name not in _BODIES:
+        raise TargetError(f"no vector implementation of {name!r}; "
+                          f"supported: {', '.join(sorted(SUPPORTED))}")
+    if not isinstance(width, int) or width < 1:
+        raise TargetError(f"vector width must be a positive integer, got {width!r}")
+    ty = _F32 if width == 1 else ir.VectorType(_F32, width)
+    symbol = f"polyfuse.math.{name}.{ty.intrinsic_name}"
+    if symbol in module.globals:
+        return module.globals[symbol]
+    fn = ir.Function(module, ir.FunctionType(ty, [ty]), symbol)
+    fn.linkage = "internal"
+    fn.attributes.add("alwaysinline")
+    fn.attributes.add("nounwind")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    builder.ret(_BODIES[name](_Emit(builder, ty), fn.args[0]))
+    return fn
