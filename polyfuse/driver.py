@@ -12,22 +12,25 @@ from polyfuse.frontends.einsum import einsum_source
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.types import DType
 from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
+from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
 
-def define(source: str, *, target: str | Target = "reference") -> KernelModule:
+def define(source: str, *, target: str | Target = "reference",
+           options: MappingOptions | None = None) -> KernelModule:
     """Compile the TC definitions in ``source`` for ``target``.
 
     Returns a module whose definitions are attributes: ``define(src).mm(A, B)``.
     Targets: ``"reference"`` (numpy interpreter), ``"x86"``, ``"aarch64"``, ``"cuda"``,
-    ``"host"`` (this machine's CPU).
+    ``"host"`` (this machine's CPU). ``options`` fixes the schedule of native targets
+    (default: a heuristic per kernel and shape).
     """
     if not isinstance(source, str):
         raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
     tgt = Target.parse(target)
     check_target(tgt)
     module = parse(source)
-    return KernelModule({d.name: Kernel(d, tgt, source) for d in module.definitions})
+    return KernelModule({d.name: Kernel(d, tgt, source, options) for d in module.definitions})
 
 
 @functools.lru_cache(maxsize=256)

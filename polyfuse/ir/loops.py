@@ -30,6 +30,12 @@ from polyfuse.ir.comprehension import Expr, ScalarDecl, format_expr
 from polyfuse.ir.types import DType
 
 
+# A kernel with indirect reads (``E(Idx(b), d)``) gets this int64[1] buffer: targets set
+# it to 1 when an index read from a tensor falls outside the dimension it indexes (the
+# load then reads element 0), and the runtime turns that into a BoundsError.
+ERROR_BUFFER = "polyfuse_error"
+
+
 class BufferRole(enum.Enum):
     IN = "in"
     OUT = "out"

@@ -19,19 +19,31 @@ from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.lowering.bind_sizes import bind_sizes
 from polyfuse.runtime.arguments import BoundArguments, bind_arguments
+from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
 
 
-def _build_reference(d: Definition, sizes: Mapping[str, int],
-                     stages: dict[str, str]) -> Executable:
+Builder = Callable[[Definition, Mapping[str, int], Target, "MappingOptions | None", dict[str, str]],
+                   Executable]
+
+
+def _build_reference(d: Definition, sizes: Mapping[str, int], target: Target,
+                     options: MappingOptions | None, stages: dict[str, str]) -> Executable:
     return lambda values: interpret(d, values, sizes)
 
 
-# target name -> builder(specialized definition, sizes, stages to fill) -> executable
-BUILDERS: dict[str, Callable[[Definition, Mapping[str, int], dict[str, str]], Executable]] = {
+def _build_cpu(d: Definition, sizes: Mapping[str, int], target: Target,
+               options: MappingOptions | None, stages: dict[str, str]) -> Executable:
+    from polyfuse.runtime.cpu import CpuExecutable  # loads LLVM and the native runtime
+    return CpuExecutable(d, sizes, target, options, stages)
+
+
+# target name -> builder(definition, sizes, target, options, stages to fill) -> executable
+BUILDERS: dict[str, Builder] = {
     "reference": _build_reference,
+    "x86": _build_cpu,
 }
 
 
@@ -73,11 +85,13 @@ def _results(d: Definition, outputs: dict[str, np.ndarray]) -> np.ndarray | tupl
 class Kernel:
     """One TC definition compiled for one target; call it with numpy arrays."""
 
-    def __init__(self, definition: Definition, target: Target, source: str) -> None:
+    def __init__(self, definition: Definition, target: Target, source: str,
+                 options: MappingOptions | None = None) -> None:
         check_target(target)
         self.definition = definition
         self.target = target
         self.source = source
+        self.options = options
         self._cache: dict[tuple, SpecializedKernel] = {}
 
     @property
@@ -115,7 +129,7 @@ class Kernel:
                     f"{sizes}: the inputs are too small for the statement that writes it")
         stages = {"source": self.source, "comprehension": str(self.definition),
                   "specialized": str(specialized)}
-        run = BUILDERS[self.target.name](specialized, sizes, stages)
+        run = BUILDERS[self.target.name](self.definition, sizes, self.target, self.options, stages)
         return SpecializedKernel(specialized, dict(sizes), self.target, stages, run)
 
 

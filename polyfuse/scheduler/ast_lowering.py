@@ -15,9 +15,10 @@ import islpy as isl
 
 from polyfuse.errors import ScheduleError
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read,
-                                       ReduceOp, Select, map_expr)
+                                       ReduceOp, Select, SizeVar, map_expr, walk)
 from polyfuse.ir.comprehension_interpreter import identity
-from polyfuse.ir.loops import Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store
+from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
+                               Stmt, Store)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.model import Model
 from polyfuse.scheduler.options import MappingOptions
@@ -136,7 +137,11 @@ class _Lowering:
         st = info.statement
 
         def substitute(e: Expr) -> Expr:
-            return values[e.name] if isinstance(e, IndexVar) else e
+            if isinstance(e, IndexVar):
+                return values[e.name]
+            if isinstance(e, SizeVar):
+                return Literal(self.sizes[e.name], DType.INT32)
+            return e
 
         lhs = tuple(values[i] for i in st.indices)
         dtype = self.model.definition.tensor(st.tensor).dtype
@@ -185,4 +190,7 @@ def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
     buffers = tuple(
         Buffer(t.name, t.dtype, tuple(evaluate_int(s, sizes) for s in t.shape), role)
         for ts, role in ((d.inputs, BufferRole.IN), (d.outputs, BufferRole.OUT)) for t in ts)
+    if any(isinstance(n, Read) for st in d.statements for r in walk(st.rhs) if isinstance(r, Read)
+           for i in r.indices for n in walk(i)):
+        buffers += (Buffer(ERROR_BUFFER, DType.INT64, (1,), BufferRole.INOUT),)
     return LoopKernel(d.name, buffers, d.scalars, body)

@@ -4,7 +4,7 @@ The CPU code generators call :func:`math_function` instead of libm so that loops
 ``exp``, ``tanh``, ... vectorize: every function here is straight-line code (selects,
 no branches, no calls but always-lowered intrinsics) on ``float`` or
 ``<width x float>``, and is inlined into the kernel. The algorithms are Cephes'
-single-precision ones (exp, exp2, log, log2, tanh), Eigen's rational erf, and
+single-precision ones (exp, exp2, log, log2, tanh), Juffa's erff, and
 compositions of those; tests/targets/test_llvm_math.py states and checks their
 accuracy against float64 numpy.
 
@@ -44,12 +44,19 @@ _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1,
              2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
 _TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2,
               1.33314422036e-1, -3.33332819422e-1)
-# Eigen's generic_fast_erf_float: odd numerator, even denominator, in x^2.
-_ERF_NUM = (0.00022905065861350646, 0.0034082910107109506, 0.050955695062380861,
-            0.18520832239976145, 1.128379143519084)
-_ERF_DEN = (-1.1791602954361697e-7, 0.000023547966471313185, 0.0010179625278914885,
-            0.014070470171167667, 0.11098505178285362, 0.49746925110067538, 1.0)
-_ERF_SATURATION = 3.832506856900711  # erf(x) rounds to +-1 in float32 beyond this
+# Norbert Juffa's erff (as shipped in MLX), each branch within 1 ulp with FMA:
+# erf x = x + x P(x^2) up to 0.927734375, 1 - exp(Q(|x|)) beyond.
+_ERF_SPLIT = 0.927734375
+_ERF_SMALL = (-5.96761703e-4, 4.99119423e-3, -2.67681349e-2,
+              1.12819925e-1, -3.76125336e-1, 1.28379166e-1)
+_ERF_LARGE_HIGH = (-1.72853470e-5, 3.83197126e-4)  # Q's top four terms, Estrin-style:
+_ERF_LARGE_LOW = (-3.88396438e-3, 2.42546219e-2)   # (a t + b) t^2 + (c t + d)
+_ERF_LARGE = (-1.06777877e-1, -6.34846687e-1, -1.28717512e-1)
+
+
+def _type_suffix(ty: ir.Type) -> str:
+    """LLVM's overload suffix: ``f32`` or ``v8f32`` (llvmlite has none for vectors)."""
+    return f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
 
 
 class _Emit:
@@ -63,6 +70,7 @@ class _Emit:
         self.b = builder
         self.ty = ty
         self.ity = ir.VectorType(_I32, ty.count) if isinstance(ty, ir.VectorType) else _I32
+        self.suffix = _type_suffix(ty)
 
     def f(self, value: float) -> ir.Constant:
         return ir.Constant(self.ty, value)
@@ -72,8 +80,10 @@ class _Emit:
 
     def call(self, intrinsic: str, *args: ir.Value) -> ir.Value:
         """Call an overloaded float intrinsic (``llvm.fabs``, ``llvm.fmuladd``, ...)."""
-        fnty = ir.FunctionType(self.ty, [self.ty] * len(args))
-        fn = self.b.module.declare_intrinsic(intrinsic, [self.ty], fnty)
+        module = self.b.module
+        symbol = f"{intrinsic}.{self.suffix}"
+        fn = module.globals.get(symbol) or ir.Function(
+            module, ir.FunctionType(self.ty, [self.ty] * len(args)), symbol)
         return self.b.call(fn, args)
 
     def mad(self, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
@@ -205,14 +215,15 @@ def _tanh(e: _Emit, x: ir.Value) -> ir.Value:
     """Cephes tanhf: x + x^3 P(x^2) below |x| = 0.625, 1 - 2/(e^{2|x|} + 1) above.
 
     The large form saturates to exactly 1 as e^{2|x|} overflows to inf; the sign
-    is copied back from x. NaN fails the ordered compare and takes the polynomial.
+    is copied from x. NaN fails the ordered compare and takes the polynomial.
     """
     a = e.call("llvm.fabs", x)
     s = e.b.fadd(_exp(e, e.b.fadd(a, a)), e.f(1.0))
     large = e.b.fsub(e.f(1.0), e.b.fdiv(e.f(2.0), s))
     z = e.b.fmul(x, x)
     small = e.mad(e.b.fmul(x, z), e.horner(z, _TANH_POLY), x)
-    return e.select(e.cmp(">=", a, e.f(0.625)), e.call("llvm.copysign", large, x), small)
+    # copysign also gives tanh(-0) = -0, which x + x^3 P(x^2) rounds to +0.
+    return e.call("llvm.copysign", e.select(e.cmp(">=", a, e.f(0.625)), large, small), x)
 
 
 def _sigmoid(e: _Emit, x: ir.Value) -> ir.Value:
@@ -227,11 +238,21 @@ def _sigmoid(e: _Emit, x: ir.Value) -> ir.Value:
 
 
 def _erf(e: _Emit, x: ir.Value) -> ir.Value:
-    """Eigen's rational erf: x N(x^2) / D(x^2), and +-1 from where float32 erf rounds to 1."""
+    """Juffa's erff: an odd polynomial near 0, 1 - e^{Q(|x|)} further out, sign copied.
+
+    The large branch clamps |x| to 4, where float32 erf is already 1, so Q stays
+    finite; NaN fails the ordered compare and takes the polynomial branch.
+    """
+    a = e.call("llvm.fabs", x)
     z = e.b.fmul(x, x)
-    ratio = e.b.fdiv(e.b.fmul(x, e.horner(z, _ERF_NUM)), e.horner(z, _ERF_DEN))
-    saturated = e.cmp(">=", e.call("llvm.fabs", x), e.f(_ERF_SATURATION))
-    return e.select(saturated, e.call("llvm.copysign", e.f(1.0), x), ratio)
+    small = e.mad(e.horner(z, _ERF_SMALL), x, x)
+    t = e.select(e.cmp(">", a, e.f(4.0)), e.f(4.0), a)
+    q = e.mad(e.horner(t, _ERF_LARGE_HIGH), e.b.fmul(t, t), e.horner(t, _ERF_LARGE_LOW))
+    for c in _ERF_LARGE:
+        q = e.mad(q, t, e.f(c))
+    q = e.mad(q, t, e.b.fneg(t))
+    large = e.call("llvm.copysign", e.b.fsub(e.f(1.0), _exp(e, q)), x)
+    return e.select(e.cmp(">", a, e.f(_ERF_SPLIT)), large, small)
 
 
 _BODIES: dict[str, Callable[[_Emit, ir.Value], ir.Value]] = {
@@ -255,7 +276,7 @@ def math_function(module: ir.Module, name: str, width: int) -> ir.Function:
     if not isinstance(width, int) or width < 1:
         raise TargetError(f"vector width must be a positive integer, got {width!r}")
     ty = _F32 if width == 1 else ir.VectorType(_F32, width)
-    symbol = f"polyfuse.math.{name}.{ty.intrinsic_name}"
+    symbol = f"polyfuse.math.{name}.{_type_suffix(ty)}"
     if symbol in module.globals:
         return module.globals[symbol]
     fn = ir.Function(module, ir.FunctionType(ty, [ty]), symbol)

@@ -1,0 +1,131 @@
+"""The native runtime: thread pool, parallel-for ABI, aligned buffers, kernel calls.
+
+This module is the only importer of the C++ extension ``polyfuse._native``
+(``polyfuse/runtime/native/runtime.cpp``, built by ``pip install``).
+
+**Thread pool.** One process-wide pool of persistent threads, started on the first
+parallel region and reused; idle threads spin for a moment, then sleep. Its size
+defaults to ``POLYFUSE_NUM_THREADS`` when set (read once, at import; a bad value
+warns and is ignored), else to the number of hardware threads. The thread that
+starts a region works in it too, so a pool of N threads runs N - 1 workers.
+
+**Parallel-for ABI**, for generated code, bound by address (see
+:func:`parallel_for_address`)::
+
+    typedef void (*body)(int64_t begin, int64_t end, void* ctx);
+    void polyfuse_parallel_for(body, int64_t n, void* ctx);
+    void polyfuse_parallel_for_threads(body, int64_t n, void* ctx, int64_t num_threads);
+
+``[0, n)`` is split into ``min(n, threads)`` contiguous chunks of near-equal size,
+one per thread (a static schedule); the call returns when every chunk is done.
+``num_threads`` caps the threads of one region (0 or less: the pool's size; more
+than the pool has: the pool's size). ``n <= 0`` does nothing; a one-thread pool, a
+one-chunk region and a region started inside a body (nesting) run the body inline
+on the calling thread as ``body(0, n, ctx)``. Regions from different threads run
+one after another. Bodies must not raise or unwind.
+
+**Kernel calls.** :func:`call` runs a kernel with the C signature
+``void kernel(void** args)``: ``args[i]`` is the data pointer of an ndarray (it
+must be C-contiguous; any dtype, 0-d included), or, for a Python or numpy
+scalar, a pointer to an 8-byte slot holding it: ``int``, ``bool`` and numpy
+integers/bools as ``int64_t``, ``float`` and numpy floats as ``double`` — whatever
+the scalar's own width. Slots live only during the call. The GIL is released while
+the kernel runs. Shapes, dtypes and which arrays get written are not checked
+here: callers check them first (see :mod:`polyfuse.runtime.arguments`).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+try:
+    from polyfuse import _native  # type: ignore[attr-defined]
+except ImportError as e:  # pragma: no cover - only when the package was not built
+    raise ImportError("polyfuse's native extension (polyfuse._native) is not built; "
+                      "reinstall polyfuse with `pip install -e .`") from e
+
+__all__ = [
+    "aligned_buffers_live", "call", "empty_aligned", "get_num_threads", "is_aligned",
+    "parallel_for_address", "parallel_for_threads_address", "set_num_threads",
+    "test_kernel_address",
+]
+
+call: Callable[[int, Sequence[Any]], None] = _native.call
+"""``call(fn_address, args)``: run ``void kernel(void** args)`` at ``fn_address``.
+
+``args`` is a list or tuple of ndarrays and scalars, passed as the module docstring
+says; an argument that is none of these, a non-contiguous array or an int outside
+int64 raises ``TypeError`` naming ``args[i]``. Up to 16 arguments need no heap
+allocation. Implemented in C with no Python wrapper, to keep the call under a
+microsecond.
+"""
+
+
+def set_num_threads(n: int) -> None:
+    """Resize the thread pool (1 to 4096 threads); not from inside a parallel region.
+
+    Waits for a region running in another thread to finish; the new threads start
+    with the next region.
+    """
+    _native.set_num_threads(operator.index(n))
+
+
+def get_num_threads() -> int:
+    """The pool's size: threads a parallel region may use, the caller's included."""
+    return int(_native.get_num_threads())
+
+
+def parallel_for_address() -> int:
+    """Address of ``polyfuse_parallel_for``, for ``llvmlite.binding.add_symbol``."""
+    return int(_native.parallel_for_address())
+
+
+def parallel_for_threads_address() -> int:
+    """Address of ``polyfuse_parallel_for_threads``, for ``llvmlite.binding.add_symbol``."""
+    return int(_native.parallel_for_threads_address())
+
+
+def empty_aligned(shape: int | Sequence[int], dtype: DTypeLike, alignment: int = 64) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts at a multiple of ``alignment``.
+
+    ``alignment`` is a power of two. The memory is the array's own (its ``base`` is a
+    capsule that frees it when the last view goes), so it is never copied or leaked.
+    """
+    dims = (operator.index(shape),) if not isinstance(shape, Sequence) else tuple(
+        operator.index(d) for d in shape)
+    return _native.empty_aligned(dims, np.dtype(dtype), operator.index(alignment))
+
+
+def is_aligned(array: np.ndarray, alignment: int = 64) -> bool:
+    """Whether ``array``'s data pointer is a multiple of ``alignment`` bytes."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"is_aligned needs a numpy array, got {type(array).__name__}")
+    return bool(_native.is_aligned(array, operator.index(alignment)))
+
+
+def aligned_buffers_live() -> int:
+    """How many buffers made by :func:`empty_aligned` are not yet freed (for leak checks)."""
+    return int(_native.aligned_buffers_live())
+
+
+def test_kernel_address(name: str) -> int:
+    """Address of a built-in kernel with the ``call`` signature, for tests and benchmarks.
+
+    - ``noop``: does nothing.
+    - ``add`` ``(float32 a[n], float32 b[n], float32 out[n], int64 n)``: ``out = a + b``,
+      through ``polyfuse_parallel_for``.
+    - ``count`` ``(int64 counts[n], int64 n, int64 num_threads)``: adds 1 to every
+      ``counts[i]`` through ``polyfuse_parallel_for_threads``.
+    - ``nested_count`` ``(int64 counts[n, m], int64 n, int64 m)``: the same over rows and
+      columns, with a parallel-for over the columns inside one over the rows.
+    """
+    return int(_native.test_kernel_address(name))
+
+
+# pytest would otherwise collect the function above as a test.
+test_kernel_address.__test__ = False  # type: ignore[attr-defined]

@@ -1,0 +1,422 @@
+// polyfuse._native: the runtime that generated kernels call into.
+//
+// - a persistent thread pool behind a C ABI parallel-for (polyfuse_parallel_for),
+//   which JIT-compiled code binds by address;
+// - aligned numpy buffers;
+// - call(): runs a kernel `void kernel(void** args)` with the GIL released.
+// The Python face, with the full contract, is polyfuse/runtime/native.py.
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace py = pybind11;
+
+extern "C" {
+typedef void (*polyfuse_body)(int64_t begin, int64_t end, void* ctx);
+void polyfuse_parallel_for(polyfuse_body body, int64_t n, void* ctx);
+void polyfuse_parallel_for_threads(polyfuse_body body, int64_t n, void* ctx, int64_t num_threads);
+}
+
+namespace {
+
+constexpr int kMaxThreads = 4096;
+// Back-to-back kernels re-wake the pool within microseconds, so threads spin this
+// many pause instructions before sleeping on a condition variable.
+constexpr int kSpinIterations = 1000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+// True on pool workers, and on a caller while it runs its own chunk: a parallel-for
+// issued from there runs inline, which is what keeps nesting free of deadlock.
+thread_local bool t_inside_parallel = false;
+
+// Chunk `i` of `chunks` contiguous chunks of [0, n), without overflowing i * n.
+inline void run_chunk(polyfuse_body body, int64_t n, int64_t chunks, int64_t i, void* ctx) {
+    int64_t base = n / chunks, extra = n % chunks;
+    int64_t begin = i * base + std::min(i, extra);
+    body(begin, begin + base + (i < extra ? 1 : 0), ctx);
+}
+
+class ThreadPool {
+public:
+    explicit ThreadPool(int num_threads) : num_threads_(num_threads) {}
+
+    int num_threads() const { return num_threads_.load(std::memory_order_relaxed); }
+
+    void set_num_threads(int n) {
+        std::lock_guard<std::mutex> submit(submit_mu_);
+        if (n == num_threads()) return;
+        stop_workers();  // restarted lazily, at the new size, by the next parallel-for
+        num_threads_.store(n, std::memory_order_relaxed);
+    }
+
+    // Static schedule: chunk 0 runs on the caller, chunk k on worker k.
+    void parallel_for(polyfuse_body body, int64_t n, void* ctx, int64_t max_threads) {
+        if (n <= 0) return;
+        if (t_inside_parallel || chunks_for(n, max_threads) <= 1) {
+            body(0, n, ctx);
+            return;
+        }
+        // One region at a time: other threads' regions wait here, not in the workers.
+        std::lock_guard<std::mutex> submit(submit_mu_);
+        int64_t chunks = chunks_for(n, max_threads);  // the size may have changed meanwhile
+        if (chunks <= 1) {
+            body(0, n, ctx);
+            return;
+        }
+        if (workers_.size() + 1 < static_cast<size_t>(num_threads())) start_workers();
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            job_ = Job{body, ctx, n, chunks};
+            pending_.store(chunks - 1, std::memory_order_relaxed);
+            generation_.fetch_add(1, std::memory_order_release);
+        }
+        wake_cv_.notify_all();
+        t_inside_parallel = true;
+        run_chunk(body, n, chunks, 0, ctx);
+        t_inside_parallel = false;
+        for (int i = 0; i < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++i)
+            cpu_relax();
+        if (pending_.load(std::memory_order_acquire) != 0) {
+            std::unique_lock<std::mutex> lock(mu_);
+            done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+        }
+    }
+
+private:
+    struct Job {
+        polyfuse_body body;
+        void* ctx;
+        int64_t n;
+        int64_t chunks;
+    };
+
+    int64_t chunks_for(int64_t n, int64_t max_threads) const {
+        int64_t threads = num_threads();
+        if (max_threads > 0) threads = std::min(threads, max_threads);
+        return std::min(threads, n);
+    }
+
+    void start_workers() {  // under submit_mu_: no region is running
+        uint64_t now = generation_.load(std::memory_order_relaxed);
+        for (int k = static_cast<int>(workers_.size()) + 1; k < num_threads(); ++k)
+            workers_.emplace_back([this, k, now] { worker_loop(k, now); });
+    }
+
+    void stop_workers() {  // under submit_mu_
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        wake_cv_.notify_all();
+        for (std::thread& t : workers_) t.join();
+        workers_.clear();
+        stop_ = false;
+    }
+
+    void worker_loop(int64_t index, uint64_t seen) {
+        t_inside_parallel = true;
+        for (;;) {
+            for (int i = 0; i < kSpinIterations && generation_.load(std::memory_order_acquire) == seen; ++i)
+                cpu_relax();
+            Job job;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                wake_cv_.wait(lock, [&] { return stop_ || generation_.load(std::memory_order_relaxed) != seen; });
+                if (stop_) return;
+                seen = generation_.load(std::memory_order_relaxed);
+                job = job_;
+            }
+            // A region cannot end (and job_ cannot be replaced) before every worker
+            // with a chunk in it has counted down, so no worker misses its chunk.
+            if (index >= job.chunks) continue;
+            run_chunk(job.body, job.n, job.chunks, index, job.ctx);
+            if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                std::lock_guard<std::mutex> lock(mu_);
+                done_cv_.notify_one();
+            }
+        }
+    }
+
+    std::mutex submit_mu_;        // held for a whole region, and to resize the pool
+    std::mutex mu_;               // guards job_ and stop_; pairs with both condition variables
+    std::condition_variable wake_cv_, done_cv_;
+    std::vector<std::thread> workers_;  // worker k runs chunk k; the caller is "worker 0"
+    std::atomic<int> num_threads_;
+    std::atomic<uint64_t> generation_{0};  // bumped once per region
+    std::atomic<int64_t> pending_{0};      // worker chunks of the current region not yet done
+    Job job_{};
+    bool stop_ = false;
+};
+
+// Never deleted: joining threads during interpreter or process teardown can hang.
+ThreadPool* g_pool = nullptr;
+
+int default_num_threads() {
+    int hardware = std::max(1u, std::thread::hardware_concurrency());
+    const char* env = std::getenv("POLYFUSE_NUM_THREADS");
+    if (env == nullptr || *env == '\0') return std::min(hardware, kMaxThreads);
+    char* end = nullptr;
+    long n = std::strtol(env, &end, 10);
+    if (*end == '\0' && n >= 1 && n <= kMaxThreads) return static_cast<int>(n);
+    std::string message = "POLYFUSE_NUM_THREADS='" + std::string(env) + "' is not an integer in 1.." +
+                          std::to_string(kMaxThreads) + "; using " + std::to_string(hardware) + " threads";
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) < 0) throw py::error_already_set();
+    return std::min(hardware, kMaxThreads);
+}
+
+// ---- aligned buffers ------------------------------------------------------
+
+std::atomic<int64_t> g_aligned_buffers_live{0};
+
+void free_aligned(void* p) {
+    std::free(p);
+    g_aligned_buffers_live.fetch_sub(1, std::memory_order_relaxed);
+}
+
+py::array empty_aligned(const std::vector<py::ssize_t>& shape, const py::dtype& dtype, size_t alignment) {
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+        throw py::value_error("alignment must be a power of two, got " + std::to_string(alignment));
+    if (py::bool_(dtype.attr("hasobject")))
+        throw py::type_error("empty_aligned cannot hold Python objects (dtype " + std::string(py::str(dtype)) + ")");
+    if (dtype.itemsize() == 0)
+        throw py::type_error("empty_aligned needs a dtype with a size, got " + std::string(py::str(dtype)));
+    size_t bytes = static_cast<size_t>(dtype.itemsize());
+    for (py::ssize_t d : shape) {
+        if (d < 0) throw py::value_error("negative dimension " + std::to_string(d) + " in shape");
+        if (__builtin_mul_overflow(bytes, static_cast<size_t>(d), &bytes) || bytes > PTRDIFF_MAX)
+            throw py::value_error("array is too big");
+    }
+    void* data = nullptr;  // posix_memalign wants at least pointer alignment
+    if (posix_memalign(&data, std::max(alignment, sizeof(void*)), std::max<size_t>(bytes, 1)) != 0)
+        throw std::bad_alloc();
+    g_aligned_buffers_live.fetch_add(1, std::memory_order_relaxed);
+    py::capsule owner(data, free_aligned);  // the array's base; frees the memory with it
+    return py::array(dtype, shape, std::vector<py::ssize_t>{}, data, owner);
+}
+
+bool is_aligned(const py::array& array, size_t alignment) {
+    if (alignment == 0) throw py::value_error("alignment must be positive");
+    return reinterpret_cast<uintptr_t>(array.data()) % alignment == 0;
+}
+
+// ---- call() ---------------------------------------------------------------
+
+typedef void (*kernel_fn)(void** args);
+union Slot {  // where a scalar argument lives while the kernel runs
+    int64_t i;
+    double d;
+};
+constexpr size_t kInlineArgs = 16;
+
+PyObject* g_np_integer = nullptr;  // numpy.integer, numpy.bool_, numpy.floating
+PyObject* g_np_bool = nullptr;
+PyObject* g_np_floating = nullptr;
+
+bool is_instance(PyObject* obj, PyObject* type) {
+    return PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(type));
+}
+
+// Points *ptr at the argument; on failure sets a TypeError naming args[i], returns false.
+bool convert_argument(PyObject* obj, Py_ssize_t i, void** ptr, Slot* slot, py::object* keep) {
+    if (py::isinstance<py::array>(obj)) {
+        auto array = py::reinterpret_borrow<py::array>(obj);
+        if (!(array.flags() & py::array::c_style)) {
+            PyErr_Format(PyExc_TypeError, "call(): args[%zd] is not a C-contiguous array", i);
+            return false;
+        }
+        *ptr = const_cast<void*>(array.data());
+        *keep = std::move(array);  // alive until the kernel returns, even if the list is mutated
+        return true;
+    }
+    if (is_instance(obj, g_np_bool)) {  // numpy.bool_ has no __index__
+        slot->i = PyObject_IsTrue(obj);
+        *ptr = slot;
+        return true;
+    }
+    if (PyLong_Check(obj) || is_instance(obj, g_np_integer)) {
+        PyObject* index = PyNumber_Index(obj);
+        if (index == nullptr) return false;
+        slot->i = PyLong_AsLongLong(index);
+        Py_DECREF(index);
+        if (slot->i == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "call(): args[%zd] = %R does not fit in int64", i, obj);
+            return false;
+        }
+        *ptr = slot;
+        return true;
+    }
+    if (PyFloat_Check(obj) || is_instance(obj, g_np_floating)) {
+        slot->d = PyFloat_AsDouble(obj);
+        if (slot->d == -1.0 && PyErr_Occurred()) return false;
+        *ptr = slot;
+        return true;
+    }
+    PyErr_Format(PyExc_TypeError, "call(): args[%zd] is a %s; expected a numpy array, an int or a float", i,
+                 Py_TYPE(obj)->tp_name);
+    return false;
+}
+
+// call(fn_address, args): a raw METH_FASTCALL function, because pybind11's dispatcher
+// costs more than the whole conversion below.
+PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2) {
+        PyErr_Format(PyExc_TypeError, "call() takes 2 arguments (fn_address, args), got %zd", argc);
+        return nullptr;
+    }
+    if (!PyLong_Check(argv[0])) {
+        PyErr_Format(PyExc_TypeError, "call(): fn_address must be an int, got %s", Py_TYPE(argv[0])->tp_name);
+        return nullptr;
+    }
+    auto fn = reinterpret_cast<kernel_fn>(PyLong_AsVoidPtr(argv[0]));
+    if (fn == nullptr) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "call(): fn_address is 0");
+        return nullptr;
+    }
+    PyObject* seq = argv[1];
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
+        PyErr_Format(PyExc_TypeError, "call(): args must be a list or a tuple, got %s", Py_TYPE(seq)->tp_name);
+        return nullptr;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    void* inline_ptrs[kInlineArgs];
+    Slot inline_slots[kInlineArgs];
+    py::object inline_keep[kInlineArgs];
+    std::vector<void*> heap_ptrs;
+    std::vector<Slot> heap_slots;
+    std::vector<py::object> heap_keep;
+    void** ptrs = inline_ptrs;
+    Slot* slots = inline_slots;
+    py::object* keep = inline_keep;
+    if (static_cast<size_t>(n) > kInlineArgs) {
+        try {
+            heap_ptrs.resize(n), heap_slots.resize(n), heap_keep.resize(n);
+        } catch (const std::bad_alloc&) {
+            return PyErr_NoMemory();
+        }
+        ptrs = heap_ptrs.data(), slots = heap_slots.data(), keep = heap_keep.data();
+    }
+    // The list cannot change while we hold the GIL, so its items are read directly.
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; ++i)
+        if (!convert_argument(items[i], i, &ptrs[i], &slots[i], &keep[i])) return nullptr;
+    Py_BEGIN_ALLOW_THREADS
+    fn(ptrs);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+PyMethodDef g_methods[] = {
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
+     "call(fn_address, args): run `void kernel(void** args)` with the GIL released."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+// ---- test kernels ---------------------------------------------------------
+// Kernels shaped like generated code, for the tests and for measuring call().
+
+void noop_kernel(void**) {}
+
+void add_body(int64_t begin, int64_t end, void* ctx) {  // out[i] = a[i] + b[i]
+    auto args = static_cast<void**>(ctx);
+    auto a = static_cast<const float*>(args[0]), b = static_cast<const float*>(args[1]);
+    auto out = static_cast<float*>(args[2]);
+    for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+}
+void add_kernel(void** args) {  // (float32 a[n], float32 b[n], float32 out[n], int64 n)
+    polyfuse_parallel_for(add_body, *static_cast<int64_t*>(args[3]), args);
+}
+
+void count_body(int64_t begin, int64_t end, void* ctx) {
+    auto counts = static_cast<int64_t*>(ctx);
+    for (int64_t i = begin; i < end; ++i) __atomic_fetch_add(&counts[i], 1, __ATOMIC_RELAXED);
+}
+void count_kernel(void** args) {  // (int64 counts[n], int64 n, int64 num_threads): counts[i] += 1
+    polyfuse_parallel_for_threads(count_body, *static_cast<int64_t*>(args[1]), args[0],
+                                  *static_cast<int64_t*>(args[2]));
+}
+
+struct Rows {
+    int64_t* counts;
+    int64_t m;
+};
+void nested_rows_body(int64_t begin, int64_t end, void* ctx) {
+    auto rows = static_cast<Rows*>(ctx);
+    for (int64_t i = begin; i < end; ++i) polyfuse_parallel_for(count_body, rows->m, rows->counts + i * rows->m);
+}
+void nested_count_kernel(void** args) {  // (int64 counts[n, m], int64 n, int64 m): nested regions
+    Rows rows{static_cast<int64_t*>(args[0]), *static_cast<int64_t*>(args[2])};
+    polyfuse_parallel_for(nested_rows_body, *static_cast<int64_t*>(args[1]), &rows);
+}
+
+const std::pair<const char*, kernel_fn> kTestKernels[] = {
+    {"noop", noop_kernel}, {"add", add_kernel}, {"count", count_kernel}, {"nested_count", nested_count_kernel}};
+
+uintptr_t test_kernel_address(const std::string& name) {
+    for (const auto& [known, fn] : kTestKernels)
+        if (name == known) return reinterpret_cast<uintptr_t>(fn);
+    throw py::key_error("no test kernel '" + name + "'; known: noop, add, count, nested_count");
+}
+
+}  // namespace
+
+extern "C" void polyfuse_parallel_for(polyfuse_body body, int64_t n, void* ctx) {
+    g_pool->parallel_for(body, n, ctx, 0);
+}
+
+extern "C" void polyfuse_parallel_for_threads(polyfuse_body body, int64_t n, void* ctx, int64_t num_threads) {
+    g_pool->parallel_for(body, n, ctx, num_threads);
+}
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "polyfuse native runtime; use it through polyfuse.runtime.native";
+    g_pool = new ThreadPool(default_num_threads());
+    // A forked child has none of the parent's workers: give it a fresh, lazy pool.
+    pthread_atfork(nullptr, nullptr, [] { g_pool = new ThreadPool(g_pool->num_threads()); });
+
+    py::module_ numpy = py::module_::import("numpy");
+    g_np_integer = py::object(numpy.attr("integer")).release().ptr();  // kept for the process's life
+    g_np_bool = py::object(numpy.attr("bool_")).release().ptr();
+    g_np_floating = py::object(numpy.attr("floating")).release().ptr();
+    if (PyModule_AddFunctions(m.ptr(), g_methods) < 0) throw py::error_already_set();
+
+    m.def("get_num_threads", [] { return g_pool->num_threads(); });
+    m.def(
+        "set_num_threads",
+        [](int n) {
+            if (t_inside_parallel) throw py::value_error("set_num_threads cannot be called inside a parallel region");
+            if (n < 1 || n > kMaxThreads)
+                throw py::value_error("number of threads must be in 1.." + std::to_string(kMaxThreads) +
+                                      ", got " + std::to_string(n));
+            py::gil_scoped_release release;  // a running region's bodies may need the GIL
+            g_pool->set_num_threads(n);
+        },
+        py::arg("n"));
+    m.def("parallel_for_address", [] { return reinterpret_cast<uintptr_t>(&polyfuse_parallel_for); });
+    m.def("parallel_for_threads_address", [] { return reinterpret_cast<uintptr_t>(&polyfuse_parallel_for_threads); });
+    m.def("empty_aligned", &empty_aligned, py::arg("shape"), py::arg("dtype"), py::arg("alignment") = 64);
+    m.def("is_aligned", &is_aligned, py::arg("array").noconvert(), py::arg("alignment") = 64);
+    m.def("aligned_buffers_live", [] { return g_aligned_buffers_live.load(); });
+    m.def("test_kernel_address", &test_kernel_address, py::arg("name"));
+}

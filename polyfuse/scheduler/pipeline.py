@@ -1,0 +1,25 @@
+"""The scheduler in one function: definition + sizes + options -> loop kernel."""
+
+from __future__ import annotations
+
+from polyfuse.ir.comprehension import Definition
+from polyfuse.ir.loops import LoopKernel
+from polyfuse.scheduler.ast_lowering import lower_schedule
+from polyfuse.scheduler.model import build_model
+from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.schedule import compute_schedule
+
+
+def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
+                        stages: dict[str, str] | None = None) -> LoopKernel:
+    """Model, schedule, tile and lower ``d`` for concrete ``sizes``.
+
+    ``stages`` (if given) receives the text of the isl schedule tree and the loop IR.
+    """
+    model = build_model(d)
+    schedule = compute_schedule(model, options, sizes)
+    kernel = lower_schedule(model, schedule, sizes, options)
+    if stages is not None:
+        stages["schedule"] = str(schedule)
+        stages["loops"] = str(kernel)
+    return kernel

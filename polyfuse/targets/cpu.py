@@ -1,0 +1,94 @@
+"""CPU code generation: LLVM IR -> optimized module -> JIT function or object file."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import llvmlite.binding as llvm
+
+from polyfuse.errors import CodegenError
+from polyfuse.ir.loops import LoopKernel
+from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
+from polyfuse.targets.target import Target
+
+
+@functools.cache
+def _initialize() -> None:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+def target_machine(target: Target, cpu: str = "", features: str = "") -> llvm.TargetMachine:
+    """A new LLVM target machine (a JIT engine takes ownership of the one it is given);
+    for the host's CPU, its name and features (AVX-512 here)."""
+    _initialize()
+    if target.name == "x86" and not cpu:
+        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    triple = target.triple or llvm.get_default_triple()
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
+
+
+def vector_bits(target: Target) -> int:
+    """The widest SIMD register the target machine uses for floats."""
+    if target.name == "x86":
+        feats = llvm.get_host_cpu_features() if _host_is(target) else {}
+        if feats.get("avx512f"):
+            return 512
+        if feats.get("avx2") or feats.get("avx"):
+            return 256
+    return 128
+
+
+def _host_is(target: Target) -> bool:
+    _initialize()
+    return llvm.get_default_triple().split("-")[0] in ("x86_64",) and target.name == "x86"
+
+
+def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pto.loop_interleaving = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(module, pb)
+
+
+@dataclass
+class JitKernel:
+    """A kernel compiled in memory; keep it alive as long as ``address`` is used."""
+
+    name: str
+    address: int
+    stages: dict[str, str]
+    engine: llvm.ExecutionEngine = field(repr=False)
+
+
+@functools.cache
+def _bind_runtime_symbols() -> None:
+    from polyfuse.runtime import native  # the parallel-for the generated code calls
+    llvm.add_symbol(PARALLEL_FOR, native.parallel_for_threads_address())
+
+
+def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0) -> JitKernel:
+    """JIT-compile a loop kernel for this machine; stages get "llvm", "llvm_opt" and "asm"."""
+    tm = target_machine(target)
+    text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads)
+    try:
+        mod = llvm.parse_assembly(text)
+        mod.verify()
+    except RuntimeError as err:
+        raise CodegenError(f"LLVM rejected the code for kernel '{kernel.name}': {err}") from None
+    optimize(mod, tm)
+    stages = {"llvm": text, "llvm_opt": str(mod), "asm": tm.emit_assembly(mod)}
+    _bind_runtime_symbols()
+    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine.finalize_object()
+    address = engine.get_function_address(kernel.name)
+    if not address:
+        raise CodegenError(f"the JIT did not produce kernel '{kernel.name}'")
+    return JitKernel(kernel.name, address, stages, engine)

@@ -1,0 +1,245 @@
+"""Loop-IR expressions -> LLVM IR values (llvmlite.ir).
+
+Register types: every integer is an i64 (narrowed only when stored or cast), bool is
+i1, float16 and bfloat16 are computed as float. Integer division and modulo round
+toward minus infinity and give 0 for a zero divisor instead of trapping. A select
+whose sides read memory branches, so the side not chosen is never loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from polyfuse.errors import CodegenError
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal, Read,
+                                       ScalarRef, Select, SizeVar, Unary, UnaryOp, walk)
+from polyfuse.ir.types import DType
+from polyfuse.targets import llvm_math
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+
+
+def register_type(dt: DType) -> ir.Type:
+    if dt.is_bool:
+        return I1
+    if dt.is_int:
+        return I64
+    return F64 if dt is DType.FLOAT64 else F32
+
+
+def storage_type(dt: DType) -> ir.Type:
+    return {DType.BOOL: I8, DType.INT8: I8, DType.UINT8: I8, DType.INT16: I16, DType.INT32: I32,
+            DType.INT64: I64, DType.FLOAT16: F16, DType.BFLOAT16: I16, DType.FLOAT32: F32,
+            DType.FLOAT64: F64}[dt]
+
+
+_FCMP = {BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">", BinaryOp.GE: ">=",
+         BinaryOp.EQ: "==", BinaryOp.NE: "!="}
+
+# builtin -> LLVM intrinsic (same for float and double)
+_INTRINSICS = {"sqrt": "llvm.sqrt", "fabs": "llvm.fabs", "floor": "llvm.floor", "ceil": "llvm.ceil",
+               "trunc": "llvm.trunc", "round": "llvm.roundeven", "fmax": "llvm.maxnum",
+               "fmin": "llvm.minnum", "pow": "llvm.pow", "exp2": "llvm.exp2", "log2": "llvm.log2",
+               "log10": "llvm.log10", "sin": "llvm.sin", "cos": "llvm.cos", "exp": "llvm.exp",
+               "log": "llvm.log"}
+# builtin -> libm function name for double (float adds an "f")
+_LIBM = {"cbrt": "cbrt", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan",
+         "atan2": "atan2", "sinh": "sinh", "cosh": "cosh", "erfc": "erfc", "expm1": "expm1",
+         "log1p": "log1p", "fmod": "fmod", "tanh": "tanh", "erf": "erf"}
+
+
+class ExprEmitter:
+    """Emits expressions with ``builder``; ``load(read, builder)`` returns a register value."""
+
+    def __init__(self, module: ir.Module, env: dict[str, ir.Value],
+                 load: Callable[[Read, ir.IRBuilder], ir.Value]) -> None:
+        self.module = module
+        self.env = env
+        self.load = load
+
+    def intrinsic(self, name: str, ty: ir.Type, nargs: int) -> ir.Function:
+        suffix = {F32: "f32", F64: "f64", I64: "i64"}[ty]
+        full = f"{name}.{suffix}"
+        fn = self.module.globals.get(full)
+        return fn or ir.Function(self.module, ir.FunctionType(ty, [ty] * nargs), full)
+
+    def libm(self, name: str, ty: ir.Type, nargs: int) -> ir.Function:
+        full = name + ("f" if ty is F32 else "")
+        fn = self.module.globals.get(full)
+        return fn or ir.Function(self.module, ir.FunctionType(ty, [ty] * nargs), full)
+
+    def emit(self, e: Expr, b: ir.IRBuilder) -> ir.Value:
+        match e:
+            case Literal(value=v, dtype=dt):
+                ty = register_type(dt)
+                return ir.Constant(ty, float(v) if isinstance(ty, (ir.FloatType, ir.DoubleType))
+                                   else int(bool(v)) if ty is I1 else int(v))
+            case IndexVar(name=n) | ScalarRef(name=n):
+                return self.env[n]
+            case SizeVar(name=n):
+                raise CodegenError(f"size '{n}' is not bound to a value")
+            case Read():
+                return self.load(e, b)
+            case Cast(dtype=dt, operand=a):
+                return self.convert(self.emit(a, b), a.dtype, dt, b)
+            case Unary(op=UnaryOp.NEG, operand=a):
+                x = self.emit(a, b)
+                return b.fneg(x) if e.dtype.is_float else b.sub(ir.Constant(I64, 0), x)
+            case Unary(op=UnaryOp.NOT, operand=a):
+                return b.not_(self.emit(a, b))
+            case Select(cond=c, then=t, other=o):
+                return self.select(c, t, o, b)
+            case Binary():
+                return self.binary(e, b)
+            case Call():
+                return self.call(e, b)
+        raise CodegenError(f"cannot generate code for {e}")
+
+    def convert(self, x: ir.Value, src: DType, dst: DType, b: ir.IRBuilder) -> ir.Value:
+        if dst.is_bool:
+            if src.is_bool:
+                return x
+            return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0)) if src.is_float \
+                else b.icmp_signed("!=", x, ir.Constant(I64, 0))
+        if dst.is_int:
+            if src.is_bool:
+                return b.zext(x, I64)
+            if src.is_float:
+                x = b.fptosi(x, I64) if dst is not DType.UINT8 else b.fptoui(x, I64)
+            narrow = b.trunc(x, storage_type(dst)) if dst is not DType.INT64 else x
+            return b.zext(narrow, I64) if dst is DType.UINT8 else \
+                (b.sext(narrow, I64) if dst is not DType.INT64 else narrow)
+        ty = register_type(dst)
+        if src.is_bool:
+            x = b.uitofp(x, ty)
+        elif src.is_int:
+            x = b.sitofp(x, ty)
+        elif x.type != ty:
+            x = b.fpext(x, ty) if ty is F64 else b.fptrunc(x, ty)
+        return round_to_storage(x, dst, b)
+
+    def select(self, c: Expr, t: Expr, o: Expr, b: ir.IRBuilder) -> ir.Value:
+        cond = self.emit(c, b)
+        if not any(isinstance(n, Read) for side in (t, o) for n in walk(side)):
+            return b.select(cond, self.emit(t, b), self.emit(o, b))
+        with b.if_else(cond) as (then, other):
+            with then:
+                a = self.emit(t, b)
+                a_block = b.block
+            with other:
+                c2 = self.emit(o, b)
+                c_block = b.block
+        phi = b.phi(a.type)
+        phi.add_incoming(a, a_block)
+        phi.add_incoming(c2, c_block)
+        return phi
+
+    def binary(self, e: Binary, b: ir.IRBuilder) -> ir.Value:
+        x, y = self.emit(e.lhs, b), self.emit(e.rhs, b)
+        op, operand = e.op, e.lhs.dtype
+        if op is BinaryOp.AND:
+            return b.and_(x, y)
+        if op is BinaryOp.OR:
+            return b.or_(x, y)
+        if op.is_comparison:
+            if operand.is_float:
+                return b.fcmp_unordered("!=", x, y) if op is BinaryOp.NE else b.fcmp_ordered(_FCMP[op], x, y)
+            if x.type is I1:
+                x, y = b.zext(x, I64), b.zext(y, I64)
+            return b.icmp_signed(_FCMP[op], x, y)
+        if e.dtype.is_float:
+            if op is BinaryOp.MOD:
+                return _float_mod(x, y, b)
+            fn = {BinaryOp.ADD: b.fadd, BinaryOp.SUB: b.fsub, BinaryOp.MUL: b.fmul,
+                  BinaryOp.DIV: b.fdiv}[op]
+            return fn(x, y)
+        if op in (BinaryOp.DIV, BinaryOp.MOD):
+            return _int_divmod(x, y, op is BinaryOp.DIV, b)
+        return {BinaryOp.ADD: b.add, BinaryOp.SUB: b.sub, BinaryOp.MUL: b.mul}[op](x, y)
+
+    def call(self, e: Call, b: ir.IRBuilder) -> ir.Value:
+        args = [self.emit(a, b) for a in e.args]
+        dt, fn = e.dtype, e.fn
+        if dt.is_int or dt.is_bool:
+            return _int_call(fn, args, b)
+        ty = register_type(dt)
+        if ty is F32 and fn in llvm_math.SUPPORTED:
+            return b.call(llvm_math.math_function(self.module, fn, 1), args)
+        if fn in ("max", "min"):
+            name = "llvm.maximum" if fn == "max" else "llvm.minimum"
+            return b.call(self.intrinsic(name, ty, 2), args)
+        if fn == "abs":
+            return b.call(self.intrinsic("llvm.fabs", ty, 1), args)
+        if fn == "rsqrt":
+            return b.fdiv(ir.Constant(ty, 1.0), b.call(self.intrinsic("llvm.sqrt", ty, 1), args))
+        if fn == "sigmoid":
+            ex = b.call(self.intrinsic("llvm.exp", ty, 1), [b.fneg(args[0])])
+            return b.fdiv(ir.Constant(ty, 1.0), b.fadd(ir.Constant(ty, 1.0), ex))
+        if fn in _INTRINSICS:
+            return b.call(self.intrinsic(_INTRINSICS[fn], ty, len(args)), args)
+        if fn in _LIBM:
+            return b.call(self.libm(_LIBM[fn], ty, len(args)), args)
+        raise CodegenError(f"no code generator for builtin '{fn}' on {dt}")
+
+
+def round_to_storage(x: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
+    """Round a float register to a 16-bit storage type and back (a cast to float16/bfloat16)."""
+    if dt is DType.FLOAT16:
+        return b.fpext(b.fptrunc(x, F16), F32)
+    if dt is DType.BFLOAT16:
+        return bf16_to_f32(f32_to_bf16(x, b), b)
+    return x
+
+
+def f32_to_bf16(x: ir.Value, b: ir.IRBuilder) -> ir.Value:
+    """Round to nearest even; NaN stays NaN."""
+    bits = b.bitcast(x, I32)
+    lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+    rounded = b.add(bits, b.add(ir.Constant(I32, 0x7FFF), lsb))
+    is_nan = b.fcmp_unordered("uno", x, x)
+    quiet = b.or_(bits, ir.Constant(I32, 0x00400000))
+    return b.trunc(b.lshr(b.select(is_nan, quiet, rounded), ir.Constant(I32, 16)), I16)
+
+
+def bf16_to_f32(x: ir.Value, b: ir.IRBuilder) -> ir.Value:
+    return b.bitcast(b.shl(b.zext(x, I32), ir.Constant(I32, 16)), F32)
+
+
+def _int_divmod(x: ir.Value, y: ir.Value, quotient: bool, b: ir.IRBuilder) -> ir.Value:
+    zero, one = ir.Constant(I64, 0), ir.Constant(I64, 1)
+    bad = b.or_(b.icmp_signed("==", y, zero), b.icmp_signed("==", y, ir.Constant(I64, -1)))
+    safe = b.select(bad, one, y)   # no trap on /0 or on INT64_MIN / -1
+    q, r = b.sdiv(x, safe), b.srem(x, safe)
+    adjust = b.and_(b.icmp_signed("!=", r, zero),
+                    b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
+    if quotient:
+        floor_q = b.select(adjust, b.sub(q, one), q)
+        by_minus_one = b.sub(zero, x)
+        return b.select(b.icmp_signed("==", y, zero), zero,
+                        b.select(b.icmp_signed("==", y, ir.Constant(I64, -1)), by_minus_one, floor_q))
+    floor_r = b.select(adjust, b.add(r, y), r)
+    return b.select(bad, zero, floor_r)
+
+
+def _float_mod(x: ir.Value, y: ir.Value, b: ir.IRBuilder) -> ir.Value:
+    zero = ir.Constant(x.type, 0.0)
+    r = b.frem(x, y)
+    adjust = b.and_(b.fcmp_ordered("!=", r, zero),
+                    b.icmp_signed("!=", b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
+    return b.select(adjust, b.fadd(r, y), r)
+
+
+def _int_call(fn: str, args: list[ir.Value], b: ir.IRBuilder) -> ir.Value:
+    if args and args[0].type is I1:
+        args = [b.zext(a, I64) for a in args]
+    if fn == "max":
+        return b.select(b.icmp_signed(">", args[0], args[1]), args[0], args[1])
+    if fn == "min":
+        return b.select(b.icmp_signed("<", args[0], args[1]), args[0], args[1])
+    if fn == "abs":
+        return b.select(b.icmp_signed("<", args[0], ir.Constant(I64, 0)),
+                        b.sub(ir.Constant(I64, 0), args[0]), args[0])
+    raise CodegenError(f"builtin '{fn}' has no integer form")

@@ -1,0 +1,292 @@
+"""Loop IR kernel -> LLVM module (shared by the x86 and aarch64 targets).
+
+The module has three layers of functions:
+
+* ``<name>(i8** args)``: the entry point the runtime calls; ``args[k]`` is the data
+  pointer of buffer k, then one pointer per scalar to an 8-byte slot holding an
+  int64 or a double. It unpacks and calls
+* ``<name>.impl(ptr noalias A, ..., scalars)``: the loops. A parallel loop becomes a
+  call to ``polyfuse_parallel_for_threads(body, n, ctx, threads)`` of the native
+  runtime, where ``body`` unpacks ``ctx`` and calls
+* ``<name>.par<k>(ptr noalias ..., captured values, begin, end)``: iterations
+  ``begin..end`` of the parallel loop, again with noalias buffers so they vectorize.
+
+Loops carry ``llvm.loop`` metadata for the vector width and unroll factor.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from polyfuse.ir.comprehension import Expr, IndexVar, Read, ScalarRef, walk
+from polyfuse.ir.loops import ERROR_BUFFER, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
+from polyfuse.ir.types import DType
+from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
+                                        f32_to_bf16, register_type, storage_type)
+
+PARALLEL_FOR = "polyfuse_parallel_for_threads"
+_I8P = I8.as_pointer()
+
+
+@dataclass
+class _Scope:
+    """What a function being emitted sees: buffer pointers and named register values."""
+
+    buffers: dict[str, ir.Value]
+    values: dict[str, ir.Value]
+
+
+class KernelEmitter:
+    def __init__(self, kernel: LoopKernel, module: ir.Module, num_threads: int = 0) -> None:
+        self.kernel = kernel
+        self.module = module
+        self.num_threads = num_threads
+        self.n_parallel = 0
+        self.n_loops = 0
+
+    # --- entry points ---
+    def emit(self) -> ir.Function:
+        k = self.kernel
+        param_types = [storage_type(b.dtype).as_pointer() for b in k.buffers] + \
+                      [register_type(s.dtype) for s in k.scalars]
+        impl = ir.Function(self.module, ir.FunctionType(ir.VoidType(), param_types), f"{k.name}.impl")
+        impl.linkage = "internal"
+        names = [b.name for b in k.buffers] + [s.name for s in k.scalars]
+        for arg, name in zip(impl.args, names):
+            arg.name = name
+            if isinstance(arg.type, ir.PointerType):
+                arg.add_attribute("noalias")
+        builder = ir.IRBuilder(impl.append_basic_block("entry"))
+        scope = _Scope({b.name: a for b, a in zip(k.buffers, impl.args)},
+                       {s.name: a for s, a in zip(k.scalars, impl.args[len(k.buffers):])})
+        self.body(k.body, scope, builder)
+        builder.ret_void()
+        return self.entry(impl)
+
+    def entry(self, impl: ir.Function) -> ir.Function:
+        k = self.kernel
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [_I8P.as_pointer()]), k.name)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        values = []
+        for j, param in enumerate(impl.args):
+            slot = b.load(b.gep(fn.args[0], [ir.Constant(I64, j)]))
+            if isinstance(param.type, ir.PointerType):
+                values.append(b.bitcast(slot, param.type))
+                continue
+            dt = k.scalars[j - len(k.buffers)].dtype
+            raw = b.load(b.bitcast(slot, (F64 if dt.is_float else I64).as_pointer()))
+            if dt.is_bool:
+                raw = b.icmp_signed("!=", raw, ir.Constant(I64, 0))
+            elif param.type is F32:
+                raw = b.fptrunc(raw, F32)
+            values.append(raw)
+        b.call(impl, values)
+        b.ret_void()
+        return fn
+
+    # --- statements ---
+    def body(self, stmts: tuple[Stmt, ...], scope: _Scope, b: ir.IRBuilder) -> None:
+        for s in stmts:
+            if isinstance(s, For):
+                if s.kind is LoopKind.PARALLEL:
+                    self.parallel(s, scope, b)
+                else:
+                    self.loop(s, scope, b)
+            elif isinstance(s, If):
+                cond = self.exprs(scope).emit(s.cond, b)
+                if s.other:
+                    with b.if_else(cond) as (then, other):
+                        with then:
+                            self.body(s.then, scope, b)
+                        with other:
+                            self.body(s.other, scope, b)
+                else:
+                    with b.if_then(cond):
+                        self.body(s.then, scope, b)
+            elif isinstance(s, Store):
+                self.store(s, scope, b)
+
+    def exprs(self, scope: _Scope) -> ExprEmitter:
+        return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b))
+
+    def address(self, buffer: str, indices: tuple[Expr, ...], scope: _Scope,
+                b: ir.IRBuilder) -> ir.Value:
+        buf = self.kernel.buffer(buffer)
+        emitter = self.exprs(scope)
+        offset: ir.Value = ir.Constant(I64, 0)
+        for idx, stride, extent in zip(indices, buf.strides, buf.shape):
+            term = emitter.emit(idx, b)
+            if any(isinstance(n, Read) for n in walk(idx)):
+                term = self.checked_index(term, extent, scope, b)
+            offset = b.add(offset, term if stride == 1 else b.mul(term, ir.Constant(I64, stride)))
+        return b.gep(scope.buffers[buffer], [offset], inbounds=True)
+
+    def checked_index(self, index: ir.Value, extent: int, scope: _Scope,
+                      b: ir.IRBuilder) -> ir.Value:
+        """An index read from a tensor: outside [0, extent) it flags the error buffer."""
+        bad = b.icmp_unsigned(">=", index, ir.Constant(I64, extent))
+        with b.if_then(bad, likely=False):
+            b.store(ir.Constant(I64, 1), scope.buffers[ERROR_BUFFER])
+        return b.select(bad, ir.Constant(I64, 0), index)
+
+    def load(self, r: Read, scope: _Scope, b: ir.IRBuilder) -> ir.Value:
+        dt = self.kernel.buffer(r.tensor).dtype
+        raw = b.load(self.address(r.tensor, r.indices, scope, b))
+        return _to_register(raw, dt, b)
+
+    def store(self, s: Store, scope: _Scope, b: ir.IRBuilder) -> None:
+        dt = self.kernel.buffer(s.buffer).dtype
+        value = self.exprs(scope).emit(s.value, b)
+        b.store(_to_storage(value, dt, b), self.address(s.buffer, s.indices, scope, b))
+
+    def loop(self, s: For, scope: _Scope, b: ir.IRBuilder, lo: ir.Value | None = None,
+             hi: ir.Value | None = None) -> None:
+        emitter = self.exprs(scope)
+        lo = lo if lo is not None else emitter.emit(s.lo, b)
+        hi = hi if hi is not None else emitter.emit(s.hi, b)
+        pre = b.block
+        header = b.append_basic_block(f"{s.var}.header")
+        body = b.append_basic_block(f"{s.var}.body")
+        exit_ = b.append_basic_block(f"{s.var}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        iv = b.phi(I64, name=s.var)
+        iv.add_incoming(lo, pre)
+        b.cbranch(b.icmp_signed("<", iv, hi), body, exit_)
+        b.position_at_end(body)
+        inner = _Scope(scope.buffers, {**scope.values, s.var: iv})
+        self.body(s.body, inner, b)
+        nxt = b.add(iv, ir.Constant(I64, s.step), flags=["nsw"])
+        iv.add_incoming(nxt, b.block)
+        latch = b.branch(header)
+        latch.set_metadata("llvm.loop", self.loop_metadata(s))
+        b.position_at_end(exit_)
+
+    def loop_metadata(self, s: For) -> ir.MDValue:
+        self.n_loops += 1
+        props = [ir.MetaDataString(self.module, f"polyfuse.loop.{self.n_loops}")]
+        m = self.module
+        if s.vector > 1:
+            props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.enable"), ir.Constant(I1, 1)]))
+            props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.width"), ir.Constant(ir.IntType(32), s.vector)]))
+            if s.unroll > 1:
+                props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"), ir.Constant(ir.IntType(32), s.unroll)]))
+        elif s.unroll > 1:
+            props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.count"), ir.Constant(ir.IntType(32), s.unroll)]))
+        else:
+            props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.width"), ir.Constant(ir.IntType(32), 1)]))
+        return m.add_metadata(props)
+
+    # --- parallel loops ---
+    def parallel(self, s: For, scope: _Scope, b: ir.IRBuilder) -> None:
+        """Outline the loop into a body function and hand it to the thread pool."""
+        self.n_parallel += 1
+        name = f"{self.kernel.name}.par{self.n_parallel}"
+        used = _free_values(s, scope)
+        bufs = [buf for buf in self.kernel.buffers if buf.name in scope.buffers]
+        # the function with noalias buffers that runs iterations [begin, end) of the loop
+        ptypes = [scope.buffers[x.name].type for x in bufs] + [scope.values[v].type for v in used]
+        work = ir.Function(self.module, ir.FunctionType(ir.VoidType(), ptypes + [I64, I64]), name)
+        work.linkage = "internal"
+        for a in work.args[:len(bufs)]:
+            a.add_attribute("noalias")
+        wb = ir.IRBuilder(work.append_basic_block("entry"))
+        inner = _Scope({x.name: a for x, a in zip(bufs, work.args)},
+                       {v: a for v, a in zip(used, work.args[len(bufs):])})
+        begin, end = work.args[-2], work.args[-1]
+        emitter = self.exprs(inner)
+        lo = emitter.emit(s.lo, wb)
+        step = ir.Constant(I64, s.step)
+        it_lo = wb.add(lo, wb.mul(begin, step))
+        it_hi = wb.call(emitter.intrinsic("llvm.smin", I64, 2),
+                        [emitter.emit(s.hi, wb), wb.add(lo, wb.mul(end, step))])
+        self.loop(For(s.var, s.lo, s.hi, s.body, LoopKind.SERIAL, s.step, s.vector, s.unroll),
+                  inner, wb, it_lo, it_hi)
+        wb.ret_void()
+        # the trampoline the thread pool calls: unpack the context, call the work function
+        ctx_type = ir.LiteralStructType(ptypes)
+        tramp = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I64, I64, _I8P]), name + ".task")
+        tramp.linkage = "internal"
+        tb = ir.IRBuilder(tramp.append_basic_block("entry"))
+        ctx = tb.bitcast(tramp.args[2], ctx_type.as_pointer())
+        fields = [tb.load(tb.gep(ctx, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), j)]))
+                  for j in range(len(ptypes))]
+        tb.call(work, fields + [tramp.args[0], tramp.args[1]])
+        tb.ret_void()
+        # the call site: pack the context, compute the trip count, run on the pool
+        slot = b.alloca(ctx_type)
+        for j, v in enumerate([scope.buffers[x.name] for x in bufs] + [scope.values[u] for u in used]):
+            b.store(v, b.gep(slot, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), j)]))
+        emitter = self.exprs(scope)
+        lo, hi = emitter.emit(s.lo, b), emitter.emit(s.hi, b)
+        span = b.sub(hi, lo)
+        trips = b.sdiv(b.add(span, ir.Constant(I64, s.step - 1)), ir.Constant(I64, s.step))
+        trips = b.select(b.icmp_signed(">", trips, ir.Constant(I64, 0)), trips, ir.Constant(I64, 0))
+        pfor = self.module.globals.get(PARALLEL_FOR) or ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), [tramp.type, I64, _I8P, I64]), PARALLEL_FOR)
+        b.call(pfor, [tramp, trips, b.bitcast(slot, _I8P), ir.Constant(I64, self.num_threads)])
+
+
+def _free_values(s: For, scope: _Scope) -> list[str]:
+    """Register values (enclosing iterators, scalars) the loop uses."""
+    names: set[str] = set()
+    exprs: list[Expr] = [s.lo, s.hi]
+    for st in walk_stmts(s.body):
+        if isinstance(st, For):
+            exprs += [st.lo, st.hi]
+        elif isinstance(st, If):
+            exprs.append(st.cond)
+        elif isinstance(st, Store):
+            exprs += [*st.indices, st.value]
+    for e in exprs:
+        names |= {n.name for n in walk(e) if isinstance(n, (IndexVar, ScalarRef))}
+    return [v for v in scope.values if v in names]
+
+
+def _to_register(raw: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
+    if dt.is_bool:
+        return b.icmp_signed("!=", raw, ir.Constant(I8, 0))
+    if dt is DType.UINT8:
+        return b.zext(raw, I64)
+    if dt.is_int:
+        return raw if dt is DType.INT64 else b.sext(raw, I64)
+    if dt is DType.FLOAT16:
+        return b.fpext(raw, F32)
+    if dt is DType.BFLOAT16:
+        return bf16_to_f32(raw, b)
+    return raw
+
+
+def _to_storage(value: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
+    if dt.is_bool:
+        return b.zext(value, I8)
+    if dt.is_int:
+        return value if dt is DType.INT64 else b.trunc(value, storage_type(dt))
+    if dt is DType.FLOAT16:
+        return b.fptrunc(value, F16)
+    if dt is DType.BFLOAT16:
+        return f32_to_bf16(value, b)
+    return value
+
+
+def emit_module(kernel: LoopKernel, triple: str, data_layout: str, num_threads: int = 0) -> str:
+    """The LLVM IR text of ``kernel``; loop metadata nodes refer to themselves."""
+    module = ir.Module(name=kernel.name)
+    module.triple = triple
+    module.data_layout = data_layout
+    KernelEmitter(kernel, module, num_threads).emit()
+    return _self_reference_loops(str(module))
+
+
+def _self_reference_loops(text: str) -> str:
+    """llvmlite cannot build self-referencing nodes; patch ``!"polyfuse.loop.N"`` to the node's id."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r'^(!\d+) = !\{\s*!"polyfuse\.loop\.\d+"(.*)$', line)
+        if m:
+            line = f"{m.group(1)} = distinct !{{{m.group(1)}{m.group(2)}"
+        out.append(line)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,308 @@
+"""The native runtime: parallel-for, thread pool size, aligned buffers, kernel calls."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from polyfuse.runtime import native
+
+BODY = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+PARALLEL_FOR_THREADS = ctypes.CFUNCTYPE(None, BODY, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+KERNEL = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))
+
+
+@pytest.fixture(autouse=True)
+def restore_num_threads():
+    before = native.get_num_threads()
+    yield
+    native.set_num_threads(before)
+
+
+def run_with_timeout(fn, seconds: float = 20.0) -> None:
+    """Run ``fn`` in a daemon thread; fail instead of hanging if it deadlocks."""
+    errors: list[BaseException] = []
+
+    def target():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "deadlock: the call did not return"
+    if errors:
+        raise errors[0]
+
+
+# ---- parallel-for -----------------------------------------------------------
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 1000])
+def test_parallel_for_covers_every_index_once(n, threads):
+    native.set_num_threads(threads)
+    counts = np.zeros(n, np.int64)
+    native.call(native.test_kernel_address("count"), [counts, n, 0])
+    np.testing.assert_array_equal(counts, np.ones(n, np.int64))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 1000])
+def test_parallel_for_splits_into_one_contiguous_chunk_per_thread(n, threads):
+    native.set_num_threads(threads)
+    chunks: list[tuple[int, int, int]] = []
+
+    @BODY
+    def body(begin, end, ctx):  # ctypes callbacks take the GIL, so appending is safe
+        chunks.append((begin, end, threading.get_ident()))
+
+    parallel_for = PARALLEL_FOR_THREADS(native.parallel_for_threads_address())
+    run_with_timeout(lambda: parallel_for(body, n, None, 0))
+    spans = sorted((b, e) for b, e, _ in chunks)
+    assert len(spans) == min(n, threads)
+    if n:
+        assert [b for b, _ in spans] == [0] + [e for _, e in spans[:-1]]  # contiguous
+        assert spans[-1][1] == n
+        sizes = [e - b for b, e in spans]
+        assert max(sizes) - min(sizes) <= 1
+    assert len({ident for _, _, ident in chunks}) == len(chunks)  # one thread per chunk
+
+
+@pytest.mark.parametrize(("cap", "expected"), [(1, 1), (2, 2), (3, 3), (64, 4), (0, 4), (-1, 4)])
+def test_parallel_for_threads_caps_the_threads_of_one_region(cap, expected):
+    native.set_num_threads(4)
+    chunks: list[tuple[int, int]] = []
+
+    @BODY
+    def body(begin, end, ctx):
+        chunks.append((begin, end))
+
+    parallel_for = PARALLEL_FOR_THREADS(native.parallel_for_threads_address())
+    run_with_timeout(lambda: parallel_for(body, 100, None, cap))
+    assert len(chunks) == expected
+    assert sum(e - b for b, e in chunks) == 100
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_nested_parallel_for_runs_inline_without_deadlock(threads):
+    native.set_num_threads(threads)
+    counts = np.zeros((13, 29), np.int64)
+    run_with_timeout(lambda: native.call(native.test_kernel_address("nested_count"), [counts, 13, 29]))
+    np.testing.assert_array_equal(counts, 1)
+
+
+def test_regions_from_several_threads_all_complete():
+    native.set_num_threads(2)
+    kernel = native.test_kernel_address("count")
+    arrays = [np.zeros(257, np.int64) for _ in range(4)]
+
+    def work(counts):
+        for _ in range(100):
+            native.call(kernel, (counts, counts.size, 0))
+
+    def run_all():
+        threads = [threading.Thread(target=work, args=(a,)) for a in arrays]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    run_with_timeout(run_all)
+    for counts in arrays:
+        np.testing.assert_array_equal(counts, 100)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_gets_a_working_pool():
+    native.set_num_threads(2)
+    kernel = native.test_kernel_address("count")
+    native.call(kernel, [np.zeros(10, np.int64), 10, 0])  # the parent's workers are running
+    pid = os.fork()
+    if pid == 0:  # child: exit status says whether the pool worked
+        counts = np.zeros(100, np.int64)
+        native.call(kernel, [counts, 100, 0])
+        os._exit(0 if (counts == 1).all() else 1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("forked child deadlocked in parallel-for")
+
+
+# ---- pool size ------------------------------------------------------------
+
+def test_set_and_get_num_threads():
+    for n in (1, 3, 2):
+        native.set_num_threads(n)
+        assert native.get_num_threads() == n
+    for bad in (0, -1, 100_000):
+        with pytest.raises(ValueError, match="number of threads"):
+            native.set_num_threads(bad)
+    assert native.get_num_threads() == 2
+
+
+def _num_threads_in_subprocess(value: str | None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("POLYFUSE_NUM_THREADS", None)
+    if value is not None:
+        env["POLYFUSE_NUM_THREADS"] = value
+    code = "from polyfuse.runtime import native; print(native.get_num_threads())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True, timeout=60)
+
+
+def test_num_threads_default_comes_from_the_environment():
+    assert _num_threads_in_subprocess("3").stdout.strip() == "3"
+    assert _num_threads_in_subprocess(None).stdout.strip() == str(os.cpu_count())
+
+
+def test_bad_num_threads_in_the_environment_warns_and_falls_back():
+    result = _num_threads_in_subprocess("many")
+    assert result.stdout.strip() == str(os.cpu_count())
+    assert "POLYFUSE_NUM_THREADS='many'" in result.stderr
+
+
+# ---- aligned buffers --------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(), 0, 1, (7, 3), (2, 3, 5), [4, 0, 2]])
+@pytest.mark.parametrize("dtype", [np.float32, "float64", np.int8, np.complex128, np.bool_, np.float16])
+@pytest.mark.parametrize("alignment", [16, 64, 4096])
+def test_empty_aligned(shape, dtype, alignment):
+    a = native.empty_aligned(shape, dtype, alignment)
+    expected_shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    assert a.shape == expected_shape
+    assert a.dtype == np.dtype(dtype)
+    assert a.flags.c_contiguous and a.flags.writeable
+    assert native.is_aligned(a, alignment)
+    assert a.ctypes.data % alignment == 0
+    a[...] = 1
+    np.testing.assert_array_equal(a, np.ones(expected_shape, dtype))
+
+
+def test_empty_aligned_default_alignment_is_64():
+    assert native.is_aligned(native.empty_aligned((3, 3), np.float32), 64)
+
+
+def test_empty_aligned_frees_its_memory_with_the_last_view():
+    before = native.aligned_buffers_live()
+    arrays = [native.empty_aligned((100, 100), np.float32) for _ in range(10)]
+    views = [a[1:, ::2] for a in arrays]
+    assert native.aligned_buffers_live() == before + 10
+    del arrays
+    assert native.aligned_buffers_live() == before + 10  # the views keep them alive
+    del views
+    assert native.aligned_buffers_live() == before
+
+
+def test_empty_aligned_rejects_bad_requests():
+    with pytest.raises(ValueError, match="power of two"):
+        native.empty_aligned(4, np.float32, 48)
+    with pytest.raises(ValueError, match="power of two"):
+        native.empty_aligned(4, np.float32, 0)
+    with pytest.raises(ValueError, match="negative dimension"):
+        native.empty_aligned((2, -1), np.float32)
+    with pytest.raises(ValueError, match="too big"):
+        native.empty_aligned((2**40, 2**40), np.float32)
+    with pytest.raises(TypeError, match="Python objects"):
+        native.empty_aligned(3, object)
+    with pytest.raises(TypeError):
+        native.empty_aligned(3.5, np.float32)
+
+
+def test_is_aligned():
+    a = native.empty_aligned(64, np.float32, 64)
+    assert native.is_aligned(a, 64)
+    assert not native.is_aligned(a[1:], 64)
+    assert native.is_aligned(a[1:], 4)
+    assert native.is_aligned(a[16:], 64)
+    with pytest.raises(TypeError, match="numpy array"):
+        native.is_aligned([1.0, 2.0], 4)
+    with pytest.raises(ValueError):
+        native.is_aligned(a, 0)
+
+
+# ---- call() -----------------------------------------------------------------
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [0, 1, 33, 10_000])
+def test_call_add_kernel_matches_numpy(n, threads):
+    native.set_num_threads(threads)
+    rng = np.random.default_rng(n)
+    a, b = rng.standard_normal((2, n), dtype=np.float32)
+    out = native.empty_aligned(n, np.float32)
+    native.call(native.test_kernel_address("add"), [a, b, out, n])
+    np.testing.assert_array_equal(out, a + b)
+
+
+@pytest.mark.parametrize("n", [np.int64(50), np.int32(50), np.uint8(50), True])
+def test_call_accepts_numpy_and_bool_scalars_as_int64(n):
+    counts = np.zeros(60, np.int64)
+    native.call(native.test_kernel_address("count"), (counts, n, 0))
+    np.testing.assert_array_equal(counts, [1] * int(n) + [0] * (60 - int(n)))
+
+
+def test_call_passes_data_pointers_and_8_byte_scalar_slots():
+    arrays = [np.arange(3, dtype=np.float32) + i for i in range(20)]  # more than 16 arguments
+    scalars = [7, -(2**63), np.int16(-4), np.bool_(True), 2.25, np.float32(1.5)]
+    seen: list[object] = []
+
+    @KERNEL
+    def kernel(args):
+        seen.extend(args[i] for i in range(len(arrays)))
+        ints = [ctypes.c_int64.from_address(args[len(arrays) + i]).value for i in range(4)]
+        doubles = [ctypes.c_double.from_address(args[len(arrays) + 4 + i]).value for i in range(2)]
+        seen.extend(ints + doubles)
+
+    native.call(ctypes.cast(kernel, ctypes.c_void_p).value, arrays + scalars)
+    assert seen[:len(arrays)] == [a.ctypes.data for a in arrays]
+    assert seen[len(arrays):] == [7, -(2**63), -4, 1, 2.25, 1.5]
+
+
+def test_call_argument_errors_name_the_position():
+    noop = native.test_kernel_address("noop")
+    a = np.zeros(4, np.float32)
+    with pytest.raises(TypeError, match=r"args\[1\] is a str"):
+        native.call(noop, [a, "x"])
+    with pytest.raises(TypeError, match=r"args\[0\] is a list"):
+        native.call(noop, [[1.0, 2.0]])
+    with pytest.raises(TypeError, match=r"args\[2\] is a complex"):
+        native.call(noop, (a, 1, 1j))
+    with pytest.raises(TypeError, match=r"args\[1\] is not a C-contiguous array"):
+        native.call(noop, [a, a[::2]])
+    with pytest.raises(TypeError, match=r"args\[0\] = 18446744073709551616 does not fit in int64"):
+        native.call(noop, [2**64])
+    with pytest.raises(TypeError, match=r"args\[17\] is a NoneType"):
+        native.call(noop, [a] * 17 + [None])
+
+
+def test_call_rejects_a_bad_kernel_or_argument_list():
+    noop = native.test_kernel_address("noop")
+    with pytest.raises(TypeError, match="list or a tuple"):
+        native.call(noop, np.zeros(3))
+    with pytest.raises(TypeError, match="fn_address must be an int"):
+        native.call(float(noop), [])
+    with pytest.raises(ValueError, match="fn_address is 0"):
+        native.call(0, [])
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        native.call(noop)  # type: ignore[call-arg]
+    with pytest.raises(KeyError, match="no test kernel"):
+        native.test_kernel_address("missing")
+
+
+def test_addresses_are_distinct_nonzero_ints():
+    addresses = {native.parallel_for_address(), native.parallel_for_threads_address()}
+    assert len(addresses) == 2 and 0 not in addresses
