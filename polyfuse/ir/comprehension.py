@@ -121,6 +121,15 @@ class ScalarRef(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class LocalRef(Expr):
+    """A scalar local of the loop IR (an accumulator kept in a register)."""
+
+    name: str
+    dtype: DType
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
 class Read(Expr):
     """An element of a tensor; indices may be affine or read other tensors (indirect)."""
 
@@ -379,7 +388,7 @@ def format_expr(e: Expr) -> str:
     match e:
         case Literal():
             return _literal(e)
-        case IndexVar(name=n) | SizeVar(name=n) | ScalarRef(name=n):
+        case IndexVar(name=n) | SizeVar(name=n) | ScalarRef(name=n) | LocalRef(name=n):
             return n
         case Read(tensor=t, indices=ix):
             return f"{t}({', '.join(format_expr(i) for i in ix)})"

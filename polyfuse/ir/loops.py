@@ -99,6 +99,14 @@ class If(Stmt):
 
 
 @dataclass(frozen=True, slots=True)
+class Assign(Stmt):
+    """Set the scalar local ``var`` (read back as a ``LocalRef``), kept in compute precision."""
+
+    var: str
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
 class Store(Stmt):
     buffer: str
     indices: tuple[Expr, ...]
@@ -146,6 +154,8 @@ def _format_body(body: tuple[Stmt, ...], indent: str) -> list[str]:
                     lines.append(f"{indent}}} else {{")
                     lines += _format_body(other, indent + "  ")
                 lines.append(f"{indent}}}")
+            case Assign(var=v, value=value):
+                lines.append(f"{indent}let {v} = {format_expr(value)}")
             case Store(buffer=b, indices=ix, value=value):
                 lines.append(f"{indent}{b}({', '.join(format_expr(i) for i in ix)}) = {format_expr(value)}")
     return lines

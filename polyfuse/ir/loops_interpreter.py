@@ -13,10 +13,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal, Read,
-                                       ScalarRef, Select, SizeVar, Unary, UnaryOp)
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
+                                       LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.comprehension_interpreter import FUNCTIONS
-from polyfuse.ir.loops import For, If, LoopKernel, Stmt, Store
+from polyfuse.ir.loops import Assign, For, If, LoopKernel, Stmt, Store
 
 _ARITH = {BinaryOp.ADD: lambda a, b: a + b, BinaryOp.SUB: lambda a, b: a - b,
           BinaryOp.MUL: lambda a, b: a * b, BinaryOp.MOD: lambda a, b: np.mod(a, b) if b != 0 else 0 * a,
@@ -31,13 +31,13 @@ class _Interpreter:
         self.kernel = kernel
         self.buffers = buffers
         self.scalars = scalars
-        self.env: dict[str, int] = {}
+        self.env: dict[str, object] = {}
 
     def eval(self, e: Expr):  # type: ignore[no-untyped-def]
         match e:
             case Literal(value=v, dtype=dt):
                 return int(v) if dt.is_int else dt.compute.numpy.type(v)
-            case IndexVar(name=n):
+            case IndexVar(name=n) | LocalRef(name=n):
                 return self.env[n]
             case SizeVar(name=n):
                 raise KeyError(f"unbound size {n} in loop IR")
@@ -86,6 +86,8 @@ class _Interpreter:
                     self.env.pop(v, None)
                 case If(cond=c, then=then, other=other):
                     self.run(then if self.eval(c) else other)
+                case Assign(var=v, value=value):
+                    self.env[v] = self.eval(value)
                 case Store(buffer=b, indices=ix, value=value):
                     out = self.buffers[b]
                     v = self.eval(value)

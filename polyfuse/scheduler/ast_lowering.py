@@ -65,8 +65,10 @@ _OPS = {
 
 
 class _Lowering:
-    def __init__(self, model: Model, sizes: dict[str, int], options: MappingOptions) -> None:
+    def __init__(self, model: Model, schedule: isl.Schedule, sizes: dict[str, int],
+                 options: MappingOptions) -> None:
         self.model = model
+        self.schedule = schedule
         self.sizes = sizes
         self.options = options
 
@@ -102,8 +104,9 @@ class _Lowering:
             return [s for k in range(children.n_ast_node()) for s in self.node(children.get_at(k))]
         if kind == isl.ast_node_type.mark:
             body = self.node(n.mark_get_node())
-            if n.mark_get_id().get_name() == PARALLEL_MARK and body and isinstance(body[0], For):
-                body[0] = replace(body[0], kind=LoopKind.PARALLEL)
+            mark = n.mark_get_id().get_name()
+            if mark.startswith(PARALLEL_MARK + ":"):
+                return list(_parallelize(tuple(body), "c" + mark.split(":")[1]))
             return body
         if kind == isl.ast_node_type.for_:
             return [self.loop(n)]
@@ -154,6 +157,19 @@ class _Lowering:
         return Store(st.tensor, lhs, value)
 
 
+def _parallelize(body: tuple[Stmt, ...], var: str) -> tuple[Stmt, ...]:
+    """Make the outermost loops over ``var`` parallel."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For):
+            s = replace(s, kind=LoopKind.PARALLEL) if s.var == var else \
+                replace(s, body=_parallelize(s.body, var))
+        elif isinstance(s, If):
+            s = replace(s, then=_parallelize(s.then, var), other=_parallelize(s.other, var))
+        out.append(s)
+    return tuple(out)
+
+
 def _combine(op: ReduceOp, old: Expr, value: Expr, dtype: DType) -> Expr:
     if op is ReduceOp.ADD:
         return Binary(BinaryOp.ADD, old, value, dtype)
@@ -183,7 +199,7 @@ def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
     """The loop kernel that runs ``schedule`` for the given sizes."""
     build = isl.AstBuild.from_context(model.context(sizes))
     ast = build.node_from_schedule(schedule)
-    lowering = _Lowering(model, sizes, options)
+    lowering = _Lowering(model, schedule, sizes, options)
     body = _annotate_innermost(tuple(lowering.node(ast)), options)
     d = model.definition
     from polyfuse.ir.symbolic import evaluate_int

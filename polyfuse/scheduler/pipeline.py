@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.loops import LoopKernel
+from polyfuse.lowering.promote_accumulators import promote_accumulators
 from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import MappingOptions
@@ -18,7 +19,7 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
     """
     model = build_model(d)
     schedule = compute_schedule(model, options, sizes)
-    kernel = lower_schedule(model, schedule, sizes, options)
+    kernel = promote_accumulators(lower_schedule(model, schedule, sizes, options))
     if stages is not None:
         stages["schedule"] = str(schedule)
         stages["loops"] = str(kernel)

@@ -93,4 +93,52 @@ def _mark_parallel(band: isl.ScheduleNode) -> isl.ScheduleNode:
         return band
     if first > 0:
         band = band.band_split(first).child(0)
-    return band.insert_mark(isl.Id(PARALLEL_MARK, context=band.get_ctx()))
+    # The AST names the loop of schedule dimension d "c<d>"; a degenerate (one-iteration)
+    # loop disappears, so the mark says which dimension is parallel, not "the next loop".
+    name = f"{PARALLEL_MARK}:{band.get_schedule_depth()}"
+    return band.insert_mark(isl.Id(name, context=band.get_ctx()))
+
+
+
+def member_carries_dependence(model: Model, band: isl.ScheduleNode, member: int) -> bool:
+    """Whether band member ``member`` carries a dependence between instances of its subtree.
+
+    Legality of a parallel loop: every dependence whose source and sink lie below the
+    band and agree on the outer schedule (sequence positions and outer bands) and on the
+    band's earlier members must also agree on this member.
+    """
+    domain = band.get_domain()
+    deps = model.dependences.intersect_domain(domain).intersect_range(domain)
+    if deps.is_empty():
+        return False
+    prefix = band.get_prefix_schedule_union_map()
+    n_prefix = _out_dims(prefix.intersect_domain(domain))
+    partial = band.band_get_partial_schedule_union_map()
+    sched = prefix.flat_range_product(partial) if n_prefix else partial
+    deltas = isl.Set.from_union_set(deps.apply_domain(sched).apply_range(sched).deltas())
+    zero = isl.Val.zero(model.ctx)
+    for k in range(n_prefix + member):
+        deltas = deltas.fix_val(isl.dim_type.set, k, zero)
+    same = deltas.fix_val(isl.dim_type.set, n_prefix + member, zero)
+    return not deltas.subtract(same).is_empty()
+
+
+def _out_dims(m: isl.UnionMap) -> int:
+    dims: list[int] = []
+    m.foreach_map(lambda x: dims.append(x.dim(isl.dim_type.out)))
+    return max(dims, default=0)
+
+
+def parallel_marks_are_legal(model: Model, schedule: isl.Schedule) -> bool:
+    """Check every parallel mark of a schedule against the dependences (used by tests)."""
+    ok = [True]
+
+    def visit(node: isl.ScheduleNode) -> None:
+        if node.get_type() == isl.schedule_node_type.mark and \
+                node.mark_get_id().get_name().startswith(PARALLEL_MARK):
+            ok[0] = ok[0] and not member_carries_dependence(model, node.child(0), 0)
+        for k in range(node.n_children()):
+            visit(node.child(k))
+
+    visit(schedule.get_root())
+    return ok[0]

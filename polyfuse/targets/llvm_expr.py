@@ -13,8 +13,8 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from polyfuse.errors import CodegenError
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal, Read,
-                                       ScalarRef, Select, SizeVar, Unary, UnaryOp, walk)
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
+                                       LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp, walk)
 from polyfuse.ir.types import DType
 from polyfuse.targets import llvm_math
 
@@ -55,10 +55,12 @@ class ExprEmitter:
     """Emits expressions with ``builder``; ``load(read, builder)`` returns a register value."""
 
     def __init__(self, module: ir.Module, env: dict[str, ir.Value],
-                 load: Callable[[Read, ir.IRBuilder], ir.Value]) -> None:
+                 load: Callable[[Read, ir.IRBuilder], ir.Value],
+                 locals_: dict[str, ir.Value] | None = None) -> None:
         self.module = module
         self.env = env
         self.load = load
+        self.locals = locals_ or {}
 
     def intrinsic(self, name: str, ty: ir.Type, nargs: int) -> ir.Function:
         suffix = {F32: "f32", F64: "f64", I64: "i64"}[ty]
@@ -79,6 +81,8 @@ class ExprEmitter:
                                    else int(bool(v)) if ty is I1 else int(v))
             case IndexVar(name=n) | ScalarRef(name=n):
                 return self.env[n]
+            case LocalRef(name=n):
+                return b.load(self.locals[n])
             case SizeVar(name=n):
                 raise CodegenError(f"size '{n}' is not bound to a value")
             case Read():

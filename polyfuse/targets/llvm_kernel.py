@@ -17,12 +17,12 @@ Loops carry ``llvm.loop`` metadata for the vector width and unroll factor.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llvmlite import ir
 
 from polyfuse.ir.comprehension import Expr, IndexVar, Read, ScalarRef, walk
-from polyfuse.ir.loops import ERROR_BUFFER, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
+from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
 from polyfuse.ir.types import DType
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
                                         f32_to_bf16, register_type, storage_type)
@@ -37,6 +37,7 @@ class _Scope:
 
     buffers: dict[str, ir.Value]
     values: dict[str, ir.Value]
+    locals: dict[str, ir.Value] = field(default_factory=dict)  # allocas of Assign targets
 
 
 class KernelEmitter:
@@ -108,9 +109,17 @@ class KernelEmitter:
                         self.body(s.then, scope, b)
             elif isinstance(s, Store):
                 self.store(s, scope, b)
+            elif isinstance(s, Assign):
+                value = self.exprs(scope).emit(s.value, b)
+                if s.var not in scope.locals:
+                    entry = ir.IRBuilder(b.function.entry_basic_block)
+                    entry.position_at_start(b.function.entry_basic_block)
+                    scope.locals[s.var] = entry.alloca(value.type, name=s.var)
+                b.store(value, scope.locals[s.var])
 
     def exprs(self, scope: _Scope) -> ExprEmitter:
-        return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b))
+        return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b),
+                           scope.locals)
 
     def address(self, buffer: str, indices: tuple[Expr, ...], scope: _Scope,
                 b: ir.IRBuilder) -> ir.Value:
@@ -157,7 +166,7 @@ class KernelEmitter:
         iv.add_incoming(lo, pre)
         b.cbranch(b.icmp_signed("<", iv, hi), body, exit_)
         b.position_at_end(body)
-        inner = _Scope(scope.buffers, {**scope.values, s.var: iv})
+        inner = _Scope(scope.buffers, {**scope.values, s.var: iv}, scope.locals)
         self.body(s.body, inner, b)
         nxt = b.add(iv, ir.Constant(I64, s.step), flags=["nsw"])
         iv.add_incoming(nxt, b.block)
@@ -241,6 +250,8 @@ def _free_values(s: For, scope: _Scope) -> list[str]:
             exprs.append(st.cond)
         elif isinstance(st, Store):
             exprs += [*st.indices, st.value]
+        elif isinstance(st, Assign):
+            exprs.append(st.value)
     for e in exprs:
         names |= {n.name for n in walk(e) if isinstance(n, (IndexVar, ScalarRef))}
     return [v for v in scope.values if v in names]

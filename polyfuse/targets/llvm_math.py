@@ -82,9 +82,9 @@ class _Emit:
         """Call an overloaded float intrinsic (``llvm.fabs``, ``llvm.fmuladd``, ...)."""
         module = self.b.module
         symbol = f"{intrinsic}.{self.suffix}"
-        fn = module.globals.get(symbol) or ir.Function(
-            module, ir.FunctionType(self.ty, [self.ty] * len(args)), symbol)
-        return self.b.call(fn, args)
+        if symbol not in module.globals:
+            ir.Function(module, ir.FunctionType(self.ty, [self.ty] * len(args)), symbol)
+        return self.b.call(module.globals[symbol], args)
 
     def mad(self, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
         """``a * b + c``, fused where the target has FMA."""
@@ -122,10 +122,12 @@ class _Emit:
         return self.b.fsub(t, self.f(_ROUND_MAGIC)), n
 
     def ldexp(self, p: ir.Value, n: ir.Value) -> ir.Value:
-        """``p * 2^n`` for i32 ``n`` in [-252, 254], rounding once into subnormals.
+        """``p * 2^n`` for i32 ``n`` in [-252, 254], with no range checks.
 
         ``2^n`` is built from exponent bits in two halves, each a normal float, so
-        one product overflows to inf or underflows gracefully with no range checks.
+        the second product overflows to inf or underflows to a subnormal or 0 on its
+        own; for the |n| <= 151 used here the first product stays normal, so a
+        subnormal result is rounded once.
         """
         half = self.b.ashr(n, self.i(1))
         for k in (half, self.b.sub(n, half)):
@@ -227,7 +229,7 @@ def _tanh(e: _Emit, x: ir.Value) -> ir.Value:
 
 
 def _sigmoid(e: _Emit, x: ir.Value) -> ir.Value:
-    """1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below, with e^-|x| in (0, 1].
+    """1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below, with e^-|x| in [0, 1].
 
     Never forming e^{+|x|} means no inf/inf: the results are exactly 1 and 0 (or the
     correct subnormal) at the extremes, and tiny results keep their relative accuracy.
@@ -283,6 +285,7 @@ def math_function(module: ir.Module, name: str, width: int) -> ir.Function:
     fn.linkage = "internal"
     fn.attributes.add("alwaysinline")
     fn.attributes.add("nounwind")
+    fn.args[0].name = "x"
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
     builder.ret(_BODIES[name](_Emit(builder, ty), fn.args[0]))
     return fn

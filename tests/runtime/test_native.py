@@ -155,25 +155,26 @@ def test_set_and_get_num_threads():
     assert native.get_num_threads() == 2
 
 
-def _num_threads_in_subprocess(value: str | None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("POLYFUSE_NUM_THREADS", None)
-    if value is not None:
-        env["POLYFUSE_NUM_THREADS"] = value
+def _num_threads_in_subprocesses(*values: str | None) -> list[tuple[str, str]]:
+    """(stdout, stderr) of a fresh interpreter per POLYFUSE_NUM_THREADS value, run at once."""
     code = "from polyfuse.runtime import native; print(native.get_num_threads())"
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True, timeout=60)
+    processes = []
+    for value in values:
+        env = {k: v for k, v in os.environ.items() if k != "POLYFUSE_NUM_THREADS"}
+        if value is not None:
+            env["POLYFUSE_NUM_THREADS"] = value
+        processes.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    results = [p.communicate(timeout=60) for p in processes]
+    assert all(p.returncode == 0 for p in processes), results
+    return [(out.strip(), err) for out, err in results]
 
 
 def test_num_threads_default_comes_from_the_environment():
-    assert _num_threads_in_subprocess("3").stdout.strip() == "3"
-    assert _num_threads_in_subprocess(None).stdout.strip() == str(os.cpu_count())
-
-
-def test_bad_num_threads_in_the_environment_warns_and_falls_back():
-    result = _num_threads_in_subprocess("many")
-    assert result.stdout.strip() == str(os.cpu_count())
-    assert "POLYFUSE_NUM_THREADS='many'" in result.stderr
+    (three, _), (unset, _), (bad, warning) = _num_threads_in_subprocesses("3", None, "many")
+    assert three == "3"
+    assert unset == bad == str(os.cpu_count())
+    assert "RuntimeWarning: POLYFUSE_NUM_THREADS='many' is not an integer" in warning
 
 
 # ---- aligned buffers --------------------------------------------------------

@@ -12,162 +12,25 @@
 
 #include <pthread.h>
 
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "thread_pool.h"
 
 namespace py = pybind11;
 
 extern "C" {
-typedef void (*polyfuse_body)(int64_t begin, int64_t end, void* ctx);
 void polyfuse_parallel_for(polyfuse_body body, int64_t n, void* ctx);
 void polyfuse_parallel_for_threads(polyfuse_body body, int64_t n, void* ctx, int64_t num_threads);
 }
 
 namespace {
 
+using polyfuse::t_inside_parallel;
+using polyfuse::ThreadPool;
+
 constexpr int kMaxThreads = 4096;
-// Back-to-back kernels re-wake the pool within microseconds, so threads spin this
-// many pause instructions before sleeping on a condition variable.
-constexpr int kSpinIterations = 1000;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-}
-
-// True on pool workers, and on a caller while it runs its own chunk: a parallel-for
-// issued from there runs inline, which is what keeps nesting free of deadlock.
-thread_local bool t_inside_parallel = false;
-
-// Chunk `i` of `chunks` contiguous chunks of [0, n), without overflowing i * n.
-inline void run_chunk(polyfuse_body body, int64_t n, int64_t chunks, int64_t i, void* ctx) {
-    int64_t base = n / chunks, extra = n % chunks;
-    int64_t begin = i * base + std::min(i, extra);
-    body(begin, begin + base + (i < extra ? 1 : 0), ctx);
-}
-
-class ThreadPool {
-public:
-    explicit ThreadPool(int num_threads) : num_threads_(num_threads) {}
-
-    int num_threads() const { return num_threads_.load(std::memory_order_relaxed); }
-
-    void set_num_threads(int n) {
-        std::lock_guard<std::mutex> submit(submit_mu_);
-        if (n == num_threads()) return;
-        stop_workers();  // restarted lazily, at the new size, by the next parallel-for
-        num_threads_.store(n, std::memory_order_relaxed);
-    }
-
-    // Static schedule: chunk 0 runs on the caller, chunk k on worker k.
-    void parallel_for(polyfuse_body body, int64_t n, void* ctx, int64_t max_threads) {
-        if (n <= 0) return;
-        if (t_inside_parallel || chunks_for(n, max_threads) <= 1) {
-            body(0, n, ctx);
-            return;
-        }
-        // One region at a time: other threads' regions wait here, not in the workers.
-        std::lock_guard<std::mutex> submit(submit_mu_);
-        int64_t chunks = chunks_for(n, max_threads);  // the size may have changed meanwhile
-        if (chunks <= 1) {
-            body(0, n, ctx);
-            return;
-        }
-        if (workers_.size() + 1 < static_cast<size_t>(num_threads())) start_workers();
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            job_ = Job{body, ctx, n, chunks};
-            pending_.store(chunks - 1, std::memory_order_relaxed);
-            generation_.fetch_add(1, std::memory_order_release);
-        }
-        wake_cv_.notify_all();
-        t_inside_parallel = true;
-        run_chunk(body, n, chunks, 0, ctx);
-        t_inside_parallel = false;
-        for (int i = 0; i < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++i)
-            cpu_relax();
-        if (pending_.load(std::memory_order_acquire) != 0) {
-            std::unique_lock<std::mutex> lock(mu_);
-            done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
-        }
-    }
-
-private:
-    struct Job {
-        polyfuse_body body;
-        void* ctx;
-        int64_t n;
-        int64_t chunks;
-    };
-
-    int64_t chunks_for(int64_t n, int64_t max_threads) const {
-        int64_t threads = num_threads();
-        if (max_threads > 0) threads = std::min(threads, max_threads);
-        return std::min(threads, n);
-    }
-
-    void start_workers() {  // under submit_mu_: no region is running
-        uint64_t now = generation_.load(std::memory_order_relaxed);
-        for (int k = static_cast<int>(workers_.size()) + 1; k < num_threads(); ++k)
-            workers_.emplace_back([this, k, now] { worker_loop(k, now); });
-    }
-
-    void stop_workers() {  // under submit_mu_
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            stop_ = true;
-        }
-        wake_cv_.notify_all();
-        for (std::thread& t : workers_) t.join();
-        workers_.clear();
-        stop_ = false;
-    }
-
-    void worker_loop(int64_t index, uint64_t seen) {
-        t_inside_parallel = true;
-        for (;;) {
-            for (int i = 0; i < kSpinIterations && generation_.load(std::memory_order_acquire) == seen; ++i)
-                cpu_relax();
-            Job job;
-            {
-                std::unique_lock<std::mutex> lock(mu_);
-                wake_cv_.wait(lock, [&] { return stop_ || generation_.load(std::memory_order_relaxed) != seen; });
-                if (stop_) return;
-                seen = generation_.load(std::memory_order_relaxed);
-                job = job_;
-            }
-            // A region cannot end (and job_ cannot be replaced) before every worker
-            // with a chunk in it has counted down, so no worker misses its chunk.
-            if (index >= job.chunks) continue;
-            run_chunk(job.body, job.n, job.chunks, index, job.ctx);
-            if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-                std::lock_guard<std::mutex> lock(mu_);
-                done_cv_.notify_one();
-            }
-        }
-    }
-
-    std::mutex submit_mu_;        // held for a whole region, and to resize the pool
-    std::mutex mu_;               // guards job_ and stop_; pairs with both condition variables
-    std::condition_variable wake_cv_, done_cv_;
-    std::vector<std::thread> workers_;  // worker k runs chunk k; the caller is "worker 0"
-    std::atomic<int> num_threads_;
-    std::atomic<uint64_t> generation_{0};  // bumped once per region
-    std::atomic<int64_t> pending_{0};      // worker chunks of the current region not yet done
-    Job job_{};
-    bool stop_ = false;
-};
 
 // Never deleted: joining threads during interpreter or process teardown can hang.
 ThreadPool* g_pool = nullptr;

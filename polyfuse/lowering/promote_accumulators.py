@@ -1,0 +1,89 @@
+"""Keep reductions in registers: a loop-IR pass.
+
+A loop nest whose only statement is ``T(idx) = combine(T(idx), value)``, with ``idx``
+independent of the nest's iterators, becomes::
+
+    let acc = T(idx)
+    for ...: let acc = combine(acc, value)
+    T(idx) = acc
+
+The accumulator lives in compute precision (float32 for float16 tensors), so a
+float16 sum is rounded once, as the reference interpreter does, and the loop body no
+longer loads and stores memory on every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polyfuse.ir.comprehension import Expr, IndexVar, LocalRef, Read, map_expr, walk
+from polyfuse.ir.loops import Assign, For, If, LoopKernel, LoopKind, Stmt, Store
+
+
+def promote_accumulators(kernel: LoopKernel) -> LoopKernel:
+    counter = [0]
+
+    def visit(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        out: list[Stmt] = []
+        for s in body:
+            if isinstance(s, For):
+                promoted = _promote(s, counter)
+                if promoted is not None:
+                    out += promoted
+                    continue
+                s = replace(s, body=visit(s.body))
+            elif isinstance(s, If):
+                s = replace(s, then=visit(s.then), other=visit(s.other))
+            out.append(s)
+        return tuple(out)
+
+    return replace(kernel, body=visit(kernel.body))
+
+
+def _nest(loop: For) -> tuple[list[str], Store] | None:
+    """The iterators of a perfect loop nest ending in exactly one store, or None."""
+    names = [loop.var]
+    node: Stmt = loop
+    while isinstance(node, For):
+        if len(node.body) != 1:
+            return None
+        node = node.body[0]
+        if isinstance(node, For):
+            names.append(node.var)
+    return (names, node) if isinstance(node, Store) else None
+
+
+def _promote(loop: For, counter: list[int]) -> list[Stmt] | None:
+    found = _nest(loop)
+    if found is None:
+        return None
+    names, store = found
+    if any(s.kind is LoopKind.PARALLEL for s in _loops(loop)):
+        return None
+    uses = {n.name for i in store.indices for n in walk(i) if isinstance(n, IndexVar)}
+    if uses & set(names):
+        return None
+    target = Read(store.buffer, store.indices, store.value.dtype)
+    reads = [n for n in walk(store.value) if isinstance(n, Read) and n.tensor == store.buffer]
+    if not reads or any(r.indices != store.indices for r in reads):
+        return None  # not an accumulation into one fixed element
+    counter[0] += 1
+    acc = LocalRef(f"acc{counter[0]}", store.value.dtype)
+
+    def swap(e: Expr) -> Expr:
+        return acc if isinstance(e, Read) and e.tensor == store.buffer and e.indices == store.indices else e
+
+    update: Stmt = Assign(acc.name, map_expr(store.value, swap))
+    nest = _rebuild(loop, update)
+    return [Assign(acc.name, target), nest, Store(store.buffer, store.indices, acc)]
+
+
+def _loops(loop: For) -> list[For]:
+    inner = loop.body[0] if len(loop.body) == 1 and isinstance(loop.body[0], For) else None
+    return [loop] + (_loops(inner) if inner is not None else [])
+
+
+def _rebuild(loop: For, innermost: Stmt) -> For:
+    if len(loop.body) == 1 and isinstance(loop.body[0], For):
+        return replace(loop, body=(_rebuild(loop.body[0], innermost),))
+    return replace(loop, body=(innermost,))
