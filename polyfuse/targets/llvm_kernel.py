@@ -62,7 +62,8 @@ class KernelEmitter:
                 arg.add_attribute("noalias")
         builder = ir.IRBuilder(impl.append_basic_block("entry"))
         scope = _Scope({b.name: a for b, a in zip(k.buffers, impl.args)},
-                       {s.name: a for s, a in zip(k.scalars, impl.args[len(k.buffers):])})
+                       {s.name: a for s, a in zip(k.scalars, impl.args[len(k.buffers):])},
+                       _allocas(k.body, builder))
         self.body(k.body, scope, builder)
         builder.ret_void()
         return self.entry(impl)
@@ -110,12 +111,7 @@ class KernelEmitter:
             elif isinstance(s, Store):
                 self.store(s, scope, b)
             elif isinstance(s, Assign):
-                value = self.exprs(scope).emit(s.value, b)
-                if s.var not in scope.locals:
-                    entry = ir.IRBuilder(b.function.entry_basic_block)
-                    entry.position_at_start(b.function.entry_basic_block)
-                    scope.locals[s.var] = entry.alloca(value.type, name=s.var)
-                b.store(value, scope.locals[s.var])
+                b.store(self.exprs(scope).emit(s.value, b), scope.locals[s.var])
 
     def exprs(self, scope: _Scope) -> ExprEmitter:
         return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b),
@@ -204,7 +200,8 @@ class KernelEmitter:
             a.add_attribute("noalias")
         wb = ir.IRBuilder(work.append_basic_block("entry"))
         inner = _Scope({x.name: a for x, a in zip(bufs, work.args)},
-                       {v: a for v, a in zip(used, work.args[len(bufs):])})
+                       {v: a for v, a in zip(used, work.args[len(bufs):])},
+                       _allocas(s.body, wb))
         begin, end = work.args[-2], work.args[-1]
         emitter = self.exprs(inner)
         lo = emitter.emit(s.lo, wb)
@@ -237,6 +234,16 @@ class KernelEmitter:
         pfor = self.module.globals.get(PARALLEL_FOR) or ir.Function(
             self.module, ir.FunctionType(ir.VoidType(), [tramp.type, I64, _I8P, I64]), PARALLEL_FOR)
         b.call(pfor, [tramp, trips, b.bitcast(slot, _I8P), ir.Constant(I64, self.num_threads)])
+
+
+def _allocas(body: tuple[Stmt, ...], b: ir.IRBuilder) -> dict[str, ir.Value]:
+    """One stack slot per local assigned in ``body``, made up front in the entry block
+    (mem2reg turns them into registers)."""
+    slots: dict[str, ir.Value] = {}
+    for st in walk_stmts(body):
+        if isinstance(st, Assign) and st.var not in slots:
+            slots[st.var] = b.alloca(register_type(st.value.dtype), name=st.var)
+    return slots
 
 
 def _free_values(s: For, scope: _Scope) -> list[str]:

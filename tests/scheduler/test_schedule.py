@@ -1,0 +1,98 @@
+"""The scheduler: legal schedules, legal parallel loops, options that change the code,
+and loop IR that computes what the reference interpreter computes."""
+
+import islpy as isl
+import numpy as np
+import pytest
+
+from polyfuse.frontends.tc import parse_definition
+from polyfuse.ir.comprehension_interpreter import interpret
+from polyfuse.ir.loops import For, LoopKind, walk_stmts
+from polyfuse.ir.loops_interpreter import interpret_kernel
+from polyfuse.runtime.arguments import bind_arguments
+from polyfuse.scheduler.model import build_model
+from polyfuse.scheduler.options import Fusion, MappingOptions
+from polyfuse.scheduler.pipeline import schedule_definition
+from polyfuse.scheduler.schedule import (compute_schedule, member_carries_dependence,
+                                         parallel_marks_are_legal)
+from tests.tc_programs import PROGRAMS
+
+OPTIONS = {
+    "default": MappingOptions(),
+    "tiled-odd": MappingOptions(tile_sizes=(3, 5, 2), unroll=8),
+    "min-fusion": MappingOptions(fusion=Fusion.MIN),
+    "preserve-tiled": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(4, 4), tile_order=(1, 0)),
+    "serial": MappingOptions(parallel=0),
+}
+
+MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+SOFTMAX = """def softmax(float(N, D) I) -> (O, mx, sm) {
+  mx(n) max=! I(n, d)
+  sm(n) +=! exp(I(n, d) - mx(n))
+  O(n, d) = exp(I(n, d) - mx(n)) / sm(n)
+}"""
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=list(OPTIONS))
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_loop_ir_equals_reference(program, opt):
+    d = parse_definition(program.source) if program.source.count("def ") == 1 else \
+        next(x for x in __import__("polyfuse.frontends.tc", fromlist=["parse"]).parse(program.source).definitions
+             if x.name == program.entry)
+    bound = bind_arguments(d, program.make_inputs(np.random.default_rng(0)))
+    want = interpret(d, bound.values, bound.sizes)
+    kernel = schedule_definition(d, bound.sizes, OPTIONS[opt])
+    got = interpret_kernel(kernel, bound.values)
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name].astype(np.float64), ref.astype(np.float64),
+                                   rtol=2e-3, atol=1e-3, err_msg=f"{program.name}:{name}")
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=list(OPTIONS))
+@pytest.mark.parametrize("source", [MATMUL, SOFTMAX], ids=["matmul", "softmax"])
+def test_schedule_respects_dependences_and_parallel_loops_are_coincident(source, opt):
+    model = build_model(parse_definition(source))
+    schedule = compute_schedule(model, OPTIONS[opt])
+    smap = schedule.get_map()
+    assert model.dependences.is_subset(smap.lex_lt_union_map(smap))
+    assert parallel_marks_are_legal(model, schedule)
+
+
+def _outer_band(schedule: isl.Schedule) -> isl.ScheduleNode:
+    node = schedule.get_root()
+    while node.get_type() != isl.schedule_node_type.band:
+        node = node.child(0)
+    return node
+
+
+def test_reduction_loop_carries_a_dependence_and_output_loops_do_not():
+    model = build_model(parse_definition(MATMUL))
+    band = _outer_band(compute_schedule(model, MappingOptions(parallel=0)))
+    carried = [member_carries_dependence(model, band, j) for j in range(band.band_n_member())]
+    assert carried == [False, False, True]
+
+
+def test_producer_consumer_fusion_keeps_order():
+    # max fusion puts the three softmax statements in one outer loop, in order
+    kernel = schedule_definition(parse_definition(SOFTMAX), {"N": 4, "D": 6}, MappingOptions())
+    outer = [s for s in kernel.body if isinstance(s, For)]
+    assert len(outer) == 1 and outer[0].kind is LoopKind.PARALLEL
+    written = [s.buffer for s in walk_stmts(outer[0].body) if hasattr(s, "buffer")]
+    assert written.index("mx") < written.index("sm") < written.index("O")
+    split = schedule_definition(parse_definition(SOFTMAX), {"N": 4, "D": 6},
+                                MappingOptions(fusion=Fusion.MIN))
+    assert len([s for s in split.body if isinstance(s, For)]) >= 3
+
+
+@pytest.mark.parametrize("a,b", [
+    (MappingOptions(), MappingOptions(fusion=Fusion.MIN)),
+    (MappingOptions(), MappingOptions(tile_sizes=(4, 4, 4))),
+    (MappingOptions(tile_sizes=(4, 8, 4)), MappingOptions(tile_sizes=(4, 8, 4), tile_order=(1, 0, 2))),
+    (MappingOptions(), MappingOptions(parallel=0)),
+    (MappingOptions(), MappingOptions(vector_width=8)),
+    (MappingOptions(), MappingOptions(unroll=4)),
+])
+def test_each_option_changes_the_loops(a, b):
+    d = parse_definition(MATMUL)
+    sizes = {"M": 16, "K": 16, "N": 16}
+    assert str(schedule_definition(d, sizes, a)) != str(schedule_definition(d, sizes, b))

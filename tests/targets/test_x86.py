@@ -1,0 +1,90 @@
+"""Native x86 kernels against the reference interpreter."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import polyfuse as pf
+from polyfuse.scheduler.options import Fusion, MappingOptions
+from tests.tc_programs import PROGRAMS
+from tests.tc_random import programs
+
+OPTIONS = {
+    "default": None,
+    "tiled-odd-unroll8": MappingOptions(tile_sizes=(3, 5, 2), vector_width=8, unroll=8),
+    "min-fusion-unroll1": MappingOptions(fusion=Fusion.MIN, unroll=1),
+    "preserve-1-thread": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(4, 4), num_threads=1),
+    "2-threads-vector16": MappingOptions(num_threads=2, vector_width=16, unroll=2),
+}
+
+
+def as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def assert_close(got, want, name):
+    assert got.dtype == want.dtype and got.shape == want.shape, name
+    low = want.dtype.itemsize <= 2 and want.dtype.kind == "f" or str(want.dtype) == "bfloat16"
+    rtol, atol = (1e-2, 1e-2) if low else (1e-4, 1e-5)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
+                               atol=atol, equal_nan=True, err_msg=name)
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=list(OPTIONS))
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_canonical_program_on_x86(program, opt):
+    args = program.make_inputs(np.random.default_rng(0))
+    want = as_tuple(getattr(pf.define(program.source), program.entry)(*args))
+    mod = pf.define(program.source, target="x86", options=OPTIONS[opt])
+    got = as_tuple(getattr(mod, program.entry)(*args))
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, f"{program.name} output {k}")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_comprehensions_on_x86(source):
+    try:
+        ref = pf.define(source)
+    except pf.TCSemanticError:
+        return
+    d = next(iter(ref)).definition
+    rng = np.random.default_rng(2)
+    extent = {"N": 3, "M": 4, "K": 5}
+    args = [(rng.uniform(0.5, 2.0, [extent[s.name] for s in t.shape]) * 2).astype(t.dtype.numpy)
+            for t in d.inputs]
+    want = as_tuple(ref.f(*args))
+    got = as_tuple(pf.define(source, target="x86").f(*args))
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, f"output {k} of\n{source}")
+
+
+def test_bad_indirect_index_raises_before_returning():
+    mod = pf.define("def emb(float(V, D) E, int32(B) Idx) -> (O) { O(b, d) = E(Idx(b), d) }",
+                    target="x86")
+    table = np.arange(8, dtype=np.float32).reshape(4, 2)
+    np.testing.assert_array_equal(mod.emb(table, np.array([3, 0], np.int32)), table[[3, 0]])
+    for bad in (-1, 4, 1 << 20):
+        with pytest.raises(pf.BoundsError, match="index tensor"):
+            mod.emb(table, np.array([0, bad], np.int32))
+
+
+def test_stages_hold_every_level():
+    mod = pf.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+                    target="x86")
+    a = np.ones((8, 4), np.float32)
+    k = mod.mm.specialize(a, a.T.copy())
+    for stage in ("source", "comprehension", "specialized", "options", "schedule", "loops",
+                  "llvm", "llvm_opt", "asm"):
+        assert k.stages[stage].strip(), stage
+    assert "parallel for" in k.stages["loops"]
+    assert "polyfuse_parallel_for_threads" in k.stages["llvm"]
+    np.testing.assert_array_equal(k(a, a.T.copy()), np.full((8, 8), 4, np.float32))
+
+
+def test_requested_vector_width_reaches_the_machine_code():
+    src = "def f(float(N) X) -> (Y) { Y(i) = X(i) * 2.0 + 1.0 }"
+    x = np.arange(1000, dtype=np.float32)
+    k = pf.define(src, target="x86", options=MappingOptions(vector_width=8, parallel=0)).f.specialize(x)
+    assert "<8 x float>" in k.stages["llvm_opt"]
+    np.testing.assert_array_equal(k(x), x * 2 + 1)
