@@ -18,7 +18,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, L
                                        ReduceOp, Select, SizeVar, map_expr, walk)
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
-                               Stmt, Store)
+                               Stmt, Store, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.model import Model
 from polyfuse.scheduler.options import MappingOptions
@@ -106,7 +106,9 @@ class _Lowering:
             body = self.node(n.mark_get_node())
             mark = n.mark_get_id().get_name()
             if mark.startswith(PARALLEL_MARK + ":"):
-                return list(_parallelize(tuple(body), "c" + mark.split(":")[1]))
+                loops = {s.var for s in walk_stmts(tuple(body)) if isinstance(s, For)}
+                present = [f"c{d}" for d in mark.split(":")[1].split(",") if f"c{d}" in loops]
+                return list(_parallelize(tuple(body), present[0])) if present else body
             return body
         if kind == isl.ast_node_type.for_:
             return [self.loop(n)]
@@ -185,7 +187,7 @@ def _annotate_innermost(body: tuple[Stmt, ...], options: MappingOptions) -> tupl
             inner = _annotate_innermost(s.body, options)
             innermost = not any(isinstance(c, (For, If)) for c in s.body)
             s = replace(s, body=inner)
-            if innermost and s.kind is LoopKind.SERIAL:
+            if innermost:
                 s = replace(s, vector=options.vector_width, unroll=options.unroll)
         elif isinstance(s, If):
             s = replace(s, then=_annotate_innermost(s.then, options),

@@ -1,16 +1,90 @@
-"""The default mapping options, chosen from the kernel's shape and the target's SIMD width."""
+"""The default mapping options, chosen from the kernel's shape and the target's SIMD width.
+
+Two kinds of kernels:
+
+* *contractions*, whose heaviest statement is a big reduction (matmul, convolution,
+  tensor contractions): each statement gets its own loop nest, the nest is tiled for
+  the caches, then tiled again into register blocks; inside a block the rows of one
+  index are unrolled and jammed and another index is vectorized, so the accumulators
+  stay in registers (a BLIS-style micro-kernel). The vectorized index is an output
+  index that some operand reads contiguously (``n`` of ``B(k, n)`` in a matmul); the
+  jammed one is an output index that operand does not use (``m``), so one vector load
+  feeds every jammed row. When no operand reads an output index contiguously
+  (``X(b, k) * W(n, k)``), the reduction index is vectorized instead (dot products).
+* everything else: fused loops, the outer loop parallel, the innermost vectorized.
+
+isl keeps a statement's indices in their order (left-hand side, then reduction
+indices) in the members of its band, which is what the tile sizes refer to.
+"""
 
 from __future__ import annotations
 
-from polyfuse.ir.comprehension import Definition
-from polyfuse.scheduler.options import MappingOptions
+import math
+from collections import Counter
+
+from polyfuse.ir.comprehension import Definition, IndexVar, Read, Statement, walk
+from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.scheduler.options import Fusion, MappingOptions
+
+MR = 4                     # jammed rows of a register block
+CACHE_ROWS, CACHE_COLS, CACHE_DEPTH = 64, 256, 128  # cache tile (elements)
+CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
+
+
+def _extent(st: Statement, index: str, sizes: dict[str, int]) -> int:
+    r = st.range_of(index)
+    return evaluate_int(r.hi, sizes) - evaluate_int(r.lo, sizes)
+
+
+def _names(e) -> set[str]:  # type: ignore[no-untyped-def]
+    return {n.name for n in walk(e) if isinstance(n, IndexVar)}
 
 
 def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> MappingOptions:
-    """Parallel outer loop, SIMD on the innermost loop at the widest register width.
-
-    The vector width counts elements of the narrowest output type (16-bit floats are
-    computed in float32, so they count as 32 bits).
-    """
     bits = min((max(t.dtype.compute.bits, 32) if t.dtype.is_float else 64) for t in d.outputs)
-    return MappingOptions(vector_width=max(1, vector_bits // bits), unroll=4)
+    width = max(1, vector_bits // bits)
+    heaviest = max(d.statements, key=lambda s: math.prod(_extent(s, r.index, sizes) for r in s.ranges))
+    work = math.prod(_extent(heaviest, r.index, sizes) for r in heaviest.ranges)
+    if work < CONTRACTION_MIN or not heaviest.reduction_indices or len(heaviest.indices) < 2:
+        return MappingOptions(vector_width=width, unroll=2)
+    return _contraction(heaviest, sizes, width)
+
+
+def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOptions:
+    lhs, red = list(st.indices), list(st.reduction_indices)
+    members = lhs + red
+    reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
+    last = Counter(i for r in reads for i in _names(r.indices[-1]) if i in lhs)
+    extent = {i: _extent(st, i, sizes) for i in members}
+    tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
+    registers = {i: 0 for i in members}
+    if last:
+        vec = max(last, key=lambda i: (last[i], lhs.index(i)))
+        vec_reads = [r for r in reads if vec in _names(r.indices[-1])]
+        others = [i for i in lhs if i != vec]
+        free = [i for i in others if not any(i in _names(x) for r in vec_reads for x in r.indices)]
+        jam = (free or others)[-1]
+        depth = red[-1]
+        order = red + [i for i in others if i != jam] + [jam, vec]
+        tiles |= {jam: CACHE_ROWS, vec: CACHE_COLS, depth: CACHE_DEPTH}
+    else:  # dot products: vectorize the reduction, jam an output index
+        vec, jam, depth = red[-1], lhs[-1], red[-1]
+        order = lhs + red
+        tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
+    cols = min(extent[vec], tiles[vec] or extent[vec])
+    nr, vw = _vector_block(cols, width)
+    mr = MR if extent[jam] % MR == 0 else 1
+    registers |= {jam: mr, vec: nr if last else 0}
+    return MappingOptions(
+        fusion=Fusion.MIN, reorder_reductions=True, tile_sizes=tuple(tiles[i] for i in members),
+        register_tile=tuple(registers[i] for i in members),
+        point_order=tuple(members.index(i) for i in order), vector_width=vw,
+        unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
+
+
+def _vector_block(cols: int, width: int) -> tuple[int, int]:
+    """Columns of a register block and the vector width: up to 4 full vectors."""
+    for vw in (width, width // 2):
+        if vw >= 1 and cols % vw == 0:
+            return min(cols, 4 * vw) if cols % min(cols, 4 * vw) == 0 else vw, vw
+    return 0, width

@@ -17,7 +17,8 @@ import islpy as isl
 
 from polyfuse.errors import ScheduleError
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Cast, Definition, Expr, IndexVar,
-                                       Literal, Read, SizeVar, Statement, Unary, UnaryOp, walk)
+                                       Literal, Read, ReduceOp, SizeVar, Statement, Unary,
+                                       UnaryOp, walk)
 
 
 class _NotAffine(Exception):
@@ -81,7 +82,15 @@ class Model:
     reads: isl.UnionMap
     writes: isl.UnionMap
     order: isl.UnionMap                  # the original, sequential schedule
+    # every pair of instances touching one element, one of them writing (no write kills
+    # another): what parallel loops must not separate
     dependences: isl.UnionMap = field(init=False)
+    # what a schedule in the original reduction order must respect (exact, with kills)
+    exact: isl.UnionMap = field(init=False)
+    # what a schedule that reorders reductions must respect: ``dependences`` less those
+    # between two instances of one reduction statement, which only fix an order that
+    # associativity lets us change (as TC does)
+    relaxed: isl.UnionMap = field(init=False)
 
     def param_space(self) -> str:
         return "[" + ", ".join(f"s_{p}" for p in self.params) + "]"
@@ -99,9 +108,14 @@ def build_model(d: Definition, ctx: isl.Context | None = None) -> Model:
     statements: dict[str, StatementInfo] = {}
     domains, reads, writes, order = [], [], [], []
     depth = max((len(s.ranges) for s in d.statements), default=0)
+    written: set[str] = set()
     for k, st in enumerate(d.statements):
         full = st.indices + st.reduction_indices
-        variants = ([(f"I{k}", st.indices, True)] if st.init else []) + [(f"S{k}", full, False)]
+        # outputs start zero-filled, so a sum's first writer needs no init statement
+        zeroed = st.op is ReduceOp.ADD and st.tensor not in written
+        written.add(st.tensor)
+        variants = ([(f"I{k}", st.indices, True)] if st.init and not zeroed else []) + \
+            [(f"S{k}", full, False)]
         for name, its, init in variants:
             statements[name] = StatementInfo(name, k, st, init, its)
             names = dict(sizes) | {n: f"t{j}" for j, n in enumerate(its)}
@@ -131,7 +145,15 @@ def build_model(d: Definition, ctx: isl.Context | None = None) -> Model:
                   union_map(reads).intersect_domain(domain),
                   union_map(writes).intersect_domain(domain),
                   union_map(order).intersect_domain(domain))
-    model.dependences = dependences(model)
+    model.dependences = dependences(model, kills=False)
+    model.exact = dependences(model, kills=True)
+    model.relaxed = model.dependences
+    for name, info in statements.items():
+        if not info.init and info.statement.op is not ReduceOp.ASSIGN:
+            dims = ", ".join(f"t{j}" for j in range(len(info.iterators)))
+            instances = isl.UnionSet.read_from_str(ctx, f"{space} -> {{ {name}[{dims}] }}")
+            own = model.dependences.intersect_domain(instances).intersect_range(instances)
+            model.relaxed = model.relaxed.subtract(own)
     return model
 
 
@@ -148,11 +170,21 @@ def _access(r: Read, tup: str, names: dict[str, str], d: Definition) -> str:
         return f"{tup} -> {r.tensor}[{', '.join(outs)}] : {' and '.join(cons) or '1 = 1'}"
 
 
-def dependences(m: Model) -> isl.UnionMap:
-    """Flow, anti and output dependences under the original order."""
-    raw = (isl.UnionAccessInfo.from_sink(m.reads).set_must_source(m.writes)
-           .set_schedule_map(m.order).compute_flow().get_may_dependence())
-    war_waw = (isl.UnionAccessInfo.from_sink(m.writes).set_must_source(m.writes)
-               .set_may_source(m.reads).set_schedule_map(m.order).compute_flow()
-               .get_may_dependence())
-    return raw.union(war_waw)
+def dependences(m: Model, kills: bool) -> isl.UnionMap:
+    """Flow, anti and output dependences under the original order.
+
+    With ``kills`` a write hides the writes before it (exact dataflow). Without, every
+    write is only a *may* source: a statement reading a sum then depends on every step
+    of the sum, not just the last in the original order, which stays right once the
+    scheduler reorders the steps of a reduction.
+    """
+    def flow(sink: isl.UnionMap, sources: isl.UnionMap, must: isl.UnionMap | None) -> isl.UnionMap:
+        info = isl.UnionAccessInfo.from_sink(sink).set_may_source(sources)
+        if must is not None:
+            info = info.set_must_source(must)
+        return info.set_schedule_map(m.order).compute_flow().get_may_dependence()
+
+    if kills:
+        return flow(m.reads, m.writes.subtract(m.writes), m.writes).union(
+            flow(m.writes, m.reads, m.writes))
+    return flow(m.reads, m.writes, None).union(flow(m.writes, m.reads.union(m.writes), None))

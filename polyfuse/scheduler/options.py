@@ -23,16 +23,21 @@ class MappingOptions:
     fusion: Fusion = Fusion.MAX
     tile_sizes: tuple[int, ...] = ()   # per member of each outermost band; 0 = do not tile
     tile_order: tuple[int, ...] = ()   # permutation of the tile loops (identity if empty)
+    register_tile: tuple[int, ...] = ()  # second-level tiles inside the first (register blocks)
+    point_order: tuple[int, ...] = ()  # permutation of the innermost point loops
+    unroll_jam: int = 1                # unroll-and-jam factor of the loop around the innermost
     parallel: int = 1                  # outer coincident loops run on the thread pool (0 or 1)
     vector_width: int = 1              # SIMD width of the innermost loop; 1 = scalar
     unroll: int = 1                    # unroll factor of the innermost loop
+    reorder_reductions: bool = False   # let the schedule reorder the steps of a reduction
     fix_sizes: bool = False            # schedule with sizes fixed instead of symbolic
     num_threads: int = 0               # 0 = the runtime's default (POLYFUSE_NUM_THREADS / cores)
 
     def __post_init__(self) -> None:
-        if any(t < 0 for t in self.tile_sizes):
-            raise ValueError(f"tile sizes must be >= 0, got {self.tile_sizes}")
-        if self.tile_order and sorted(self.tile_order) != list(range(len(self.tile_order))):
-            raise ValueError(f"tile_order must be a permutation, got {self.tile_order}")
-        if self.vector_width < 1 or self.unroll < 1 or self.num_threads < 0:
-            raise ValueError("vector_width and unroll must be >= 1, num_threads >= 0")
+        if any(t < 0 for t in self.tile_sizes + self.register_tile):
+            raise ValueError(f"tile sizes must be >= 0, got {self.tile_sizes} {self.register_tile}")
+        for order in (self.tile_order, self.point_order):
+            if order and sorted(order) != list(range(len(order))):
+                raise ValueError(f"loop orders must be permutations, got {order}")
+        if min(self.vector_width, self.unroll, self.unroll_jam) < 1 or self.num_threads < 0:
+            raise ValueError("vector_width, unroll and unroll_jam must be >= 1, num_threads >= 0")

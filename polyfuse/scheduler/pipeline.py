@@ -5,6 +5,7 @@ from __future__ import annotations
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.lowering.promote_accumulators import promote_accumulators
+from polyfuse.lowering.unroll_jam import unroll_and_jam
 from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import MappingOptions
@@ -19,7 +20,8 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
     """
     model = build_model(d)
     schedule = compute_schedule(model, options, sizes)
-    kernel = promote_accumulators(lower_schedule(model, schedule, sizes, options))
+    kernel = lower_schedule(model, schedule, sizes, options)
+    kernel = promote_accumulators(unroll_and_jam(kernel, options.unroll_jam))
     if stages is not None:
         stages["schedule"] = str(schedule)
         stages["loops"] = str(kernel)

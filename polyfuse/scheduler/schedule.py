@@ -26,8 +26,9 @@ def compute_schedule(model: Model, options: MappingOptions,
     _configure(model.ctx, options.fusion)
     deps = model.dependences
     context = model.context(sizes if options.fix_sizes else None)
+    validity = model.relaxed if options.reorder_reductions else model.exact
     constraints = (isl.ScheduleConstraints.on_domain(model.domain).set_context(context)
-                   .set_validity(deps).set_proximity(deps).set_coincidence(deps))
+                   .set_validity(validity).set_proximity(validity).set_coincidence(deps))
     schedule = constraints.compute_schedule()
     for path in reversed(_outer_band_paths(schedule.get_root(), ())):
         schedule = _transform_band(_node_at(schedule, path), options).get_schedule()
@@ -51,19 +52,34 @@ def _outer_band_paths(node: isl.ScheduleNode, path: tuple[int, ...]) -> list[tup
     return out
 
 
-def _transform_band(band: isl.ScheduleNode, options: MappingOptions) -> isl.ScheduleNode:
+def _tile(band: isl.ScheduleNode, sizes: tuple[int, ...]) -> isl.ScheduleNode:
+    """Tile a permutable band; returns the tile band, whose child is the point band."""
     n = band.band_n_member()
-    sizes = list(options.tile_sizes[:n])
-    if band.band_get_permutable() and any(sizes):
-        sizes += [0] * (n - len(sizes))
-        big = 1 << 30  # "do not tile" this member: one tile covers it
-        space = band.band_get_space()
-        mv = isl.MultiVal.zero(space)
-        for j, t in enumerate(sizes):
-            mv = mv.set_val(j, isl.Val.int_from_si(band.get_ctx(), t or big))
-        band = band.band_tile(mv)  # now the tile band; its child is the point band
-        if options.tile_order and len(options.tile_order) == n:
+    big = 1 << 30  # size 0, "do not tile" this member: one tile covers it
+    mv = isl.MultiVal.zero(band.band_get_space())
+    for j in range(n):
+        t = sizes[j] if j < len(sizes) else 0
+        mv = mv.set_val(j, isl.Val.int_from_si(band.get_ctx(), t or big))
+    return band.band_tile(mv)
+
+
+def _transform_band(band: isl.ScheduleNode, options: MappingOptions) -> isl.ScheduleNode:
+    """Tile (twice with register tiles), reorder and mark one outermost band."""
+    n = band.band_n_member()
+    if band.band_get_permutable() and any(options.tile_sizes[:n]):
+        band = _tile(band, options.tile_sizes)
+        point, ups = band.child(0), 1
+        if any(options.register_tile[:n]):
+            point, ups = _tile(point, options.register_tile).child(0), 2
+        if len(options.point_order) == n:
+            point = _permute_band(point, options.point_order)
+        band = point
+        for _ in range(ups):
+            band = band.parent()
+        if len(options.tile_order) == n:
             band = _permute_band(band, options.tile_order)
+    elif band.band_get_permutable() and len(options.point_order) == n:
+        band = _permute_band(band, options.point_order)
     if options.parallel:
         band = _mark_parallel(band)
     return band
@@ -88,15 +104,15 @@ def _permute_band(band: isl.ScheduleNode, order: tuple[int, ...]) -> isl.Schedul
 
 def _mark_parallel(band: isl.ScheduleNode) -> isl.ScheduleNode:
     n = band.band_n_member()
-    first = next((j for j in range(n) if band.band_member_get_coincident(j)), None)
-    if first is None:
+    coincident = [j for j in range(n) if band.band_member_get_coincident(j)]
+    if not coincident:
         return band
-    if first > 0:
-        band = band.band_split(first).child(0)
     # The AST names the loop of schedule dimension d "c<d>"; a degenerate (one-iteration)
-    # loop disappears, so the mark says which dimension is parallel, not "the next loop".
-    name = f"{PARALLEL_MARK}:{band.get_schedule_depth()}"
-    return band.insert_mark(isl.Id(name, context=band.get_ctx()))
+    # loop disappears, so the mark lists every coincident dimension of the band (they
+    # are parallel with any outer ones fixed) and lowering takes the first that exists.
+    depth = band.get_schedule_depth()
+    dims = ",".join(str(depth + j) for j in coincident)
+    return band.insert_mark(isl.Id(f"{PARALLEL_MARK}:{dims}", context=band.get_ctx()))
 
 
 
@@ -136,7 +152,10 @@ def parallel_marks_are_legal(model: Model, schedule: isl.Schedule) -> bool:
     def visit(node: isl.ScheduleNode) -> None:
         if node.get_type() == isl.schedule_node_type.mark and \
                 node.mark_get_id().get_name().startswith(PARALLEL_MARK):
-            ok[0] = ok[0] and not member_carries_dependence(model, node.child(0), 0)
+            band = node.child(0)
+            depth = band.get_schedule_depth()
+            dims = [int(x) - depth for x in node.mark_get_id().get_name().split(":")[1].split(",")]
+            ok[0] = ok[0] and not any(member_carries_dependence(model, band, j) for j in dims)
         for k in range(node.n_children()):
             visit(node.child(k))
 

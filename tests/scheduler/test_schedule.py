@@ -23,6 +23,8 @@ OPTIONS = {
     "min-fusion": MappingOptions(fusion=Fusion.MIN),
     "preserve-tiled": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(4, 4), tile_order=(1, 0)),
     "serial": MappingOptions(parallel=0),
+    "micro-kernel": MappingOptions(tile_sizes=(8, 8, 8), register_tile=(4, 4, 0), point_order=(2, 0, 1),
+                                   unroll_jam=2, reorder_reductions=True),
 }
 
 MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
@@ -52,9 +54,11 @@ def test_loop_ir_equals_reference(program, opt):
 @pytest.mark.parametrize("source", [MATMUL, SOFTMAX], ids=["matmul", "softmax"])
 def test_schedule_respects_dependences_and_parallel_loops_are_coincident(source, opt):
     model = build_model(parse_definition(source))
-    schedule = compute_schedule(model, OPTIONS[opt])
+    options = OPTIONS[opt]
+    schedule = compute_schedule(model, options)
     smap = schedule.get_map()
-    assert model.dependences.is_subset(smap.lex_lt_union_map(smap))
+    must_hold = model.relaxed if options.reorder_reductions else model.exact
+    assert must_hold.is_subset(smap.lex_lt_union_map(smap))
     assert parallel_marks_are_legal(model, schedule)
 
 
@@ -84,9 +88,20 @@ def test_producer_consumer_fusion_keeps_order():
     assert len([s for s in split.body if isinstance(s, For)]) >= 3
 
 
+def test_fusion_option_changes_the_loops():
+    d = parse_definition(SOFTMAX)
+    fused = schedule_definition(d, {"N": 4, "D": 6}, MappingOptions())
+    split = schedule_definition(d, {"N": 4, "D": 6}, MappingOptions(fusion=Fusion.MIN))
+    assert str(fused) != str(split)
+
+
 @pytest.mark.parametrize("a,b", [
-    (MappingOptions(), MappingOptions(fusion=Fusion.MIN)),
     (MappingOptions(), MappingOptions(tile_sizes=(4, 4, 4))),
+    (MappingOptions(tile_sizes=(8, 8, 8)), MappingOptions(tile_sizes=(8, 8, 8), register_tile=(4, 4, 0))),
+    (MappingOptions(tile_sizes=(8, 8, 8), reorder_reductions=True),
+     MappingOptions(tile_sizes=(8, 8, 8), reorder_reductions=True, point_order=(2, 0, 1))),
+    (MappingOptions(tile_sizes=(8, 8, 8), register_tile=(4, 4, 0), point_order=(2, 0, 1)),
+     MappingOptions(tile_sizes=(8, 8, 8), register_tile=(4, 4, 0), point_order=(2, 0, 1), unroll_jam=4)),
     (MappingOptions(tile_sizes=(4, 8, 4)), MappingOptions(tile_sizes=(4, 8, 4), tile_order=(1, 0, 2))),
     (MappingOptions(), MappingOptions(parallel=0)),
     (MappingOptions(), MappingOptions(vector_width=8)),
