@@ -1,48 +1,118 @@
-"""Running definitions as native CPU code: schedule, JIT, call through the native runtime."""
+"""Running definitions as native CPU code: schedule, JIT, call through the native runtime.
+
+Compiled kernels are cached in this process (by key) and on disk (see
+:mod:`polyfuse.runtime.cache`), so the same definition, sizes, target and options
+compile once per machine.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from polyfuse.errors import BoundsError
 from polyfuse.ir.comprehension import Definition
-from polyfuse.ir.loops import ERROR_BUFFER, BufferRole
-from polyfuse.runtime import native
+from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel
+from polyfuse.runtime import cache, native
 from polyfuse.scheduler.heuristics import default_options
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
 from polyfuse.targets import Target
-from polyfuse.targets.cpu import compile_kernel, vector_bits
+from polyfuse.targets.cpu import JitKernel, compile_kernel, load_object, target_description, vector_bits
+
+_COMPILED: dict[str, CpuExecutable] = {}
+STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How to call a compiled kernel: its arguments in order and the outputs to allocate."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[tuple[str, tuple[int, ...], str], ...]   # name, shape, numpy dtype
+    checks_indices: bool
+    scalars: tuple[str, ...]
+
+    @staticmethod
+    def of(kernel: LoopKernel) -> Layout:
+        return Layout(kernel.name,
+                      tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN),
+                      tuple((b.name, b.shape, b.dtype.numpy.str) for b in kernel.buffers
+                            if b.role is BufferRole.OUT),
+                      any(b.name == ERROR_BUFFER for b in kernel.buffers),
+                      tuple(s.name for s in kernel.scalars))
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "inputs": list(self.inputs), "scalars": list(self.scalars),
+                "outputs": [[n, list(s), dt] for n, s, dt in self.outputs],
+                "checks_indices": self.checks_indices}
+
+    @staticmethod
+    def from_json(j: dict) -> Layout:
+        return Layout(j["name"], tuple(j["inputs"]),
+                      tuple((n, tuple(s), dt) for n, s, dt in j["outputs"]),
+                      bool(j["checks_indices"]), tuple(j["scalars"]))
 
 
 class CpuExecutable:
-    """A JIT-compiled kernel with its buffers' shapes; calling it allocates the outputs."""
+    """A compiled kernel and its layout; calling it allocates the outputs and runs it."""
 
-    def __init__(self, d: Definition, sizes: Mapping[str, int], target: Target,
-                 options: MappingOptions | None, stages: dict[str, str]) -> None:
-        self.options = options or default_options(d, dict(sizes), vector_bits(target))
-        stages["options"] = repr(self.options)
-        self.kernel = schedule_definition(d, dict(sizes), self.options, stages)
-        self.jit = compile_kernel(self.kernel, target, self.options.num_threads)
-        stages.update(self.jit.stages)
-        self.inputs = [b.name for b in self.kernel.buffers if b.role is BufferRole.IN]
-        self.outputs = [b for b in self.kernel.buffers if b.role is BufferRole.OUT]
-        self.checks_indices = any(b.name == ERROR_BUFFER for b in self.kernel.buffers)
-        self.scalars = [s.name for s in d.scalars]
+    def __init__(self, jit: JitKernel, layout: Layout) -> None:
+        self.jit = jit
+        self.layout = layout
+        self._outputs = [(n, s, np.dtype(dt)) for n, s, dt in layout.outputs]
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
-        outs = {b.name: np.zeros(b.shape, b.dtype.numpy) for b in self.outputs}
-        args: list[object] = [np.ascontiguousarray(values[n]) for n in self.inputs]
+        layout = self.layout
+        outs = {n: np.zeros(s, dt) for n, s, dt in self._outputs}
+        args: list[object] = [np.ascontiguousarray(values[n]) for n in layout.inputs]
         args += outs.values()
         error = np.zeros(1, np.int64)
-        if self.checks_indices:
+        if layout.checks_indices:
             args.append(error)
-        args += [np.asarray(values[n]).item() for n in self.scalars]
+        args += [np.asarray(values[n]).item() for n in layout.scalars]
         native.call(self.jit.address, args)
         if error[0]:
-            raise BoundsError(f"kernel '{self.kernel.name}' read a tensor out of bounds through an "
+            raise BoundsError(f"kernel '{layout.name}' read a tensor out of bounds through an "
                               "index taken from another tensor (an index tensor holds a value "
                               "outside the dimension it indexes); no output was returned")
         return outs
+
+
+def build(d: Definition, sizes: Mapping[str, int], target: Target,
+          options: MappingOptions | None, stages: dict[str, str]) -> CpuExecutable:
+    """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled."""
+    sizes = dict(sizes)
+    options = options or default_options(d, sizes, vector_bits(target))
+    key = cache.kernel_key(str(d), repr(sorted(sizes.items())), target.name,
+                           target_description(target), repr(options))
+    exe = _COMPILED.get(key)
+    if exe is not None:
+        STATS["memory"] += 1
+    else:
+        hit = cache.load(key)
+        if hit is not None:
+            obj, meta = hit
+            layout = Layout.from_json(meta["layout"])
+            exe = CpuExecutable(load_object(layout.name, obj, target, meta["stages"]), layout)
+            STATS["disk"] += 1
+        else:
+            exe = _compile(d, sizes, target, options, key)
+            STATS["compiled"] += 1
+        _COMPILED[key] = exe
+    stages.update(exe.jit.stages)
+    return exe
+
+
+def _compile(d: Definition, sizes: dict[str, int], target: Target, options: MappingOptions,
+             key: str) -> CpuExecutable:
+    stages = {"options": repr(options)}
+    kernel = schedule_definition(d, sizes, options, stages)
+    jit = compile_kernel(kernel, target, options.num_threads)
+    jit.stages.update(stages)
+    layout = Layout.of(kernel)
+    cache.store(key, jit.object, {"layout": layout.to_json(), "stages": jit.stages})
+    return CpuExecutable(jit, layout)

@@ -36,8 +36,8 @@ def _build_reference(d: Definition, sizes: Mapping[str, int], target: Target,
 
 def _build_cpu(d: Definition, sizes: Mapping[str, int], target: Target,
                options: MappingOptions | None, stages: dict[str, str]) -> Executable:
-    from polyfuse.runtime.cpu import CpuExecutable  # loads LLVM and the native runtime
-    return CpuExecutable(d, sizes, target, options, stages)
+    from polyfuse.runtime import cpu  # loads LLVM and the native runtime
+    return cpu.build(d, sizes, target, options, stages)
 
 
 # target name -> builder(definition, sizes, target, options, stages to fill) -> executable
@@ -82,6 +82,11 @@ def _results(d: Definition, outputs: dict[str, np.ndarray]) -> np.ndarray | tupl
     return values[0] if len(values) == 1 else values
 
 
+def _call_signature(args: tuple) -> tuple:
+    """What argument checking depends on: array shapes and dtypes, scalar types."""
+    return tuple((a.shape, a.dtype) if type(a) is np.ndarray else type(a) for a in args)
+
+
 class Kernel:
     """One TC definition compiled for one target; call it with numpy arrays."""
 
@@ -93,6 +98,9 @@ class Kernel:
         self.source = source
         self.options = options
         self._cache: dict[tuple, SpecializedKernel] = {}
+        # positional calls whose argument types, shapes and dtypes were checked before
+        self._checked: dict[tuple, SpecializedKernel] = {}
+        self._names = tuple(p.name for p in definition.params)
 
     @property
     def name(self) -> str:
@@ -104,8 +112,15 @@ class Kernel:
         return f"<polyfuse.Kernel {self.name}({params}) -> ({outs}) target={self.target}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        if not kwargs:
+            key = _call_signature(args)
+            kernel = self._checked.get(key)
+            if kernel is not None:  # the fast path: same kinds of arguments as an earlier call
+                return _results(self.definition, kernel.run(dict(zip(self._names, args))))
         bound = bind_arguments(self.definition, args, kwargs)
         kernel = self._specialized(bound)
+        if not kwargs and len(self._checked) < 64:
+            self._checked[key] = kernel
         return _results(self.definition, kernel.run(bound.values))
 
     def specialize(self, *args: Any, **kwargs: Any) -> SpecializedKernel:

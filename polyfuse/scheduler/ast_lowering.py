@@ -108,7 +108,9 @@ class _Lowering:
             if mark.startswith(PARALLEL_MARK + ":"):
                 loops = {s.var for s in walk_stmts(tuple(body)) if isinstance(s, For)}
                 present = [f"c{d}" for d in mark.split(":")[1].split(",") if f"c{d}" in loops]
-                return list(_parallelize(tuple(body), present[0])) if present else body
+                if not present or _work(tuple(body)) < PARALLEL_MIN_WORK:
+                    return body  # waking the thread pool costs more than it saves
+                return list(_parallelize(tuple(body), present[0]))
             return body
         if kind == isl.ast_node_type.for_:
             return [self.loop(n)]
@@ -157,6 +159,39 @@ class _Lowering:
             old = Read(st.tensor, lhs, dtype)
             value = _combine(st.op, old, value, dtype)
         return Store(st.tensor, lhs, value)
+
+
+PARALLEL_MIN_WORK = 1 << 14  # statement instances below which a loop nest runs serially
+
+
+def _work(body: tuple[Stmt, ...]) -> int:
+    """Statement instances of a loop nest, taking each loop at its largest trip count."""
+    total = 0
+    for s in body:
+        if isinstance(s, For):
+            total += _trips(s) * max(1, _work(s.body))
+        elif isinstance(s, If):
+            total += max(_work(s.then), _work(s.other))
+        else:
+            total += 1
+    return total
+
+
+def _trips(loop: For) -> int:
+    def bound(e: Expr) -> int | None:
+        if isinstance(e, Literal):
+            return int(e.value)
+        if isinstance(e, Call) and e.fn == "min":
+            known = [b for b in map(bound, e.args) if b is not None]
+            return min(known) if known else None
+        if isinstance(e, Binary) and e.op is BinaryOp.ADD:
+            a, b = bound(e.lhs), bound(e.rhs)
+            return a + b if a is not None and b is not None else None
+        return None
+    lo, hi = bound(loop.lo), bound(loop.hi)
+    if hi is None:
+        return 1 << 20  # unknown: assume big
+    return max(0, (hi - (lo or 0) + loop.step - 1) // loop.step)
 
 
 def _parallelize(body: tuple[Stmt, ...], var: str) -> tuple[Stmt, ...]:

@@ -60,12 +60,21 @@ def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
 
 @dataclass
 class JitKernel:
-    """A kernel compiled in memory; keep it alive as long as ``address`` is used."""
+    """A kernel compiled in memory; keep it alive as long as ``address`` is used.
+
+    ``object`` is the machine code as a relocatable object, for the disk cache."""
 
     name: str
     address: int
     stages: dict[str, str]
+    object: bytes = field(repr=False)
     engine: llvm.ExecutionEngine = field(repr=False)
+
+
+def target_description(target: Target) -> str:
+    """What the generated code depends on besides the kernel: triple, CPU, features."""
+    tm = target_machine(target)
+    return f"{tm.triple} {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
 
 
 @functools.cache
@@ -87,8 +96,26 @@ def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0) -> 
     stages = {"llvm": text, "llvm_opt": str(mod), "asm": tm.emit_assembly(mod)}
     _bind_runtime_symbols()
     engine = llvm.create_mcjit_compiler(mod, tm)
+    emitted: list[bytes] = []
+    engine.set_object_cache(lambda _module, data: emitted.append(data), lambda _module: None)
     engine.finalize_object()
-    address = engine.get_function_address(kernel.name)
+    return JitKernel(kernel.name, _address(engine, kernel.name), stages, b"".join(emitted), engine)
+
+
+def load_object(name: str, obj: bytes, target: Target, stages: dict[str, str]) -> JitKernel:
+    """Link a cached object file into a new JIT engine."""
+    tm = target_machine(target)
+    empty = llvm.parse_assembly("")
+    empty.triple = tm.triple
+    _bind_runtime_symbols()
+    engine = llvm.create_mcjit_compiler(empty, tm)
+    engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+    engine.finalize_object()
+    return JitKernel(name, _address(engine, name), stages, obj, engine)
+
+
+def _address(engine: llvm.ExecutionEngine, name: str) -> int:
+    address = engine.get_function_address(name)
     if not address:
-        raise CodegenError(f"the JIT did not produce kernel '{kernel.name}'")
-    return JitKernel(kernel.name, address, stages, engine)
+        raise CodegenError(f"the JIT did not produce kernel '{name}'")
+    return address

@@ -248,20 +248,21 @@ def _allocas(body: tuple[Stmt, ...], b: ir.IRBuilder) -> dict[str, ir.Value]:
 
 def _free_values(s: For, scope: _Scope) -> list[str]:
     """Register values (enclosing iterators, scalars) the loop uses."""
-    names: set[str] = set()
-    exprs: list[Expr] = [s.lo, s.hi]
-    for st in walk_stmts(s.body):
-        if isinstance(st, For):
-            exprs += [st.lo, st.hi]
-        elif isinstance(st, If):
-            exprs.append(st.cond)
-        elif isinstance(st, Store):
-            exprs += [*st.indices, st.value]
-        elif isinstance(st, Assign):
-            exprs.append(st.value)
-    for e in exprs:
-        names |= {n.name for n in walk(e) if isinstance(n, (IndexVar, ScalarRef))}
+    exprs = [s.lo, s.hi] + [e for st in walk_stmts(s.body) for e in _stmt_exprs(st)]
+    names = {n.name for e in exprs for n in walk(e) if isinstance(n, (IndexVar, ScalarRef))}
     return [v for v in scope.values if v in names]
+
+
+def _stmt_exprs(st: Stmt) -> list[Expr]:
+    if isinstance(st, For):
+        return [st.lo, st.hi]
+    if isinstance(st, If):
+        return [st.cond]
+    if isinstance(st, Store):
+        return [*st.indices, st.value]
+    if isinstance(st, Assign):
+        return [st.value]
+    return []
 
 
 def _to_register(raw: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:

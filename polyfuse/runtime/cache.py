@@ -1,0 +1,91 @@
+"""The on-disk cache of compiled kernels, so a second process does not recompile.
+
+A kernel is keyed by everything its code depends on: the canonical text of the
+definition, the sizes, the target (with the host CPU and its features), the mapping
+options, the polyfuse version and a hash of polyfuse's sources. An entry is two files under the cache directory:
+``<key>.o`` (the object code) and ``<key>.json`` (buffer layout and stage texts).
+Both are written to a temporary name and renamed, so concurrent processes never see
+half an entry; an unreadable entry is ignored and rebuilt.
+
+The directory is ``$POLYFUSE_CACHE_DIR`` if set (empty or ``0`` turns the disk cache
+off), else ``$XDG_CACHE_HOME/polyfuse`` or ``~/.cache/polyfuse``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+
+
+def cache_dir() -> Path | None:
+    env = os.environ.get("POLYFUSE_CACHE_DIR")
+    if env is not None:
+        return None if env in ("", "0") else Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "polyfuse"
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """A hash of polyfuse's own sources: a changed compiler never reuses old kernels."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def kernel_key(*parts: str) -> str:
+    from polyfuse import __version__
+    h = hashlib.sha256()
+    for p in (f"format={FORMAT}", f"polyfuse={__version__}", code_fingerprint(), *parts):
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def load(key: str) -> tuple[bytes, dict[str, Any]] | None:
+    root = cache_dir()
+    if root is None:
+        return None
+    try:
+        meta = json.loads((root / f"{key}.json").read_text())
+        obj = (root / f"{key}.o").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if meta.get("format") != FORMAT or len(obj) != meta.get("object_bytes"):
+        return None
+    return obj, meta
+
+
+def store(key: str, obj: bytes, meta: dict[str, Any]) -> None:
+    """Save an entry; a cache that cannot be written is skipped, never an error."""
+    root = cache_dir()
+    if root is None:
+        return
+    meta = {**meta, "format": FORMAT, "object_bytes": len(obj)}
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _atomic_write(root / f"{key}.o", obj)
+        _atomic_write(root / f"{key}.json", json.dumps(meta).encode())
+    except OSError:
+        pass
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
