@@ -15,6 +15,7 @@ import numpy as np
 from polyfuse.errors import BoundsError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel
+from polyfuse.ir.types import DType
 from polyfuse.runtime import cache, native
 from polyfuse.scheduler.heuristics import default_options
 from polyfuse.scheduler.options import MappingOptions
@@ -32,7 +33,7 @@ class Layout:
 
     name: str
     inputs: tuple[str, ...]
-    outputs: tuple[tuple[str, tuple[int, ...], str], ...]   # name, shape, numpy dtype
+    outputs: tuple[tuple[str, tuple[int, ...], str], ...]   # name, shape, dtype name
     checks_indices: bool
     scalars: tuple[str, ...]
 
@@ -40,7 +41,7 @@ class Layout:
     def of(kernel: LoopKernel) -> Layout:
         return Layout(kernel.name,
                       tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN),
-                      tuple((b.name, b.shape, b.dtype.numpy.str) for b in kernel.buffers
+                      tuple((b.name, b.shape, b.dtype.value) for b in kernel.buffers
                             if b.role is BufferRole.OUT),
                       any(b.name == ERROR_BUFFER for b in kernel.buffers),
                       tuple(s.name for s in kernel.scalars))
@@ -63,7 +64,7 @@ class CpuExecutable:
     def __init__(self, jit: JitKernel, layout: Layout) -> None:
         self.jit = jit
         self.layout = layout
-        self._outputs = [(n, s, np.dtype(dt)) for n, s, dt in layout.outputs]
+        self._outputs = [(n, s, DType(dt).numpy) for n, s, dt in layout.outputs]
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
         layout = self.layout

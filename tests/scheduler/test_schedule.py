@@ -109,5 +109,5 @@ def test_fusion_option_changes_the_loops():
 ])
 def test_each_option_changes_the_loops(a, b):
     d = parse_definition(MATMUL)
-    sizes = {"M": 16, "K": 16, "N": 16}
+    sizes = {"M": 64, "K": 64, "N": 64}
     assert str(schedule_definition(d, sizes, a)) != str(schedule_definition(d, sizes, b))

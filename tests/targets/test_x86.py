@@ -72,14 +72,14 @@ def test_bad_indirect_index_raises_before_returning():
 def test_stages_hold_every_level():
     mod = pf.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
                     target="x86")
-    a = np.ones((8, 4), np.float32)
+    a = np.ones((128, 64), np.float32)
     k = mod.mm.specialize(a, a.T.copy())
     for stage in ("source", "comprehension", "specialized", "options", "schedule", "loops",
                   "llvm", "llvm_opt", "asm"):
         assert k.stages[stage].strip(), stage
     assert "parallel for" in k.stages["loops"]
     assert "polyfuse_parallel_for_threads" in k.stages["llvm"]
-    np.testing.assert_array_equal(k(a, a.T.copy()), np.full((8, 8), 4, np.float32))
+    np.testing.assert_array_equal(k(a, a.T.copy()), np.full((128, 128), 64, np.float32))
 
 
 def test_requested_vector_width_reaches_the_machine_code():
