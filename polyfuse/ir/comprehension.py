@@ -369,29 +369,30 @@ def _prec(e: Expr) -> int:
     return _PREC_ATOM
 
 
-def _literal(e: Literal) -> str:
+def _literal(e: Literal, int_type: DType) -> str:
     v = e.value
     if e.dtype is DType.BOOL:
         return f"bool({int(bool(v))})"
-    if e.dtype is DType.INT32:
+    if e.dtype is int_type:
         return str(int(v))
     if e.dtype is DType.FLOAT32:
         return repr(float(v))
     return f"{e.dtype}({repr(float(v)) if e.dtype.is_float else int(v)})"
 
 
-def format_expr(e: Expr) -> str:
+def format_expr(e: Expr, int_type: DType = DType.INT32) -> str:
+    """TC text of ``e``; integer literals of ``int_type`` print bare (int64 in loop IR)."""
     def sub(c: Expr, min_prec: int) -> str:
-        text = format_expr(c)
+        text = format_expr(c, int_type)
         return f"({text})" if _prec(c) < min_prec else text
 
     match e:
         case Literal():
-            return _literal(e)
+            return _literal(e, int_type)
         case IndexVar(name=n) | SizeVar(name=n) | ScalarRef(name=n) | LocalRef(name=n):
             return n
         case Read(tensor=t, indices=ix):
-            return f"{t}({', '.join(format_expr(i) for i in ix)})"
+            return f"{t}({', '.join(format_expr(i, int_type) for i in ix)})"
         case Unary(op=op, operand=a):
             return f"{op.value}{sub(a, _PREC_UNARY)}"
         case Binary(op=op, lhs=a, rhs=b):
@@ -400,9 +401,9 @@ def format_expr(e: Expr) -> str:
         case Select(cond=c, then=a, other=b):
             return f"{sub(c, _PREC_SELECT + 1)} ? {sub(a, _PREC_SELECT + 1)} : {sub(b, _PREC_SELECT)}"
         case Cast(dtype=dt, operand=a):
-            return f"{dt}({format_expr(a)})"
+            return f"{dt}({format_expr(a, int_type)})"
         case Call(fn=fn, args=args):
-            return f"{fn}({', '.join(format_expr(a) for a in args)})"
+            return f"{fn}({', '.join(format_expr(a, int_type) for a in args)})"
     raise TypeError(f"not an expression: {e!r}")
 
 

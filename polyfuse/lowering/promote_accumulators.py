@@ -63,12 +63,12 @@ def _promote(loop: For, counter: list[int]) -> list[Stmt] | None:
     uses = {n.name for i in store.indices for n in walk(i) if isinstance(n, IndexVar)}
     if uses & set(names):
         return None
-    target = Read(store.buffer, store.indices, store.value.dtype)
     reads = [n for n in walk(store.value) if isinstance(n, Read) and n.tensor == store.buffer]
     if not reads or any(r.indices != store.indices for r in reads):
         return None  # not an accumulation into one fixed element
+    target = reads[0]
     counter[0] += 1
-    acc = LocalRef(f"acc{counter[0]}", store.value.dtype)
+    acc = LocalRef(f"acc{counter[0]}", target.dtype)
 
     def swap(e: Expr) -> Expr:
         return acc if isinstance(e, Read) and e.tensor == store.buffer and e.indices == store.indices else e

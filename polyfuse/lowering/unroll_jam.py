@@ -53,7 +53,7 @@ def _jam(outer: For, factor: int) -> For | None:
         return None
     copies: list[Stmt] = []
     for u in range(factor):
-        shifted = Binary(BinaryOp.ADD, IndexVar(outer.var), Literal(u * outer.step, DType.INT32),
+        shifted = Binary(BinaryOp.ADD, IndexVar(outer.var), Literal(u * outer.step, DType.INT64),
                          DType.INT64) if u else IndexVar(outer.var)
         copies += [_substitute(s, outer.var, shifted) for s in inner.body]
     return replace(outer, step=outer.step * factor, body=(replace(inner, body=tuple(copies)),))

@@ -18,7 +18,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, L
                                        ReduceOp, Select, SizeVar, map_expr, walk)
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
-                               Stmt, Store, walk_stmts)
+                               Stmt, Store, map_kernel_exprs, walk_stmts, widen_ints)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.model import Model
 from polyfuse.scheduler.options import MappingOptions
@@ -246,4 +246,4 @@ def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
     if any(isinstance(n, Read) for st in d.statements for r in walk(st.rhs) if isinstance(r, Read)
            for i in r.indices for n in walk(i)):
         buffers += (Buffer(ERROR_BUFFER, DType.INT64, (1,), BufferRole.INOUT),)
-    return LoopKernel(d.name, buffers, d.scalars, body)
+    return map_kernel_exprs(LoopKernel(d.name, buffers, d.scalars, body), widen_ints)

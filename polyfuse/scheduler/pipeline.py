@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.loops import LoopKernel
+from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.lowering.promote_accumulators import promote_accumulators
 from polyfuse.lowering.unroll_jam import unroll_and_jam
 from polyfuse.scheduler.ast_lowering import lower_schedule
@@ -22,6 +23,7 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
     schedule = compute_schedule(model, options, sizes)
     kernel = lower_schedule(model, schedule, sizes, options)
     kernel = promote_accumulators(unroll_and_jam(kernel, options.unroll_jam))
+    verify_kernel(kernel)
     if stages is not None:
         stages["schedule"] = str(schedule)
         stages["loops"] = str(kernel)

@@ -1,0 +1,197 @@
+"""The text form of the loop IR, parsed back: ``parse_kernel(str(k)) == k``.
+
+Expressions use the TC expression syntax (and the TC parser); types follow the loop
+IR's rules: integer nodes are int64, reads take their buffer's type, a cast of a
+literal is that literal, a local takes the type of the value first assigned to it.
+"""
+
+from __future__ import annotations
+
+from polyfuse.errors import TCSyntaxError
+from polyfuse.frontends.tc import ast
+from polyfuse.frontends.tc.lexer import Kind
+from polyfuse.frontends.tc.parser import Parser
+from polyfuse.ir.builtins import BUILTINS
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
+                                       LocalRef, Read, ScalarDecl, ScalarRef, Select, Unary,
+                                       UnaryOp)
+from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt,
+                               Store)
+from polyfuse.ir.types import DType
+
+_I64 = DType.INT64
+_BINARY = {op.value: op for op in BinaryOp}
+_ROLES = {r.value: r for r in BufferRole}
+
+
+class _LoopParser(Parser):
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self.buffers: dict[str, Buffer] = {}
+        self.scalars: dict[str, DType] = {}
+        self.locals: dict[str, DType] = {}
+
+    def word(self, text: str) -> bool:
+        return self.tok.text == text and self.tok.kind in (Kind.IDENT, Kind.KEYWORD)
+
+    def expect_word(self, text: str) -> None:
+        if not self.word(text):
+            raise self.error(f"expected '{text}', found {self.tok.describe()}")
+        self.advance()
+
+    def integer(self) -> int:
+        negative = self.at("-") and bool(self.advance())
+        if self.tok.kind is not Kind.INT:
+            raise self.error(f"expected an integer, found {self.tok.describe()}")
+        return -int(self.advance().text) if negative else int(self.advance().text)
+
+    def dtype(self) -> DType:
+        name = self.ident("a type")
+        dt = DType.from_name(name.id)
+        if dt is None:
+            raise TCSyntaxError(f"unknown type '{name.id}'", name.loc, self.source)
+        return dt
+
+    def kernel(self) -> LoopKernel:
+        self.expect_word("kernel")
+        name = self.ident("a kernel name").id
+        self.expect("(")
+        buffers, scalars = [], []
+        while not self.at(")"):
+            if self.tok.text in _ROLES:
+                role = _ROLES[self.advance().text]
+                dt = self.dtype()
+                self.expect("(")
+                shape = tuple(self.comma_list(")", self.integer))
+                self.expect(")")
+                b = Buffer(self.ident("a buffer name").id, dt, shape, role)
+                self.buffers[b.name] = b
+                buffers.append(b)
+            else:
+                dt = self.dtype()
+                s = ScalarDecl(self.ident("a scalar name").id, dt)
+                self.scalars[s.name] = dt
+                scalars.append(s)
+            if not self.at(","):
+                break
+            self.advance()
+        self.expect(")")
+        body = self.block()
+        if self.tok.kind is not Kind.EOF:
+            raise self.error(f"unexpected {self.tok.describe()} after the kernel")
+        return LoopKernel(name, tuple(buffers), tuple(scalars), body)
+
+    def block(self) -> tuple[Stmt, ...]:
+        self.expect("{")
+        out = []
+        while not self.at("}"):
+            out.append(self.statement())
+        self.expect("}")
+        return tuple(out)
+
+    def statement(self) -> Stmt:
+        if self.word("parallel") or self.word("for"):
+            return self.loop()
+        if self.word("if"):
+            self.advance()
+            cond = self.typed(self.expr())
+            then = self.block()
+            other: tuple[Stmt, ...] = ()
+            if self.word("else"):
+                self.advance()
+                other = self.block()
+            return If(cond, then, other)
+        if self.word("let"):
+            self.advance()
+            var = self.ident("a local name").id
+            self.expect("=")
+            value = self.typed(self.expr())
+            self.locals.setdefault(var, value.dtype)
+            return Assign(var, value)
+        target = self.ident("a statement")
+        self.expect("(")
+        indices = tuple(self.typed(e) for e in self.comma_list(")", self.expr))
+        self.expect(")")
+        self.expect("=")
+        return Store(target.id, indices, self.typed(self.expr()))
+
+    def loop(self) -> For:
+        kind = LoopKind.SERIAL
+        if self.word("parallel"):
+            self.advance()
+            kind = LoopKind.PARALLEL
+        self.expect_word("for")
+        var = self.ident("a loop variable").id
+        self.expect("in")
+        lo = self.typed(self.binary(0))
+        self.expect(":")
+        hi = self.typed(self.binary(0))
+        step = vector = unroll = 1
+        while not self.at("{"):
+            word = self.ident("step, vectorize or unroll").id
+            if word == "step":
+                step = self.integer()
+                continue
+            self.expect("(")
+            value = self.integer()
+            self.expect(")")
+            if word == "vectorize":
+                vector = value
+            elif word == "unroll":
+                unroll = value
+            else:
+                raise self.error(f"unknown loop annotation '{word}'")
+        return For(var, lo, hi, self.block(), kind, step, vector, unroll)
+
+    # --- typing ---
+    def typed(self, node: ast.Node) -> Expr:
+        match node:
+            case ast.Number(value=v):
+                return Literal(v, DType.FLOAT32 if isinstance(v, float) else _I64)
+            case ast.Name(id="inf" | "nan" as n):
+                return Literal(float(n), DType.FLOAT32)
+            case ast.Name(id=n):
+                if n in self.locals:
+                    return LocalRef(n, self.locals[n])
+                if n in self.scalars:
+                    return ScalarRef(n, self.scalars[n])
+                return IndexVar(n)
+            case ast.Apply(name=n, args=args):
+                return self.apply(n, [self.typed(a) for a in args], node)
+            case ast.UnaryExpr(op="-", operand=a):
+                x = self.typed(a)
+                if isinstance(x, Literal):
+                    return Literal(-x.value, x.dtype)
+                return Unary(UnaryOp.NEG, x, _I64 if x.dtype.is_int else x.dtype)
+            case ast.UnaryExpr(op="!", operand=a):
+                return Unary(UnaryOp.NOT, self.typed(a), DType.BOOL)
+            case ast.BinaryExpr(op=op, lhs=a, rhs=b):
+                bop = _BINARY[op]
+                x, y = self.typed(a), self.typed(b)
+                dt = DType.BOOL if bop.is_comparison or bop.is_logical else \
+                    _I64 if x.dtype.is_int or x.dtype.is_bool else x.dtype
+                return Binary(bop, x, y, dt)
+            case ast.Ternary(cond=c, then=t, other=o):
+                a, b = self.typed(t), self.typed(o)
+                return Select(self.typed(c), a, b, _I64 if a.dtype.is_int else a.dtype)
+        raise TCSyntaxError("not a loop IR expression", node.loc, self.source)
+
+    def apply(self, name: str, args: list[Expr], node: ast.Node) -> Expr:
+        if name in self.buffers:
+            return Read(name, tuple(args), self.buffers[name].dtype)
+        dt = DType.from_name(name)
+        if dt is not None and len(args) == 1:
+            a = args[0]
+            if isinstance(a, Literal):
+                v = a.value
+                return Literal(bool(v) if dt.is_bool else float(v) if dt.is_float else int(v), dt)
+            return Cast(dt, a)
+        if name in BUILTINS:
+            dt = args[0].dtype
+            return Call(name, tuple(args), _I64 if dt.is_int else dt)
+        raise TCSyntaxError(f"unknown buffer or function '{name}'", node.loc, self.source)
+
+
+def parse_kernel(text: str) -> LoopKernel:
+    """Parse the text of a loop kernel (as ``str(kernel)`` prints it)."""
+    return _LoopParser(text).kernel()
