@@ -60,6 +60,11 @@ def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOpt
     registers = {i: 0 for i in members}
     if last:
         vec = max(last, key=lambda i: (last[i], lhs.index(i)))
+        if vec != lhs[-1]:
+            # the output is not contiguous along the vector: its accumulators would be
+            # gathered and scattered on every step; plain loops do better (LLVM keeps one
+            # accumulator per output element in a register)
+            return MappingOptions(vector_width=width, unroll=2)
         vec_reads = [r for r in reads if vec in _names(r.indices[-1])]
         others = [i for i in lhs if i != vec]
         free = [i for i in others if not any(i in _names(x) for r in vec_reads for x in r.indices)]
