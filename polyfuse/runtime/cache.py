@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2
 
 
 def cache_dir() -> Path | None:

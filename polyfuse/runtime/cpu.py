@@ -18,6 +18,7 @@ from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel
 from polyfuse.ir.types import DType
 from polyfuse.runtime import cache, native
 from polyfuse.scheduler.heuristics import default_options
+from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
 from polyfuse.targets import Target
@@ -33,28 +34,28 @@ class Layout:
 
     name: str
     inputs: tuple[str, ...]
-    outputs: tuple[tuple[str, tuple[int, ...], str], ...]   # name, shape, dtype name
+    outputs: tuple[tuple[str, tuple[int, ...], str, bool], ...]  # name, shape, dtype, zeroed
     checks_indices: bool
     scalars: tuple[str, ...]
 
     @staticmethod
-    def of(kernel: LoopKernel) -> Layout:
+    def of(kernel: LoopKernel, zeroed: set[str]) -> Layout:
         return Layout(kernel.name,
                       tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN),
-                      tuple((b.name, b.shape, b.dtype.value) for b in kernel.buffers
-                            if b.role is BufferRole.OUT),
+                      tuple((b.name, b.shape, b.dtype.value, b.name in zeroed)
+                            for b in kernel.buffers if b.role is BufferRole.OUT),
                       any(b.name == ERROR_BUFFER for b in kernel.buffers),
                       tuple(s.name for s in kernel.scalars))
 
     def to_json(self) -> dict:
         return {"name": self.name, "inputs": list(self.inputs), "scalars": list(self.scalars),
-                "outputs": [[n, list(s), dt] for n, s, dt in self.outputs],
+                "outputs": [[n, list(s), dt, z] for n, s, dt, z in self.outputs],
                 "checks_indices": self.checks_indices}
 
     @staticmethod
     def from_json(j: dict) -> Layout:
         return Layout(j["name"], tuple(j["inputs"]),
-                      tuple((n, tuple(s), dt) for n, s, dt in j["outputs"]),
+                      tuple((n, tuple(s), dt, bool(z)) for n, s, dt, z in j["outputs"]),
                       bool(j["checks_indices"]), tuple(j["scalars"]))
 
 
@@ -64,11 +65,12 @@ class CpuExecutable:
     def __init__(self, jit: JitKernel, layout: Layout) -> None:
         self.jit = jit
         self.layout = layout
-        self._outputs = [(n, s, DType(dt).numpy) for n, s, dt in layout.outputs]
+        self._outputs = [(n, s, DType(dt).numpy, z) for n, s, dt, z in layout.outputs]
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
         layout = self.layout
-        outs = {n: np.zeros(s, dt) for n, s, dt in self._outputs}
+        # aligned, and reused from freed outputs of the same size (no page faults)
+        outs = {n: native.empty_aligned(s, dt, 64, z) for n, s, dt, z in self._outputs}
         args: list[object] = [np.ascontiguousarray(values[n]) for n in layout.inputs]
         args += outs.values()
         error = np.zeros(1, np.int64)
@@ -114,6 +116,6 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
     kernel = schedule_definition(d, sizes, options, stages)
     jit = compile_kernel(kernel, target, options.num_threads)
     jit.stages.update(stages)
-    layout = Layout.of(kernel)
+    layout = Layout.of(kernel, zero_filled_outputs(d, sizes))
     cache.store(key, jit.object, {"layout": layout.to_json(), "stages": jit.stages})
     return CpuExecutable(jit, layout)

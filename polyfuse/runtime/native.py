@@ -90,15 +90,19 @@ def parallel_for_threads_address() -> int:
     return int(_native.parallel_for_threads_address())
 
 
-def empty_aligned(shape: int | Sequence[int], dtype: DTypeLike, alignment: int = 64) -> np.ndarray:
-    """An uninitialized C-contiguous array whose data starts at a multiple of ``alignment``.
+def empty_aligned(shape: int | Sequence[int], dtype: DTypeLike, alignment: int = 64,
+                  zero: bool = False) -> np.ndarray:
+    """A C-contiguous array whose data starts at a multiple of ``alignment``; zero-filled
+    if ``zero``, else uninitialized.
 
     ``alignment`` is a power of two. The memory is the array's own (its ``base`` is a
-    capsule that frees it when the last view goes), so it is never copied or leaked.
+    capsule that releases it when the last view goes), so it is never copied or leaked.
+    Released buffers of 1 MiB or more are kept (512 MiB in all) and reused for the next
+    buffer of the same size, which then costs no page faults.
     """
     dims = (operator.index(shape),) if not isinstance(shape, Sequence) else tuple(
         operator.index(d) for d in shape)
-    return _native.empty_aligned(dims, np.dtype(dtype), operator.index(alignment))
+    return _native.empty_aligned(dims, np.dtype(dtype), operator.index(alignment), bool(zero))
 
 
 def is_aligned(array: np.ndarray, alignment: int = 64) -> bool:

@@ -101,6 +101,35 @@ class Model:
         return isl.Set.read_from_str(self.ctx, f"{self.param_space()} -> {{ : {' and '.join(cons) or '1 = 1'} }}")
 
 
+def skipped_inits(d: Definition) -> set[int]:
+    """Statements whose ``+=!`` needs no init statement: the first writers of a tensor,
+    which the runtime hands over zero-filled."""
+    first: dict[str, int] = {}
+    for k, st in enumerate(d.statements):
+        first.setdefault(st.tensor, k)
+    return {k for t, k in first.items() if d.statements[k].op is ReduceOp.ADD and d.statements[k].init}
+
+
+def zero_filled_outputs(d: Definition, sizes: dict[str, int]) -> set[str]:
+    """Outputs the runtime must zero before the kernel runs: those whose first writer
+    relies on it (a sum without init) or does not cover the whole tensor."""
+    from polyfuse.ir.symbolic import evaluate_int
+    out = set()
+    skipped = skipped_inits(d)
+    seen: set[str] = set()
+    for k, st in enumerate(d.statements):
+        if st.tensor in seen:
+            continue
+        seen.add(st.tensor)
+        shape = d.tensor(st.tensor).shape
+        covers = all(evaluate_int(st.range_of(i).lo, sizes) <= 0
+                     and evaluate_int(st.range_of(i).hi, sizes) >= evaluate_int(dim, sizes)
+                     for i, dim in zip(st.indices, shape))
+        if k in skipped or not covers or (st.op is not ReduceOp.ASSIGN and not st.init):
+            out.add(st.tensor)
+    return out
+
+
 def build_model(d: Definition, ctx: isl.Context | None = None) -> Model:
     ctx = ctx or isl.Context()
     params = d.sizes
@@ -108,13 +137,11 @@ def build_model(d: Definition, ctx: isl.Context | None = None) -> Model:
     statements: dict[str, StatementInfo] = {}
     domains, reads, writes, order = [], [], [], []
     depth = max((len(s.ranges) for s in d.statements), default=0)
-    written: set[str] = set()
+    skipped = skipped_inits(d)
     for k, st in enumerate(d.statements):
         full = st.indices + st.reduction_indices
         # outputs start zero-filled, so a sum's first writer needs no init statement
-        zeroed = st.op is ReduceOp.ADD and st.tensor not in written
-        written.add(st.tensor)
-        variants = ([(f"I{k}", st.indices, True)] if st.init and not zeroed else []) + \
+        variants = ([(f"I{k}", st.indices, True)] if st.init and k not in skipped else []) + \
             [(f"S{k}", full, False)]
         for name, its, init in variants:
             statements[name] = StatementInfo(name, k, st, init, its)

@@ -5,8 +5,10 @@ The CPU code generators call :func:`math_function` instead of libm so that loops
 no branches, no calls but always-lowered intrinsics) on ``float`` or
 ``<width x float>``, and is inlined into the kernel. The algorithms are Cephes'
 single-precision ones (exp, exp2, log, log2, tanh), Juffa's erff, and
-compositions of those; tests/targets/test_llvm_math.py states and checks their
-accuracy against float64 numpy.
+compositions of those. Measured over all 2^32 float32 inputs against float64
+numpy rounded to float32, the largest errors are 1 ulp (exp, exp2, log, log2,
+tanh, erf) and 2 ulp (log1p, sigmoid); tests/targets/test_llvm_math.py checks
+bounds of 2 ulp, or 1e-7 absolute where a result is within 1e-3 of zero.
 
 Nothing relies on fast-math flags: the instructions emitted here carry none, and
 the caller's flags stay on the caller's instructions. Polynomials use

@@ -13,6 +13,11 @@
 #include <pthread.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -52,12 +57,59 @@ int default_num_threads() {
 
 std::atomic<int64_t> g_aligned_buffers_live{0};
 
+// Freed buffers of 1 MiB or more are kept (up to kKeepBytes in all) and handed out again
+// for the same size: a kernel that returns a fresh 64 MiB output every call then writes
+// memory that is already mapped instead of taking thousands of page faults.
+constexpr size_t kKeepMin = size_t(1) << 20;
+constexpr size_t kKeepBytes = size_t(512) << 20;
+
+struct BufferPool {
+    std::mutex mutex;
+    std::unordered_map<void*, std::pair<size_t, size_t>> sizes;  // live block -> bytes, alignment
+    std::map<std::pair<size_t, size_t>, std::vector<void*>> free_blocks;
+    size_t kept = 0;
+
+    void* take(size_t bytes, size_t alignment) {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = free_blocks.find({bytes, alignment});
+        void* p = nullptr;
+        if (it != free_blocks.end() && !it->second.empty()) {
+            p = it->second.back();
+            it->second.pop_back();
+            kept -= bytes;
+        } else if (posix_memalign(&p, alignment, bytes) != 0) {
+            return nullptr;
+        }
+        sizes[p] = {bytes, alignment};
+        return p;
+    }
+
+    void give_back(void* p) {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = sizes.find(p);
+        auto [bytes, alignment] = it->second;
+        sizes.erase(it);
+        if (bytes >= kKeepMin && kept + bytes <= kKeepBytes) {
+            free_blocks[{bytes, alignment}].push_back(p);
+            kept += bytes;
+        } else {
+            std::free(p);
+        }
+    }
+};
+
+BufferPool& pool() {
+    static BufferPool* instance = new BufferPool();  // never destroyed: capsules may outlive exit
+    return *instance;
+}
+
 void free_aligned(void* p) {
-    std::free(p);
+    pool().give_back(p);
     g_aligned_buffers_live.fetch_sub(1, std::memory_order_relaxed);
 }
 
-py::array empty_aligned(const std::vector<py::ssize_t>& shape, const py::dtype& dtype, size_t alignment) {
+py::array empty_aligned(const std::vector<py::ssize_t>& shape, const py::dtype& dtype, size_t alignment,
+                        bool zero) {
     if (alignment == 0 || (alignment & (alignment - 1)) != 0)
         throw py::value_error("alignment must be a power of two, got " + std::to_string(alignment));
     if (py::bool_(dtype.attr("hasobject")))
@@ -70,9 +122,10 @@ py::array empty_aligned(const std::vector<py::ssize_t>& shape, const py::dtype& 
         if (__builtin_mul_overflow(bytes, static_cast<size_t>(d), &bytes) || bytes > PTRDIFF_MAX)
             throw py::value_error("array is too big");
     }
-    void* data = nullptr;  // posix_memalign wants at least pointer alignment
-    if (posix_memalign(&data, std::max(alignment, sizeof(void*)), std::max<size_t>(bytes, 1)) != 0)
-        throw std::bad_alloc();
+    // posix_memalign wants at least pointer alignment
+    void* data = pool().take(std::max<size_t>(bytes, 1), std::max(alignment, sizeof(void*)));
+    if (data == nullptr) throw std::bad_alloc();
+    if (zero) std::memset(data, 0, bytes);
     g_aligned_buffers_live.fetch_add(1, std::memory_order_relaxed);
     py::capsule owner(data, free_aligned);  // the array's base; frees the memory with it
     return py::array(dtype, shape, std::vector<py::ssize_t>{}, data, owner);
@@ -278,7 +331,8 @@ PYBIND11_MODULE(_native, m) {
         py::arg("n"));
     m.def("parallel_for_address", [] { return reinterpret_cast<uintptr_t>(&polyfuse_parallel_for); });
     m.def("parallel_for_threads_address", [] { return reinterpret_cast<uintptr_t>(&polyfuse_parallel_for_threads); });
-    m.def("empty_aligned", &empty_aligned, py::arg("shape"), py::arg("dtype"), py::arg("alignment") = 64);
+    m.def("empty_aligned", &empty_aligned, py::arg("shape"), py::arg("dtype"), py::arg("alignment") = 64,
+          py::arg("zero") = false);
     m.def("is_aligned", &is_aligned, py::arg("array").noconvert(), py::arg("alignment") = 64);
     m.def("aligned_buffers_live", [] { return g_aligned_buffers_live.load(); });
     m.def("test_kernel_address", &test_kernel_address, py::arg("name"));
