@@ -21,6 +21,7 @@ class Fusion(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class MappingOptions:
     fusion: Fusion = Fusion.MAX
+    intra_tile_fusion: Fusion = Fusion.MAX  # MIN: each statement gets its own point loops
     tile_sizes: tuple[int, ...] = ()   # per member of each outermost band; 0 = do not tile
     tile_order: tuple[int, ...] = ()   # permutation of the tile loops (identity if empty)
     register_tile: tuple[int, ...] = ()  # second-level tiles inside the first (register blocks)

@@ -31,7 +31,7 @@ def compute_schedule(model: Model, options: MappingOptions,
                    .set_validity(validity).set_proximity(validity).set_coincidence(deps))
     schedule = constraints.compute_schedule()
     for path in reversed(_outer_band_paths(schedule.get_root(), ())):
-        schedule = _transform_band(_node_at(schedule, path), options).get_schedule()
+        schedule = _transform_band(_node_at(schedule, path), options, validity).get_schedule()
     return schedule
 
 
@@ -63,7 +63,8 @@ def _tile(band: isl.ScheduleNode, sizes: tuple[int, ...]) -> isl.ScheduleNode:
     return band.band_tile(mv)
 
 
-def _transform_band(band: isl.ScheduleNode, options: MappingOptions) -> isl.ScheduleNode:
+def _transform_band(band: isl.ScheduleNode, options: MappingOptions,
+                    validity: isl.UnionMap) -> isl.ScheduleNode:
     """Tile (twice with register tiles), reorder and mark one outermost band."""
     n = band.band_n_member()
     if band.band_get_permutable() and any(options.tile_sizes[:n]):
@@ -73,6 +74,12 @@ def _transform_band(band: isl.ScheduleNode, options: MappingOptions) -> isl.Sche
             point, ups = _tile(point, options.register_tile).child(0), 2
         if len(options.point_order) == n:
             point = _permute_band(point, options.point_order)
+        if options.intra_tile_fusion is Fusion.MIN and point.n_children() and \
+                point.child(0).get_type() == isl.schedule_node_type.sequence:
+            sunk = point.band_sink()  # a copy of the point loops under each statement
+            smap = sunk.get_schedule().get_map()
+            if validity.is_subset(smap.lex_lt_union_map(smap)):  # distribution is legal
+                point = sunk
         band = point
         for _ in range(ups):
             band = band.parent()

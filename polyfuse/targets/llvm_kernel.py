@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from polyfuse.ir.comprehension import Expr, IndexVar, Read, ScalarRef, walk
-from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
+from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
 from polyfuse.ir.types import DType
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
                                         f32_to_bf16, register_type, storage_type)
@@ -59,7 +59,7 @@ class KernelEmitter:
         for arg, name in zip(impl.args, names):
             arg.name = name
             if isinstance(arg.type, ir.PointerType):
-                arg.add_attribute("noalias")
+                _pointer_attributes(arg, k.buffer(name))
         builder = ir.IRBuilder(impl.append_basic_block("entry"))
         scope = _Scope({b.name: a for b, a in zip(k.buffers, impl.args)},
                        {s.name: a for s, a in zip(k.scalars, impl.args[len(k.buffers):])},
@@ -196,8 +196,8 @@ class KernelEmitter:
         ptypes = [scope.buffers[x.name].type for x in bufs] + [scope.values[v].type for v in used]
         work = ir.Function(self.module, ir.FunctionType(ir.VoidType(), ptypes + [I64, I64]), name)
         work.linkage = "internal"
-        for a in work.args[:len(bufs)]:
-            a.add_attribute("noalias")
+        for a, buf in zip(work.args, bufs):
+            _pointer_attributes(a, buf)
         wb = ir.IRBuilder(work.append_basic_block("entry"))
         inner = _Scope({x.name: a for x, a in zip(bufs, work.args)},
                        {v: a for v, a in zip(used, work.args[len(bufs):])},
@@ -244,6 +244,13 @@ def _allocas(body: tuple[Stmt, ...], b: ir.IRBuilder) -> dict[str, ir.Value]:
         if isinstance(st, Assign) and st.var not in slots:
             slots[st.var] = b.alloca(register_type(st.value.dtype), name=st.var)
     return slots
+
+
+def _pointer_attributes(arg: ir.Argument, buf: Buffer) -> None:
+    """Buffers never overlap; outputs come from the runtime's aligned allocator."""
+    arg.add_attribute("noalias")
+    if buf.role is BufferRole.OUT:
+        arg.attributes.align = buf.alignment
 
 
 def _free_values(s: For, scope: _Scope) -> list[str]:

@@ -1,6 +1,8 @@
 """The scheduler: legal schedules, legal parallel loops, options that change the code,
 and loop IR that computes what the reference interpreter computes."""
 
+from dataclasses import replace
+
 import islpy as isl
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ OPTIONS = {
     "tiled-odd": MappingOptions(tile_sizes=(3, 5, 2), unroll=8),
     "min-fusion": MappingOptions(fusion=Fusion.MIN),
     "preserve-tiled": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(4, 4), tile_order=(1, 0)),
+    "intra-tile-min": MappingOptions(tile_sizes=(2, 3), intra_tile_fusion=Fusion.MIN),
     "serial": MappingOptions(parallel=0),
     "micro-kernel": MappingOptions(tile_sizes=(8, 8, 8), register_tile=(4, 4, 0), point_order=(2, 0, 1),
                                    unroll_jam=2, reorder_reductions=True),
@@ -88,11 +91,15 @@ def test_producer_consumer_fusion_keeps_order():
     assert len([s for s in split.body if isinstance(s, For)]) >= 3
 
 
-def test_fusion_option_changes_the_loops():
+def test_fusion_options_change_the_loops():
     d = parse_definition(SOFTMAX)
     fused = schedule_definition(d, {"N": 4, "D": 6}, MappingOptions())
     split = schedule_definition(d, {"N": 4, "D": 6}, MappingOptions(fusion=Fusion.MIN))
     assert str(fused) != str(split)
+    tiled = MappingOptions(tile_sizes=(2,))
+    inner_split = replace(tiled, intra_tile_fusion=Fusion.MIN)
+    assert str(schedule_definition(d, {"N": 4, "D": 6}, tiled)) != \
+        str(schedule_definition(d, {"N": 4, "D": 6}, inner_split))
 
 
 @pytest.mark.parametrize("a,b", [

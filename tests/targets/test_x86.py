@@ -15,6 +15,10 @@ OPTIONS = {
     "min-fusion-unroll1": MappingOptions(fusion=Fusion.MIN, unroll=1),
     "preserve-1-thread": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(4, 4), num_threads=1),
     "2-threads-vector16": MappingOptions(num_threads=2, vector_width=16, unroll=2),
+    "micro-kernel-intra-min": MappingOptions(tile_sizes=(4, 8, 4), register_tile=(2, 8, 0),
+                                             point_order=(2, 0, 1), unroll_jam=2, vector_width=8,
+                                             reorder_reductions=True, fusion=Fusion.MIN,
+                                             intra_tile_fusion=Fusion.MIN),
 }
 
 
