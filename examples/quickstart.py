@@ -45,6 +45,11 @@ E = pf.einsum("bij,bjk->bik", rng.standard_normal((2, 3, 4), dtype=np.float32),
               rng.standard_normal((2, 4, 5), dtype=np.float32))
 print("einsum   batched matmul shape =", E.shape)
 
+native = pf.define("def matmul(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) }",
+                   target="host")  # the same math as native code for this CPU
+assert np.allclose(native.matmul(A, B), C, rtol=1e-4, atol=1e-4)
+print("native   matmul agrees with the reference")
+
 try:
     mod.matmul(A, A)
 except pf.ShapeError as err:
