@@ -12,6 +12,7 @@ from polyfuse.frontends.einsum import einsum_source
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.types import DType
 from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
+from polyfuse.runtime.model import CompiledModel
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
@@ -31,6 +32,21 @@ def define(source: str, *, target: str | Target = "reference",
     check_target(tgt)
     module = parse(source)
     return KernelModule({d.name: Kernel(d, tgt, source, options) for d in module.definitions})
+
+
+def compile(model: Any, *, target: str | Target = "reference",
+            input_shapes: dict[str, tuple[int, ...]] | None = None,
+            options: MappingOptions | None = None) -> CompiledModel:
+    """Compile an ONNX model (path, bytes or ``ModelProto``) for ``target``.
+
+    The result runs with ``model.run({name: array})`` or ``model(*arrays)``; shapes are
+    taken from the first call for each set of input shapes, or fixed by ``input_shapes``.
+    """
+    from polyfuse.frontends.onnx import to_graph
+    from polyfuse.lowering.ops import OPS
+    tgt = Target.parse(target)
+    check_target(tgt)
+    return CompiledModel(to_graph(model, set(OPS)), tgt, options, input_shapes)
 
 
 @functools.lru_cache(maxsize=256)

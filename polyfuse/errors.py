@@ -102,6 +102,14 @@ class BoundsError(PolyfuseError, IndexError):
     """A tensor read fell outside the tensor at run time (e.g. a bad indirect index)."""
 
 
+class ModelError(PolyfuseError):
+    """A model file or object that cannot be read (missing, not ONNX, truncated, invalid)."""
+
+
+class UnsupportedOpError(PolyfuseError):
+    """A model uses ops (or op features) polyfuse cannot compile; lists every one."""
+
+
 class ScheduleError(PolyfuseError):
     """The scheduler cannot model or schedule a kernel (e.g. a non-affine range bound)."""
 

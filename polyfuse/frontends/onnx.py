@@ -1,0 +1,118 @@
+"""ONNX models -> graph IR (the only module that imports onnx).
+
+Loads a path, bytes or ``ModelProto`` (external-data weights included), runs onnx's
+checker, turns initializers and ``Constant`` nodes into constants, and refuses a
+model with ops polyfuse cannot lower, naming every such op and its nodes at once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from polyfuse.errors import ModelError, UnsupportedOpError
+from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
+from polyfuse.ir.types import DType
+
+_DTYPES = {
+    onnx.TensorProto.FLOAT: DType.FLOAT32, onnx.TensorProto.DOUBLE: DType.FLOAT64,
+    onnx.TensorProto.FLOAT16: DType.FLOAT16, onnx.TensorProto.BFLOAT16: DType.BFLOAT16,
+    onnx.TensorProto.INT8: DType.INT8, onnx.TensorProto.INT16: DType.INT16,
+    onnx.TensorProto.INT32: DType.INT32, onnx.TensorProto.INT64: DType.INT64,
+    onnx.TensorProto.UINT8: DType.UINT8, onnx.TensorProto.BOOL: DType.BOOL,
+}
+
+
+def dtype_of(elem_type: int) -> DType | None:
+    return _DTYPES.get(elem_type)
+
+
+def onnx_dtype(dt: DType) -> int:
+    return next(k for k, v in _DTYPES.items() if v is dt)
+
+
+def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            proto = onnx.load_model_from_string(bytes(model))
+        else:
+            path = Path(model)
+            if not path.exists():
+                raise ModelError(f"no model file at '{path}'")
+            proto = onnx.load(str(path))
+    except ModelError:
+        raise
+    except Exception as err:  # protobuf's DecodeError, truncated files, bad external data
+        raise ModelError(f"cannot read the ONNX model: {err}") from None
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelError("the bytes do not hold an ONNX model (no graph)")
+    return proto
+
+
+def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
+    t = vi.type.tensor_type
+    dt = dtype_of(t.elem_type)
+    if dt is None:
+        raise UnsupportedOpError(f"value '{vi.name}' has element type "
+                                 f"{onnx.TensorProto.DataType.Name(t.elem_type)}, which polyfuse "
+                                 "does not support")
+    dims: list[int | str] = []
+    for k, d in enumerate(t.shape.dim):
+        dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{vi.name}_dim{k}"))
+    return TensorType(dt, tuple(dims))
+
+
+def _attr(a: onnx.AttributeProto) -> Any:
+    v = onnx.helper.get_attribute_value(a)
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list):
+        return tuple(x.decode() if isinstance(x, bytes) else x for x in v)
+    return v
+
+
+def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
+             supported: set[str] | None = None) -> Graph:
+    """The graph IR of an ONNX model; ops outside ``supported`` are all reported at once."""
+    proto = load_model(model)
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as err:
+        raise ModelError(f"the ONNX model is invalid: {str(err).splitlines()[0]}") from None
+    g = proto.graph
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    constants = [Constant(t.name, numpy_helper.to_array(t)) for t in g.initializer]
+    initialized = {c.name for c in constants}
+    nodes: list[Node] = []
+    unsupported: dict[str, list[str]] = {}
+    for k, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{k}"
+        if n.domain not in ("", "ai.onnx"):
+            unsupported.setdefault(f"{n.domain}.{n.op_type}", []).append(name)
+            continue
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
+            constants.append(Constant(n.output[0], numpy_helper.to_array(n.attribute[0].t)))
+            continue
+        if supported is not None and n.op_type not in supported:
+            unsupported.setdefault(n.op_type, []).append(name)
+            continue
+        nodes.append(Node(n.op_type, name, tuple(n.input), tuple(n.output),
+                          tuple((a.name, _attr(a)) for a in n.attribute)))
+    if unsupported:
+        listing = "; ".join(f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+                            for op, names in sorted(unsupported.items()))
+        raise UnsupportedOpError(f"the model uses {len(unsupported)} op type"
+                                 f"{'s' if len(unsupported) > 1 else ''} polyfuse does not "
+                                 f"support: {listing}")
+    inputs = tuple(Value(v.name, _type_of(v)) for v in g.input if v.name not in initialized)
+    outputs = tuple(Value(v.name, _type_of(v)) for v in g.output)
+    return Graph(g.name or "model", inputs, outputs, tuple(nodes), tuple(constants), opset)

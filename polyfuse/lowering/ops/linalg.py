@@ -1,0 +1,54 @@
+"""MatMul (numpy semantics, batch broadcasting) and Gemm."""
+
+from __future__ import annotations
+
+from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast_indices,
+                                   broadcast_shape, register, tensor_param)
+
+
+@register("MatMul")
+def _matmul(ctx: OpContext) -> TCKernel:
+    a, b = ctx.shape(0), ctx.shape(1)
+    dt = ctx.dtype(0)
+    a2 = (1,) + a if len(a) == 1 else a    # numpy: promote vectors, drop the dimension later
+    b2 = b + (1,) if len(b) == 1 else b
+    batch = broadcast_shape(a2[:-2], b2[:-2])
+    nb = len(batch)
+    m, n = INDEX[nb], INDEX[nb + 1]
+    ia = broadcast_indices(a2[:-2], batch) + [m, "k"]
+    ib = broadcast_indices(b2[:-2], batch) + ["k", n]
+    if len(a) == 1:
+        ia = ia[:-2] + ["k"]
+    if len(b) == 1:
+        ib = ib[:-2] + ["k"]
+    out = list(INDEX[:nb]) + ([m] if len(a) > 1 else []) + ([n] if len(b) > 1 else [])
+    extents = list(batch) + ([a2[-2]] if len(a) > 1 else []) + ([b2[-1]] if len(b) > 1 else [])
+    where = ", ".join(f"{i} in 0:{e}" for i, e in zip(out, extents))
+    src = (f"def k({tensor_param('A', (dt, a))}, {tensor_param('B', (dt, b))}) -> (Y) {{\n"
+           f"  Y({', '.join(out)}) +=! {access('A', ia)} * {access('B', ib)}"
+           f"{' where ' + where if where else ''}\n}}\n")
+    return TCKernel(src, (0, 1))
+
+
+@register("Gemm")
+def _gemm(ctx: OpContext) -> TCKernel:
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
+    dt = ctx.dtype(0)
+    a = "A(k, m)" if ta else "A(m, k)"
+    b = "B(n, k)" if tb else "B(k, n)"
+    m_ext = ctx.shape(0)[1 if ta else 0]
+    n_ext = ctx.shape(1)[0 if tb else 1]
+    params = [tensor_param("A", ctx.types[0]), tensor_param("B", ctx.types[1])]  # type: ignore[arg-type]
+    lines = [f"  Y(m, n) +=! {a} * {b} where m in 0:{m_ext}, n in 0:{n_ext}"]
+    if alpha != 1.0:
+        lines.append(f"  Y(m, n) = Y(m, n) * {dt}({alpha!r})")
+    inputs: tuple[int, ...] = (0, 1)
+    if ctx.has(2) and beta != 0.0:
+        params.append(tensor_param("C", ctx.types[2]))  # type: ignore[arg-type]
+        c = access("C", broadcast_indices(ctx.shape(2), (m_ext, n_ext), ["m", "n"]))
+        scale = "" if beta == 1.0 else f" * {dt}({beta!r})"
+        lines.append(f"  Y(m, n) = Y(m, n) + {c}{scale}")
+        inputs = (0, 1, 2)
+    src = f"def k({', '.join(params)}) -> (Y) {{\n" + "\n".join(lines) + "\n}\n"
+    return TCKernel(src, inputs)

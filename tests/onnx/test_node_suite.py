@@ -1,0 +1,36 @@
+"""The official ONNX node tests through polyfuse.backend.
+
+Cases whose model uses an op polyfuse does not lower are skipped (``is_compatible``);
+every other case must pass, except those listed in EXCLUDED with a reason.
+Run ``python benchmarks/onnx_conformance.py`` for pass counts per op.
+"""
+
+import types
+import unittest
+
+import onnx.backend.test
+
+import polyfuse.backend
+
+EXCLUDED: dict[str, str] = {
+}
+
+
+def _prepare(model, device="CPU", **kwargs):
+    if not polyfuse.backend.is_compatible(model):
+        ops = sorted({n.op_type for n in model.graph.node} - polyfuse.backend.supported_ops())
+        raise unittest.SkipTest(f"ops not lowered yet: {ops}")
+    return polyfuse.backend.prepare(model, device, **kwargs)
+
+
+# the runner calls prepare() directly for in-memory models; skip unsupported ones there
+backend = types.SimpleNamespace(**{k: getattr(polyfuse.backend, k) for k in
+                                   ("run_model", "run_node", "supports_device", "is_compatible")},
+                                prepare=_prepare)
+backend_test = onnx.backend.test.BackendTest(backend, __name__)
+backend_test.include(r"^test_.*_cpu$")
+backend_test.exclude(r"(_FLOAT8|_float8|_int4|_uint4|_int2|string|STRING|_float4|_FLOAT4)")
+for pattern in EXCLUDED:
+    backend_test.exclude(pattern)
+
+globals().update(backend_test.test_cases)
