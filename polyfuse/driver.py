@@ -43,10 +43,12 @@ def compile(model: Any, *, target: str | Target = "reference",
     taken from the first call for each set of input shapes, or fixed by ``input_shapes``.
     """
     from polyfuse.frontends.onnx import to_graph
+    from polyfuse.lowering.graph_passes import PassManager
     from polyfuse.lowering.ops import OPS
     tgt = Target.parse(target)
     check_target(tgt)
-    return CompiledModel(to_graph(model, set(OPS)), tgt, options, input_shapes)
+    graph = PassManager().run(to_graph(model, set(OPS)))
+    return CompiledModel(graph, tgt, options, input_shapes)
 
 
 @functools.lru_cache(maxsize=256)
