@@ -64,6 +64,7 @@ class _Plan:
                 self.kernel(model, node, lowered, types, consts)
         self.consts = consts
         self.types = types
+        self.memory = plan_memory(self.steps, types, {v.name for v in g.outputs})
 
     def kernel(self, model: CompiledModel, node: Node, k: TCKernel,
                types: dict[str, TensorType], consts: dict[str, np.ndarray]) -> None:
@@ -91,6 +92,54 @@ class _Plan:
             for name, r in zip(outs, results):
                 env[name] = produced[r]
         self.steps.append(_Step(node, run))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Activations placed in one arena by liveness (as Glow does): ``offsets`` of each
+    intermediate value, the arena's size, and the naive sum of all activations."""
+
+    offsets: dict[str, int]
+    arena_bytes: int
+    naive_bytes: int
+
+
+def plan_memory(steps: list[_Step], types: dict[str, TensorType], outputs: set[str],
+                alignment: int = 64) -> MemoryPlan:
+    """First-fit placement of every value a step defines, freed after its last reader."""
+    produced = [o for st in steps for o in st.node.outputs if o in types]
+    size = {v: -(-max(1, types[v].dtype.bits // 8 * _count(types[v])) // alignment) * alignment
+            for v in produced}
+    last = {v: len(steps) if v in outputs else k for k, st in enumerate(steps)
+            for v in st.node.outputs if v in size}
+    for k, st in enumerate(steps):
+        for i in st.node.inputs:
+            if i in last:
+                last[i] = max(last[i], k)
+    live: list[tuple[int, int, str]] = []   # (offset, size, value)
+    offsets: dict[str, int] = {}
+    arena = 0
+    for k, st in enumerate(steps):
+        live = [blk for blk in live if last[blk[2]] >= k]
+        for v in st.node.outputs:
+            if v not in size:
+                continue
+            offset = 0
+            for start, length, _ in sorted(live):
+                if offset + size[v] <= start:
+                    break
+                offset = max(offset, start + length)
+            offsets[v] = offset
+            live.append((offset, size[v], v))
+            arena = max(arena, offset + size[v])
+    return MemoryPlan(offsets, arena, sum(size.values()))
+
+
+def _count(t: TensorType) -> int:
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    return n
 
 
 def _view(src: str, dst: str, shape: tuple[int, ...]) -> Any:
@@ -140,6 +189,10 @@ class CompiledModel:
         if plan is None:
             plan = self._plans[key] = _Plan(self, shapes, values)
         return plan
+
+    def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
+        """The activation arena for these input shapes (all inputs must be given)."""
+        return self._plan({v.name: tuple(shapes[v.name]) for v in self.graph.inputs}).memory
 
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         expected = {v.name: v for v in self.graph.inputs}

@@ -47,3 +47,16 @@ def test_pass_manager_dumps_and_keeps_numerics():
     x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
     w = np.arange(12, dtype=np.float32).reshape(4, 3)
     np.testing.assert_allclose(pf.compile(model(), target="host")(x), 2 * (x @ w), rtol=1e-5)
+
+
+def test_memory_plan_reuses_dead_activations():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Exp", ["a"], ["b"]),
+             helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("Abs", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])])
+    m = pf.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), target="host")
+    plan = m.memory_plan(x=(64, 64))
+    one = 64 * 64 * 4
+    assert plan.naive_bytes == 4 * one
+    assert plan.arena_bytes == 2 * one   # a and c share a slot, b and y the other
+    assert plan.offsets["a"] == plan.offsets["c"] != plan.offsets["b"]
