@@ -80,6 +80,17 @@ def _attr(a: onnx.AttributeProto) -> Any:
     return v
 
 
+def _constant_value(a: onnx.AttributeProto) -> np.ndarray | None:
+    """The value of a Constant node (any of its attribute forms but sparse and strings)."""
+    forms = {"value": lambda: numpy_helper.to_array(a.t),
+             "value_float": lambda: np.array(a.f, np.float32),
+             "value_floats": lambda: np.array(list(a.floats), np.float32),
+             "value_int": lambda: np.array(a.i, np.int64),
+             "value_ints": lambda: np.array(list(a.ints), np.int64)}
+    make = forms.get(a.name)
+    return make() if make is not None else None
+
+
 def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
              supported: set[str] | None = None) -> Graph:
     """The graph IR of an ONNX model; ops outside ``supported`` are all reported at once."""
@@ -99,9 +110,11 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
         if n.domain not in ("", "ai.onnx"):
             unsupported.setdefault(f"{n.domain}.{n.op_type}", []).append(name)
             continue
-        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
-            constants.append(Constant(n.output[0], numpy_helper.to_array(n.attribute[0].t)))
-            continue
+        if n.op_type == "Constant" and len(n.attribute) == 1:
+            value = _constant_value(n.attribute[0])
+            if value is not None:
+                constants.append(Constant(n.output[0], value))
+                continue
         if supported is not None and n.op_type not in supported:
             unsupported.setdefault(n.op_type, []).append(name)
             continue

@@ -157,7 +157,7 @@ def build_model(d: Definition, ctx: isl.Context | None = None) -> Model:
                     reads.append(f"{tup} -> {st.tensor}[{lhs}]")
                 reads += [_access(r, tup, names, d) for r in walk(st.rhs) if isinstance(r, Read)]
             position = 2 * k + (0 if init else 1)
-            order.append(f"{tup} -> [{position}, {', '.join([names[n] for n in its] + ['0'] * (depth - len(its)))}]")
+            order.append(f"{tup} -> [{', '.join([str(position)] + [names[n] for n in its] + ['0'] * (depth - len(its)))}]")
     space = "[" + ", ".join(sizes.values()) + "]"
 
     def union_set(parts: list[str]) -> isl.UnionSet:

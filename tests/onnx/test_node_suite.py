@@ -13,6 +13,9 @@ import onnx.backend.test
 import polyfuse.backend
 
 EXCLUDED: dict[str, str] = {
+    r"^test_training_dropout(_default)?(_mask)?_cpu$":
+        "expected outputs come from numpy's random stream (seed 0); the spec leaves the "
+        "generator to the implementation",
 }
 
 
