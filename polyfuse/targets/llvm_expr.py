@@ -167,7 +167,9 @@ class ExprEmitter:
     def call(self, e: Call, b: ir.IRBuilder) -> ir.Value:
         args = [self.emit(a, b) for a in e.args]
         dt, fn = e.dtype, e.fn
-        if dt.is_int or dt.is_bool:
+        if dt.is_bool:  # computed on 0/1 integers
+            return b.icmp_signed("!=", _int_call(fn, args, b), ir.Constant(I64, 0))
+        if dt.is_int:
             return _int_call(fn, args, b)
         ty = register_type(dt)
         if ty is F32 and fn in llvm_math.SUPPORTED:

@@ -139,7 +139,10 @@ class ExprAnalyzer:
             if len(node.args) != 1:
                 raise self.error(f"the cast '{node.name}(...)' takes one argument, "
                                  f"got {len(node.args)}", node.loc)
-            return Typed(cast(self.analyze(node.args[0]).expr, dtype), False)
+            value = self.analyze(node.args[0]).expr
+            if value.dtype is dtype and dtype.compute is not dtype and not isinstance(value, Literal):
+                return Typed(Cast(dtype, value, node.loc), False)  # rounds a float16 value
+            return Typed(cast(value, dtype), False)
         builtin = BUILTINS.get(node.name)
         if builtin is None:
             close = difflib.get_close_matches(node.name, [*self.scope.tensors, *BUILTINS], 3)

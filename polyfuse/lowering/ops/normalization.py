@@ -1,0 +1,181 @@
+"""Normalizations: BatchNormalization, InstanceNormalization, LayerNormalization,
+GroupNormalization and LRN.
+
+Statistics are reductions (see :mod:`reductions`) into temporaries ``Mean``, ``Var``
+and ``Inv`` (the inverse standard deviation), computed in float32 for 16-bit inputs or
+in the stash type where the op has one; the output is then one elementwise statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from polyfuse.ir.types import DType
+from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast_indices,
+                                   literal, onnx_axis, register, tensor_param)
+from polyfuse.lowering.ops.reductions import Reduced, tc_kernel
+
+# ONNX TensorProto element types a stash_type attribute may name
+_STASH = {1: DType.FLOAT32, 10: DType.FLOAT16, 11: DType.FLOAT64, 16: DType.BFLOAT16}
+
+
+def _stash(ctx: OpContext) -> DType:
+    code = int(ctx.attr("stash_type", 1))
+    if code not in _STASH:
+        raise ctx.unsupported(f"stash_type {code} is not a floating-point type")
+    return _STASH[code].compute
+
+
+def moments(x: str, lhs: Sequence[str], count: int, eps: float, acc: DType,
+            where: str = "") -> list[str]:
+    """Statements setting ``Mean(lhs)``, ``Var(lhs)`` and ``Inv(lhs)`` to the mean of
+    ``x`` over its reduction indices, its biased variance (as ONNX uses) and
+    1 / sqrt(variance + eps)."""
+    mean, var, inv = access("Mean", lhs), access("Var", lhs), access("Inv", lhs)
+    n = literal(count, acc)
+    return [f"{mean} +=! {x}{where}",
+            f"{mean} = {mean} / {n}",
+            f"{var} +=! ({x} - {mean}) * ({x} - {mean}){where}",
+            f"{var} = {var} / {n}",
+            f"{inv} = {literal(1, acc)} / sqrt({var} + {literal(eps, acc)})"]
+
+
+def statistics(acc: DType, shape: Sequence[int]) -> list[str]:
+    """Declarations of the temporaries ``moments`` writes (Mean, Var, Inv)."""
+    return [tensor_param(n, (acc, shape)) for n in ("Mean", "Var", "Inv")]
+
+
+def _normalize(dt: DType, x: str, mean: str, inv: str, scale: str, bias: str) -> str:
+    return f"{dt}(({x} - {mean}) * {inv} * {scale} + {bias})"
+
+
+@register("BatchNormalization")
+def _batch_norm(ctx: OpContext) -> TCKernel:
+    shape, dt = ctx.shape(0), ctx.dtype(0)
+    if len(shape) < 2:
+        raise ctx.unsupported("the input needs a batch and a channel dimension")
+    eps, momentum = float(ctx.attr("epsilon", 1e-5)), float(ctx.attr("momentum", 0.9))
+    wanted = tuple(k for k, name in enumerate(ctx.node.outputs) if name)
+    training = bool(ctx.attr("training_mode", 0)) if ctx.opset >= 14 else wanted != (0,)
+    if training and (ctx.opset < 14 or any(k > 2 for k in wanted)):
+        raise ctx.unsupported("training mode before opset 14 (saved mean and variance "
+                              "outputs) is not supported")
+    acc = dt.compute
+    full = INDEX[:len(shape)]
+    # before opset 9, spatial=0 gives the statistics a value per element of (C, D1, ...)
+    p = [INDEX[1 + k] for k in range(len(ctx.shape(1)))]
+    params = [tensor_param(n, ctx.types[k]) for k, n in  # type: ignore[arg-type]
+              enumerate(("X", "Scale", "B", "RunMean", "RunVar"))]
+    x = access("X", full)
+    out = [tensor_param("Y", (dt, shape))]
+    if not training:
+        inv = f"{literal(1, acc)} / sqrt({access('RunVar', p)} + {literal(eps, acc)})"
+        lines = [f"{access('Y', full)} = " + _normalize(
+            dt, x, access("RunMean", p), inv, access("Scale", p), access("B", p))]
+        return tc_kernel(params, out, lines, (0, 1, 2, 3, 4))
+    red = Reduced(len(shape), tuple(d for d in range(len(shape)) if d != 1), False)
+    count = red.count(shape)
+    lines = moments(access("X", red.reduction), ["i1"], count, eps, acc)
+    lines.append(f"{access('Y', full)} = " + _normalize(
+        dt, x, "Mean(i1)", "Inv(i1)", "Scale(i1)", "B(i1)"))
+    m, keep = literal(momentum, acc), literal(1 - momentum, acc)
+    running = {1: f"RunMean(i1) * {m} + Mean(i1) * {keep}",
+               2: f"RunVar(i1) * {m} + Var(i1) * {keep}"}
+    names = {1: "OutMean", 2: "OutVar"}
+    for k in wanted[1:]:
+        lines.append(f"{names[k]}(i1) = {dt}({running[k]})")
+        out.append(tensor_param(names[k], (dt, (shape[1],))))
+    out += statistics(acc, (shape[1],))
+    return tc_kernel(params, out, lines, (0, 1, 2, 3, 4), wanted)
+
+
+@register("InstanceNormalization")
+def _instance_norm(ctx: OpContext) -> TCKernel:
+    shape, dt = ctx.shape(0), ctx.dtype(0)
+    acc = dt.compute
+    red = Reduced(len(shape), tuple(range(2, len(shape))), False)
+    full = INDEX[:len(shape)]
+    lines = moments(access("X", red.reduction), ["i0", "i1"], red.count(shape),
+                    float(ctx.attr("epsilon", 1e-5)), acc)
+    lines.append(f"{access('Y', full)} = " + _normalize(
+        dt, access("X", full), "Mean(i0, i1)", "Inv(i0, i1)", "Scale(i1)", "B(i1)"))
+    params = [tensor_param(n, ctx.types[k]) for k, n in  # type: ignore[arg-type]
+              enumerate(("X", "Scale", "B"))]
+    out = [tensor_param("Y", (dt, shape)), *statistics(acc, shape[:2])]
+    return tc_kernel(params, out, lines, (0, 1, 2))
+
+
+@register("LayerNormalization")
+def _layer_norm(ctx: OpContext) -> TCKernel:
+    shape, dt = ctx.shape(0), ctx.dtype(0)
+    axis = onnx_axis(int(ctx.attr("axis", -1)), len(shape))
+    acc = _stash(ctx)
+    red = Reduced(len(shape), tuple(range(axis, len(shape))), True)
+    full = INDEX[:len(shape)]
+    lines = moments(access("X", red.reduction), red.lhs, red.count(shape),
+                    float(ctx.attr("epsilon", 1e-5)), acc)
+    scale = access("Scale", broadcast_indices(ctx.shape(1), shape))
+    inputs: tuple[int, ...] = (0, 1)
+    bias = literal(0, acc)
+    if ctx.has(2):
+        bias = access("B", broadcast_indices(ctx.shape(2), shape))
+        inputs = (0, 1, 2)
+    lines.append(f"{access('Y', full)} = " + _normalize(
+        dt, access("X", full), access("Mean", red.spread), access("Inv", red.spread), scale, bias))
+    params = [tensor_param(n, ctx.types[k])  # type: ignore[arg-type]
+              for k, n in zip(inputs, ("X", "Scale", "B"))]
+    # Mean and InvStdDev are optional outputs: declare the wanted ones first
+    mean, var, inv = statistics(acc, red.shape(shape))
+    declared = {0: tensor_param("Y", (dt, shape)), 1: mean, 2: inv}
+    wanted = tuple(k for k, name in enumerate(ctx.node.outputs) if name and k < 3)
+    out = [declared[k] for k in wanted] + [declared[k] for k in (1, 2) if k not in wanted]
+    out.append(var)
+    return tc_kernel(params, out, lines, inputs, wanted)
+
+
+@register("GroupNormalization")
+def _group_norm(ctx: OpContext) -> TCKernel:
+    shape, dt = ctx.shape(0), ctx.dtype(0)
+    groups = int(ctx.attr("num_groups"))
+    if len(shape) < 2 or groups <= 0 or shape[1] % groups:
+        raise ctx.unsupported(f"{shape[1] if len(shape) > 1 else 0} channels do not split "
+                              f"into {groups} groups")
+    per = shape[1] // groups
+    acc = _stash(ctx) if ctx.opset >= 21 else dt.compute
+    rest = [f"r{d}" for d in range(2, len(shape))]
+    x = access("X", ["i0", f"g * {per} + c", *rest])
+    count = per * Reduced(len(shape), tuple(range(2, len(shape))), False).count(shape)
+    lines = moments(x, ["i0", "g"], count, float(ctx.attr("epsilon", 1e-5)), acc,
+                    where=f" where c in 0:{per}")
+    full = INDEX[:len(shape)]
+    group = f"i1 / {per}"
+    # opset 18 scales and shifts per group, opset 21 per channel
+    channel = "i1" if ctx.opset >= 21 else group
+    lines.append(f"{access('Y', full)} = " + _normalize(
+        dt, access("X", full), f"Mean(i0, {group})", f"Inv(i0, {group})",
+        f"Scale({channel})", f"B({channel})"))
+    params = [tensor_param(n, ctx.types[k]) for k, n in  # type: ignore[arg-type]
+              enumerate(("X", "Scale", "B"))]
+    out = [tensor_param("Y", (dt, shape)), *statistics(acc, (shape[0], groups))]
+    return tc_kernel(params, out, lines, (0, 1, 2))
+
+
+@register("LRN")
+def _lrn(ctx: OpContext) -> TCKernel:
+    shape, dt = ctx.shape(0), ctx.dtype(0)
+    size = int(ctx.attr("size"))
+    alpha, beta = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75))
+    bias = float(ctx.attr("bias", 1.0))
+    acc = dt.compute
+    channels, before = shape[1], (size - 1) // 2
+    full = INDEX[:len(shape)]
+    # the window c - before .. c - before + size - 1, clipped to the channels; the clamp
+    # keeps range inference from shrinking i1 to the channels with a full window
+    near = access("X", ["i0", f"min(max(i1 + j - {before}, 0), {channels - 1})", *full[2:]])
+    inside = f"i1 + j >= {before} && i1 + j < {channels + before}"
+    lines = [f"{access('S', full)} +=! ({inside}) ? {acc}({near}) * {acc}({near}) : "
+             f"{literal(0, acc)} where j in 0:{size}",
+             f"{access('Y', full)} = {dt}({access('X', full)} / pow({literal(bias, acc)} + "
+             f"{literal(alpha / size, acc)} * {access('S', full)}, {literal(beta, acc)}))"]
+    out = [tensor_param("Y", (dt, shape)), tensor_param("S", (acc, shape))]
+    return tc_kernel([tensor_param("X", (dt, shape))], out, lines, (0,))
