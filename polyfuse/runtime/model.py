@@ -19,7 +19,7 @@ from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType, Value
 from polyfuse.ir.types import DType
-from polyfuse.lowering.ops import OPS, Folded, OpContext, TCKernel, View
+from polyfuse.lowering.ops import OPS, Folded, NeedsValue, OpContext, TCKernel, View
 from polyfuse.runtime.kernel import Kernel
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
@@ -164,6 +164,7 @@ class CompiledModel:
         self.target = target
         self.options = options
         self._plans: dict[tuple, _Plan] = {}
+        self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
         self.input_shapes = dict(input_shapes or {})
         if self.input_shapes:
             self._plan({v.name: tuple(self.input_shapes.get(v.name, v.type.shape)) for v in graph.inputs})
@@ -214,9 +215,18 @@ class CompiledModel:
                                             for d, e in zip(v.type.shape, a.shape)):
                 raise ShapeError(f"input '{name}' must have shape {v.type.shape}, got {a.shape}")
             env[name] = np.ascontiguousarray(a)
-        values = {n: a for n, a in env.items()
-                  if a.dtype.kind in "iu" and a.size <= VALUE_INPUT_MAX}
-        plan = self._plan({n: tuple(int(d) for d in env[n].shape) for n in expected}, values)
+        shapes = {n: tuple(int(d) for d in env[n].shape) for n in expected}
+        while True:
+            values = {n: a for n, a in env.items() if a.size <= VALUE_INPUT_MAX
+                      and (a.dtype.kind in "iu" or n in self._value_inputs)}
+            try:
+                plan = self._plan(shapes, values)
+                break
+            except NeedsValue as need:  # e.g. Resize scales fed at run time
+                name = need.value_name
+                if name not in env or name in values or env[name].size > VALUE_INPUT_MAX:
+                    raise
+                self._value_inputs.add(name)
         env.update(plan.consts)
         for step in plan.steps:
             step.run(env)

@@ -50,6 +50,15 @@ class Folded:
 Lowered = TCKernel | View | Folded
 
 
+class NeedsValue(UnsupportedOpError):
+    """A lowering needs the value of ``value_name`` at compile time; the model runtime
+    specializes on it when it is a small graph input."""
+
+    def __init__(self, message: str, value_name: str) -> None:
+        super().__init__(message)
+        self.value_name = value_name
+
+
 @dataclass
 class OpContext:
     node: Node
@@ -76,9 +85,9 @@ class OpContext:
     def const(self, i: int, what: str) -> np.ndarray:
         """The value of input ``i``, which the lowering needs at compile time."""
         if not self.has(i) or self.values[i] is None:
-            raise UnsupportedOpError(
+            raise NeedsValue(
                 f"node '{self.node.name}' ({self.node.op}) needs its {what} (input {i}) to be a "
-                "constant or computable from shapes at compile time")
+                "constant or computable from shapes at compile time", self.node.inputs[i])
         return self.values[i]  # type: ignore[return-value]
 
     def unsupported(self, why: str) -> UnsupportedOpError:

@@ -1,0 +1,54 @@
+"""Gathers: elements picked by an index tensor read at run time (indirect reads,
+bounds-checked by the kernel). Negative indices count from the end, so every index
+read is normalized in place: ``I < 0 ? I + n : I``."""
+
+from __future__ import annotations
+
+from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, onnx_axis, register,
+                                   tensor_param)
+from polyfuse.lowering.ops.movement import definition, parameter, statement
+
+
+def normalized(read: str, extent: int) -> str:
+    """An index read from a tensor, negative values wrapped once by ``extent``."""
+    return f"({read} < 0 ? {read} + {extent} : {read})"
+
+
+def _kernel(ctx: OpContext, out: list[int], rhs: str) -> TCKernel:
+    params = [parameter(ctx, 0, "X"), parameter(ctx, 1, "I")]
+    st = statement("Y", INDEX[:len(out)], rhs, out)
+    return TCKernel(definition(params, [tensor_param("Y", (ctx.dtype(0), out))], [st]), (0, 1))
+
+
+@register("Gather")
+def _gather(ctx: OpContext) -> TCKernel:
+    data, ind = ctx.shape(0), ctx.shape(1)
+    axis = onnx_axis(int(ctx.attr("axis", 0)), len(data))
+    q = len(ind)
+    out = list(data[:axis]) + list(ind) + list(data[axis + 1:])
+    read = access("I", INDEX[axis:axis + q])
+    src = list(INDEX[:axis]) + [normalized(read, data[axis])] + \
+        list(INDEX[axis + q:axis + q + len(data) - axis - 1])
+    return _kernel(ctx, out, access("X", src))
+
+
+@register("GatherElements")
+def _gather_elements(ctx: OpContext) -> TCKernel:
+    data, ind = ctx.shape(0), ctx.shape(1)
+    rank = len(data)
+    axis = onnx_axis(int(ctx.attr("axis", 0)), rank)
+    src = list(INDEX[:rank])
+    src[axis] = normalized(access("I", INDEX[:rank]), data[axis])
+    return _kernel(ctx, list(ind), access("X", src))
+
+
+@register("GatherND")
+def _gather_nd(ctx: OpContext) -> TCKernel:
+    data, ind = ctx.shape(0), ctx.shape(1)
+    batch = int(ctx.attr("batch_dims", 0))
+    depth = ind[-1]
+    lead = list(INDEX[:len(ind) - 1])      # indices of the index tuples
+    rest = list(INDEX[len(lead):len(lead) + len(data) - batch - depth])
+    out = list(ind[:-1]) + list(data[batch + depth:])
+    picked = [normalized(access("I", lead + [str(c)]), data[batch + c]) for c in range(depth)]
+    return _kernel(ctx, out, access("X", lead[:batch] + picked + rest))
