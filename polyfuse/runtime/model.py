@@ -214,7 +214,7 @@ class CompiledModel:
             if a.ndim != v.type.rank or any(isinstance(d, int) and d != e
                                             for d, e in zip(v.type.shape, a.shape)):
                 raise ShapeError(f"input '{name}' must have shape {v.type.shape}, got {a.shape}")
-            env[name] = np.ascontiguousarray(a)
+            env[name] = np.asarray(a, order="C")  # keeps 0-d arrays 0-d
         shapes = {n: tuple(int(d) for d in env[n].shape) for n in expected}
         while True:
             values = {n: a for n, a in env.items() if a.size <= VALUE_INPUT_MAX

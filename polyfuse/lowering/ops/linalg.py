@@ -1,9 +1,10 @@
-"""MatMul (numpy semantics, batch broadcasting) and Gemm."""
+"""MatMul (numpy semantics, batch broadcasting), Gemm and Einsum."""
 
 from __future__ import annotations
 
+from polyfuse.frontends.einsum import einsum_source
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast_indices,
-                                   broadcast_shape, register, tensor_param)
+                                   View, broadcast_shape, register, tensor_param)
 
 
 @register("MatMul")
@@ -52,3 +53,17 @@ def _gemm(ctx: OpContext) -> TCKernel:
         inputs = (0, 1, 2)
     src = f"def k({', '.join(params)}) -> (Y) {{\n" + "\n".join(lines) + "\n}\n"
     return TCKernel(src, inputs)
+
+
+@register("Einsum")
+def _einsum(ctx: OpContext) -> TCKernel | View:
+    equation = ctx.attr("equation")
+    if equation is None:
+        raise ctx.unsupported("the equation attribute is required")
+    terms, _, output = str(equation).replace(" ", "").partition("->")
+    if "," not in terms and terms == output and "." not in terms and len(set(terms)) == len(terms):
+        return View(0, ctx.shape(0))  # the identity: no statement (none at all for scalars)
+    positions = tuple(range(len(ctx.types)))
+    source = einsum_source(str(equation), [ctx.dtype(i) for i in positions],
+                           [len(ctx.shape(i)) for i in positions])
+    return TCKernel(source, positions)

@@ -1,0 +1,307 @@
+"""Conv and ConvTranspose, and the sliding-window arithmetic the pooling ops share.
+
+Tensors are ONNX's ``(N, C, D1, ..., Dk)``. Along a window axis, output position ``o``
+and kernel position ``k`` read input position ``o * stride + k * dilation - pad``. Reads
+that can land in the padding sit under a select (``inside ? read : 0``), which reads
+only the chosen side; every index then gets its range from a ``where`` clause, since
+range inference would shrink the output to the unpadded windows. Conv moves that select
+out of its reduction where it can: a first statement copies the input into a padded
+temporary, which the reduction then reads unguarded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from polyfuse.lowering.ops import OpContext, TCKernel, literal, register, tensor_param
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def affine(terms: Sequence[tuple[str, int]], const: int = 0) -> str:
+    """``sum(coef * index) + const`` as TC text, leaving out unit factors and zero terms."""
+    text = ""
+    for name, coef in terms:
+        if coef == 0:
+            continue
+        term = name if abs(coef) == 1 else f"{abs(coef)} * {name}"
+        text = (("-" if coef < 0 else "") + term if not text
+                else f"{text} {'-' if coef < 0 else '+'} {term}")
+    if not text:
+        return str(const)
+    return text if const == 0 else f"{text} {'-' if const < 0 else '+'} {abs(const)}"
+
+
+def where(extents: Sequence[tuple[str, int]]) -> str:
+    """A where clause giving every index its range ``0:extent``."""
+    return " where " + ", ".join(f"{i} in 0:{e}" for i, e in extents) if extents else ""
+
+
+def guarded(conditions: Sequence[str], value: str, otherwise: str) -> str:
+    """``value`` where every condition holds, else ``otherwise`` (read only if chosen)."""
+    if not conditions:
+        return value
+    return f"({' && '.join(conditions)}) ? {value} : {otherwise}"
+
+
+@dataclass(frozen=True)
+class WindowAxis:
+    """One spatial axis of a sliding window (Conv and the pools)."""
+
+    size: int       # input extent
+    kernel: int
+    stride: int
+    dilation: int
+    pad: int        # padding before the input
+    pad_end: int    # padding after it (what count_include_pad counts)
+    out: int        # output extent
+
+    def position(self, o: str, k: str) -> str:
+        return affine([(o, self.stride), (k, self.dilation)], -self.pad)
+
+    def start(self, o: int) -> int:
+        """The input position of kernel position 0 at output position ``o``."""
+        return o * self.stride - self.pad
+
+    @property
+    def span(self) -> int:
+        """The padded input positions the windows cover: ``0:span`` from the padding's start."""
+        return (self.out - 1) * self.stride + (self.kernel - 1) * self.dilation + 1
+
+    def inside(self, o: str, k: str) -> list[str]:
+        """The conditions keeping the read inside the input; only those that can fail."""
+        pos = self.position(o, k)
+        return ([f"{pos} >= 0"] if self.pad > 0 else []) + \
+               ([f"{pos} < {self.size}"] if self.span - self.pad > self.size else [])
+
+    def padded(self) -> WindowAxis:
+        """The same windows over the input copied into ``0:span`` with its padding."""
+        return replace(self, size=self.span, pad=0, pad_end=0)
+
+
+def int_list(ctx: OpContext, name: str, n: int, default: int) -> list[int]:
+    value = ctx.attr(name)
+    if value is None or len(value) == 0:
+        return [default] * n
+    if len(value) != n:
+        raise ctx.unsupported(f"attribute '{name}' has {len(value)} values, expected {n}")
+    return [int(v) for v in value]
+
+
+def auto_pad(ctx: OpContext) -> str:
+    mode = str(ctx.attr("auto_pad", "NOTSET"))
+    if mode not in _AUTO_PADS:
+        raise ctx.unsupported(f"auto_pad '{mode}' is not one of {', '.join(_AUTO_PADS)}")
+    return mode
+
+
+def split_padding(total: int, mode: str) -> int:
+    """The padding before the input when ``total`` is split as ``mode`` says (SAME_UPPER
+    puts the odd one at the end, anything else at the start)."""
+    return total // 2 if mode == "SAME_UPPER" else total - total // 2
+
+
+def window_axes(ctx: OpContext, kernel: Sequence[int], *,
+                ceil_mode: bool = False) -> list[WindowAxis]:
+    """The axes of input 0's spatial dimensions under the node's ``strides``,
+    ``dilations``, ``pads`` and ``auto_pad`` (ONNX's output-size rules)."""
+    spatial = ctx.shape(0)[2:]
+    n = len(spatial)
+    if len(kernel) != n:
+        raise ctx.unsupported(f"kernel_shape {tuple(kernel)} does not match {n} spatial dimensions")
+    strides = int_list(ctx, "strides", n, 1)
+    dilations = int_list(ctx, "dilations", n, 1)
+    pads = int_list(ctx, "pads", 2 * n, 0)
+    mode = auto_pad(ctx)
+    axes = []
+    for i, (size, k, s, d) in enumerate(zip(spatial, kernel, strides, dilations)):
+        span = (k - 1) * d + 1
+        if mode in ("SAME_UPPER", "SAME_LOWER"):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + span - size)
+            begin = split_padding(total, mode)
+            end = total - begin
+        elif mode == "VALID":
+            out, begin, end = (size - span) // s + 1, 0, 0
+        else:
+            begin, end = pads[i], pads[n + i]
+            room = size + begin + end - span
+            out = (-(-room // s) if ceil_mode else room // s) + 1
+            if ceil_mode and (out - 1) * s >= size + begin:
+                out -= 1  # the last window must start inside the input or its leading pad
+        if out < 1:
+            raise ctx.unsupported(f"spatial axis {i} of size {size} is smaller than the "
+                                  f"window ({span} with padding {begin}+{end})")
+        axes.append(WindowAxis(size, k, s, d, begin, end, out))
+    return axes
+
+
+def _channels(ctx: OpContext, channels: int, per_group: int, groups: int) -> None:
+    if groups < 1 or channels != per_group * groups:
+        raise ctx.unsupported(f"{channels} input channels do not split into {groups} "
+                              f"group(s) of {per_group}")
+
+
+def _group_of(m: str, per_group: int) -> str:
+    """The group of output channel ``m`` when each group has ``per_group`` outputs."""
+    return m if per_group == 1 else f"({m} / {per_group})"
+
+
+def _kernel_shape(ctx: OpContext) -> list[int]:
+    w = ctx.shape(1)
+    kernel = [int(k) for k in (ctx.attr("kernel_shape") or w[2:])]
+    if tuple(kernel) != tuple(w[2:]):
+        raise ctx.unsupported(f"kernel_shape {tuple(kernel)} differs from the weights' {w[2:]}")
+    return kernel
+
+
+def _convolution(ctx: OpContext, name: str, product: str, inside: list[str],
+                 extents: list[tuple[str, int]], padding: str = "") -> TCKernel:
+    """One ``+=!`` of ``product`` over ``extents`` (output ``Y(n, m, o...)``), then the
+    bias ``B(m)`` when the node has one. ``padding``, if any, is a statement writing the
+    temporary ``P`` that ``product`` reads."""
+    y = f"Y({', '.join(i for i, _ in extents[:len(ctx.shape(0))])})"
+    body = guarded(inside, product, literal(0, ctx.dtype(0)))
+    params = [tensor_param("X", ctx.types[0]),  # type: ignore[arg-type]
+              tensor_param("W", ctx.types[1])]  # type: ignore[arg-type]
+    lines = ([padding] if padding else []) + [f"  {y} +=! {body}{where(extents)}"]
+    inputs: tuple[int, ...] = (0, 1)
+    if ctx.has(2):
+        params.append(tensor_param("B", ctx.types[2]))  # type: ignore[arg-type]
+        lines.append(f"  {y} = {y} + B(m)")
+        inputs = (0, 1, 2)
+    outputs = "Y, P" if padding else "Y"
+    return TCKernel(f"def {name}({', '.join(params)}) -> ({outputs}) {{\n" + "\n".join(lines)
+                    + "\n}\n", inputs)
+
+
+def _pad_input(ctx: OpContext, axes: list[WindowAxis]) -> str:
+    """A statement copying X into ``P``, zero-padded so that every window reads it in
+    bounds: the convolution's reduction then needs no select in its inner loop (about
+    20% faster on x86 than guarding each read)."""
+    batch, channels = ctx.shape(0)[:2]
+    h = [f"h{i}" for i in range(len(axes))]
+    read = f"X(n, c, {', '.join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))})"
+    inside = [cond for hi, a in zip(h, axes) for cond in
+              ([f"{hi} >= {a.pad}"] if a.pad > 0 else [])
+              + ([f"{hi} < {a.pad + a.size}"] if a.span > a.pad + a.size else [])]
+    extents = [("n", batch), ("c", channels)] + [(hi, a.span) for hi, a in zip(h, axes)]
+    return (f"  P(n, c, {', '.join(h)}) = {guarded(inside, read, literal(0, ctx.dtype(0)))}"
+            f"{where(extents)}")
+
+
+@register("Conv")
+def _conv(ctx: OpContext) -> TCKernel:
+    x, w = ctx.shape(0), ctx.shape(1)
+    groups = int(ctx.attr("group", 1))
+    axes = window_axes(ctx, _kernel_shape(ctx))
+    m_out, c_group = w[0], w[1]
+    _channels(ctx, x[1], c_group, groups)
+    if m_out % groups:
+        raise ctx.unsupported(f"{m_out} output channels do not split into {groups} groups")
+    o = [f"o{i}" for i in range(len(axes))]
+    k = [f"k{i}" for i in range(len(axes))]
+    # input channel: the first of output channel m's group, plus c
+    if groups == 1:
+        xc = "c"
+    else:
+        g = _group_of("m", m_out // groups)
+        xc = f"{g} * {c_group} + c" if c_group > 1 else g
+    padding, source = "", "X"
+    if (groups == 1 or m_out == groups) and any(a.inside("o", "k") for a in axes):
+        # (isl's scheduler can take minutes over the dependences of P through the
+        # quasi-affine channel m / per_group, so those convolutions keep the select)
+        padding, source = _pad_input(ctx, axes), "P"
+        axes = [a.padded() for a in axes]
+    read = f"{source}(n, {xc}, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+    inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
+    extents = ([("n", x[0]), ("m", m_out)] + [(oi, a.out) for oi, a in zip(o, axes)]
+               + [("c", c_group)] + [(ki, a.kernel) for ki, a in zip(k, axes)])
+    return _convolution(ctx, "conv", f"{read} * W(m, c, {', '.join(k)})", inside, extents,
+                        padding)
+
+
+@dataclass(frozen=True)
+class TransposedAxis:
+    """One spatial axis of ConvTranspose: output position ``o`` and kernel position ``k``
+    take input position ``i`` with ``i * stride + k * dilation - pad == o``."""
+
+    size: int
+    kernel: int
+    stride: int
+    dilation: int
+    pad: int
+    out: int
+
+    def numerator(self, o: str, k: str) -> str:
+        return affine([(o, 1), (k, -self.dilation)], self.pad)
+
+    def position(self, o: str, k: str) -> str:
+        num = self.numerator(o, k)
+        return num if self.stride == 1 else f"({num}) / {self.stride}"
+
+    def inside(self, o: str, k: str) -> list[str]:
+        num = self.numerator(o, k)
+        lowest = self.pad - (self.kernel - 1) * self.dilation
+        highest = self.out - 1 + self.pad
+        last = (self.size - 1) * self.stride
+        return ([f"({num}) % {self.stride} == 0"] if self.stride > 1 else []) + \
+               ([f"{num} >= 0"] if lowest < 0 else []) + \
+               ([f"{num} <= {last}"] if highest > last else [])
+
+
+def transposed_axes(ctx: OpContext, kernel: Sequence[int]) -> list[TransposedAxis]:
+    """ConvTranspose's output sizes and leading pads (``output_shape`` wins over ``pads``)."""
+    spatial = ctx.shape(0)[2:]
+    n = len(spatial)
+    strides = int_list(ctx, "strides", n, 1)
+    dilations = int_list(ctx, "dilations", n, 1)
+    pads = int_list(ctx, "pads", 2 * n, 0)
+    extra = int_list(ctx, "output_padding", n, 0)
+    mode = auto_pad(ctx)
+    shape = ctx.attr("output_shape")
+    axes = []
+    for i, (size, k, s, d) in enumerate(zip(spatial, kernel, strides, dilations)):
+        full = s * (size - 1) + extra[i] + (k - 1) * d + 1
+        if shape is not None and len(shape) > 0:
+            out = int(shape[len(shape) - n + i])
+            begin = split_padding(full - out, mode)
+        elif mode in ("SAME_UPPER", "SAME_LOWER"):
+            out = size * s
+            begin = split_padding(full - out, mode)
+        else:
+            begin = 0 if mode == "VALID" else pads[i]
+            out = full - begin - (0 if mode == "VALID" else pads[n + i])
+        if out < 1:
+            raise ctx.unsupported(f"spatial axis {i} has output size {out}")
+        axes.append(TransposedAxis(size, k, s, d, begin, out))
+    return axes
+
+
+@register("ConvTranspose")
+def _conv_transpose(ctx: OpContext) -> TCKernel:
+    x, w = ctx.shape(0), ctx.shape(1)
+    groups = int(ctx.attr("group", 1))
+    axes = transposed_axes(ctx, _kernel_shape(ctx))
+    c_group, m_group = x[1] // max(groups, 1), w[1]
+    _channels(ctx, x[1], c_group, groups)
+    if w[0] != x[1]:
+        raise ctx.unsupported(f"weights of shape {w} do not match {x[1]} input channels")
+    o = [f"o{i}" for i in range(len(axes))]
+    k = [f"k{i}" for i in range(len(axes))]
+    # output channel m is channel m % m_group of group m / m_group, whose inputs start at
+    # (m / m_group) * c_group
+    if groups == 1:
+        xc, wm = "c", "m"
+    else:
+        g = _group_of("m", m_group)
+        xc = f"{g} * {c_group} + c" if c_group > 1 else g
+        wm = "0" if m_group == 1 else f"m % {m_group}"
+    summed = [("c", c_group)] if groups == 1 or c_group > 1 else []
+    read = f"X(n, {xc}, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+    inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
+    extents = ([("n", x[0]), ("m", m_group * groups)] + [(oi, a.out) for oi, a in zip(o, axes)]
+               + summed + [(ki, a.kernel) for ki, a in zip(k, axes)])
+    return _convolution(ctx, "conv_transpose", f"{read} * W({xc}, {wm}, {', '.join(k)})",
+                        inside, extents)

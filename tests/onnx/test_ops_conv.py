@@ -1,0 +1,92 @@
+"""Convolutions and pools on native code, against onnxruntime: a small CNN, then single
+ops whose shapes take the paths the node tests are too small for (tiled contractions)."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import polyfuse as pf
+
+RNG = np.random.default_rng(0)
+
+
+def _weights(*shape):
+    return (RNG.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+
+def _model(nodes, x_shape, outputs, initializers):
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info(name, dtype, shape) for name, dtype, shape in outputs],
+        [numpy_helper.from_array(a, n) for n, a in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _compare(model, x):
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = pf.compile(model, target="host").run({"x": x})
+    for value, expected in zip(model.graph.output, want):
+        assert got[value.name].shape == expected.shape
+        np.testing.assert_allclose(got[value.name], expected, rtol=1e-3, atol=1e-4)
+
+
+def small_cnn():
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        node("Relu", ["c1"], ["r1"]),
+        node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1], group=2),
+        node("Conv", ["c2", "W3", "B3"], ["c3"], pads=[1, 1, 1, 1], group=8),  # depthwise
+        node("Relu", ["c3"], ["r3"]),
+        node("MaxPool", ["r3"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        node("AveragePool", ["p1"], ["p2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+             count_include_pad=1),
+        node("GlobalAveragePool", ["p2"], ["g"]),
+        node("Flatten", ["g"], ["f"]),
+        node("Gemm", ["f", "W4", "B4"], ["y"], transB=1),
+    ]
+    weights = {"W1": _weights(8, 3, 3, 3), "B1": _weights(8), "W2": _weights(8, 4, 3, 3),
+               "W3": _weights(8, 1, 3, 3), "B3": _weights(8), "W4": _weights(10, 8),
+               "B4": _weights(10)}
+    return _model(nodes, [2, 3, 16, 16], [("y", TensorProto.FLOAT, [2, 10])], weights)
+
+
+def test_small_cnn_matches_onnxruntime():
+    _compare(small_cnn(), RNG.standard_normal((2, 3, 16, 16)).astype(np.float32))
+
+
+def _single(op, x_shape, attrs, weights=(), outputs=1):
+    names = ["x", *(f"w{k}" for k in range(len(weights)))]
+    node = helper.make_node(op, names, [f"y{k}" for k in range(outputs)], **attrs)
+    out = [(f"y{k}", TensorProto.FLOAT if k == 0 else TensorProto.INT64, None)
+           for k in range(outputs)]
+    return _model([node], x_shape, out, {f"w{k}": w for k, w in enumerate(weights)})
+
+
+@pytest.mark.parametrize("op, x_shape, attrs, weights, outputs", [
+    # big enough for the contraction schedule (tiles, register blocks) over padded reads
+    ("Conv", [1, 16, 20, 19], dict(pads=[1, 2, 1, 0], strides=[2, 2]),
+     (_weights(32, 16, 3, 3), _weights(32)), 1),
+    ("Conv", [1, 16, 18, 16], dict(pads=[1, 1, 1, 1], group=4, dilations=[1, 2]),
+     (_weights(32, 4, 3, 3),), 1),
+    ("ConvTranspose", [1, 4, 5, 6], dict(strides=[2, 3], pads=[1, 0, 0, 1], output_padding=[1, 0],
+                                         group=2), (_weights(4, 3, 3, 2),), 1),
+    ("MaxPool", [2, 3, 9, 8], dict(kernel_shape=[3, 2], pads=[1, 1, 1, 0], strides=[2, 2]), (), 2),
+    ("MaxPool", [1, 2, 7, 6], dict(kernel_shape=[2, 3], storage_order=1, ceil_mode=1,
+                                   strides=[2, 2]), (), 2),
+    ("AveragePool", [1, 2, 9, 8], dict(kernel_shape=[3, 2], pads=[1, 0, 2, 1], strides=[2, 3],
+                                       ceil_mode=1), (), 1),
+    ("LpPool", [1, 2, 7, 7], dict(kernel_shape=[3, 2], p=3, strides=[2, 2], pads=[1, 1, 0, 0]),
+     (), 1),
+])
+def test_single_op_matches_onnxruntime(op, x_shape, attrs, weights, outputs):
+    model = _single(op, x_shape, attrs, weights, outputs)
+    shapes = [o.shape for o in ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.zeros(x_shape, np.float32)})]
+    for value, shape in zip(model.graph.output, shapes):  # outputs need shapes to pass the checker
+        value.CopyFrom(helper.make_tensor_value_info(
+            value.name, value.type.tensor_type.elem_type, shape))
+    _compare(model, RNG.standard_normal(x_shape).astype(np.float32))
