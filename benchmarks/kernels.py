@@ -10,7 +10,6 @@ median time of --repeat runs after a warm-up for polyfuse and for numpy, the rat
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import polyfuse as pf
+from timing import median_time
 
 
 @dataclass
@@ -92,16 +92,6 @@ CASES = [
          lambda r: (_f32(r, 256, 1024), _f32(r, 1024, 1024), _f32(r, 1024)), _gelu_numpy,
          2 * 256 * 1024 * 1024),
 ]
-
-
-def median_time(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main() -> None:

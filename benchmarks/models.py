@@ -12,7 +12,6 @@ activation arena against the naive sum of activations.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -20,6 +19,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import polyfuse as pf
+from timing import median_time
 
 
 class Builder:
@@ -136,16 +136,6 @@ def bert_layer(seq: int = 128, hidden: int = 768, heads: int = 12):
 
 
 MODELS = {"resnet18": resnet18, "mobilenet": mobilenet, "bert_layer": bert_layer}
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main() -> None:

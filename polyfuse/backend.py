@@ -11,7 +11,6 @@ to run through the numpy interpreter instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np

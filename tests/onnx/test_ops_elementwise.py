@@ -6,11 +6,11 @@ a compiled kernel rather than a value folded at compile time.
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 import polyfuse as pf
+from tests.onnx.ort_compare import assert_matches_onnxruntime
 
 RNG = np.random.default_rng(0)
 
@@ -38,14 +38,7 @@ def one_node(op, feeds, outputs=None, opset=20, **attrs):
 
 
 def check(m, feeds, rtol=1e-5, atol=1e-6):
-    want = ort.InferenceSession(m.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = pf.compile(m, target="host").run(feeds)
-    for value, expected in zip(m.graph.output, want):
-        assert got[value.name].dtype == expected.dtype, value.name
-        assert got[value.name].shape == expected.shape, value.name
-        np.testing.assert_allclose(got[value.name], expected, rtol=rtol, atol=atol,
-                                   err_msg=value.name)
+    assert_matches_onnxruntime(m, feeds, rtol, atol)
 
 
 @pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])

@@ -8,11 +8,10 @@ initializers, as exporters write them.
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import polyfuse as pf
+from tests.onnx.ort_compare import assert_matches_onnxruntime
 
 RNG = np.random.default_rng(0)
 
@@ -36,14 +35,7 @@ def model(nodes, feeds, outputs, constants=None, opset=19):
 
 
 def check(m, feeds):
-    want = ort.InferenceSession(m.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = pf.compile(m, target="host").run(feeds)
-    for value, expected in zip(m.graph.output, want):
-        assert got[value.name].dtype == expected.dtype, value.name
-        assert got[value.name].shape == expected.shape, value.name
-        np.testing.assert_allclose(got[value.name], expected, rtol=1e-5, atol=1e-6,
-                                   err_msg=value.name)
+    assert_matches_onnxruntime(m, feeds)
 
 
 F = TensorProto.FLOAT

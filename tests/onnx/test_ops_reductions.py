@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-import polyfuse as pf
+from tests.onnx.ort_compare import assert_matches_onnxruntime
 
 RNG = np.random.default_rng(0)
 
@@ -42,12 +42,7 @@ def check(model, feeds, rtol=1e-4, atol=1e-5):
         if not value.type.tensor_type.HasField("shape"):
             value.CopyFrom(helper.make_tensor_value_info(
                 value.name, value.type.tensor_type.elem_type, expected.shape))
-    got = pf.compile(model, target="host").run(feeds)
-    for value, expected in zip(model.graph.output, want):
-        assert got[value.name].dtype == expected.dtype, value.name
-        assert got[value.name].shape == expected.shape, value.name
-        np.testing.assert_allclose(got[value.name], expected, rtol=rtol, atol=atol,
-                                   err_msg=value.name)
+    assert_matches_onnxruntime(model, feeds, rtol, atol, want=want)
 
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
