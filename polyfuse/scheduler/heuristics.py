@@ -22,13 +22,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from polyfuse.ir.comprehension import Definition, IndexVar, Read, Statement, walk
+from polyfuse.ir.comprehension import Definition, IndexVar, Literal, Read, Statement, walk
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 MR = 4                     # jammed rows of a register block
 CACHE_ROWS, CACHE_COLS, CACHE_DEPTH = 64, 256, 128  # cache tile (elements)
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
+MIN_DEPTH = 32             # reduction steps per output before register blocking pays off
+                           # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27)
 
 
 def _extent(st: Statement, index: str, sizes: dict[str, int]) -> int:
@@ -50,8 +52,18 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     return _contraction(heaviest, sizes, width)
 
 
+def _single(st: Statement, index: str) -> bool:
+    """A range of one value fixed in the text: isl schedules no loop (no band member) for it."""
+    r = st.range_of(index)
+    return isinstance(r.lo, Literal) and isinstance(r.hi, Literal) and int(r.hi.value) - int(r.lo.value) == 1
+
+
 def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOptions:
-    lhs, red = list(st.indices), list(st.reduction_indices)
+    lhs = [i for i in st.indices if not _single(st, i)]
+    red = [i for i in st.reduction_indices if not _single(st, i)]
+    depth = math.prod(_extent(st, i, sizes) for i in red)
+    if len(lhs) < 2 or not red or depth < MIN_DEPTH:
+        return MappingOptions(vector_width=width, unroll=2)
     members = lhs + red
     reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
     last = Counter(i for r in reads for i in _names(r.indices[-1]) if i in lhs)
