@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from polyfuse.ir.comprehension import (Definition, Expr, Range, SizeVar, Statement, TensorDecl,
+from polyfuse.ir.comprehension import (Definition, Expr, Literal, Range, SizeVar, Statement, TensorDecl,
                                        map_definition_exprs)
 from polyfuse.ir.symbolic import canonical
 from polyfuse.ir.types import DType
-from polyfuse.ir.comprehension import Literal
 
 
 def bind_sizes(d: Definition, sizes: Mapping[str, int]) -> Definition:

@@ -20,6 +20,7 @@ from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType, Value
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import OPS, Folded, NeedsValue, OpContext, TCKernel, View
+from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.runtime.kernel import Kernel
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
@@ -72,7 +73,6 @@ class _Plan:
         names = [node.inputs[i] for i in k.inputs]
         outs = [node.outputs[i] for i in k.outputs]
         if all(n in consts for n in names):  # fold at compile time with the interpreter
-            from polyfuse.runtime.arguments import bind_arguments
             bound = bind_arguments(d, [consts[n] for n in names])
             results = interpret(d, bound.values, bound.sizes)
             for name, t in zip(outs, d.outputs):
@@ -193,6 +193,10 @@ class CompiledModel:
 
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""
+        missing = [v.name for v in self.graph.inputs if v.name not in shapes]
+        if missing:
+            raise ArgumentError(f"memory_plan needs the shape of every input; missing {missing}, "
+                                f"e.g. memory_plan({missing[0]}=(1, 3, 224, 224))")
         return self._plan({v.name: tuple(shapes[v.name]) for v in self.graph.inputs}).memory
 
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:

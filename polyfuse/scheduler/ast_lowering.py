@@ -19,6 +19,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, L
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
                                Stmt, Store, map_kernel_exprs, walk_stmts, widen_ints)
+from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.model import Model
 from polyfuse.scheduler.options import MappingOptions
@@ -239,7 +240,6 @@ def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
     lowering = _Lowering(model, schedule, sizes, options)
     body = _annotate_innermost(tuple(lowering.node(ast)), options)
     d = model.definition
-    from polyfuse.ir.symbolic import evaluate_int
     buffers = tuple(
         Buffer(t.name, t.dtype, tuple(evaluate_int(s, sizes) for s in t.shape), role)
         for ts, role in ((d.inputs, BufferRole.IN), (d.outputs, BufferRole.OUT)) for t in ts)

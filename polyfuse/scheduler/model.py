@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from polyfuse.errors import ScheduleError
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Cast, Definition, Expr, IndexVar,
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition, Expr, IndexVar,
                                        Literal, Read, ReduceOp, SizeVar, Statement, Unary,
                                        UnaryOp, walk)
+from polyfuse.ir.symbolic import evaluate_int
 
 
 class _NotAffine(Exception):
@@ -50,7 +51,6 @@ def isl_expr(e: Expr, names: dict[str, str]) -> str:
 def _bound_constraints(var: str, lo: Expr, hi: Expr, names: dict[str, str]) -> list[str]:
     """``lo <= var < hi`` where the bounds may be max(...) and min(...) respectively."""
     def parts(e: Expr, fn: str) -> list[Expr]:
-        from polyfuse.ir.comprehension import Call
         if isinstance(e, Call) and e.fn == fn:
             return [p for a in e.args for p in parts(a, fn)]
         return [e]
@@ -113,7 +113,6 @@ def skipped_inits(d: Definition) -> set[int]:
 def zero_filled_outputs(d: Definition, sizes: dict[str, int]) -> set[str]:
     """Outputs the runtime must zero before the kernel runs: those whose first writer
     relies on it (a sum without init) or does not cover the whole tensor."""
-    from polyfuse.ir.symbolic import evaluate_int
     out = set()
     skipped = skipped_inits(d)
     seen: set[str] = set()

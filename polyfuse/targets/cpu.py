@@ -32,20 +32,17 @@ def target_machine(target: Target, cpu: str = "", features: str = "") -> llvm.Ta
         cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
 
 
+@functools.cache
 def vector_bits(target: Target) -> int:
-    """The widest SIMD register the target machine uses for floats."""
-    if target.name == "x86":
-        feats = llvm.get_host_cpu_features() if _host_is(target) else {}
+    """The widest SIMD register the target machine uses for floats (x86: the host's)."""
+    _initialize()
+    if target.name == "x86" and llvm.get_default_triple().startswith("x86_64"):
+        feats = llvm.get_host_cpu_features()
         if feats.get("avx512f"):
             return 512
         if feats.get("avx2") or feats.get("avx"):
             return 256
     return 128
-
-
-def _host_is(target: Target) -> bool:
-    _initialize()
-    return llvm.get_default_triple().split("-")[0] in ("x86_64",) and target.name == "x86"
 
 
 def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
@@ -71,6 +68,7 @@ class JitKernel:
     engine: llvm.ExecutionEngine = field(repr=False)
 
 
+@functools.cache
 def target_description(target: Target) -> str:
     """What the generated code depends on besides the kernel: triple, CPU, features."""
     tm = target_machine(target)
