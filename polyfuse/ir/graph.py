@@ -77,6 +77,7 @@ class Node:
     inputs: tuple[str, ...]          # value names; "" for an omitted optional input
     outputs: tuple[str, ...]
     attrs: tuple[tuple[str, Any], ...] = ()
+    group: str = ""                  # fusion group (one kernel per group); "" for none
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:
@@ -88,7 +89,8 @@ class Node:
         attrs = "".join(f", {k}={_format_attr(v)}" for k, v in self.attrs)
         outs = ", ".join(f"%{o}" for o in self.outputs)
         ins = ", ".join(f"%{i}" if i else "_" for i in self.inputs)
-        return f"{outs} = {self.op}({ins}{attrs})  # {self.name}"
+        group = f" @{self.group}" if self.group else ""
+        return f"{outs} = {self.op}({ins}{attrs})  # {self.name}{group}"
 
 
 def _format_attr(v: Any) -> str:
