@@ -11,10 +11,14 @@ def onnxruntime_outputs(model, feeds):
                                 providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def assert_matches_onnxruntime(model, feeds, rtol=1e-5, atol=1e-6, want=None):
-    """``polyfuse.compile(model, target="host")`` gives onnxruntime's dtypes, shapes, values."""
+def assert_matches_onnxruntime(model, feeds, rtol=1e-5, atol=1e-6, want=None, *,
+                               target="host", compiled=None):
+    """``polyfuse.compile(model, target=target)`` gives onnxruntime's dtypes, shapes, values.
+
+    ``compiled`` reuses a model already compiled (to run it at several shapes)."""
     want = onnxruntime_outputs(model, feeds) if want is None else want
-    got = pf.compile(model, target="host").run(feeds)
+    compiled = pf.compile(model, target=target) if compiled is None else compiled
+    got = compiled.run(feeds)
     for value, expected in zip(model.graph.output, want):
         assert got[value.name].dtype == expected.dtype, value.name
         assert got[value.name].shape == expected.shape, value.name
