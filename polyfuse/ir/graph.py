@@ -3,12 +3,16 @@
 Values are named; each node reads values and defines new ones. Shapes may hold
 symbolic dimensions (strings) until they are bound by the inputs of a call.
 Attributes are kept as ONNX gives them (ints, floats, strings, tuples of those,
-arrays for tensor attributes). ``str(graph)`` prints one line per node.
+arrays for tensor attributes). ``str(graph)`` prints one line per node, in a text
+form that ``polyfuse.frontends.graph_text.parse_graph`` reads back: arrays of at most
+``INLINE_MAX`` elements print their values, larger ones their type and digest.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +22,13 @@ from polyfuse.errors import IRVerificationError
 from polyfuse.ir.types import DType
 
 Dim = int | str
+
+INLINE_MAX = 16
+# Names print bare when they match these (after % and @ they may start with a digit);
+# anything else, and bare words the parser reads as values or keywords, print as JSON strings.
+NAME_PATTERN = r"[A-Za-z_/][A-Za-z0-9_./-]*"
+PREFIXED_NAME_PATTERN = r"[A-Za-z0-9_./-]+"
+RESERVED = frozenset({"inf", "nan", "true", "false", "constant"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +45,8 @@ class TensorType:
         return all(isinstance(d, int) for d in self.shape)
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+        dims = (str(d) if isinstance(d, int) else format_name(d) for d in self.shape)
+        return f"{self.dtype}[{', '.join(dims)}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +55,7 @@ class Value:
     type: TensorType
 
     def __str__(self) -> str:
-        return f"%{self.name}: {self.type}"
+        return f"{format_name(self.name, '%')}: {self.type}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,18 +98,40 @@ class Node:
         return default
 
     def __str__(self) -> str:
-        attrs = "".join(f", {k}={_format_attr(v)}" for k, v in self.attrs)
-        outs = ", ".join(f"%{o}" for o in self.outputs)
-        ins = ", ".join(f"%{i}" if i else "_" for i in self.inputs)
-        group = f" @{self.group}" if self.group else ""
-        return f"{outs} = {self.op}({ins}{attrs})  # {self.name}{group}"
+        outs = ", ".join(format_name(o, "%") if o else "_" for o in self.outputs)
+        args = [format_name(i, "%") if i else "_" for i in self.inputs]
+        args += [f"{format_name(k)}={_format_attr(v)}" for k, v in self.attrs]
+        name = format_name(self.name) + (f" {format_name(self.group, '@')}" if self.group else "")
+        return f"{outs} = {format_name(self.op)}({', '.join(args)})  # {name}"
+
+
+def format_name(name: str, prefix: str = "") -> str:
+    """``name`` after ``prefix``, bare if it reads back as one token, else quoted."""
+    if prefix:
+        bare = re.fullmatch(PREFIXED_NAME_PATTERN, name)
+    else:
+        bare = re.fullmatch(NAME_PATTERN, name) and name not in RESERVED
+    return prefix + (name if bare else json.dumps(name, ensure_ascii=False))
+
+
+def format_array(a: np.ndarray) -> str:
+    """``a``'s values, flat in C order, or its digest when it has more than INLINE_MAX."""
+    if a.size > INLINE_MAX:
+        return "sha:" + Constant("", a).digest()
+    return "[" + ", ".join(str(x).lower() if a.dtype == bool else str(x) for x in a.flat) + "]"
 
 
 def _format_attr(v: Any) -> str:
+    if isinstance(v, np.generic):
+        v = v.item()
     if isinstance(v, np.ndarray):
-        return f"tensor<{v.dtype}{list(v.shape)}>"
-    if isinstance(v, tuple):
+        return f"tensor<{Constant('', v).type}> {format_array(v)}"
+    if isinstance(v, tuple | list):
         return "[" + ", ".join(_format_attr(x) for x in v) + "]"
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, bool):
+        return str(v).lower()
     return repr(v)
 
 
@@ -114,9 +148,11 @@ class Graph:
         return next((c for c in self.constants if c.name == name), None)
 
     def __str__(self) -> str:
-        lines = [f"graph {self.name}({', '.join(map(str, self.inputs))}) "
-                 f"-> ({', '.join(map(str, self.outputs))}) {{"]
-        lines += [f"  %{c.name} = constant {c.type}" for c in self.constants]
+        opset = f" opset {self.opset}" if self.opset else ""
+        lines = [f"graph {format_name(self.name)}({', '.join(map(str, self.inputs))}) "
+                 f"-> ({', '.join(map(str, self.outputs))}){opset} {{"]
+        lines += [f"  {format_name(c.name, '%')} = constant {c.type} {format_array(c.array)}"
+                  for c in self.constants]
         lines += [f"  {n}" for n in self.nodes]
         lines.append("}")
         return "\n".join(lines)
