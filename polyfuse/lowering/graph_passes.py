@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from polyfuse.errors import PolyfuseError
-from polyfuse.ir.graph import Graph, Node, verify_graph
+from polyfuse.ir.graph import Constant, Graph, Node, verify_graph
+from polyfuse.lowering.fusion import partition_fusion_groups
 
 GraphPass = Callable[[Graph], Graph]
 
@@ -57,8 +58,126 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
     return replace(g, nodes=tuple(nodes))
 
 
-DEFAULT_PASSES: tuple[GraphPass, ...] = (eliminate_dead_nodes, eliminate_common_subexpressions,
-                                         eliminate_dead_nodes)
+# --- rewrites ------------------------------------------------------------------------------
+
+def _consumers(g: Graph) -> dict[str, list[Node]]:
+    users: dict[str, list[Node]] = {}
+    for n in g.nodes:
+        for i in n.inputs:
+            if i:
+                users.setdefault(i, []).append(n)
+    return users
+
+
+def _sole_use(g: Graph, users: dict[str, list[Node]], value: str) -> Node | None:
+    """The one node reading ``value``, if exactly one does and it is not a graph output."""
+    readers = users.get(value, [])
+    if len(readers) != 1 or any(v.name == value for v in g.outputs):
+        return None
+    return readers[0]
+
+
+def _batch_norm_scale(g: Graph, bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(s, t)`` with ``BN(y) = y * s + t`` per channel, for an inference BatchNormalization
+    whose parameters are constants; None otherwise."""
+    if bn.attr("training_mode", 0) or any(bn.outputs[1:]) or len(bn.inputs) != 5:
+        return None
+    params = [g.constant(i) for i in bn.inputs[1:]]
+    if any(p is None or p.array.ndim != 1 for p in params):
+        return None
+    scale, bias, mean, var = (p.array.astype(np.float64) for p in params)  # type: ignore[union-attr]
+    s = scale / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
+    return s, bias - mean * s
+
+
+def fold_batch_norms(g: Graph) -> Graph:
+    """Fold an inference BatchNormalization into the Conv (or Gemm) before it when the
+    weights and the normalization's parameters are constants: ``W' = W * s`` per output
+    channel and ``b' = b * s + t``, and the normalization goes."""
+    users = _consumers(g)
+    constants = {c.name: c for c in g.constants}
+    drop: set[str] = set()
+    rewritten: dict[str, Node] = {}
+    for n in g.nodes:
+        if n.op not in ("Conv", "Gemm") or len(n.inputs) < 2 or n.inputs[1] not in constants:
+            continue
+        bn = _sole_use(g, users, n.outputs[0])
+        if bn is None or bn.op != "BatchNormalization" or bn.inputs[0] != n.outputs[0]:
+            continue
+        folded = _batch_norm_scale(g, bn)
+        w = constants[n.inputs[1]].array
+        if folded is None or w.dtype.kind != "f":
+            continue
+        s, t = folded
+        bias_name = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else ""
+        if n.op == "Conv":
+            if len(s) != w.shape[0]:
+                continue
+            new_w = w * s.reshape(-1, *[1] * (w.ndim - 1))
+        else:
+            if n.attr("transA", 0) or w.ndim != 2 or float(n.attr("alpha", 1.0)) != 1.0:
+                continue
+            new_w = w * (s[:, None] if n.attr("transB", 0) else s[None, :])
+            if bias_name and float(n.attr("beta", 1.0)) != 1.0:
+                continue
+        if bias_name and (bias_name not in constants or constants[bias_name].array.ndim > 1):
+            continue
+        old_b = constants[bias_name].array if bias_name else np.zeros(len(s), w.dtype)
+        if old_b.size not in (1, len(s)):
+            continue
+        new_b = old_b.astype(np.float64) * s + t
+        w_name, b_name = f"{n.name}.folded_w", f"{n.name}.folded_b"
+        constants[w_name] = Constant(w_name, new_w.astype(w.dtype))
+        constants[b_name] = Constant(b_name, new_b.astype(w.dtype))
+        rewritten[n.name] = replace(n, inputs=(n.inputs[0], w_name, b_name), outputs=bn.outputs[:1])
+        drop.add(bn.name)
+    if not rewritten:
+        return g
+    nodes = tuple(rewritten.get(n.name, n) for n in g.nodes if n.name not in drop)
+    return eliminate_dead_nodes(replace(g, nodes=nodes, constants=tuple(constants.values())))
+
+
+def _shape_constant(g: Graph, name: str) -> np.ndarray | None:
+    c = g.constant(name)
+    return None if c is None else c.array
+
+
+def simplify_movement(g: Graph) -> Graph:
+    """Transposes and reshapes: ``Transpose(Transpose(x))`` becomes one transpose (none if
+    the permutations cancel), ``Reshape(Reshape(x))`` one reshape to the last shape (when
+    that shape copies no dimension with 0), and Identity goes."""
+    outputs = {v.name for v in g.outputs}
+    rename: dict[str, str] = {}
+    producer: dict[str, Node] = {}   # value -> the (rewritten) node defining it
+    nodes: list[Node] = []
+    for n in g.nodes:
+        n = replace(n, inputs=tuple(rename.get(i, i) for i in n.inputs))
+        src = producer.get(n.inputs[0]) if n.inputs and n.inputs[0] else None
+        if n.op == "Identity" and n.outputs[0] not in outputs:
+            rename[n.outputs[0]] = n.inputs[0]
+            continue
+        if n.op == "Transpose" and n.attr("perm") is not None:
+            perm = tuple(int(p) for p in n.attr("perm"))
+            if src is not None and src.op == "Transpose" and src.attr("perm") is not None:
+                inner = tuple(int(p) for p in src.attr("perm"))
+                perm = tuple(inner[p] for p in perm)
+                n = replace(n, inputs=src.inputs, attrs=tuple((k, perm if k == "perm" else v)
+                                                              for k, v in n.attrs))
+            if perm == tuple(range(len(perm))) and n.outputs[0] not in outputs:
+                rename[n.outputs[0]] = n.inputs[0]
+                continue
+        if n.op == "Reshape" and src is not None and src.op == "Reshape" and len(n.inputs) > 1:
+            shape = _shape_constant(g, n.inputs[1])
+            if shape is not None and not (shape == 0).any():
+                n = replace(n, inputs=(src.inputs[0], n.inputs[1]))
+        nodes.append(n)
+        producer.update({o: n for o in n.outputs if o})
+    return eliminate_dead_nodes(replace(g, nodes=tuple(nodes)))
+
+
+DEFAULT_PASSES: tuple[GraphPass, ...] = (
+    eliminate_dead_nodes, eliminate_common_subexpressions, fold_batch_norms, simplify_movement,
+    eliminate_dead_nodes, partition_fusion_groups)
 
 
 @dataclass

@@ -14,23 +14,36 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import ArgumentError, DTypeError, ShapeError
+from polyfuse.errors import ArgumentError, BoundsError, DTypeError, ShapeError
 from polyfuse.frontends.tc import parse
+from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType, Value
+from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
+from polyfuse.lowering.bind_sizes import bind_sizes
+from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.ops import OPS, Folded, NeedsValue, OpContext, TCKernel, View
 from polyfuse.runtime.arguments import bind_arguments
-from polyfuse.runtime.kernel import Kernel
+from polyfuse.runtime.kernel import Kernel, SpecializedKernel
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
 
 @dataclass
 class _Step:
-    node: Node
-    run: Any                  # callable(env) -> None
+    """One kernel (or view) of a plan: the graph values it reads and defines."""
 
+    label: str                 # the node, or the fusion group and its nodes
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    run: Any                   # callable(env) -> None
+    spec: SpecializedKernel | None = None   # the kernel; None for a view
+    temporaries: tuple[str, ...] = ()       # its private tensors, as values of the plan
+
+
+# targets whose kernels run in this process, so a plan runs as one native program
+NATIVE = frozenset({"x86"})
 
 # Small integer inputs (shapes, axes, indices fed at run time) are treated as constants
 # when planning, and the plan is specialized to their values.
@@ -38,52 +51,81 @@ VALUE_INPUT_MAX = 64
 
 
 class _Plan:
+    """The graph lowered for one set of input shapes: steps, folded constants, types,
+    the memory plan and, on native targets, the program running every step."""
+
     def __init__(self, model: CompiledModel, shapes: dict[str, tuple[int, ...]],
                  values: dict[str, np.ndarray]) -> None:
         self.steps: list[_Step] = []
+        self.model = model
         g = model.graph
-        types: dict[str, TensorType] = {v.name: TensorType(v.type.dtype, shapes[v.name])
-                                        for v in g.inputs}
-        consts: dict[str, np.ndarray] = {c.name: c.array for c in g.constants} | values
-        types.update({c.name: c.type for c in g.constants})
-        for node in g.nodes:
-            ctx = OpContext(node, [types.get(i) if i else None for i in node.inputs],
-                            [consts.get(i) if i else None for i in node.inputs], g.opset)
-            lowered = OPS[node.op](ctx)
-            if isinstance(lowered, Folded):
-                for name, array in zip(node.outputs, lowered.arrays):
-                    consts[name] = array
-                    types[name] = _type(array)
-            elif isinstance(lowered, View):
-                src = node.inputs[lowered.input]
-                types[node.outputs[0]] = TensorType(types[src].dtype, lowered.shape)
-                if src in consts:
-                    consts[node.outputs[0]] = consts[src].reshape(lowered.shape)
-                else:
-                    self.steps.append(_Step(node, _view(src, node.outputs[0], lowered.shape)))
-            else:
-                self.kernel(model, node, lowered, types, consts)
-        self.consts = consts
-        self.types = types
-        self.memory = plan_memory(self.steps, types, {v.name for v in g.outputs})
+        self.types: dict[str, TensorType] = {v.name: TensorType(v.type.dtype, shapes[v.name])
+                                             for v in g.inputs}
+        self.consts: dict[str, np.ndarray] = {c.name: c.array for c in g.constants} | values
+        self.types.update({c.name: c.type for c in g.constants})
+        readers: dict[str, int] = {}
+        for k, node in enumerate(g.nodes):
+            readers.update({i: k for i in node.inputs if i})
+        outputs = {v.name for v in g.outputs}
+        for unit in _units(g.nodes):
+            last = g.nodes.index(unit[-1])
+            exported = {o for n in unit for o in n.outputs
+                        if o and (o in outputs or readers.get(o, -1) > last)}
+            if len(unit) == 1 or not self.fused(unit, exported):
+                for node in unit:
+                    self.node(node)
+        self.memory = plan_memory(self.steps, self.types, outputs)
+        self.program = _NativeProgram.build(self, g) if model.target.name in NATIVE else None
 
-    def kernel(self, model: CompiledModel, node: Node, k: TCKernel,
-               types: dict[str, TensorType], consts: dict[str, np.ndarray]) -> None:
-        d = parse(k.source).definitions[0]
-        names = [node.inputs[i] for i in k.inputs]
-        outs = [node.outputs[i] for i in k.outputs]
-        if all(n in consts for n in names):  # fold at compile time with the interpreter
-            bound = bind_arguments(d, [consts[n] for n in names])
-            results = interpret(d, bound.values, bound.sizes)
-            for name, t in zip(outs, d.outputs):
-                consts[name] = results[t.name]
-                types[name] = _type(results[t.name])
-            return
-        kernel = Kernel(d, model.target, k.source, model.options)
-        dummies = [np.empty([int(x) for x in types[n].shape], types[n].dtype.numpy) for n in names]
-        spec = kernel.specialize(*dummies)
+    def context(self, node: Node) -> OpContext:
+        return OpContext(node, [self.types.get(i) if i else None for i in node.inputs],
+                         [self.consts.get(i) if i else None for i in node.inputs],
+                         self.model.graph.opset)
+
+    def node(self, node: Node) -> None:
+        lowered = OPS[node.op](self.context(node))
+        if isinstance(lowered, Folded):
+            for name, array in zip(node.outputs, lowered.arrays):
+                self.consts[name] = array
+                self.types[name] = _type(array)
+        elif isinstance(lowered, View):
+            src = node.inputs[lowered.input]
+            self.types[node.outputs[0]] = TensorType(self.types[src].dtype, lowered.shape)
+            if src in self.consts:
+                self.consts[node.outputs[0]] = self.consts[src].reshape(lowered.shape)
+            else:
+                self.steps.append(_Step(node.name, (src,), node.outputs[:1],
+                                        _view(src, node.outputs[0], lowered.shape)))
+        else:
+            d = parse(lowered.source).definitions[0]
+            names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
+            outs = [node.outputs[i] for i in lowered.outputs]
+            if all(n in self.consts for n in names):  # fold at compile time with the interpreter
+                bound = bind_arguments(d, [self.consts[n] for n in names])
+                results = interpret(d, bound.values, bound.sizes)
+                for name, t in zip(outs, d.outputs):
+                    self.consts[name] = results[t.name]
+                    self.types[name] = _type(results[t.name])
+                return
+            self.kernel(node.name, d, lowered.source, names, outs)
+
+    def bind_constants(self, node: Node, k: TCKernel) -> list[str]:
+        """Names for the arrays a lowering computed at compile time (repacked weights)."""
+        names = [f"{node.name}:const{j}" for j in range(len(k.constants))]
+        for name, array in zip(names, k.constants):
+            self.consts[name] = array
+            self.types[name] = _type(array)
+        return names
+
+    def kernel(self, label: str, d: Definition, source: str, names: list[str],
+               outs: list[str]) -> None:
+        kernel = Kernel(d, self.model.target, source, self.model.options)
+        spec = kernel.specialize(*(_placeholder(self.types[n]) for n in names))
         for name, t, shape in zip(outs, d.outputs, spec.output_shapes):
-            types[name] = TensorType(t.dtype, shape)
+            self.types[name] = TensorType(t.dtype, shape)
+        temps = tuple(f"{label}#{t.name}" for t in d.outputs[len(outs):])
+        for name, t, shape in zip(temps, d.outputs[len(outs):], spec.output_shapes[len(outs):]):
+            self.types[name] = TensorType(t.dtype, shape)
         params = [p.name for p in d.params]
         results = [t.name for t in d.outputs[:len(outs)]]
 
@@ -91,38 +133,86 @@ class _Plan:
             produced = spec.run({p: env[n] for p, n in zip(params, names)})
             for name, r in zip(outs, results):
                 env[name] = produced[r]
-        self.steps.append(_Step(node, run))
+        self.steps.append(_Step(label, tuple(names), tuple(outs), run, spec, temps))
+
+    def fused(self, unit: list[Node], exported: set[str]) -> bool:
+        """Lower a fusion group as one kernel; False (nothing done) when a member does
+        not lower to a kernel or the first one reads only constants (it folds)."""
+        members: list[Member] = []
+        for node in unit:
+            lowered = OPS[node.op](self.context(node))
+            if not isinstance(lowered, TCKernel):
+                return False
+            d = parse(lowered.source).definitions[0]
+            names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
+            if not members and all(n in self.consts for n in names):
+                return False
+            sizes = bind_arguments(d, [_placeholder(self.types[n]) for n in names]).sizes
+            bound = bind_sizes(d, sizes)
+            outs = tuple(node.outputs[i] for i in lowered.outputs)
+            for name, t in zip(outs, bound.outputs):
+                self.types[name] = TensorType(t.dtype, tuple(evaluate_int(e, {}) for e in t.shape))
+            members.append(Member(bound, tuple(names), outs))
+        label = f"{unit[0].group}[{' '.join(n.name for n in unit)}]"
+        composed = compose("fused", members, exported)
+        self.kernel(label, composed.definition, str(composed.definition),
+                    list(composed.params), list(composed.outputs))
+        return True
+
+
+def _units(nodes: tuple[Node, ...]) -> list[list[Node]]:
+    """The nodes in runs: each fusion group's members together, other nodes alone."""
+    units: list[list[Node]] = []
+    for n in nodes:
+        if n.group and units and units[-1][0].group == n.group:
+            units[-1].append(n)
+        else:
+            units.append([n])
+    return units
+
+
+def _placeholder(t: TensorType) -> np.ndarray:
+    """An array of type ``t`` holding no memory, for binding shapes."""
+    return np.broadcast_to(np.zeros((), t.dtype.numpy), tuple(int(d) for d in t.shape))
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     """Activations placed in one arena by liveness (as Glow does): ``offsets`` of each
-    intermediate value, the arena's size, and the naive sum of all activations."""
+    intermediate value (views share their source's storage; graph outputs get their own
+    arrays and are not in the arena), the arena's size, and the naive sum of every
+    activation, outputs and kernel temporaries included."""
 
     offsets: dict[str, int]
     arena_bytes: int
     naive_bytes: int
+    roots: dict[str, str]     # value -> the value whose storage it views
 
 
 def plan_memory(steps: list[_Step], types: dict[str, TensorType], outputs: set[str],
                 alignment: int = 64) -> MemoryPlan:
-    """First-fit placement of every value a step defines, freed after its last reader."""
-    produced = [o for st in steps for o in st.node.outputs if o in types]
+    """First-fit placement of the storage each kernel defines (its temporaries too),
+    freed after the last step reading it or any view of it."""
+    roots: dict[str, str] = {}
+    for st in steps:
+        if st.spec is None:
+            roots[st.outputs[0]] = roots.get(st.inputs[0], st.inputs[0])
     size = {v: -(-max(1, types[v].dtype.bits // 8 * _count(types[v])) // alignment) * alignment
-            for v in produced}
-    last = {v: len(steps) if v in outputs else k for k, st in enumerate(steps)
-            for v in st.node.outputs if v in size}
+            for st in steps if st.spec is not None for v in st.outputs + st.temporaries}
+    kept = {roots.get(v, v) for v in outputs}
+    last: dict[str, int] = {}
     for k, st in enumerate(steps):
-        for i in st.node.inputs:
-            if i in last:
-                last[i] = max(last[i], k)
+        for v in st.inputs + st.outputs + st.temporaries:
+            root = roots.get(v, v)
+            if root in size:
+                last[root] = k
     live: list[tuple[int, int, str]] = []   # (offset, size, value)
     offsets: dict[str, int] = {}
     arena = 0
     for k, st in enumerate(steps):
         live = [blk for blk in live if last[blk[2]] >= k]
-        for v in st.node.outputs:
-            if v not in size:
+        for v in st.outputs + st.temporaries if st.spec is not None else ():
+            if v in kept:
                 continue
             offset = 0
             for start, length, _ in sorted(live):
@@ -132,7 +222,105 @@ def plan_memory(steps: list[_Step], types: dict[str, TensorType], outputs: set[s
             offsets[v] = offset
             live.append((offset, size[v], v))
             arena = max(arena, offset + size[v])
-    return MemoryPlan(offsets, arena, sum(size.values()))
+    return MemoryPlan(offsets, arena, sum(size.values()), roots)
+
+
+class _NativeProgram:
+    """Every step of a plan as one native call (:class:`polyfuse.runtime.native.Program`):
+    intermediates in one arena, weights bound once by address, graph outputs written
+    straight into the arrays returned."""
+
+    def __init__(self, plan: _Plan, graph: Graph) -> None:
+        from polyfuse.runtime import native
+        memory = plan.memory
+        root = memory.roots.get
+        self.inputs = [v.name for v in graph.inputs]
+        position = {name: k for k, name in enumerate(self.inputs)}
+        self.slots: list[tuple[tuple[int, ...], np.dtype]] = []   # output arrays to allocate
+        slot_of: dict[str, int] = {}
+        self.results: list[tuple[str, str, Any]] = []   # (output, how, what)
+        produced = {v for st in plan.steps if st.spec is not None for v in st.outputs}
+        for v in graph.outputs:
+            r = root(v.name, v.name)
+            shape = tuple(int(d) for d in plan.types[v.name].shape)
+            if r in produced and r not in slot_of:
+                slot_of[r] = len(self.slots)
+                self.slots.append((tuple(int(d) for d in plan.types[r].shape),
+                                   plan.types[r].dtype.numpy))
+                self.results.append((v.name, "slot", (slot_of[r], shape)))
+            elif r in slot_of:
+                self.results.append((v.name, "copy-slot", (slot_of[r], shape)))
+            elif r in position:
+                self.results.append((v.name, "copy-input", (position[r], shape)))
+            else:
+                self.results.append((v.name, "constant", plan.consts[v.name]))
+        self.keep: list[np.ndarray] = []   # constants whose addresses the program holds
+        self.program = native.Program()
+        self.labels: list[str] = []
+
+        def location(value: str) -> tuple[int, int, int]:
+            r = root(value, value)
+            if r in position:
+                return (1, position[r], 0)
+            if r in slot_of:
+                return (2, slot_of[r], 0)
+            if r in memory.offsets:
+                return (0, 0, memory.offsets[r])
+            array = np.ascontiguousarray(plan.consts[r])
+            self.keep.append(array)
+            return (3, array.ctypes.data, 0)
+
+        for st in plan.steps:
+            if st.spec is None:
+                continue
+            layout = st.spec.run.layout
+            by_param = dict(zip((p.name for p in st.spec.definition.params), st.inputs))
+            by_output = dict(zip((t.name for t in st.spec.definition.outputs),
+                                 st.outputs + st.temporaries))
+            args = [location(by_param[n]) for n in layout.inputs]
+            zero = []
+            for name, shape, dtype, zeroed in layout.outputs:
+                nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                if zeroed and nbytes:
+                    zero.append((len(args), nbytes))
+                args.append(location(by_output[name]))
+            if layout.checks_indices:
+                args.append((4, 0, 0))
+            self.program.add(st.spec.run.jit.address, args, zero)
+            self.labels.append(st.label)
+        self.arena_bytes = max(memory.arena_bytes, 64)
+
+    @staticmethod
+    def build(plan: _Plan, graph: Graph) -> _NativeProgram | None:
+        """The program, or None when a step is not native code of the CPU runtime."""
+        from polyfuse.runtime.cpu import CpuExecutable
+        for st in plan.steps:
+            if st.spec is not None and (not isinstance(st.spec.run, CpuExecutable)
+                                        or st.spec.run.layout.scalars):
+                return None
+        return _NativeProgram(plan, graph)
+
+    def run(self, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from polyfuse.runtime import native
+        inputs = [env[n] for n in self.inputs]
+        arena = native.empty_aligned(self.arena_bytes, np.uint8)
+        slots = [native.empty_aligned(shape, dtype) for shape, dtype in self.slots]
+        failed = self.program.run(arena, inputs, slots)
+        if failed >= 0:
+            raise BoundsError(f"kernel '{self.labels[failed]}' read a tensor out of bounds through "
+                              "an index taken from another tensor (an index tensor holds a value "
+                              "outside the dimension it indexes); no output was returned")
+        out: dict[str, np.ndarray] = {}
+        for name, how, what in self.results:
+            if how == "slot":
+                out[name] = slots[what[0]].reshape(what[1])
+            elif how == "copy-slot":
+                out[name] = slots[what[0]].reshape(what[1]).copy()
+            elif how == "copy-input":
+                out[name] = inputs[what[0]].reshape(what[1]).copy()
+            else:
+                out[name] = np.array(what, copy=True)
+        return out
 
 
 def _count(t: TensorType) -> int:
@@ -167,6 +355,7 @@ class CompiledModel:
         self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
         self.input_shapes = dict(input_shapes or {})
         if self.input_shapes:
+            self._check_shapes(self.input_shapes)
             self._plan({v.name: tuple(self.input_shapes.get(v.name, v.type.shape)) for v in graph.inputs})
 
     @property
@@ -188,8 +377,33 @@ class CompiledModel:
                tuple((n, v.tobytes()) for n, v in sorted(values.items())))
         plan = self._plans.get(key)
         if plan is None:
+            self._check_shapes(shapes)
             plan = self._plans[key] = _Plan(self, shapes, values)
         return plan
+
+    def _check_shapes(self, shapes: Mapping[str, tuple]) -> None:
+        """Shapes agree with the declared inputs: names, ranks, fixed dimensions, and one
+        size for each symbolic dimension across all inputs."""
+        expected = {v.name: v for v in self.graph.inputs}
+        unknown = sorted(set(shapes) - set(expected))
+        if unknown:
+            raise ShapeError(f"input_shapes names {unknown}, which the model does not have; "
+                             f"its inputs are {sorted(expected)}")
+        symbols: dict[str, tuple[str, int]] = {}
+        for name, shape in shapes.items():
+            declared = expected[name].type.shape
+            if len(shape) != len(declared):
+                raise ShapeError(f"input '{name}' has rank {len(declared)} (shape "
+                                 f"{list(declared)}), got shape {tuple(shape)}")
+            for k, (d, e) in enumerate(zip(declared, shape)):
+                if isinstance(d, int) and isinstance(e, int) and d != e:
+                    raise ShapeError(f"dimension {k} of input '{name}' is {d} in the model, "
+                                     f"got {e} (shape {tuple(shape)})")
+                if isinstance(d, str) and isinstance(e, int):
+                    first = symbols.setdefault(d, (name, e))
+                    if first[1] != e:
+                        raise ShapeError(f"dimension '{d}' is {first[1]} in input '{first[0]}' "
+                                         f"but {e} in input '{name}'; it must have one size")
 
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""
@@ -231,6 +445,8 @@ class CompiledModel:
                 if name not in env or name in values or env[name].size > VALUE_INPUT_MAX:
                     raise
                 self._value_inputs.add(name)
+        if plan.program is not None:
+            return plan.program.run(env)
         env.update(plan.consts)
         for step in plan.steps:
             step.run(env)

@@ -50,7 +50,7 @@ except ImportError as e:  # pragma: no cover - only when the package was not bui
                       "reinstall polyfuse with `pip install -e .`") from e
 
 __all__ = [
-    "aligned_buffers_live", "call", "empty_aligned", "get_num_threads", "is_aligned",
+    "Program", "aligned_buffers_live", "call", "empty_aligned", "get_num_threads", "is_aligned",
     "parallel_for_address", "parallel_for_threads_address", "set_num_threads",
     "test_kernel_address",
 ]
@@ -63,6 +63,21 @@ says; an argument that is none of these, a non-contiguous array or an int outsid
 int64 raises ``TypeError`` naming ``args[i]``. Up to 16 arguments need no heap
 allocation. Implemented in C with no Python wrapper, to keep the call under a
 microsecond.
+"""
+
+
+Program = _native.Program
+"""A sequence of kernel calls run by one native call (a compiled model's plan).
+
+``Program()`` starts empty; ``add(fn, args, zero)`` appends a call of ``void fn(void**)``
+whose ``args`` are ``(base, index, offset)`` triples resolved at each run: base 0 is the
+arena (``offset`` bytes into it), 1 input array ``index``, 2 output array ``index``, 3
+the fixed address ``index`` (memory the caller keeps alive), 4 the program's int64 error
+slot, which a kernel sets when an index read from a tensor is out of bounds; ``zero``
+lists ``(argument, bytes)`` to clear before the call. ``run(arena, inputs, outputs)``
+runs the calls in order with the GIL released and returns -1, or the position of the
+first call that set the error slot (no later call runs). Arrays must be C-contiguous and
+large enough for what the calls touch: nothing is checked here (callers plan the memory).
 """
 
 

@@ -26,7 +26,7 @@ from polyfuse.ir.comprehension import Definition, IndexVar, Literal, Read, State
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
-MR = 4                     # jammed rows of a register block
+MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
 CACHE_ROWS, CACHE_COLS, CACHE_DEPTH = 64, 256, 128  # cache tile (elements)
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
 MIN_DEPTH = 32             # reduction steps per output before register blocking pays off
@@ -81,7 +81,7 @@ def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOpt
         others = [i for i in lhs if i != vec]
         free = [i for i in others if not any(i in _names(x) for r in vec_reads for x in r.indices)]
         jam = (free or others)[-1]
-        depth = red[-1]
+        depth = max(red, key=lambda i: extent[i])
         order = red + [i for i in others if i != jam] + [jam, vec]
         tiles |= {jam: CACHE_ROWS, vec: CACHE_COLS, depth: CACHE_DEPTH}
     else:  # dot products: vectorize the reduction, jam an output index
@@ -89,8 +89,8 @@ def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOpt
         order = lhs + red
         tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
     cols = min(extent[vec], tiles[vec] or extent[vec])
-    nr, vw = _vector_block(cols, width)
-    mr = MR if extent[jam] % MR == 0 else 1
+    mr, vectors = _register_rows(extent[jam])
+    nr, vw = _vector_block(cols, width, vectors if last else 4)
     registers |= {jam: mr, vec: nr if last else 0}
     return MappingOptions(
         fusion=Fusion.MIN, reorder_reductions=True, tile_sizes=tuple(tiles[i] for i in members),
@@ -99,9 +99,19 @@ def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOpt
         unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
 
 
-def _vector_block(cols: int, width: int) -> tuple[int, int]:
-    """Columns of a register block and the vector width: up to 4 full vectors."""
+def _register_rows(extent: int) -> tuple[int, int]:
+    """Jammed rows of a register block and the vectors per row: 6 to 8 rows of two
+    vectors where the rows divide the extent (7 x 2 suits the 7, 14, 28 and 56 wide maps
+    of convolutions), else 4 rows of four vectors, else one row."""
+    for rows in (8, 7, 6):
+        if extent % rows == 0:
+            return rows, 2
+    return (MR, 4) if extent % MR == 0 else (1, 4)
+
+
+def _vector_block(cols: int, width: int, vectors: int) -> tuple[int, int]:
+    """Columns of a register block and the vector width: up to ``vectors`` full vectors."""
     for vw in (width, width // 2):
         if vw >= 1 and cols % vw == 0:
-            return min(cols, 4 * vw) if cols % min(cols, 4 * vw) == 0 else vw, vw
+            return min(cols, vectors * vw) if cols % min(cols, vectors * vw) == 0 else vw, vw
     return 0, width

@@ -67,6 +67,8 @@ def _transform_band(band: isl.ScheduleNode, options: MappingOptions,
                     validity: isl.UnionMap) -> isl.ScheduleNode:
     """Tile (twice with register tiles), reorder and mark one outermost band."""
     n = band.band_n_member()
+    if band.band_get_permutable() and (options.tile_sizes or options.point_order):
+        band = _statement_order(band)
     if band.band_get_permutable() and any(options.tile_sizes[:n]):
         band = _tile(band, options.tile_sizes)
         point, ups = band.child(0), 1
@@ -90,6 +92,41 @@ def _transform_band(band: isl.ScheduleNode, options: MappingOptions,
     if options.parallel:
         band = _mark_parallel(band)
     return band
+
+
+def _statement_order(band: isl.ScheduleNode) -> isl.ScheduleNode:
+    """The band's members in the order of the indices of its statement with the most
+    dimensions (left-hand side, then reductions: what tile sizes and orders refer to),
+    when each member is one of those indices; isl may have ordered them otherwise."""
+    partial = band.band_get_partial_schedule()
+    n = band.band_n_member()
+    dims: list[int] = []
+    for j in range(n):
+        pieces = partial.get_at(j).get_pw_aff_list()
+        widest = max((pieces.get_at(k) for k in range(pieces.n_pw_aff())),
+                     key=lambda pa: pa.dim(isl.dim_type.in_), default=None)
+        dim = None if widest is None else _single_index(widest)
+        if dim is None:
+            return band
+        dims.append(dim)
+    order = tuple(sorted(range(n), key=lambda j: dims[j]))
+    if len(set(dims)) != n or order == tuple(range(n)):
+        return band
+    return _permute_band(band, order)
+
+
+def _single_index(pa: isl.PwAff) -> int | None:
+    """``d`` when the affine function is the input dimension ``d`` alone."""
+    found: list[int | None] = []
+
+    def piece(_: isl.Set, aff: isl.Aff) -> None:
+        terms = [d for d in range(aff.dim(isl.dim_type.in_))
+                 if not aff.get_coefficient_val(isl.dim_type.in_, d).is_zero()]
+        one = len(terms) == 1 and aff.get_coefficient_val(isl.dim_type.in_, terms[0]).is_one()
+        found.append(terms[0] if one and aff.get_constant_val().is_zero() else None)
+
+    pa.foreach_piece(piece)
+    return found[0] if len(found) == 1 else None
 
 
 def _permute_band(band: isl.ScheduleNode, order: tuple[int, ...]) -> isl.ScheduleNode:

@@ -6,8 +6,12 @@ from onnx import TensorProto, helper, numpy_helper
 import polyfuse as pf
 from polyfuse.frontends.onnx import to_graph
 from polyfuse.ir.graph import verify_graph
-from polyfuse.lowering.graph_passes import (PassManager, eliminate_common_subexpressions,
-                                            eliminate_dead_nodes)
+from polyfuse.lowering.fusion import describe_groups, partition_fusion_groups
+from polyfuse.lowering.graph_passes import (DEFAULT_PASSES, PassManager, eliminate_common_subexpressions,
+                                            eliminate_dead_nodes, fold_batch_norms, simplify_movement)
+from polyfuse.runtime.model import CompiledModel
+from polyfuse.targets import Target
+from tests.onnx.ort_compare import assert_matches_onnxruntime
 
 
 def model():
@@ -41,8 +45,7 @@ def test_common_subexpressions_merge():
 def test_pass_manager_dumps_and_keeps_numerics():
     pm = PassManager(verify=True, keep_dumps=True)
     out = pm.run(to_graph(model()))
-    assert [name for name, _ in pm.dumps] == ["input", "eliminate_dead_nodes",
-                                              "eliminate_common_subexpressions", "eliminate_dead_nodes"]
+    assert [name for name, _ in pm.dumps] == ["input"] + [p.__name__ for p in DEFAULT_PASSES]
     assert len(out.nodes) == 2
     x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
     w = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -50,13 +53,140 @@ def test_pass_manager_dumps_and_keeps_numerics():
 
 
 def test_memory_plan_reuses_dead_activations():
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Exp", ["a"], ["b"]),
-             helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("Abs", ["c"], ["y"])]
+    # Softmax does not fuse with Softmax: four kernels, three intermediates in the arena
+    nodes = [helper.make_node("Softmax", [i], [o], axis=0)
+             for i, o in (("x", "a"), ("a", "b"), ("b", "c"), ("c", "y"))]
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])])
     m = pf.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), target="host")
     plan = m.memory_plan(x=(64, 64))
     one = 64 * 64 * 4
-    assert plan.naive_bytes == 4 * one
-    assert plan.arena_bytes == 2 * one   # a and c share a slot, b and y the other
+    temporaries = plan.naive_bytes - 4 * one     # each kernel's column maxima and sums
+    assert 0 < temporaries < one
+    assert "y" not in plan.offsets               # outputs get arrays of their own
     assert plan.offsets["a"] == plan.offsets["c"] != plan.offsets["b"]
+    assert 2 * one <= plan.arena_bytes < 3 * one
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    want = x
+    for _ in range(4):
+        want = np.exp(want - want.max(0)) / np.exp(want - want.max(0)).sum(0)
+    np.testing.assert_allclose(m(x), want, rtol=1e-5)
+
+
+# --- each rewrite: the graph before and after, and the same numbers -----------------------
+
+def _model(nodes, inputs, outputs, initializers):
+    graph = helper.make_graph(
+        nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
+        [numpy_helper.from_array(a, n) for n, a in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _same_numbers(before, after, feeds):
+    """Both graphs on the reference interpreter give the same outputs."""
+    verify_graph(after)
+    want = CompiledModel(before, Target.parse("reference")).run(feeds)
+    got = CompiledModel(after, Target.parse("reference")).run(feeds)
+    assert want.keys() == got.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+RNG = np.random.default_rng(3)
+
+
+def _bn(name, x, y, channels):
+    params = {f"{name}_{p}": RNG.uniform(0.5, 1.5, channels).astype(np.float32)
+              for p in ("scale", "bias", "mean", "var")}
+    return helper.make_node("BatchNormalization", [x, *params], [y], name=name, epsilon=1e-3), params
+
+
+def test_batch_norm_folds_into_conv_and_gemm():
+    bn1, p1 = _bn("bn1", "c", "d", 8)
+    bn2, p2 = _bn("bn2", "g", "y", 5)
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1]), bn1,
+             helper.make_node("Relu", ["d"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "G"], ["g"], name="gemm", transB=1), bn2]
+    inits = {"W": RNG.standard_normal((8, 3, 3, 3)).astype(np.float32),
+             "B": RNG.standard_normal(8).astype(np.float32),
+             "G": RNG.standard_normal((5, 8 * 4 * 4)).astype(np.float32)} | p1 | p2
+    g = to_graph(_model(nodes, {"x": [1, 3, 4, 4]}, {"y": [1, 5]}, inits))
+    after = fold_batch_norms(g)
+    assert "BatchNormalization" in str(g) and "BatchNormalization" not in str(after)
+    assert "%d = Conv(%x, %conv.folded_w, %conv.folded_b" in str(after)
+    assert "%y = Gemm(%f, %gemm.folded_w, %gemm.folded_b" in str(after)
+    _same_numbers(g, after, {"x": RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)})
+
+
+def test_batch_norm_stays_when_the_conv_output_has_another_reader():
+    bn, params = _bn("bn", "c", "d", 4)
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], name="conv"), bn,
+             helper.make_node("Add", ["c", "d"], ["y"], name="add")]
+    g = to_graph(_model(nodes, {"x": [1, 2, 3, 3]}, {"y": [1, 4, 3, 3]},
+                        {"W": RNG.standard_normal((4, 2, 1, 1)).astype(np.float32)} | params))
+    assert fold_batch_norms(g) == g
+
+
+def test_transposes_and_reshapes_simplify():
+    shape = numpy_helper.from_array(np.array([6, 4], np.int64), "s1")
+    nodes = [helper.make_node("Transpose", ["x"], ["t1"], name="t1", perm=[1, 0, 2]),
+             helper.make_node("Transpose", ["t1"], ["t2"], name="t2", perm=[1, 0, 2]),  # cancels
+             helper.make_node("Transpose", ["t2"], ["t3"], name="t3", perm=[2, 0, 1]),
+             helper.make_node("Transpose", ["t3"], ["t4"], name="t4", perm=[0, 2, 1]),  # composes
+             helper.make_node("Identity", ["t4"], ["i"], name="ident"),
+             helper.make_node("Reshape", ["i", "s0"], ["r1"], name="r1"),
+             helper.make_node("Reshape", ["r1", "s1"], ["y"], name="r2")]
+    model = _model(nodes, {"x": [2, 3, 4]}, {"y": [6, 4]}, {})
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([4, 6], np.int64), "s0"), shape])
+    g = to_graph(model)
+    after = simplify_movement(g)
+    assert [n.op for n in after.nodes] == ["Transpose", "Reshape"]
+    assert "%t4 = Transpose(%x, perm=[2, 1, 0])" in str(after)
+    assert "%y = Reshape(%t4, %s1)" in str(after)
+    _same_numbers(g, after, {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)})
+
+
+def test_fusion_groups_take_epilogues_and_keep_the_order_topological():
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="bias"),
+             helper.make_node("Softmax", ["a"], ["s"], name="softmax"),   # reads the group early
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),         # so relu cannot join
+             helper.make_node("Add", ["r", "s"], ["y"], name="sum"),
+             helper.make_node("Exp", ["y"], ["e"], name="exp"),
+             helper.make_node("Softmax", ["e"], ["z"], name="softmax2")]  # prologue: joins exp
+    g = to_graph(_model(nodes, {"x": [3, 4]}, {"z": [3, 5]},
+                        {"W": RNG.standard_normal((4, 5)).astype(np.float32),
+                         "b": RNG.standard_normal(5).astype(np.float32)}))
+    after = partition_fusion_groups(g)
+    text = str(after)
+    assert "# mm @g0" in text and "# bias @g0" in text and "# softmax\n" in text
+    assert describe_groups(after).splitlines() == [
+        "g0: mm (MatMul) -> bias (Add)", "g1: relu (Relu) -> sum (Add) -> exp (Exp) -> softmax2 (Softmax)"]
+    _same_numbers(g, after, {"x": RNG.standard_normal((3, 4)).astype(np.float32)})
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    model = _model(nodes, {"x": [3, 4]}, {"z": [3, 5]},
+                   {"W": RNG.standard_normal((4, 5)).astype(np.float32),
+                    "b": RNG.standard_normal(5).astype(np.float32)})
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4)
+
+
+def test_a_fused_conv_epilogue_is_one_statement():
+    """Conv, BatchNormalization, Relu and a residual Add: one kernel whose last statement
+    computes the whole epilogue from the channels-last accumulator."""
+    bn, params = _bn("bn", "c", "d", 16)
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], name="conv", pads=[1, 1, 1, 1]), bn,
+             helper.make_node("Add", ["d", "x"], ["s"], name="residual"),
+             helper.make_node("Relu", ["s"], ["y"], name="relu")]
+    model = _model(nodes, {"x": [1, 16, 6, 6]}, {"y": [1, 16, 6, 6]},
+                   {"W": RNG.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1} | params)
+    compiled = pf.compile(model, target="host")
+    x = RNG.standard_normal((1, 16, 6, 6)).astype(np.float32)
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-5, compiled=compiled)
+    plan = next(iter(compiled._plans.values()))
+    [step] = plan.steps
+    assert step.label == "g0[conv residual relu]"
+    text = step.spec.stages["specialized"]
+    assert text.count(" = ") + text.count(" +=! ") == 3, text   # pad, accumulate, epilogue
+    assert "max(" in text.splitlines()[-3]

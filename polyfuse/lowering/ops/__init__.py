@@ -28,12 +28,15 @@ from polyfuse.ir.types import DType
 @dataclass(frozen=True)
 class TCKernel:
     """``source`` defines one TC def whose parameters are the node inputs ``inputs``
-    (positions, in order) and whose first ``len(outputs)`` outputs are the node outputs
-    at positions ``outputs``; later TC outputs are temporaries."""
+    (positions, in order), then ``constants``, and whose first ``len(outputs)`` outputs
+    are the node outputs at positions ``outputs``; later TC outputs are temporaries."""
 
     source: str
     inputs: tuple[int, ...]
     outputs: tuple[int, ...] = (0,)
+    # arrays computed at compile time (e.g. weights repacked for the kernel), passed
+    # as the parameters after the node inputs, in this order
+    constants: tuple[np.ndarray, ...] = ()
 
 
 @dataclass(frozen=True)

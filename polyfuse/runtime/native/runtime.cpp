@@ -3,7 +3,8 @@
 // - a persistent thread pool behind a C ABI parallel-for (polyfuse_parallel_for),
 //   which JIT-compiled code binds by address;
 // - aligned numpy buffers;
-// - call(): runs a kernel `void kernel(void** args)` with the GIL released.
+// - call(): runs a kernel `void kernel(void** args)` with the GIL released;
+// - Program: a sequence of kernel calls over one arena, run with one call (a model).
 // The Python face, with the full contract, is polyfuse/runtime/native.py.
 
 #include <pybind11/numpy.h>
@@ -13,7 +14,9 @@
 #include <pthread.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -305,6 +308,82 @@ extern "C" void polyfuse_parallel_for_threads(polyfuse_body body, int64_t n, voi
     g_pool->parallel_for(body, n, ctx, num_threads);
 }
 
+// --- programs: a compiled model's kernels, run in order by one call -----------------------
+
+// Where an argument points: into the arena, an input or output array (by position), a
+// fixed address (a constant the caller keeps alive), or the program's error slot.
+enum ArgBase : int { kArena = 0, kInput = 1, kOutput = 2, kFixed = 3, kError = 4 };
+
+struct ProgramArg {
+    int base;
+    int64_t index;   // input/output position, or the fixed address
+    int64_t offset;  // bytes from the base
+};
+
+struct ProgramStep {
+    kernel_fn fn;
+    std::vector<ProgramArg> args;
+    std::vector<std::pair<size_t, size_t>> zero;  // (argument, bytes) cleared before the call
+};
+
+class Program {
+  public:
+    void add(uintptr_t fn, const std::vector<std::tuple<int, int64_t, int64_t>>& args,
+             const std::vector<std::pair<size_t, size_t>>& zero) {
+        ProgramStep step{reinterpret_cast<kernel_fn>(fn), {}, zero};
+        if (step.fn == nullptr) throw py::value_error("Program.add: fn is 0");
+        for (auto& [base, index, offset] : args) {
+            if (base < kArena || base > kError) throw py::value_error("Program.add: bad argument base");
+            step.args.push_back({base, index, offset});
+        }
+        for (auto& [arg, bytes] : zero)
+            if (arg >= step.args.size()) throw py::value_error("Program.add: zeroed argument out of range");
+        width_ = std::max(width_, step.args.size());
+        steps_.push_back(std::move(step));
+    }
+
+    // Runs every step; returns -1, or the position of the first step that reported an
+    // out-of-bounds index through the error slot (the later steps do not run).
+    int64_t run(py::array arena, const std::vector<py::array>& inputs, const std::vector<py::array>& outputs) {
+        std::vector<char*> in, out;
+        for (auto& a : inputs) in.push_back(static_cast<char*>(const_cast<void*>(a.data())));
+        for (auto& a : outputs) out.push_back(static_cast<char*>(const_cast<void*>(a.data())));
+        char* base = static_cast<char*>(arena.mutable_data());
+        for (auto& step : steps_)
+            for (auto& a : step.args)
+                if ((a.base == kInput && size_t(a.index) >= in.size()) ||
+                    (a.base == kOutput && size_t(a.index) >= out.size()))
+                    throw py::value_error("Program.run: too few input or output arrays");
+        std::vector<void*> ptrs(width_);
+        int64_t error = 0, failed = -1;
+        {
+            py::gil_scoped_release release;
+            for (size_t k = 0; k < steps_.size() && failed < 0; ++k) {
+                const ProgramStep& step = steps_[k];
+                for (size_t i = 0; i < step.args.size(); ++i) {
+                    const ProgramArg& a = step.args[i];
+                    char* p = a.base == kArena    ? base
+                              : a.base == kInput  ? in[a.index]
+                              : a.base == kOutput ? out[a.index]
+                              : a.base == kFixed  ? reinterpret_cast<char*>(a.index)
+                                                  : reinterpret_cast<char*>(&error);
+                    ptrs[i] = p + a.offset;
+                }
+                for (auto& [arg, bytes] : step.zero) std::memset(ptrs[arg], 0, bytes);
+                step.fn(ptrs.data());
+                if (error) failed = static_cast<int64_t>(k);
+            }
+        }
+        return failed;
+    }
+
+    size_t size() const { return steps_.size(); }
+
+  private:
+    std::vector<ProgramStep> steps_;
+    size_t width_ = 0;
+};
+
 PYBIND11_MODULE(_native, m) {
     m.doc() = "polyfuse native runtime; use it through polyfuse.runtime.native";
     g_pool = new ThreadPool(default_num_threads());
@@ -336,4 +415,9 @@ PYBIND11_MODULE(_native, m) {
     m.def("is_aligned", &is_aligned, py::arg("array").noconvert(), py::arg("alignment") = 64);
     m.def("aligned_buffers_live", [] { return g_aligned_buffers_live.load(); });
     m.def("test_kernel_address", &test_kernel_address, py::arg("name"));
+    py::class_<Program>(m, "Program")
+        .def(py::init<>())
+        .def("add", &Program::add, py::arg("fn"), py::arg("args"), py::arg("zero"))
+        .def("run", &Program::run, py::arg("arena"), py::arg("inputs"), py::arg("outputs"))
+        .def("__len__", &Program::size);
 }

@@ -1,0 +1,106 @@
+"""Fusion partitioning: which graph nodes run as one kernel.
+
+A *group* starts at a contraction (Conv, ConvTranspose, Gemm, MatMul) or at an
+elementwise op, and grows, in graph order, by elementwise ops reading its values
+(bias, BatchNormalization, activations, residual adds: a contraction's epilogue).
+A group with no contraction may also take one normalization or reduction that reads
+it (an elementwise prologue of Softmax or LayerNormalization), after which it closes.
+The members of a group are then lowered to one TC definition, their statements
+composed and elementwise producers inlined into their readers (see
+:mod:`polyfuse.lowering.compose`), so an epilogue costs no pass over memory of its own.
+
+Each node's ``group`` field names its group; the printed graph shows the decisions
+(``# conv3 @g2``), and :func:`describe_groups` lists them.
+
+A group runs where its last member stands. A node may join a group only if nothing
+between the group's current end and the node reads a value of the group (that reader
+would run before the group): the order stays topological.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from polyfuse.ir.graph import Graph, Node
+
+CONTRACTIONS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log",
+    "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu",
+    "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Gelu", "Mish", "Clip", "Max",
+    "Min", "Sum", "Mean", "Where", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
+    "BatchNormalization",
+})
+CLOSING = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "ReduceMean",
+                     "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2"})
+MAX_MEMBERS = 12
+
+
+@dataclass
+class _Group:
+    members: list[int] = field(default_factory=list)   # node positions
+    values: set[str] = field(default_factory=set)      # values its members define
+    anchored: bool = False                             # holds a contraction
+    closed: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.members[-1]
+
+
+def partition_fusion_groups(g: Graph) -> Graph:
+    """Mark fusion groups on the nodes (``Node.group``) and order each group's members
+    together at the position of its last one."""
+    group_of: dict[str, _Group] = {}   # value -> group defining it
+    groups: list[_Group] = []
+    nodes = g.nodes
+    for pos, n in enumerate(nodes):
+        target = _joinable(nodes, pos, group_of) if n.op in ELEMENTWISE | CLOSING else None
+        if target is None and n.op in CONTRACTIONS | ELEMENTWISE:
+            target = _Group(anchored=n.op in CONTRACTIONS)
+            groups.append(target)
+        if target is None:
+            continue
+        target.members.append(pos)
+        target.values.update(o for o in n.outputs if o)
+        target.closed = n.op in CLOSING
+        for o in n.outputs:
+            if o:
+                group_of[o] = target
+    fused = [grp for grp in groups if len(grp.members) > 1]
+    label = {pos: f"g{k}" for k, grp in enumerate(fused) for pos in grp.members}
+    end_of = {pos: grp for grp in fused for pos in grp.members}
+    order: list[Node] = []
+    for pos, n in enumerate(nodes):
+        grp = end_of.get(pos)
+        if grp is None:
+            order.append(replace(n, group=""))
+        elif pos == grp.end:
+            order += [replace(nodes[p], group=label[p]) for p in grp.members]
+    return replace(g, nodes=tuple(order))
+
+
+def _joinable(nodes: tuple[Node, ...], pos: int, group_of: dict[str, _Group]) -> _Group | None:
+    n = nodes[pos]
+    closing = n.op in CLOSING
+    for value in n.inputs:
+        grp = group_of.get(value)
+        if grp is None or grp.closed or len(grp.members) >= MAX_MEMBERS:
+            continue
+        if closing and (grp.anchored or len(n.outputs) > 1):
+            continue
+        between = nodes[grp.end + 1:pos]
+        if any(i in grp.values for m in between for i in m.inputs):
+            continue
+        return grp
+    return None
+
+
+def describe_groups(g: Graph) -> str:
+    """One line per fusion group: its name, then its members' names and ops."""
+    groups: dict[str, list[Node]] = {}
+    for n in g.nodes:
+        if n.group:
+            groups.setdefault(n.group, []).append(n)
+    return "\n".join(f"{name}: " + " -> ".join(f"{n.name} ({n.op})" for n in members)
+                     for name, members in groups.items())
