@@ -1,12 +1,13 @@
 """Whole models against onnxruntime, in one process.
 
-    python benchmarks/models.py [--repeat 5] [--only resnet18,mobilenet,bert_layer]
+    python benchmarks/models.py [--repeat 5] [--only resnet18,mobilenet,bert_layer,mlp]
 
 Builds ResNet-18 (224x224, batch 1), a MobileNetV2-style net (depthwise + pointwise) and
 a BERT-base-sized encoder layer (seq 128, hidden 768, 12 heads) with onnx.helper and
-random weights; prints compile time, median latency of polyfuse (all cores) and of
-onnxruntime with 1 and 2 threads, ratio = onnxruntime (all cores) / polyfuse, and the
-activation arena against the naive sum of activations.
+random weights; prints compile time, the number of kernels after fusion, median latency
+of polyfuse (all cores) and of onnxruntime with 1 and 2 threads, ratio = onnxruntime
+(all cores) / polyfuse, and the activation arena against the naive sum of activations;
+then the per-call time of a small MLP (``--only mlp``).
 """
 
 from __future__ import annotations
@@ -138,14 +139,36 @@ def bert_layer(seq: int = 128, hidden: int = 768, heads: int = 12):
 MODELS = {"resnet18": resnet18, "mobilenet": mobilenet, "bert_layer": bert_layer}
 
 
+def small_mlp():
+    """Batch 1, 16 -> 32 -> 4: what a call costs beyond its arithmetic."""
+    b = Builder()
+    h = b.op("Relu", [b.op("Add", [b.op("MatMul", ["input", b.weight((16, 32))]), b.weight((32,))])])
+    y = b.op("MatMul", [h, b.weight((32, 4))])
+    return b.model("input", [1, 16], y, "mlp", [1, 4]), {"input": (1, 16)}
+
+
+def call_overhead(repeat: int) -> None:
+    """Median time of one call of the small MLP, polyfuse against onnxruntime."""
+    model, shapes = small_mlp()
+    x = {"input": np.random.default_rng(1).standard_normal(shapes["input"]).astype(np.float32)}
+    compiled = pf.compile(model, target="host", input_shapes=shapes)
+    sess = ort.InferenceSession(model.SerializeToString())
+    np.testing.assert_allclose(compiled.run(x)["matmul5"], sess.run(None, x)[0], rtol=1e-4, atol=1e-5)
+    n = 2000
+    ours = median_time(lambda: [compiled.run(x) for _ in range(n)], repeat) / n
+    theirs = median_time(lambda: [sess.run(None, x) for _ in range(n)], repeat) / n
+    print(f"\nsmall MLP call: polyfuse {ours * 1e6:.1f} us, onnxruntime {theirs * 1e6:.1f} us, "
+          f"ratio ort/pf {theirs / ours:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--only", default="")
     args = parser.parse_args()
     wanted = set(filter(None, args.only.split(",")))
-    print(f"{'model':<11} {'compile s':>9} {'polyfuse ms':>11} {'ort-1 ms':>9} {'ort-2 ms':>9} "
-          f"{'ort/pf':>7} {'arena MB':>9} {'naive MB':>9}")
+    print(f"{'model':<11} {'compile s':>9} {'kernels':>7} {'polyfuse ms':>11} {'ort-1 ms':>9} "
+          f"{'ort-2 ms':>9} {'ort/pf':>7} {'arena MB':>9} {'naive MB':>9}")
     for name, build in MODELS.items():
         if wanted and name not in wanted:
             continue
@@ -165,9 +188,12 @@ def main() -> None:
         got = list(compiled.run(feed).values())[0]
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
         plan = compiled.memory_plan(**shapes)
-        print(f"{name:<11} {compile_s:9.1f} {ours * 1e3:11.2f} {ort_times[0] * 1e3:9.2f} "
+        kernels = len(compiled.profile(feed, repeat=1))
+        print(f"{name:<11} {compile_s:9.1f} {kernels:7d} {ours * 1e3:11.2f} {ort_times[0] * 1e3:9.2f} "
               f"{ort_times[1] * 1e3:9.2f} {ort_times[1] / ours:7.2f} "
               f"{plan.arena_bytes / 2**20:9.1f} {plan.naive_bytes / 2**20:9.1f}", flush=True)
+    if not wanted or "mlp" in wanted:
+        call_overhead(args.repeat)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 from polyfuse.driver import compile, define, einsum
 from polyfuse.errors import (ArgumentError, BoundsError, CodegenError, DTypeError, FrontendError,
-                             IRVerificationError, ModelError, PolyfuseError, RangeInferenceError,
-                             ScheduleError, ShapeError, TargetError, TCSemanticError,
-                             TCSyntaxError, UnsupportedOpError)
+                             GraphSyntaxError, IRVerificationError, ModelError, PolyfuseError,
+                             RangeInferenceError, ScheduleError, ShapeError, TargetError,
+                             TCSemanticError, TCSyntaxError, UnsupportedOpError, WeightError)
 from polyfuse.runtime.kernel import Kernel, KernelModule, SpecializedKernel
 from polyfuse.targets import Target
 
@@ -15,5 +15,5 @@ __all__ = [
     "PolyfuseError", "FrontendError", "TCSyntaxError", "TCSemanticError", "RangeInferenceError",
     "IRVerificationError", "ArgumentError", "ShapeError", "DTypeError", "BoundsError",
     "TargetError", "ModelError", "UnsupportedOpError", "ScheduleError", "CodegenError",
-    "__version__",
+    "GraphSyntaxError", "WeightError", "__version__",
 ]

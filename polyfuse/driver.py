@@ -47,8 +47,9 @@ def compile(model: Any, *, target: str | Target = "reference",
     from polyfuse.lowering.ops import OPS
     tgt = Target.parse(target)
     check_target(tgt)
-    graph = PassManager().run(to_graph(model, set(OPS)))
-    return CompiledModel(graph, tgt, options, input_shapes)
+    passes = PassManager(verify=True, keep=True)
+    graph = passes.run(to_graph(model, set(OPS)))
+    return CompiledModel(graph, tgt, options, input_shapes, passes=passes)
 
 
 @functools.lru_cache(maxsize=256)

@@ -74,6 +74,15 @@ class TCSyntaxError(FrontendError):
     """The TC text does not parse."""
 
 
+class GraphSyntaxError(FrontendError):
+    """Graph IR text does not parse."""
+
+
+class WeightError(FrontendError):
+    """A constant printed by digest in graph IR text has no data in the weights given,
+    or data with another digest."""
+
+
 class TCSemanticError(FrontendError):
     """The TC text parses but means nothing valid (unknown names, bad types, ...)."""
 

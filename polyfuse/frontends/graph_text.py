@@ -31,18 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import FrontendError, SourceLocation
+from polyfuse.errors import FrontendError, GraphSyntaxError, SourceLocation, WeightError
 from polyfuse.ir.graph import (NAME_PATTERN, PREFIXED_NAME_PATTERN, Constant, Graph, Node,
                                TensorType, Value)
 from polyfuse.ir.types import DType
-
-
-class GraphSyntaxError(FrontendError):
-    """The graph text does not parse."""
-
-
-class WeightError(FrontendError):
-    """A constant printed by digest has no data in the weights, or data with another digest."""
 
 
 _STRING = r'"(?:[^"\\\n]|\\.)*"'

@@ -182,15 +182,18 @@ DEFAULT_PASSES: tuple[GraphPass, ...] = (
 
 @dataclass
 class PassManager:
+    """Runs ``passes`` in order; ``verify`` checks the graph after each, ``keep`` keeps
+    the graph after each (``dumps`` prints them, for ``--dump``-style inspection)."""
+
     passes: Sequence[GraphPass] = DEFAULT_PASSES
     verify: bool = False
-    dumps: list[tuple[str, str]] = field(default_factory=list)   # (pass name, graph text)
+    keep: bool = False
+    graphs: list[tuple[str, Graph]] = field(default_factory=list)   # (pass name, graph after it)
     times: list[tuple[str, float]] = field(default_factory=list)
-    keep_dumps: bool = False
 
     def run(self, g: Graph) -> Graph:
-        if self.keep_dumps:
-            self.dumps.append(("input", str(g)))
+        if self.keep:
+            self.graphs.append(("input", g))
         for p in self.passes:
             start = time.perf_counter()
             try:
@@ -200,6 +203,11 @@ class PassManager:
             except PolyfuseError as err:
                 raise type(err)(f"in graph pass '{p.__name__}' on graph '{g.name}': {err}") from None
             self.times.append((p.__name__, time.perf_counter() - start))
-            if self.keep_dumps:
-                self.dumps.append((p.__name__, str(g)))
+            if self.keep:
+                self.graphs.append((p.__name__, g))
         return g
+
+    @property
+    def dumps(self) -> list[tuple[str, str]]:
+        """``(pass name, printed graph)`` after each pass, the input first."""
+        return [(name, str(g)) for name, g in self.graphs]

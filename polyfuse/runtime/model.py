@@ -8,6 +8,7 @@ compiled for the target. ``run`` checks the feed, then runs the plan.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.bind_sizes import bind_sizes
 from polyfuse.lowering.compose import Member, compose
+from polyfuse.lowering.fusion import describe_groups
+from polyfuse.lowering.graph_passes import PassManager
 from polyfuse.lowering.ops import OPS, Folded, NeedsValue, OpContext, TCKernel, View
 from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
@@ -41,6 +44,9 @@ class _Step:
     spec: SpecializedKernel | None = None   # the kernel; None for a view
     temporaries: tuple[str, ...] = ()       # its private tensors, as values of the plan
 
+
+# the stages of each kernel that dump() shows ("kernels" is "specialized")
+KERNEL_STAGES = ("specialized", "loops", "llvm", "asm")
 
 # targets whose kernels run in this process, so a plan runs as one native program
 NATIVE = frozenset({"x86"})
@@ -300,12 +306,12 @@ class _NativeProgram:
                 return None
         return _NativeProgram(plan, graph)
 
-    def run(self, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, env: dict[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
         from polyfuse.runtime import native
         inputs = [env[n] for n in self.inputs]
         arena = native.empty_aligned(self.arena_bytes, np.uint8)
         slots = [native.empty_aligned(shape, dtype) for shape, dtype in self.slots]
-        failed = self.program.run(arena, inputs, slots)
+        failed = self.program.run(arena, inputs, slots, times)
         if failed >= 0:
             raise BoundsError(f"kernel '{self.labels[failed]}' read a tensor out of bounds through "
                               "an index taken from another tensor (an index tensor holds a value "
@@ -347,8 +353,10 @@ class CompiledModel:
     """A graph compiled for a target; ``run({name: array}) -> {name: array}``."""
 
     def __init__(self, graph: Graph, target: Target, options: MappingOptions | None = None,
-                 input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+                 input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+                 passes: PassManager | None = None) -> None:
         self.graph = graph
+        self.passes = passes
         self.target = target
         self.options = options
         self._plans: dict[tuple, _Plan] = {}
@@ -405,6 +413,27 @@ class CompiledModel:
                         raise ShapeError(f"dimension '{d}' is {first[1]} in input '{first[0]}' "
                                          f"but {e} in input '{name}'; it must have one size")
 
+    def dump(self, stage: str) -> str:
+        """The text of one stage of compilation: the graph after a pass (``input``,
+        ``fold_batch_norms``, ..., see :data:`STAGES`), ``groups`` (the fusion
+        decisions), or, for the kernels of the latest plan, ``kernels`` (their TC),
+        ``loops``, ``llvm``, ``asm`` (kernel stages, each kernel headed by its label)."""
+        graphs = dict(self.passes.graphs) if self.passes is not None else {}
+        if stage in graphs:
+            return str(graphs[stage])
+        if stage == "groups":
+            return describe_groups(self.graph) or "(no fusion groups)"
+        kernel_stage = {"kernels": "specialized"}.get(stage, stage)
+        if kernel_stage in KERNEL_STAGES:
+            if not self._plans:
+                raise ArgumentError(f"stage '{stage}' needs a plan: run the model once or "
+                                    "pass input_shapes to compile()")
+            plan = list(self._plans.values())[-1]
+            return "\n\n".join(f"// {st.label}\n{st.spec.stages.get(kernel_stage, '')}"
+                                for st in plan.steps if st.spec is not None)
+        known = [*graphs, "groups", "kernels", *KERNEL_STAGES[1:]]
+        raise ArgumentError(f"no stage '{stage}'; stages: {', '.join(known)}")
+
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""
         missing = [v.name for v in self.graph.inputs if v.name not in shapes]
@@ -414,6 +443,38 @@ class CompiledModel:
         return self._plan({v.name: tuple(shapes[v.name]) for v in self.graph.inputs}).memory
 
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        plan, env = self._prepare(feed)
+        if plan.program is not None:
+            return plan.program.run(env)
+        env.update(plan.consts)
+        for step in plan.steps:
+            step.run(env)
+        return {v.name: env[v.name] for v in self.graph.outputs}
+
+    def profile(self, feed: Mapping[str, Any], repeat: int = 10) -> list[tuple[str, float]]:
+        """Each kernel's median seconds over ``repeat`` runs of ``feed`` (after one
+        warm-up run), in the order they run: ``(label, seconds)``; a label names the node,
+        or the fusion group and its nodes."""
+        plan, env = self._prepare(feed)
+        samples: list[list[float]] = []
+        for _ in range(repeat + 1):
+            if plan.program is not None:
+                times = np.zeros(len(plan.program.labels))
+                plan.program.run(env, times)
+                labels = plan.program.labels
+            else:
+                local = env | plan.consts
+                labels, times = [st.label for st in plan.steps], np.zeros(len(plan.steps))
+                for k, step in enumerate(plan.steps):
+                    start = time.perf_counter()
+                    step.run(local)
+                    times[k] = time.perf_counter() - start
+            samples.append(list(times))
+        medians = np.median(np.array(samples[1:]), axis=0)
+        return list(zip(labels, (float(t) for t in medians)))
+
+    def _prepare(self, feed: Mapping[str, Any]) -> tuple[_Plan, dict[str, np.ndarray]]:
+        """The plan for ``feed`` and the checked inputs."""
         expected = {v.name: v for v in self.graph.inputs}
         unknown = sorted(set(feed) - set(expected))
         missing = sorted(set(expected) - set(feed))
@@ -445,12 +506,7 @@ class CompiledModel:
                 if name not in env or name in values or env[name].size > VALUE_INPUT_MAX:
                     raise
                 self._value_inputs.add(name)
-        if plan.program is not None:
-            return plan.program.run(env)
-        env.update(plan.consts)
-        for step in plan.steps:
-            step.run(env)
-        return {v.name: env[v.name] for v in self.graph.outputs}
+        return plan, env
 
     def __call__(self, *arrays: Any) -> tuple[np.ndarray, ...] | np.ndarray:
         if len(arrays) != len(self.graph.inputs):

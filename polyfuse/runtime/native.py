@@ -76,7 +76,8 @@ the fixed address ``index`` (memory the caller keeps alive), 4 the program's int
 slot, which a kernel sets when an index read from a tensor is out of bounds; ``zero``
 lists ``(argument, bytes)`` to clear before the call. ``run(arena, inputs, outputs)``
 runs the calls in order with the GIL released and returns -1, or the position of the
-first call that set the error slot (no later call runs). Arrays must be C-contiguous and
+first call that set the error slot (no later call runs); ``times``, a float64 array with
+a slot per call, receives each call's seconds. Arrays must be C-contiguous and
 large enough for what the calls touch: nothing is checked here (callers plan the memory).
 """
 

@@ -29,7 +29,7 @@ from polyfuse.scheduler.options import Fusion, MappingOptions
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
 CACHE_ROWS, CACHE_COLS, CACHE_DEPTH = 64, 256, 128  # cache tile (elements)
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
-MIN_DEPTH = 32             # reduction steps per output before register blocking pays off
+MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27)
 
 

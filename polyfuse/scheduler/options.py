@@ -7,7 +7,8 @@ the generated code.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 
 class Fusion(enum.Enum):
@@ -42,3 +43,28 @@ class MappingOptions:
                 raise ValueError(f"loop orders must be permutations, got {order}")
         if min(self.vector_width, self.unroll, self.unroll_jam) < 1 or self.num_threads < 0:
             raise ValueError("vector_width, unroll and unroll_jam must be >= 1, num_threads >= 0")
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (enums by value, tuples as lists)."""
+        return {k: (v.value if isinstance(v, Fusion) else list(v) if isinstance(v, tuple) else v)
+                for k, v in asdict(self).items()}
+
+    @staticmethod
+    def from_json(j: dict[str, Any]) -> MappingOptions:
+        """The options :meth:`to_json` wrote; unknown keys are refused (ValueError)."""
+        known = {f.name: f for f in fields(MappingOptions)}
+        unknown = sorted(set(j) - set(known))
+        if unknown:
+            raise ValueError(f"unknown mapping options {unknown}")
+        values: dict[str, Any] = {}
+        for k, v in j.items():
+            default = getattr(MappingOptions(), k)
+            if isinstance(default, Fusion):
+                values[k] = Fusion(v)
+            elif isinstance(default, tuple):
+                values[k] = tuple(int(x) for x in v)
+            elif isinstance(default, bool):
+                values[k] = bool(v)
+            else:
+                values[k] = int(v)
+        return MappingOptions(**values)

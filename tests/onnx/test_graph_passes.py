@@ -43,7 +43,7 @@ def test_common_subexpressions_merge():
 
 
 def test_pass_manager_dumps_and_keeps_numerics():
-    pm = PassManager(verify=True, keep_dumps=True)
+    pm = PassManager(verify=True, keep=True)
     out = pm.run(to_graph(model()))
     assert [name for name, _ in pm.dumps] == ["input"] + [p.__name__ for p in DEFAULT_PASSES]
     assert len(out.nodes) == 2

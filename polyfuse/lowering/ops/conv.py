@@ -12,6 +12,7 @@ temporary, which the reduction then reads unguarded.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,6 +20,8 @@ import numpy as np
 from polyfuse.lowering.ops import OpContext, TCKernel, literal, register, tensor_param
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+CHANNELS_LAST_ROWS = 32     # output rows narrower than this accumulate channels-last
+CHANNELS_LAST_DEPTH = 64    # so do reductions this deep
 
 
 def affine(terms: Sequence[tuple[str, int]], const: int = 0) -> str:
@@ -214,10 +217,11 @@ def _conv(ctx: OpContext) -> TCKernel:
         g = _group_of("m", m_out // groups)
         xc = f"{g} * {c_group} + c" if c_group > 1 else g
     padding, source = "", "X"
-    if groups == 1 and ctx.values[1] is not None:
-        return _conv_channels_last(ctx, axes)
-    if groups == m_out == x[1] and ctx.values[1] is not None:
-        return _depthwise_channels_last(ctx, axes)
+    if ctx.values[1] is not None and _channels_last_pays(axes, c_group * math.prod(w[2:])):
+        if groups == 1:
+            return _conv_channels_last(ctx, axes)
+        if groups == m_out == x[1]:
+            return _depthwise_channels_last(ctx, axes)
     if (groups == 1 or m_out == groups) and any(a.inside("o", "k") for a in axes):
         # (isl's scheduler can take minutes over the dependences of P through the
         # quasi-affine channel m / per_group, so those convolutions keep the select)
@@ -229,6 +233,15 @@ def _conv(ctx: OpContext) -> TCKernel:
                + [("c", c_group)] + [(ki, a.kernel) for ki, a in zip(k, axes)])
     return _convolution(ctx, "conv", f"{read} * W(m, c, {', '.join(k)})", inside, extents,
                         padding)
+
+
+def _channels_last_pays(axes: list[WindowAxis], depth: int) -> bool:
+    """Whether accumulating channels-last beats ONNX's layout: when output rows are too
+    narrow to fill vectors (7, 14, 28) or strided (their vectors would be gathered), or
+    when the reduction is deep enough that the extra pass transposing the result costs
+    little beside it."""
+    return not axes or axes[-1].out < CHANNELS_LAST_ROWS or axes[-1].stride > 1 or \
+        depth >= CHANNELS_LAST_DEPTH
 
 
 def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:

@@ -15,6 +15,8 @@
 
 #include <cstdlib>
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <cstring>
 #include <tuple>
 #include <map>
@@ -344,7 +346,14 @@ class Program {
 
     // Runs every step; returns -1, or the position of the first step that reported an
     // out-of-bounds index through the error slot (the later steps do not run).
-    int64_t run(py::array arena, const std::vector<py::array>& inputs, const std::vector<py::array>& outputs) {
+    int64_t run(py::array arena, const std::vector<py::array>& inputs, const std::vector<py::array>& outputs,
+                std::optional<py::array_t<double>> times) {
+        double* seconds = nullptr;
+        if (times) {
+            if (static_cast<size_t>(times->size()) < steps_.size())
+                throw py::value_error("Program.run: times needs one slot per step");
+            seconds = times->mutable_data();
+        }
         std::vector<char*> in, out;
         for (auto& a : inputs) in.push_back(static_cast<char*>(const_cast<void*>(a.data())));
         for (auto& a : outputs) out.push_back(static_cast<char*>(const_cast<void*>(a.data())));
@@ -369,8 +378,11 @@ class Program {
                                                   : reinterpret_cast<char*>(&error);
                     ptrs[i] = p + a.offset;
                 }
+                auto start = std::chrono::steady_clock::now();
                 for (auto& [arg, bytes] : step.zero) std::memset(ptrs[arg], 0, bytes);
                 step.fn(ptrs.data());
+                if (seconds)
+                    seconds[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
                 if (error) failed = static_cast<int64_t>(k);
             }
         }
@@ -418,6 +430,7 @@ PYBIND11_MODULE(_native, m) {
     py::class_<Program>(m, "Program")
         .def(py::init<>())
         .def("add", &Program::add, py::arg("fn"), py::arg("args"), py::arg("zero"))
-        .def("run", &Program::run, py::arg("arena"), py::arg("inputs"), py::arg("outputs"))
+        .def("run", &Program::run, py::arg("arena"), py::arg("inputs"), py::arg("outputs"),
+             py::arg("times") = py::none())
         .def("__len__", &Program::size);
 }
