@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import numpy as np
 
+from polyfuse.autotune.records import Records
 from polyfuse.errors import ArgumentError, DTypeError, FrontendError
 from polyfuse.frontends.einsum import einsum_source
 from polyfuse.frontends.tc import parse
@@ -18,29 +20,34 @@ from polyfuse.targets import Target
 
 
 def define(source: str, *, target: str | Target = "reference",
-           options: MappingOptions | None = None) -> KernelModule:
+           options: MappingOptions | None = None,
+           tuning_records: str | os.PathLike | Records | None = None) -> KernelModule:
     """Compile the TC definitions in ``source`` for ``target``.
 
     Returns a module whose definitions are attributes: ``define(src).mm(A, B)``.
     Targets: ``"reference"`` (numpy interpreter), ``"x86"``, ``"aarch64"``, ``"cuda"``,
-    ``"host"`` (this machine's CPU). ``options`` fixes the schedule of native targets
-    (default: a heuristic per kernel and shape).
+    ``"host"`` (this machine's CPU). ``options`` fixes the schedule of native targets;
+    else ``tuning_records`` (a file ``polyfuse tune`` wrote) gives the best tuned options
+    for each shape (or those of the nearest tuned shapes), else a heuristic chooses.
     """
     if not isinstance(source, str):
         raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
     tgt = Target.parse(target)
     check_target(tgt)
     module = parse(source)
-    return KernelModule({d.name: Kernel(d, tgt, source, options) for d in module.definitions})
+    records = Records.open(tuning_records)
+    return KernelModule({d.name: Kernel(d, tgt, source, options, records) for d in module.definitions})
 
 
 def compile(model: Any, *, target: str | Target = "reference",
             input_shapes: dict[str, tuple[int, ...]] | None = None,
+            tuning_records: str | os.PathLike | Records | None = None,
             options: MappingOptions | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ``ModelProto``) for ``target``.
 
     The result runs with ``model.run({name: array})`` or ``model(*arrays)``; shapes are
     taken from the first call for each set of input shapes, or fixed by ``input_shapes``.
+    ``tuning_records`` gives each kernel its best tuned options, as for :func:`define`.
     """
     from polyfuse.frontends.onnx import to_graph
     from polyfuse.lowering.graph_passes import PassManager
@@ -49,7 +56,8 @@ def compile(model: Any, *, target: str | Target = "reference",
     check_target(tgt)
     passes = PassManager(verify=True, keep=True)
     graph = passes.run(to_graph(model, set(OPS)))
-    return CompiledModel(graph, tgt, options, input_shapes, passes=passes)
+    return CompiledModel(graph, tgt, options, input_shapes, passes=passes,
+                         records=Records.open(tuning_records))
 
 
 @functools.lru_cache(maxsize=256)

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from polyfuse.autotune.records import Records
+from polyfuse.autotune.task import Task
 from polyfuse.errors import ShapeError, TargetError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
@@ -91,12 +93,13 @@ class Kernel:
     """One TC definition compiled for one target; call it with numpy arrays."""
 
     def __init__(self, definition: Definition, target: Target, source: str,
-                 options: MappingOptions | None = None) -> None:
+                 options: MappingOptions | None = None, records: Records | None = None) -> None:
         check_target(target)
         self.definition = definition
         self.target = target
         self.source = source
         self.options = options
+        self.records = records      # tuning records: options per shape when none are given
         self._cache: dict[tuple, SpecializedKernel] = {}
         # positional calls whose argument types, shapes and dtypes were checked before
         self._checked: dict[tuple, SpecializedKernel] = {}
@@ -131,10 +134,14 @@ class Kernel:
         key = bound.signature()
         kernel = self._cache.get(key)
         if kernel is None:
-            kernel = self._cache[key] = self._build(bound.sizes)
+            options = self.options
+            if options is None and self.records is not None and not self.definition.scalars:
+                arrays = [bound.values[t.name] for t in self.definition.inputs]
+                options = self.records.options(Task.of(self.definition, arrays, self.target.name))
+            kernel = self._cache[key] = self._build(bound.sizes, options)
         return kernel
 
-    def _build(self, sizes: dict[str, int]) -> SpecializedKernel:
+    def _build(self, sizes: dict[str, int], options: MappingOptions | None) -> SpecializedKernel:
         specialized = bind_sizes(self.definition, sizes)
         for t in specialized.outputs:
             extents = [evaluate_int(s, {}) for s in t.shape]
@@ -144,7 +151,7 @@ class Kernel:
                     f"{sizes}: the inputs are too small for the statement that writes it")
         stages = {"source": self.source, "comprehension": str(self.definition),
                   "specialized": str(specialized)}
-        run = BUILDERS[self.target.name](self.definition, sizes, self.target, self.options, stages)
+        run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages)
         return SpecializedKernel(specialized, dict(sizes), self.target, stages, run)
 
 

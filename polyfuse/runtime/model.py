@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from polyfuse.autotune.records import Records
+from polyfuse.autotune.task import Task
 from polyfuse.errors import ArgumentError, BoundsError, DTypeError, ShapeError
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import Definition
@@ -43,6 +45,7 @@ class _Step:
     run: Any                   # callable(env) -> None
     spec: SpecializedKernel | None = None   # the kernel; None for a view
     temporaries: tuple[str, ...] = ()       # its private tensors, as values of the plan
+    task: Task | None = None                # the kernel as a tuning task
 
 
 # the stages of each kernel that dump() shows ("kernels" is "specialized")
@@ -125,7 +128,7 @@ class _Plan:
 
     def kernel(self, label: str, d: Definition, source: str, names: list[str],
                outs: list[str]) -> None:
-        kernel = Kernel(d, self.model.target, source, self.model.options)
+        kernel = Kernel(d, self.model.target, source, self.model.options, self.model.records)
         spec = kernel.specialize(*(_placeholder(self.types[n]) for n in names))
         for name, t, shape in zip(outs, d.outputs, spec.output_shapes):
             self.types[name] = TensorType(t.dtype, shape)
@@ -134,12 +137,14 @@ class _Plan:
             self.types[name] = TensorType(t.dtype, shape)
         params = [p.name for p in d.params]
         results = [t.name for t in d.outputs[:len(outs)]]
+        task = None if d.scalars else Task.of(
+            d, [_placeholder(self.types[n]) for n in names], self.model.target.name, label)
 
         def run(env: dict[str, np.ndarray]) -> None:
             produced = spec.run({p: env[n] for p, n in zip(params, names)})
             for name, r in zip(outs, results):
                 env[name] = produced[r]
-        self.steps.append(_Step(label, tuple(names), tuple(outs), run, spec, temps))
+        self.steps.append(_Step(label, tuple(names), tuple(outs), run, spec, temps, task))
 
     def fused(self, unit: list[Node], exported: set[str]) -> bool:
         """Lower a fusion group as one kernel; False (nothing done) when a member does
@@ -354,9 +359,10 @@ class CompiledModel:
 
     def __init__(self, graph: Graph, target: Target, options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 passes: PassManager | None = None) -> None:
+                 passes: PassManager | None = None, records: Records | None = None) -> None:
         self.graph = graph
         self.passes = passes
+        self.records = records
         self.target = target
         self.options = options
         self._plans: dict[tuple, _Plan] = {}
@@ -425,14 +431,24 @@ class CompiledModel:
             return describe_groups(self.graph) or "(no fusion groups)"
         kernel_stage = {"kernels": "specialized"}.get(stage, stage)
         if kernel_stage in KERNEL_STAGES:
-            if not self._plans:
-                raise ArgumentError(f"stage '{stage}' needs a plan: run the model once or "
-                                    "pass input_shapes to compile()")
-            plan = list(self._plans.values())[-1]
+            plan = self._latest_plan(f"stage '{stage}' and other kernel stages")
             return "\n\n".join(f"// {st.label}\n{st.spec.stages.get(kernel_stage, '')}"
                                 for st in plan.steps if st.spec is not None)
         known = [*graphs, "groups", "kernels", *KERNEL_STAGES[1:]]
         raise ArgumentError(f"no stage '{stage}'; stages: {', '.join(known)}")
+
+    def tasks(self, **shapes: tuple[int, ...]) -> list[Task]:
+        """Every kernel of the model as a tuning task, for these input shapes (those given
+        to ``compile`` or of the latest call when none are given here)."""
+        plan = self._plan({v.name: tuple(shapes[v.name]) for v in self.graph.inputs}) if shapes \
+            else self._latest_plan("tasks")
+        return [st.task for st in plan.steps if st.task is not None]
+
+    def _latest_plan(self, what: str) -> _Plan:
+        if not self._plans:
+            raise ArgumentError(f"{what} need input shapes: run the model once, pass "
+                                "input_shapes to compile(), or give the shapes here")
+        return list(self._plans.values())[-1]
 
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""

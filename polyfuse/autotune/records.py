@@ -1,0 +1,184 @@
+"""The tuning records database: append-only JSON lines, one per trial.
+
+Each line holds the schema version, polyfuse's version, the target, the task (its
+workload and family keys, entry, shapes, dtypes), the mapping options, the cost of each
+repeat in seconds, an error code (``none`` for a valid measurement) and a timestamp.
+
+Writes are atomic per line: each :func:`append` is one ``write`` of whole lines to a
+file opened for appending, under an exclusive ``flock``, so two tuners can append to
+one file. Reading skips a corrupted or foreign line with a warning; it is never fatal.
+
+:class:`Records` answers what compilation asks: the best valid options for a task,
+from an exact record, or else from the nearest shapes of the same kernel (what
+Tensor Comprehensions did with tuned options across sizes), said at debug level.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polyfuse.autotune.task import Task
+from polyfuse.scheduler.options import MappingOptions
+
+SCHEMA_VERSION = 1
+log = logging.getLogger("polyfuse.autotune")
+
+
+class RecordsWarning(UserWarning):
+    """A line of a records file was skipped."""
+
+
+def _version() -> str:
+    from polyfuse import __version__
+    return __version__
+
+
+@dataclass(frozen=True)
+class Record:
+    workload_key: str
+    family_key: str
+    target: str
+    entry: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    options: MappingOptions
+    costs: tuple[float, ...]            # seconds of one call, per repeat
+    error: str = "none"                 # none, compile_error, runtime_error, timeout, wrong_answer
+    message: str = ""
+    timestamp: float = field(default_factory=time.time)
+    version: str = field(default_factory=_version)
+    name: str = ""
+
+    @staticmethod
+    def of(task: Task, options: MappingOptions, costs: Iterable[float], error: str = "none",
+           message: str = "") -> Record:
+        return Record(task.workload_key, task.family_key, task.target, task.entry, task.shapes,
+                      task.dtypes, options, tuple(float(c) for c in costs), error, message,
+                      name=task.name)
+
+    @property
+    def ok(self) -> bool:
+        return self.error == "none" and bool(self.costs) and all(c > 0 for c in self.costs)
+
+    @property
+    def cost(self) -> float:
+        """The median cost, or infinity for a failed trial."""
+        if not self.ok:
+            return math.inf
+        ordered = sorted(self.costs)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, "version": self.version, "target": self.target,
+                "workload_key": self.workload_key, "family_key": self.family_key,
+                "entry": self.entry, "name": self.name, "shapes": [list(s) for s in self.shapes],
+                "dtypes": list(self.dtypes), "options": self.options.to_json(),
+                "costs": list(self.costs), "error": self.error, "message": self.message,
+                "timestamp": self.timestamp}
+
+    @staticmethod
+    def from_json(j: dict[str, Any]) -> Record:
+        """The record ``j`` holds; ValueError (or KeyError, TypeError) when it is not one."""
+        if j.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"schema {j.get('schema')!r}, expected {SCHEMA_VERSION}")
+        return Record(str(j["workload_key"]), str(j["family_key"]), str(j["target"]),
+                      str(j["entry"]), tuple(tuple(int(d) for d in s) for s in j["shapes"]),
+                      tuple(str(d) for d in j["dtypes"]), MappingOptions.from_json(j["options"]),
+                      tuple(float(c) for c in j["costs"]), str(j["error"]), str(j.get("message", "")),
+                      float(j["timestamp"]), str(j["version"]), str(j.get("name", "")))
+
+
+def append(path: str | os.PathLike, records: Iterable[Record]) -> None:
+    """Append ``records`` to the file at ``path`` (created if missing) in one locked write."""
+    data = "".join(json.dumps(r.to_json(), separators=(",", ":")) + "\n" for r in records).encode()
+    if not data:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)   # closing releases the lock
+
+
+def load(path: str | os.PathLike) -> list[Record]:
+    """Every record of the file, skipping (with a warning) lines that are not records."""
+    records: list[Record] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(Record.from_json(json.loads(line)))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                warnings.warn(f"{path}:{lineno}: skipped a line that is not a polyfuse tuning "
+                              f"record ({type(err).__name__}: {err})", RecordsWarning, stacklevel=2)
+    return records
+
+
+def best_per_workload(records: Iterable[Record]) -> dict[tuple[str, str], Record]:
+    """The best valid record of each (workload, target)."""
+    best: dict[tuple[str, str], Record] = {}
+    for r in records:
+        key = (r.workload_key, r.target)
+        if r.ok and (key not in best or r.cost < best[key].cost):
+            best[key] = r
+    return best
+
+
+class Records:
+    """Records loaded for compilation: the options to use for a task."""
+
+    def __init__(self, records: Iterable[Record]) -> None:
+        self.records = list(records)
+        self.best = best_per_workload(self.records)
+
+    @staticmethod
+    def open(path: str | os.PathLike | Records | None) -> Records | None:
+        if path is None or isinstance(path, Records):
+            return path
+        p = Path(path)
+        if not p.exists():
+            from polyfuse.errors import ArgumentError
+            raise ArgumentError(f"no tuning records file at '{p}'")
+        return Records(load(p))
+
+    def lookup(self, task: Task) -> Record | None:
+        """The best valid record of ``task``, or of the same kernel at the nearest shapes."""
+        exact = self.best.get((task.workload_key, task.target))
+        if exact is not None:
+            log.debug("tuning records: %s uses options measured at %.3g ms", task, exact.cost * 1e3)
+            return exact
+        family = [r for r in self.best.values()
+                  if r.family_key == task.family_key and r.target == task.target
+                  and len(r.shapes) == len(task.shapes)]
+        if not family:
+            return None
+        nearest = min(family, key=lambda r: (_distance(r.shapes, task.shapes), r.cost))
+        log.debug("tuning records: no record of %s; reusing the options tuned for shapes %s",
+                  task, [list(s) for s in nearest.shapes])
+        return nearest
+
+    def options(self, task: Task) -> MappingOptions | None:
+        r = self.lookup(task)
+        return None if r is None else r.options
+
+
+def _distance(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> float:
+    """How far apart two shape lists are: the summed log-ratio of their dimensions."""
+    if [len(s) for s in a] != [len(s) for s in b]:
+        return math.inf
+    return sum(abs(math.log(max(x, 1) / max(y, 1))) for sa, sb in zip(a, b) for x, y in zip(sa, sb))

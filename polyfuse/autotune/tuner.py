@@ -1,0 +1,117 @@
+"""The tuning loop: ask the search for candidates, measure them, record every trial.
+
+Each batch of measurements is appended to the records file as soon as it is measured,
+so an interrupted tune (Ctrl-C) keeps every trial it made. The default schedule is the
+first candidate, so the speedup over it is always known.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polyfuse.autotune import records as db
+from polyfuse.autotune.measure import MeasureConfig, measure_all
+from polyfuse.autotune.search import GeneticSearch, RandomSearch
+from polyfuse.autotune.space import SearchSpace
+from polyfuse.autotune.task import Task
+from polyfuse.scheduler.options import MappingOptions
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    trials: int = 64
+    strategy: str = "genetic"      # or "random"
+    seed: int = 0
+    jobs: int = 0                  # parallel builds; 0: all cores
+    number: int = 10
+    repeat: int = 3
+    timeout: float = 10.0          # seconds a candidate may run
+    build_timeout: float = 60.0
+    batch: int = 0                 # candidates per round; 0: the population size
+
+    def measure_config(self) -> MeasureConfig:
+        kwargs = {"jobs": self.jobs} if self.jobs > 0 else {}
+        return MeasureConfig(number=self.number, repeat=self.repeat, run_timeout=self.timeout,
+                             build_timeout=self.build_timeout, seed=self.seed, **kwargs)
+
+
+@dataclass
+class TuneResult:
+    best: db.Record | None = None
+    default_cost: float = math.inf
+    curve: list[float] = field(default_factory=list)   # best cost so far after each trial
+    trials: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+
+
+def make_search(task: Task, config: TuneConfig) -> GeneticSearch | RandomSearch:
+    space = SearchSpace.for_task(task)
+    if config.strategy == "random":
+        return RandomSearch(space, seed=config.seed)
+    if config.strategy == "genetic":
+        return GeneticSearch(space, seed=config.seed)
+    raise ValueError(f"unknown search strategy '{config.strategy}'; use genetic or random")
+
+
+def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
+         executor: Executor | None = None, previous: db.Records | None = None,
+         progress: bool = False) -> TuneResult:
+    """Measure up to ``config.trials`` candidates of ``task``, appending a record per trial
+    to ``output``. ``previous`` records (of this or nearby shapes) seed the search."""
+    config = config or TuneConfig()
+    search = make_search(task, config)
+    default = search.space.default()
+    measure = config.measure_config()
+    result = TuneResult()
+    start = time.perf_counter()
+    seeds: list[MappingOptions] = []
+    if previous is not None:
+        known = previous.options(task)
+        if known is not None and search.space.is_valid(known):
+            seeds.append(known)
+    batch_size = config.batch or max(4, min(16, config.trials))
+    bar = _progress(task, config.trials) if progress else None
+    try:
+        while result.trials < config.trials:
+            n = min(batch_size, config.trials - result.trials)
+            batch = search.ask(n)
+            if seeds:
+                batch = (seeds + [o for o in batch if o not in seeds])[:n]
+                seeds = []
+            if not batch:
+                break  # the space is exhausted
+            measured = measure_all(task, batch, measure, executor)
+            records = [db.Record.of(task, o, m.costs, m.error.value, m.message)
+                       for o, m in zip(batch, measured)]
+            db.append(output, records)
+            search.tell(batch, [r.cost for r in records])
+            for o, r in zip(batch, records):
+                if o == default:
+                    result.default_cost = r.cost
+                if r.ok and (result.best is None or r.cost < result.best.cost):
+                    result.best = r
+                result.trials += 1
+                result.curve.append(result.best.cost if result.best else math.inf)
+            if bar is not None:
+                bar.update(len(records))
+                if result.best is not None:
+                    speedup = result.default_cost / result.best.cost
+                    bar.set_postfix_str(f"best {result.best.cost * 1e3:.4g} ms, "
+                                        f"{speedup:.2f}x the default")
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        if bar is not None:
+            bar.close()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _progress(task: Task, total: int):  # type: ignore[no-untyped-def]
+    from tqdm import tqdm
+    return tqdm(total=total, desc=(task.name or task.entry)[:30], unit="trial", leave=False)
