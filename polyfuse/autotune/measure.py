@@ -36,7 +36,9 @@ import functools
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -180,7 +182,8 @@ def _reference(task: Task, seed: int) -> dict[str, np.ndarray]:
 
 # ---- the parent's side: start a child, feed it, wait for it, stop it --------------------
 
-_PRELOAD = ["__main__", "polyfuse.autotune.measure", "polyfuse.runtime.cpu"]
+_PRELOAD = ["polyfuse.autotune.measure", "polyfuse.runtime.cpu"]
+_STARTING = threading.Lock()
 
 
 @functools.cache
@@ -208,7 +211,8 @@ def _isolated(task: Task, options: MappingOptions, config: MeasureConfig,
         child_conn, task, options, config, expected, fault, run,
         "" if cache_dir is None else str(cache_dir)))
     try:
-        proc.start()
+        with _STARTING, _main_hidden():
+            proc.start()
         child_conn.close()
         reply = _receive(conn, proc, config.build_timeout, "building")
         if isinstance(reply, MeasureResult):  # a crash while building is the compiler's
@@ -234,6 +238,24 @@ def _isolated(task: Task, options: MappingOptions, config: MeasureConfig,
             proc.kill()
         if proc.pid is not None:
             proc.join()
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Children run only polyfuse's code, so they need not import the main script: hide
+    it from multiprocessing while a child starts, or a script without an
+    ``if __name__ == "__main__"`` guard would run its top level again in every child."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__.pop(k) for k in ("__file__",) if main is not None and k in main.__dict__}
+    spec = getattr(main, "__spec__", None)
+    if main is not None:
+        main.__spec__ = None
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+            main.__spec__ = spec
 
 
 def _receive(conn: Connection, proc: BaseProcess, timeout: float, phase: str) -> Any:
