@@ -1,0 +1,420 @@
+"""The search space of a tuning task: the mapping options worth measuring.
+
+After Tensor Comprehensions' tuner, each option takes its values from a small set
+drawn from the kernel: tile sizes of a band member are 0 (do not tile), the powers of
+two up to its extent and the extent halved k times, rounded up (56, 28, 14, 7, 4, 2, 1);
+register tiles are a few rows (1, 2, 4, 6, 7, 8) or 1 to 4 SIMD vectors; orders are
+every permutation of up to four members, and for more, each ordered pair of members
+innermost with the others in statement order or with the reductions first. The tile sizes,
+register tiles and orders refer to the band members of the heaviest statement: its
+left-hand side indices, then its reduction indices, without those whose range is one
+value in the text (see :mod:`polyfuse.scheduler.schedule`).
+
+Points are kept in a *canonical* form: options that make the same code are written one
+way (an identity order is ``()``; register tiles and a tile order without tiles, or
+intra-tile fusion with one statement, are dropped), so the search does not measure one
+kernel twice. A point is *valid* when, in canonical form:
+
+* tile sizes and register tiles have one entry per member, orders are permutations of
+  the members (or empty);
+* a register tile divides both the member's cache tile and its extent (its loops have
+  a constant trip count, as unroll-and-jam needs);
+* the vector width is 1 or a SIMD width of the target dividing the trip count of the
+  innermost loop, and ``unroll * vector_width`` does not exceed that trip count;
+* ``unroll_jam > 1`` jams the loop right around the innermost one, which must be a
+  register-tile loop whose size the factor divides (else lowering silently skips it);
+* ``fix_sizes`` only when no member has extent 1: with fixed sizes isl drops such a
+  member from the band, and the tile sizes would refer to the next indices.
+
+The heuristic's options (:meth:`SearchSpace.default`) are valid by definition: they are
+what the compiler does untuned, and the search starts from them (they may break a rule,
+e.g. 6 register rows in a 64-row tile; :meth:`SearchSpace.violations` says which).
+
+The space models the band as holding every member. isl may split it (a convolution
+scheduled without ``reorder_reductions`` gets a band of its output indices and first
+reduction index only); then the genes of the members left out change nothing, and some
+points make the same kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from polyfuse.autotune.task import Task
+from polyfuse.ir.comprehension import Definition, IndexVar, Literal, Read, Statement, walk
+from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.scheduler.heuristics import default_options
+from polyfuse.scheduler.options import Fusion, MappingOptions
+
+ROWS = (1, 2, 4, 6, 7, 8)      # register tile rows (6 and 7 where they divide the extent)
+VECTORS = (1, 2, 3, 4)         # register tile columns, in SIMD vectors
+UNROLLS = (1, 2, 4, 8)
+MAX_JAM = 8
+ALL_ORDERS_UP_TO = 4           # members up to which every permutation is a candidate
+ENUMERABLE = 50_000            # raw size up to which a space is listed exhaustively (about 1 s)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The loops that options make of the band (as far as the options decide them)."""
+
+    tiles: tuple[int, ...]         # per member: its cache tile (the extent when untiled)
+    trips: tuple[int, ...]         # per member: the trip count of its innermost-level loop
+    innermost: int | None          # the member of the innermost loop (None: no loop left)
+    jammed: int | None             # the member of the loop around it
+
+
+@dataclass(frozen=True)
+class LoopNest:
+    """The band of a definition's heaviest statement, which tile sizes and orders refer to."""
+
+    members: tuple[str, ...]       # left-hand side, then reduction indices
+    extents: tuple[int, ...]
+    reductions: int                # the last ``reductions`` members are reduction indices
+    reduces: bool                  # some statement of the definition reduces
+    contiguous: tuple[float, ...]  # per member: share of the accesses whose last index uses it
+    work: int                      # iterations of the statement
+    statements: int                # in the definition
+    element_bits: int              # of the narrowest output element in registers
+
+    @staticmethod
+    def of(d: Definition, sizes: dict[str, int]) -> LoopNest:
+        def extent(st: Statement, i: str) -> int:
+            r = st.range_of(i)
+            return evaluate_int(r.hi, sizes) - evaluate_int(r.lo, sizes)
+
+        st = max(d.statements, key=lambda s: math.prod(extent(s, r.index) for r in s.ranges))
+        members = tuple(i for i in st.indices + st.reduction_indices if not _single(st, i))
+        accesses = [r.indices[-1] for r in walk(st.rhs) if isinstance(r, Read) and r.indices]
+        lasts = [{n.name for n in walk(e) if isinstance(n, IndexVar)} for e in accesses]
+        lasts += [{st.indices[-1]}] if st.indices else []
+        contiguous = tuple(sum(i in last for last in lasts) / max(len(lasts), 1) for i in members)
+        bits = min((max(t.dtype.compute.bits, 32) if t.dtype.is_float else 64) for t in d.outputs)
+        return LoopNest(members, tuple(extent(st, i) for i in members),
+                        sum(i in st.reduction_indices for i in members),
+                        any(s.reduction_indices for s in d.statements), contiguous,
+                        math.prod(extent(st, r.index) for r in st.ranges), len(d.statements), bits)
+
+    def shape(self, o: MappingOptions) -> Shape:
+        """The loops of canonical options ``o`` (see :meth:`SearchSpace.canonical`)."""
+        n = len(self.members)
+        tiles = tuple(min(t, e) if t else e for t, e in zip(_pad(o.tile_sizes, n), self.extents))
+        if any(o.tile_sizes) and any(o.register_tile):
+            trips = tuple(min(r, t) if r else t for r, t in zip(_pad(o.register_tile, n), tiles))
+        else:
+            trips = tiles
+        inner = [j for j in (o.point_order or range(n)) if trips[j] > 1]
+        return Shape(tiles, trips, inner[-1] if inner else None, inner[-2] if len(inner) > 1 else None)
+
+
+def _single(st: Statement, index: str) -> bool:
+    """A range of one value fixed in the text: isl schedules no band member for it."""
+    r = st.range_of(index)
+    return isinstance(r.lo, Literal) and isinstance(r.hi, Literal) and int(r.hi.value) - int(r.lo.value) == 1
+
+
+@dataclass(frozen=True, eq=False)
+class SearchSpace:
+    """The mapping options of one task that the search may measure."""
+
+    task: Task
+    nest: LoopNest
+    widths: tuple[int, ...]                         # SIMD widths in elements, widest first
+    candidates: Mapping[str, tuple[Any, ...]] = field(repr=False)  # gene -> its values
+    heuristic: MappingOptions = field(repr=False)
+
+    @staticmethod
+    def for_task(task: Task, vector_bits: int = 512) -> SearchSpace:
+        """The space of ``task``'s options on a target whose SIMD registers have
+        ``vector_bits`` bits (what the heuristic gets too)."""
+        d, sizes = task.definition, task.sizes
+        nest = LoopNest.of(d, sizes)
+        width = max(1, vector_bits // nest.element_bits)
+        widths = tuple(w for w in (width, width // 2, width // 4) if w >= 2)
+        heuristic = default_options(d, sizes, vector_bits)
+        return SearchSpace(task, nest, widths, _candidates(nest, widths, heuristic), heuristic)
+
+    # --- points -------------------------------------------------------------------
+    def default(self) -> MappingOptions:
+        """The heuristic's options: valid, and the first point every search measures."""
+        return self.heuristic
+
+    def sample(self, rng: np.random.Generator) -> MappingOptions:
+        """A random valid point: each gene drawn uniformly, then repaired."""
+        return self.repair(self._build({g: _pick(c, rng) for g, c in self.candidates.items()}))
+
+    def mutate(self, options: MappingOptions, rng: np.random.Generator, rate: float) -> MappingOptions:
+        """``options`` with each gene redrawn with probability ``rate`` (half the time a
+        neighbouring value, half the time any), then repaired."""
+        genes = self._genes(options)
+        for g, values in self.candidates.items():
+            if len(values) > 1 and rng.random() < rate:
+                genes[g] = _neighbour(values, genes[g], rng) if rng.random() < 0.5 else _pick(values, rng)
+        return self.repair(self._build(genes))
+
+    def crossover(self, parents: Sequence[MappingOptions], rng: np.random.Generator) -> MappingOptions:
+        """A child taking each gene from one of the parents (three in TC's tuner), repaired."""
+        genes = [self._genes(p) for p in parents]
+        child = {g: genes[int(rng.integers(len(genes)))][g] for g in self.candidates}
+        return self.repair(self._build(child))
+
+    def points(self) -> Iterator[MappingOptions]:
+        """Every distinct valid point, in a fixed order (only sensible for small spaces)."""
+        seen: set[MappingOptions] = set()
+        names = list(self.candidates)
+        for values in itertools.product(*self.candidates.values()):
+            o = self.canonical(self._build(dict(zip(names, values))))
+            if o not in seen and not self.violations(o):
+                seen.add(o)
+                yield o
+
+    @property
+    def enumerable(self) -> bool:
+        return self.raw_size <= ENUMERABLE
+
+    @property
+    def raw_size(self) -> int:
+        """The number of gene combinations, before pruning."""
+        return math.prod(len(c) for c in self.candidates.values())
+
+    @cached_property
+    def size(self) -> int:
+        """The number of distinct valid points: counted when the space is enumerable, else
+        estimated as the raw size times the share of uniform gene draws that are valid
+        (fixed seed), which overestimates (one canonical form covers several draws)."""
+        if self.enumerable:
+            return sum(1 for _ in self.points())
+        rng = np.random.default_rng(0)
+        draws = 400
+        ok = sum(not self.violations(self._build({g: _pick(c, rng) for g, c in self.candidates.items()}))
+                 for _ in range(draws))
+        return max(1, round(self.raw_size * ok / draws))
+
+    # --- validity -----------------------------------------------------------------
+    def is_valid(self, options: MappingOptions) -> bool:
+        return options == self.heuristic or not self.violations(options)
+
+    def violations(self, options: MappingOptions) -> list[str]:
+        """Why ``options`` is outside the space (empty when valid); the rules are in the
+        module's docstring. The heuristic's options are checked like any other here."""
+        n = len(self.nest.members)
+        out = [f"{name} has {len(v)} entries; the band has {n} members"
+               for name, v in (("tile_sizes", options.tile_sizes), ("register_tile", options.register_tile),
+                               ("tile_order", options.tile_order), ("point_order", options.point_order))
+               if len(v) not in (0, n)]
+        if out:
+            return out
+        o = self.canonical(options)
+        shape = self.nest.shape(o)
+        for j, r in enumerate(o.register_tile):
+            if r and math.gcd(shape.tiles[j], self.nest.extents[j]) % r:
+                out.append(f"register tile {r} of '{self.nest.members[j]}' does not divide both its "
+                           f"tile {shape.tiles[j]} and its extent {self.nest.extents[j]}")
+        trip = shape.trips[shape.innermost] if shape.innermost is not None else 1
+        if o.vector_width > 1 and (o.vector_width not in self.widths or trip % o.vector_width):
+            out.append(f"vector width {o.vector_width} is not a SIMD width ({self.widths}) "
+                       f"dividing the innermost trip count {trip}")
+        if o.unroll > 1 and o.unroll * o.vector_width > trip:
+            out.append(f"unroll {o.unroll} x vector width {o.vector_width} exceeds the innermost trip count {trip}")
+        if o.unroll_jam > 1:
+            jam = shape.jammed
+            r = o.register_tile[jam] if jam is not None and o.register_tile else 0
+            if not r or r % o.unroll_jam or o.unroll_jam > MAX_JAM:
+                out.append(f"unroll_jam {o.unroll_jam} needs a register tile it divides on the loop "
+                           "around the innermost one")
+        if o.fix_sizes and 1 in self.nest.extents:
+            out.append("fix_sizes with a member of extent 1 (isl drops it from the band)")
+        return out
+
+    def canonical(self, options: MappingOptions) -> MappingOptions:
+        """The one way of writing the kernel ``options`` make (lengths must match the band)."""
+        n, ext = len(self.nest.members), self.nest.extents
+        identity = tuple(range(n))
+        # non-empty tile sizes or point order put the members in statement order first
+        ordered = bool(options.tile_sizes or options.point_order)
+        tiles = _pad(options.tile_sizes, n) if ordered else ()
+        tiled = any(tiles)
+        registers: tuple[int, ...] = ()
+        if tiled and any(options.register_tile):
+            # one register tile per cache tile is no register tile (an untiled member's
+            # register tile is left alone: another statement's band may be longer there)
+            registers = tuple(0 if t and r >= t else r for r, t in zip(_pad(options.register_tile, n), tiles))
+            registers = registers if any(registers) else ()
+        tile_order = options.tile_order if tiled and options.tile_order != identity else ()
+        point_order = options.point_order if options.point_order != identity else ()
+        intra = Fusion.MIN if options.intra_tile_fusion is Fusion.MIN and tiled and \
+            self.nest.statements > 1 else Fusion.MAX
+        return replace(options, tile_sizes=tiles, register_tile=registers, tile_order=tile_order,
+                       point_order=point_order, intra_tile_fusion=intra,
+                       reorder_reductions=options.reorder_reductions and self.nest.reduces)
+
+    def repair(self, options: MappingOptions) -> MappingOptions:
+        """A valid point near ``options``: wrong lengths padded or cut, then register tiles,
+        vector width, unroll and unroll_jam lowered until they fit. Also adapts options
+        tuned for another task of the same family."""
+        n, ext = len(self.nest.members), self.nest.extents
+        fixed = replace(options, tile_sizes=_pad(options.tile_sizes, n), register_tile=_pad(options.register_tile, n),
+                        tile_order=options.tile_order if len(options.tile_order) == n else (),
+                        point_order=options.point_order if len(options.point_order) == n else ())
+        o = self.canonical(fixed)
+        if o.register_tile:
+            tiles = self.nest.shape(o).tiles
+            o = replace(o, register_tile=tuple(_divisor_at_most(math.gcd(t, e), r) if r else 0
+                                               for r, t, e in zip(o.register_tile, tiles, ext)))
+            o = self.canonical(o)
+        shape = self.nest.shape(o)
+        trip = shape.trips[shape.innermost] if shape.innermost is not None else 1
+        width = max(w for w in (1,) + self.widths if w <= o.vector_width and trip % w == 0)
+        unroll = o.unroll
+        while unroll > 1 and unroll * width > trip:
+            unroll //= 2
+        jam = shape.jammed
+        rows = o.register_tile[jam] if jam is not None and o.register_tile else 0
+        unroll_jam = _divisor_at_most(rows, min(o.unroll_jam, MAX_JAM)) if rows else 1
+        return replace(o, vector_width=width, unroll=max(unroll, 1), unroll_jam=unroll_jam,
+                       fix_sizes=o.fix_sizes and 1 not in ext)
+
+    # --- features -----------------------------------------------------------------
+    def features(self, options: MappingOptions) -> np.ndarray:
+        """Numbers describing the kernel ``options`` make, for a cost model."""
+        o = self.canonical(options)
+        return np.array(_features(self.nest, o, self.nest.shape(o)), dtype=np.float64)
+
+    def feature_names(self) -> tuple[str, ...]:
+        per = ("log_tile", "log_trip", "tiled", "point_pos", "tile_pos", "innermost", "jammed",
+               "contiguous", "log_extent")
+        return tuple(f"{m}.{p}" for m in self.nest.members for p in per) + _GLOBAL_FEATURES
+
+    # --- genes: the options as independent choices ----------------------------------
+    def _genes(self, o: MappingOptions) -> dict[str, Any]:
+        n = len(self.nest.members)
+        identity = tuple(range(n))
+        genes: dict[str, Any] = {f.name: getattr(o, f.name) for f in _SCALAR_FIELDS}
+        tiles, registers = _pad(o.tile_sizes, n), _pad(o.register_tile, n)
+        genes |= {f"tile_sizes.{j}": tiles[j] for j in range(n)}
+        genes |= {f"register_tile.{j}": registers[j] for j in range(n)}
+        genes["tile_order"] = () if o.tile_order == identity else o.tile_order
+        genes["point_order"] = () if o.point_order == identity else o.point_order
+        return genes
+
+    def _build(self, genes: Mapping[str, Any]) -> MappingOptions:
+        n = len(self.nest.members)
+        return MappingOptions(
+            **{f.name: genes[f.name] for f in _SCALAR_FIELDS},
+            tile_sizes=tuple(genes[f"tile_sizes.{j}"] for j in range(n)),
+            register_tile=tuple(genes[f"register_tile.{j}"] for j in range(n)),
+            tile_order=genes["tile_order"], point_order=genes["point_order"])
+
+
+_SCALAR_FIELDS = tuple(f for f in MappingOptions.__dataclass_fields__.values()
+                       if f.name not in ("tile_sizes", "register_tile", "tile_order", "point_order"))
+_GLOBAL_FEATURES = ("fusion_max", "fusion_preserve", "fusion_min", "intra_min", "parallel",
+                    "log_vector_width", "log_unroll", "log_unroll_jam", "reorder_reductions", "fix_sizes",
+                    "log_register_block", "log_tile_footprint", "log_tiles", "vector_tail",
+                    "innermost_contiguous", "log_work", "statements")
+
+
+def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
+    n = len(nest.members)
+    point = o.point_order or tuple(range(n))
+    tile = o.tile_order or tuple(range(n))
+    out: list[float] = []
+    for j in range(n):
+        out += [math.log2(shape.tiles[j]), math.log2(shape.trips[j]), float(bool(o.tile_sizes and o.tile_sizes[j])),
+                point.index(j) / max(n - 1, 1), tile.index(j) / max(n - 1, 1), float(shape.innermost == j),
+                float(shape.jammed == j), nest.contiguous[j], math.log2(nest.extents[j])]
+    inner = shape.innermost
+    trip = shape.trips[inner] if inner is not None else 1
+    tiles = math.prod(-(-e // t) for e, t in zip(nest.extents, shape.tiles))
+    out += [float(o.fusion is f) for f in (Fusion.MAX, Fusion.PRESERVE, Fusion.MIN)]
+    out += [float(o.intra_tile_fusion is Fusion.MIN), float(o.parallel), math.log2(o.vector_width),
+            math.log2(o.unroll), math.log2(o.unroll_jam), float(o.reorder_reductions), float(o.fix_sizes),
+            math.log2(math.prod(shape.trips)), math.log2(math.prod(shape.tiles)), math.log2(tiles),
+            float(trip % o.vector_width != 0), nest.contiguous[inner] if inner is not None else 0.0,
+            math.log2(nest.work), float(nest.statements)]
+    return out
+
+
+# --- candidate values ------------------------------------------------------------------
+
+def _candidates(nest: LoopNest, widths: tuple[int, ...], heuristic: MappingOptions) -> dict[str, tuple[Any, ...]]:
+    n = len(nest.members)
+    c: dict[str, tuple[Any, ...]] = {
+        "fusion": (Fusion.MAX, Fusion.PRESERVE, Fusion.MIN),
+        "intra_tile_fusion": (Fusion.MAX, Fusion.MIN) if nest.statements > 1 else (Fusion.MAX,),
+        "parallel": (0, 1),
+        "vector_width": (1,) + tuple(sorted(widths)),
+        "unroll": UNROLLS,
+        "unroll_jam": tuple(range(1, MAX_JAM + 1)) if n > 1 else (1,),
+        "reorder_reductions": (False, True) if nest.reduces else (False,),
+        "fix_sizes": (False, True) if min(nest.extents, default=1) > 1 else (False,),
+        "num_threads": (0,),
+    }
+    tiles, registers = _pad(heuristic.tile_sizes, n), _pad(heuristic.register_tile, n)
+    for j, e in enumerate(nest.extents):
+        c[f"tile_sizes.{j}"] = _below(e + 1, _tile_sizes(e) | {tiles[j]})
+        c[f"register_tile.{j}"] = _below(e, set(ROWS) | {k * w for w in widths for k in VECTORS} | {registers[j]})
+    orders = _orders(n, nest.reductions)
+    c["tile_order"] = _with(orders, heuristic.tile_order, n)
+    c["point_order"] = _with(orders, heuristic.point_order, n)
+    return dict(sorted(c.items()))
+
+
+def _tile_sizes(extent: int) -> set[int]:
+    """TC's candidates: powers of two up to the extent, and the extent halved k times."""
+    powers = {1 << k for k in range(extent.bit_length())}
+    halves = {-(-extent // (1 << k)) for k in range(extent.bit_length() + 1)}
+    return powers | halves
+
+
+def _below(limit: int, values: set[int]) -> tuple[int, ...]:
+    """0 (do not tile or block), then the values below ``limit``."""
+    return (0,) + tuple(sorted(v for v in values if 0 < v < limit))
+
+
+def _orders(n: int, reductions: int) -> tuple[tuple[int, ...], ...]:
+    """Every permutation for a few members; for more, each ordered pair of members
+    innermost with the others in statement order or with the reductions first."""
+    if n <= ALL_ORDERS_UP_TO:
+        found = set(itertools.permutations(range(n)))
+    else:
+        found = {tuple(range(n))}
+        for a, b in itertools.permutations(range(n), 2):
+            rest = [j for j in range(n) if j not in (a, b)]
+            found.add(tuple(rest + [a, b]))
+            found.add(tuple(sorted(rest, key=lambda j: j < n - reductions) + [a, b]))
+    identity = tuple(range(n))
+    return tuple(sorted(() if p == identity else p for p in found))
+
+
+def _with(orders: tuple[tuple[int, ...], ...], extra: tuple[int, ...], n: int) -> tuple[tuple[int, ...], ...]:
+    if len(extra) != n or extra == tuple(range(n)) or extra in orders:
+        return orders
+    return tuple(sorted(orders + (extra,)))
+
+
+def _pad(values: tuple[int, ...], n: int) -> tuple[int, ...]:
+    return tuple(values[:n]) + (0,) * max(0, n - len(values))
+
+
+def _divisor_at_most(value: int, limit: int) -> int:
+    """The largest divisor of ``value`` that is at most ``limit`` (at least 1)."""
+    return max(d for d in range(1, max(limit, 1) + 1) if value % d == 0)
+
+
+def _pick(values: tuple[Any, ...], rng: np.random.Generator) -> Any:
+    return values[int(rng.integers(len(values)))]
+
+
+def _neighbour(values: tuple[Any, ...], current: Any, rng: np.random.Generator) -> Any:
+    """The value next to ``current`` in the candidate list, on a random side."""
+    k = values.index(current) if current in values else int(rng.integers(len(values)))
+    step = 1 if rng.random() < 0.5 else -1
+    return values[min(max(k + step, 0), len(values) - 1)]
