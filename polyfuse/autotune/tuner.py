@@ -15,10 +15,11 @@ from pathlib import Path
 
 from polyfuse.autotune import records as db
 from polyfuse.autotune.measure import MeasureConfig, measure_all
-from polyfuse.autotune.search import GeneticSearch, RandomSearch
+from polyfuse.autotune.search import GeneticSearch, RandomSearch, Search
 from polyfuse.autotune.space import SearchSpace
 from polyfuse.autotune.task import Task
 from polyfuse.scheduler.options import MappingOptions
+from polyfuse.targets import Target
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,8 @@ class TuneResult:
     interrupted: bool = False
 
 
-def make_search(task: Task, config: TuneConfig) -> GeneticSearch | RandomSearch:
-    space = SearchSpace.for_task(task)
+def make_search(task: Task, config: TuneConfig) -> Search:
+    space = SearchSpace.for_task(task, _vector_bits(task.target))
     if config.strategy == "random":
         return RandomSearch(space, seed=config.seed)
     if config.strategy == "genetic":
@@ -72,17 +73,15 @@ def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
     seeds: list[MappingOptions] = []
     if previous is not None:
         known = previous.options(task)
-        if known is not None and search.space.is_valid(known):
-            seeds.append(known)
+        if known is not None:   # tuned here, or at the nearest shapes: adapt it to these
+            seeds.append(search.space.repair(known))
     batch_size = config.batch or max(4, min(16, config.trials))
     bar = _progress(task, config.trials) if progress else None
     try:
         while result.trials < config.trials:
             n = min(batch_size, config.trials - result.trials)
-            batch = search.ask(n)
-            if seeds:
-                batch = (seeds + [o for o in batch if o not in seeds])[:n]
-                seeds = []
+            batch = search.ask(n - len(seeds))
+            batch, seeds = seeds + [o for o in batch if o not in seeds], []
             if not batch:
                 break  # the space is exhausted
             measured = measure_all(task, batch, measure, executor)
@@ -115,3 +114,10 @@ def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
 def _progress(task: Task, total: int):  # type: ignore[no-untyped-def]
     from tqdm import tqdm
     return tqdm(total=total, desc=(task.name or task.entry)[:30], unit="trial", leave=False)
+
+
+def _vector_bits(target: str) -> int:
+    if target in ("x86", "aarch64"):
+        from polyfuse.targets.cpu import vector_bits
+        return vector_bits(Target.parse(target))
+    return 128

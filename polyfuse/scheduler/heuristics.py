@@ -90,6 +90,8 @@ def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOpt
         tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
     cols = min(extent[vec], tiles[vec] or extent[vec])
     mr, vectors = _register_rows(extent[jam])
+    if tiles[jam] and tiles[jam] < extent[jam]:
+        tiles[jam] = tiles[jam] // mr * mr   # whole register blocks in a cache tile
     nr, vw = _vector_block(cols, width, vectors if last else 4)
     registers |= {jam: mr, vec: nr if last else 0}
     return MappingOptions(

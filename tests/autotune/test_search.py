@@ -133,9 +133,11 @@ def test_violations_name_the_rule():
 
 def test_repair_adapts_the_options_of_other_shapes():
     space = SPACES["matmul300"]
-    heuristic = space.default()  # register rows 6 do not divide the 64-row tile
-    assert space.violations(heuristic) and space.is_valid(heuristic)
-    fixed = space.repair(heuristic)
+    heuristic = space.default()  # 6 register rows in a 60-row tile
+    assert space.violations(heuristic) == [] and heuristic.tile_sizes[0] == 60
+    tuned_at_256 = replace(heuristic, tile_sizes=(64, 256, 128))   # 6 rows do not divide 64
+    assert space.violations(tuned_at_256)
+    fixed = space.repair(tuned_at_256)
     assert space.violations(fixed) == []
     assert fixed.register_tile == (4, 32, 0) and fixed.unroll_jam == 4  # rows dividing 64 and 300
     conv = SPACES["conv"]
