@@ -191,15 +191,18 @@ class _Parser:
             self.advance()
             opset = int(self.take("int", "the opset version").text)
         self.expect("{")
-        constants, nodes = [], []
+        constants, types, nodes = [], [], []
         while not self.at("}"):
             if self.tok.kind == "value" and self.at("=", 1) and self.at("constant", 2):
                 constants.append(self.constant())
+            elif self.tok.kind == "value" and self.at(":", 1):
+                types.append(self.value())
             else:
                 nodes.append(self.node())
         self.expect("}")
         self.take("eof", "end of input after the graph")
-        return Graph(name, tuple(inputs), tuple(outputs), tuple(nodes), tuple(constants), opset)
+        return Graph(name, tuple(inputs), tuple(outputs), tuple(nodes), tuple(constants), opset,
+                     tuple(types))
 
     def value(self) -> Value:
         name = self.value_name()

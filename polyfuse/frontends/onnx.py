@@ -128,4 +128,24 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
                                  f"support: {listing}")
     inputs = tuple(Value(v.name, _type_of(v)) for v in g.input if v.name not in initialized)
     outputs = tuple(Value(v.name, _type_of(v)) for v in g.output)
-    return Graph(g.name or "model", inputs, outputs, tuple(nodes), tuple(constants), opset)
+    return Graph(g.name or "model", inputs, outputs, tuple(nodes), tuple(constants), opset,
+                 _inferred_types(proto, {v.name for v in inputs + outputs} | initialized))
+
+
+def _inferred_types(proto: onnx.ModelProto, known: set[str]) -> tuple[Value, ...]:
+    """The types onnx's shape inference gives the model's intermediate values (those it
+    could infer completely); none if inference fails (polyfuse infers shapes itself when
+    it lowers each node for concrete input shapes)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - onnx raises many kinds; the types are optional
+        return ()
+    values = []
+    for vi in inferred.graph.value_info:
+        t = vi.type.tensor_type
+        if vi.name in known or not vi.type.HasField("tensor_type") or dtype_of(t.elem_type) is None \
+                or not t.HasField("shape") or any(not (d.HasField("dim_value") or d.dim_param)
+                                                  for d in t.shape.dim):
+            continue
+        values.append(Value(vi.name, _type_of(vi)))
+    return tuple(values)

@@ -143,9 +143,18 @@ class Graph:
     nodes: tuple[Node, ...]
     constants: tuple[Constant, ...] = ()
     opset: int = 0
+    types: tuple[Value, ...] = ()    # inferred types of intermediate values (those known)
 
     def constant(self, name: str) -> Constant | None:
         return next((c for c in self.constants if c.name == name), None)
+
+    def type_of(self, name: str) -> TensorType | None:
+        """The type of a value, where the graph knows it."""
+        for v in self.inputs + self.outputs + self.types:
+            if v.name == name:
+                return v.type
+        c = self.constant(name)
+        return None if c is None else c.type
 
     def __str__(self) -> str:
         opset = f" opset {self.opset}" if self.opset else ""
@@ -153,6 +162,7 @@ class Graph:
                  f"-> ({', '.join(map(str, self.outputs))}){opset} {{"]
         lines += [f"  {format_name(c.name, '%')} = constant {c.type} {format_array(c.array)}"
                   for c in self.constants]
+        lines += [f"  {v}" for v in self.types]
         lines += [f"  {n}" for n in self.nodes]
         lines.append("}")
         return "\n".join(lines)

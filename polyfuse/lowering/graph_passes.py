@@ -29,7 +29,8 @@ def eliminate_dead_nodes(g: Graph) -> Graph:
             kept.append(n)
             live.update(i for i in n.inputs if i)
     constants = tuple(c for c in g.constants if c.name in live)
-    return replace(g, nodes=tuple(reversed(kept)), constants=constants)
+    types = tuple(v for v in g.types if v.name in live)
+    return replace(g, nodes=tuple(reversed(kept)), constants=constants, types=types)
 
 
 def _attr_key(value: object) -> object:

@@ -93,3 +93,12 @@ def test_symbolic_dims_need_a_binding_when_shapes_are_fixed_up_front():
         pf.compile(mlp(), input_shapes={"other": (1, 2)})
     compiled = pf.compile(mlp(), input_shapes={"x": (4, 16)})
     assert compiled.run({"x": np.ones((4, 16), np.float32)})["y"].shape == (4, 4)
+
+
+def test_onnx_shape_inference_types_the_intermediate_values():
+    from polyfuse.frontends.graph_text import parse_graph
+    from polyfuse.frontends.onnx import to_graph
+    g = to_graph(mlp())
+    assert str(g.type_of("h")) == "float32[B, 32]" and str(g.type_of("h3")) == "float32[B, 32]"
+    assert "  %h2: float32[B, 32]\n" in str(g)
+    assert parse_graph(str(g), g) == g
