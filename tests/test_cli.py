@@ -1,8 +1,11 @@
 """The polyfuse command line: compile, run, tune and records, and its errors."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -145,3 +148,39 @@ def test_tune_a_tc_kernel_then_compile_with_the_records(tc_file, tmp_path, capsy
                  "--tuning-records", str(out), "--dump", "options"]) == 0
     best = min((r for r in records if r.ok), key=lambda r: r.cost)
     assert repr(best.options) in capsys.readouterr().out
+
+
+def test_tune_an_onnx_model_then_run_it_with_the_records(onnx_file, tmp_path, capsys):
+    path, w = onnx_file
+    out = tmp_path / "r.jsonl"
+    assert main(["tune", str(path), "--input-shapes", "x:[16,8]", "--trials", "3", "-o", str(out),
+                 "--number", "2", "--repeat", "1"]) == 0
+    assert "[1/1] tuning g0[fc relu]" in capsys.readouterr().out
+    records = db.load(out)
+    assert len(records) == 3 and {r.name for r in records} == {"g0[fc relu]"}
+    x = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    assert main(["run", str(path), "--inputs", str(tmp_path / "in.npz"), "--tuning-records", str(out),
+                 "--outputs", str(tmp_path / "o.npz")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], np.maximum(x @ w, 0), rtol=1e-5)
+    assert main(["tune", str(path), "--trials", "1", "-o", str(out)]) == 1
+    assert "--input-shapes \"x:[...]\"" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_tuning_and_keeps_every_record(tc_file, tmp_path):
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "polyfuse", "tune", str(tc_file), "--entry", "mm",
+                             "--input-shapes", "A:[128,128] B:[128,128]", "--trials", "400",
+                             "-o", str(out), "--number", "2", "--repeat", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not out.exists() or not out.read_text().count("\n")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # every line written is whole
+        records = db.load(out)
+    assert 1 <= len(records) < 400

@@ -16,8 +16,10 @@ starts a region works in it too, so a pool of N threads runs N - 1 workers.
     void polyfuse_parallel_for(body, int64_t n, void* ctx);
     void polyfuse_parallel_for_threads(body, int64_t n, void* ctx, int64_t num_threads);
 
-``[0, n)`` is split into ``min(n, threads)`` contiguous chunks of near-equal size,
-one per thread (a static schedule); the call returns when every chunk is done.
+``[0, n)`` is split into ``min(n, 4 * threads)`` contiguous chunks of near-equal size,
+which the calling thread and the workers claim one at a time (a dynamic schedule: a
+worker that wakes late or a core taken away for a while leaves its chunks to the
+others); the call returns when every chunk is done.
 ``num_threads`` caps the threads of one region (0 or less: the pool's size; more
 than the pool has: the pool's size). ``n <= 0`` does nothing; a one-thread pool, a
 one-chunk region and a region started inside a body (nesting) run the body inline

@@ -133,11 +133,11 @@ def test_violations_name_the_rule():
 
 def test_repair_adapts_the_options_of_other_shapes():
     space = SPACES["matmul300"]
-    heuristic = space.default()  # 6 register rows in a 60-row tile
-    assert space.violations(heuristic) == [] and heuristic.tile_sizes[0] == 60
-    tuned_at_256 = replace(heuristic, tile_sizes=(64, 256, 128))   # 6 rows do not divide 64
-    assert space.violations(tuned_at_256)
-    fixed = space.repair(tuned_at_256)
+    heuristic = space.default()  # 4 register rows of 4 vectors in a 64-row tile
+    assert space.violations(heuristic) == [] and heuristic.tile_sizes[0] == 64
+    elsewhere = replace(heuristic, register_tile=(6, 32, 0), unroll_jam=6)  # 6 rows do not divide 64
+    assert space.violations(elsewhere)
+    fixed = space.repair(elsewhere)
     assert space.violations(fixed) == []
     assert fixed.register_tile == (4, 32, 0) and fixed.unroll_jam == 4  # rows dividing 64 and 300
     conv = SPACES["conv"]
@@ -151,8 +151,8 @@ def test_features_describe_the_loops():
     x = np.array([space.features(space.sample(rng)) for _ in range(50)])
     assert x.shape == (50, len(names)) and np.isfinite(x).all()
     f = dict(zip(names, space.features(space.default())))
-    assert f["m.log_tile"] == 6 and f["n.log_trip"] == 5 and f["n.innermost"] == 1 and f["m.jammed"] == 1
-    assert f["log_vector_width"] == 4 and f["log_register_block"] == math.log2(8 * 32 * 128)
+    assert f["m.log_tile"] == 6 and f["n.log_trip"] == 6 and f["n.innermost"] == 1 and f["m.jammed"] == 1
+    assert f["log_vector_width"] == 4 and f["log_register_block"] == math.log2(4 * 64 * 128)
     assert f["n.contiguous"] > f["m.contiguous"]
 
 
