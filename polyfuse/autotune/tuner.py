@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from polyfuse.autotune import records as db
@@ -20,6 +20,9 @@ from polyfuse.autotune.space import SearchSpace
 from polyfuse.autotune.task import Task
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
+
+
+SLOW_CUTOFF = 4.0   # a candidate this many times slower than the best is timed once
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
             batch, seeds = seeds + [o for o in batch if o not in seeds], []
             if not batch:
                 break  # the space is exhausted
+            if result.best is not None:   # no time on candidates that cannot win
+                measure = replace(measure, cutoff=SLOW_CUTOFF * result.best.cost)
             measured = measure_all(task, batch, measure, executor)
             records = [db.Record.of(task, o, m.costs, m.error.value, m.message)
                        for o, m in zip(batch, measured)]

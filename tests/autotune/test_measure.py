@@ -41,6 +41,11 @@ def test_candidates_are_measured_and_checked():
         assert_measured(result, 3)
 
 
+def test_a_candidate_slower_than_the_cutoff_is_timed_once():
+    [slow] = measure_all(MATMUL, [DEFAULT], MeasureConfig(number=5, repeat=3, jobs=1, cutoff=1e-9))
+    assert slow.ok and len(slow.costs) == 1 and slow.costs[0] > 0
+
+
 def assert_faults_recorded(results: list[MeasureResult]) -> None:
     crashed, hung, wrong, fine = results
     assert crashed.error is ErrorCode.RUNTIME_ERROR
