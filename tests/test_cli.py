@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from polyfuse.autotune import records as db
+from polyfuse.autotune.task import Task
 from polyfuse.cli import main, parse_shapes
 
 MM = """
@@ -79,7 +80,6 @@ def test_run_and_compile_an_onnx_model(onnx_file, tmp_path, capsys):
 
 
 def test_records_show_best_distill(tmp_path, capsys):
-    from polyfuse.autotune.task import Task
     from polyfuse.scheduler.options import MappingOptions
     t = Task(MM, "mm", ((8, 8), (8, 8)), ("float32", "float32"))
     path = tmp_path / "r.jsonl"
@@ -140,13 +140,15 @@ def test_tune_a_tc_kernel_then_compile_with_the_records(tc_file, tmp_path, capsy
     text = capsys.readouterr().out
     assert "best" in text and "x)" in text
     records = db.load(out)
-    assert len(records) == 6 and any(r.ok for r in records)
+    finalists = [r for r in records if r.message == "finalist"]   # the best 3 and the default, twice
+    assert len(records) - len(finalists) == 6 and 2 <= len(finalists) <= 8
+    assert any(r.ok for r in records)
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert {line["entry"] for line in lines} == {"mm"}
     assert main(["compile", str(tc_file), "--entry", "mm", "--input-shapes", "A:[64,64] B:[64,64]",
                  "--tuning-records", str(out), "--dump", "options"]) == 0
-    best = min((r for r in records if r.ok), key=lambda r: r.cost)
+    best = db.Records(records).lookup(Task(MM, "mm", ((64, 64), (64, 64)), ("float32", "float32")))
     assert repr(best.options) in capsys.readouterr().out
 
 
@@ -157,7 +159,7 @@ def test_tune_an_onnx_model_then_run_it_with_the_records(onnx_file, tmp_path, ca
                  "--number", "2", "--repeat", "1"]) == 0
     assert "[1/1] tuning g0[fc relu]" in capsys.readouterr().out
     records = db.load(out)
-    assert len(records) == 3 and {r.name for r in records} == {"g0[fc relu]"}
+    assert 3 < len(records) <= 3 + 8 and {r.name for r in records} == {"g0[fc relu]"}
     x = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
     assert main(["run", str(path), "--inputs", str(tmp_path / "in.npz"), "--tuning-records", str(out),

@@ -118,3 +118,11 @@ def test_define_and_compile_use_the_records(tmp_path):
 def test_a_missing_records_file_is_an_error(tmp_path):
     with pytest.raises(pf.ArgumentError, match="no tuning records file"):
         pf.define(MM, target="host", tuning_records=tmp_path / "none.jsonl")
+
+
+def test_options_measured_again_count_with_their_median():
+    t = task()
+    lucky, steady = opts(8), opts(16)
+    rs = Records([Record.of(t, lucky, [1e-3]), Record.of(t, lucky, [3e-3]), Record.of(t, lucky, [3e-3]),
+                  Record.of(t, steady, [2e-3]), Record.of(t, steady, [2e-3])])
+    assert rs.options(t) == steady
