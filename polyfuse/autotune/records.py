@@ -58,13 +58,14 @@ class Record:
     timestamp: float = field(default_factory=time.time)
     version: str = field(default_factory=_version)
     name: str = ""
+    chosen: bool = False                # a tuner's final pick for the workload (see below)
 
     @staticmethod
     def of(task: Task, options: MappingOptions, costs: Iterable[float], error: str = "none",
-           message: str = "") -> Record:
+           message: str = "", chosen: bool = False) -> Record:
         return Record(task.workload_key, task.family_key, task.target, task.entry, task.shapes,
                       task.dtypes, options, tuple(float(c) for c in costs), error, message,
-                      name=task.name)
+                      name=task.name, chosen=chosen)
 
     @property
     def ok(self) -> bool:
@@ -82,7 +83,7 @@ class Record:
                 "entry": self.entry, "name": self.name, "shapes": [list(s) for s in self.shapes],
                 "dtypes": list(self.dtypes), "options": self.options.to_json(),
                 "costs": list(self.costs), "error": self.error, "message": self.message,
-                "timestamp": self.timestamp}
+                "timestamp": self.timestamp, "chosen": self.chosen}
 
     @staticmethod
     def from_json(j: dict[str, Any]) -> Record:
@@ -93,7 +94,8 @@ class Record:
                       str(j["entry"]), tuple(tuple(int(d) for d in s) for s in j["shapes"]),
                       tuple(str(d) for d in j["dtypes"]), MappingOptions.from_json(j["options"]),
                       tuple(float(c) for c in j["costs"]), str(j["error"]), str(j.get("message", "")),
-                      float(j["timestamp"]), str(j["version"]), str(j.get("name", "")))
+                      float(j["timestamp"]), str(j["version"]), str(j.get("name", "")),
+                      bool(j.get("chosen", False)))
 
 
 def append(path: str | os.PathLike, records: Iterable[Record]) -> None:
@@ -127,13 +129,17 @@ def load(path: str | os.PathLike) -> list[Record]:
 
 
 def best_per_workload(records: Iterable[Record]) -> dict[tuple[str, str], Record]:
-    """The best valid record of each (workload, target). Options measured in several
-    trials count with the median of their trials' costs, so a lucky measurement does not
-    outrank options measured again (a tuner re-measures its finalists)."""
+    """The best valid record of each (workload, target): a tuner's final pick (its
+    ``chosen`` trials; the latest pick wins), else the options with the lowest median
+    over their trials, so a lucky measurement does not outrank options measured again."""
     trials: dict[tuple[str, str, MappingOptions], list[Record]] = {}
+    chosen: dict[tuple[str, str], Record] = {}
     for r in records:
         if r.ok:
             trials.setdefault((r.workload_key, r.target, r.options), []).append(r)
+            key = (r.workload_key, r.target)
+            if r.chosen and (key not in chosen or r.timestamp >= chosen[key].timestamp):
+                chosen[key] = r
     best: dict[tuple[str, str], tuple[float, Record]] = {}
     for (key, target, _), rs in trials.items():
         costs = sorted(r.cost for r in rs)
@@ -141,7 +147,7 @@ def best_per_workload(records: Iterable[Record]) -> dict[tuple[str, str], Record
         fastest = min(rs, key=lambda r: r.cost)
         if (key, target) not in best or cost < best[(key, target)][0]:
             best[(key, target)] = (cost, fastest)
-    return {k: r for k, (_, r) in best.items()}
+    return {k: r for k, (_, r) in best.items()} | chosen
 
 
 class Records:

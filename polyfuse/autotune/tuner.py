@@ -24,6 +24,7 @@ from polyfuse.targets import Target
 
 SLOW_CUTOFF = 4.0   # a candidate this many times slower than the best is timed once
 FINALISTS = 3       # best candidates measured again at the end of a search
+MARGIN = 0.03       # how much faster than the default a finalist must be to replace it
 
 
 @dataclass(frozen=True)
@@ -121,17 +122,27 @@ def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
 
 def _remeasure_finalists(task: Task, output: str | Path, search: Search, default: MappingOptions,
                          measure: MeasureConfig, executor: Executor | None, result: TuneResult) -> None:
-    """Measure the best few candidates and the default again, twice, and append those
-    trials: a winner measured once on a noisy machine may have been lucky (the records
-    rank options by the median of their trials)."""
+    """Measure the best few candidates and the default again, twice each, and choose
+    from those measurements alone: the fastest median, unless it beats the default by
+    less than ``MARGIN`` (then the default stays; a gain that small is noise on a busy
+    machine). The chosen options' trials are marked ``chosen`` in the records."""
     ranked = sorted((h for h in search.history if math.isfinite(h[1])), key=lambda h: h[1])
     finalists = list(dict.fromkeys([o for o, _ in ranked[:FINALISTS]] + [default]))
     batch = finalists * 2
     measured = measure_all(task, batch, replace(measure, cutoff=math.inf), executor)
-    records = [db.Record.of(task, o, m.costs, m.error.value, m.message or "finalist")
+    costs: dict[MappingOptions, list[float]] = {o: [] for o in finalists}
+    for o, m in zip(batch, measured):
+        costs[o].append(min(m.costs) if m.ok and m.costs else math.inf)
+    median = {o: sorted(c)[(len(c) - 1) // 2] for o, c in costs.items()}
+    winner = min(finalists, key=lambda o: median[o])
+    if winner != default and math.isfinite(median[default]) and median[winner] > (1 - MARGIN) * median[default]:
+        winner = default
+    if not math.isfinite(median[winner]):
+        return
+    records = [db.Record.of(task, o, m.costs, m.error.value, m.message or "finalist", chosen=o == winner)
                for o, m in zip(batch, measured)]
     db.append(output, records)
-    result.best = db.Records(db.load(output)).lookup(task)
+    result.best = min((r for r in records if r.chosen and r.ok), key=lambda r: r.cost)
 
 
 def _progress(task: Task, total: int):  # type: ignore[no-untyped-def]

@@ -126,3 +126,13 @@ def test_options_measured_again_count_with_their_median():
     rs = Records([Record.of(t, lucky, [1e-3]), Record.of(t, lucky, [3e-3]), Record.of(t, lucky, [3e-3]),
                   Record.of(t, steady, [2e-3]), Record.of(t, steady, [2e-3])])
     assert rs.options(t) == steady
+
+
+def test_a_tuners_latest_choice_wins(tmp_path):
+    t = task()
+    path = tmp_path / "r.jsonl"
+    db.append(path, [Record.of(t, opts(8), [1e-3]), Record.of(t, opts(16), [2e-3], chosen=True)])
+    db.append(path, [Record.of(t, opts(32), [3e-3], chosen=True)])
+    back = db.load(path)
+    assert [r.chosen for r in back] == [False, True, True]
+    assert Records(back).options(t) == opts(32)
