@@ -48,9 +48,8 @@ from typing import Any
 import numpy as np
 
 from polyfuse.autotune.task import Task
-from polyfuse.ir.comprehension import Definition, IndexVar, Literal, Read, Statement, walk
-from polyfuse.ir.symbolic import evaluate_int
-from polyfuse.scheduler.heuristics import default_options
+from polyfuse.ir.comprehension import Definition, IndexVar, Read, walk
+from polyfuse.scheduler.heuristics import default_options, element_bits, extent, heaviest, single_valued
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 ROWS = (1, 2, 4, 6, 7, 8)      # register tile rows (6 and 7 where they divide the extent)
@@ -86,21 +85,17 @@ class LoopNest:
 
     @staticmethod
     def of(d: Definition, sizes: dict[str, int]) -> LoopNest:
-        def extent(st: Statement, i: str) -> int:
-            r = st.range_of(i)
-            return evaluate_int(r.hi, sizes) - evaluate_int(r.lo, sizes)
-
-        st = max(d.statements, key=lambda s: math.prod(extent(s, r.index) for r in s.ranges))
-        members = tuple(i for i in st.indices + st.reduction_indices if not _single(st, i))
+        st = heaviest(d, sizes)
+        members = tuple(i for i in st.indices + st.reduction_indices if not single_valued(st, i))
         accesses = [r.indices[-1] for r in walk(st.rhs) if isinstance(r, Read) and r.indices]
         lasts = [{n.name for n in walk(e) if isinstance(n, IndexVar)} for e in accesses]
         lasts += [{st.indices[-1]}] if st.indices else []
         contiguous = tuple(sum(i in last for last in lasts) / max(len(lasts), 1) for i in members)
-        bits = min((max(t.dtype.compute.bits, 32) if t.dtype.is_float else 64) for t in d.outputs)
-        return LoopNest(members, tuple(extent(st, i) for i in members),
+        return LoopNest(members, tuple(extent(st, i, sizes) for i in members),
                         sum(i in st.reduction_indices for i in members),
                         any(s.reduction_indices for s in d.statements), contiguous,
-                        math.prod(extent(st, r.index) for r in st.ranges), len(d.statements), bits)
+                        math.prod(extent(st, r.index, sizes) for r in st.ranges), len(d.statements),
+                        element_bits(d))
 
     def shape(self, o: MappingOptions) -> Shape:
         """The loops of canonical options ``o`` (see :meth:`SearchSpace.canonical`)."""
@@ -112,12 +107,6 @@ class LoopNest:
             trips = tiles
         inner = [j for j in (o.point_order or range(n)) if trips[j] > 1]
         return Shape(tiles, trips, inner[-1] if inner else None, inner[-2] if len(inner) > 1 else None)
-
-
-def _single(st: Statement, index: str) -> bool:
-    """A range of one value fixed in the text: isl schedules no band member for it."""
-    r = st.range_of(index)
-    return isinstance(r.lo, Literal) and isinstance(r.hi, Literal) and int(r.hi.value) - int(r.lo.value) == 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,7 +224,7 @@ class SearchSpace:
 
     def canonical(self, options: MappingOptions) -> MappingOptions:
         """The one way of writing the kernel ``options`` make (lengths must match the band)."""
-        n, ext = len(self.nest.members), self.nest.extents
+        n = len(self.nest.members)
         identity = tuple(range(n))
         # non-empty tile sizes or point order put the members in statement order first
         ordered = bool(options.tile_sizes or options.point_order)

@@ -33,9 +33,26 @@ MIN_DEPTH = 8              # reduction steps per output before register blocking
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27)
 
 
-def _extent(st: Statement, index: str, sizes: dict[str, int]) -> int:
+def extent(st: Statement, index: str, sizes: dict[str, int]) -> int:
+    """The trip count of ``index`` in ``st`` at these sizes."""
     r = st.range_of(index)
     return evaluate_int(r.hi, sizes) - evaluate_int(r.lo, sizes)
+
+
+def heaviest(d: Definition, sizes: dict[str, int]) -> Statement:
+    """The statement with the most iterations (what tile sizes and orders refer to)."""
+    return max(d.statements, key=lambda s: math.prod(extent(s, r.index, sizes) for r in s.ranges))
+
+
+def element_bits(d: Definition) -> int:
+    """Bits of the narrowest output element as computed in registers (16-bit floats in 32)."""
+    return min((max(t.dtype.compute.bits, 32) if t.dtype.is_float else 64) for t in d.outputs)
+
+
+def single_valued(st: Statement, index: str) -> bool:
+    """A range of one value fixed in the text: isl schedules no loop (no band member) for it."""
+    r = st.range_of(index)
+    return isinstance(r.lo, Literal) and isinstance(r.hi, Literal) and int(r.hi.value) - int(r.lo.value) == 1
 
 
 def _names(e) -> set[str]:  # type: ignore[no-untyped-def]
@@ -43,31 +60,24 @@ def _names(e) -> set[str]:  # type: ignore[no-untyped-def]
 
 
 def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> MappingOptions:
-    bits = min((max(t.dtype.compute.bits, 32) if t.dtype.is_float else 64) for t in d.outputs)
-    width = max(1, vector_bits // bits)
-    heaviest = max(d.statements, key=lambda s: math.prod(_extent(s, r.index, sizes) for r in s.ranges))
-    work = math.prod(_extent(heaviest, r.index, sizes) for r in heaviest.ranges)
-    if work < CONTRACTION_MIN or not heaviest.reduction_indices or len(heaviest.indices) < 2:
+    width = max(1, vector_bits // element_bits(d))
+    st = heaviest(d, sizes)
+    work = math.prod(extent(st, r.index, sizes) for r in st.ranges)
+    if work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
         return MappingOptions(vector_width=width, unroll=2)
-    return _contraction(heaviest, sizes, width)
-
-
-def _single(st: Statement, index: str) -> bool:
-    """A range of one value fixed in the text: isl schedules no loop (no band member) for it."""
-    r = st.range_of(index)
-    return isinstance(r.lo, Literal) and isinstance(r.hi, Literal) and int(r.hi.value) - int(r.lo.value) == 1
+    return _contraction(st, sizes, width)
 
 
 def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOptions:
-    lhs = [i for i in st.indices if not _single(st, i)]
-    red = [i for i in st.reduction_indices if not _single(st, i)]
-    depth = math.prod(_extent(st, i, sizes) for i in red)
+    lhs = [i for i in st.indices if not single_valued(st, i)]
+    red = [i for i in st.reduction_indices if not single_valued(st, i)]
+    depth = math.prod(extent(st, i, sizes) for i in red)
     if len(lhs) < 2 or not red or depth < MIN_DEPTH:
         return MappingOptions(vector_width=width, unroll=2)
     members = lhs + red
     reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
     last = Counter(i for r in reads for i in _names(r.indices[-1]) if i in lhs)
-    extent = {i: _extent(st, i, sizes) for i in members}
+    extents = {i: extent(st, i, sizes) for i in members}
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
     registers = {i: 0 for i in members}
     if last:
@@ -81,19 +91,19 @@ def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOpt
         others = [i for i in lhs if i != vec]
         free = [i for i in others if not any(i in _names(x) for r in vec_reads for x in r.indices)]
         jam = (free or others)[-1]
-        depth = max(red, key=lambda i: extent[i])
+        depth = max(red, key=lambda i: extents[i])
         order = red + [i for i in others if i != jam] + [jam, vec]
         tiles |= {jam: CACHE_ROWS, vec: CACHE_COLS, depth: CACHE_DEPTH}
     else:  # dot products: vectorize the reduction, jam an output index
         vec, jam, depth = red[-1], lhs[-1], red[-1]
         order = lhs + red
         tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
-    cols = min(extent[vec], tiles[vec] or extent[vec])
+    cols = min(extents[vec], tiles[vec] or extents[vec])
     # the jammed rows' scalars: neighbours in memory (a convolution's window) or rows
     # far apart (a matmul's A(m, k), one cache line and TLB entry per row)?
     near = any(jam in _names(r.indices[-1]) for r in reads if vec not in _names(r.indices[-1]))
-    mr, vectors = _register_rows(extent[jam], near)
-    if tiles[jam] and tiles[jam] < extent[jam]:
+    mr, vectors = _register_rows(extents[jam], near)
+    if tiles[jam] and tiles[jam] < extents[jam]:
         tiles[jam] = tiles[jam] // mr * mr   # whole register blocks in a cache tile
     nr, vw = _vector_block(cols, width, vectors if last else 4)
     registers |= {jam: mr, vec: nr if last else 0}
