@@ -35,6 +35,8 @@ from polyfuse.autotune import records as db
 from polyfuse.autotune.task import Task
 from polyfuse.errors import ArgumentError, PolyfuseError
 from polyfuse.frontends.tc import parse as parse_tc
+from polyfuse.ir.comprehension import Definition, TensorDecl
+from polyfuse.runtime.arguments import placeholder
 from polyfuse.scheduler.options import MappingOptions
 
 
@@ -86,21 +88,31 @@ def _entry(module: Any, name: str | None, path: Path) -> Any:
     raise CliError(f"{path} has no definition '{name}' (it defines {', '.join(d.name for d in defs)})")
 
 
+def _tc_definition(args: argparse.Namespace) -> tuple[str, Definition]:
+    """The source of the .tc FILE and its definition chosen by --entry."""
+    path = Path(args.file)
+    source = path.read_text()
+    return source, _entry(parse_tc(source), args.entry, path)
+
+
+def _input_placeholders(d: Definition, shapes: dict[str, tuple[int, ...]]) -> list[np.ndarray]:
+    """Data-free arrays of the --input-shapes of every input of ``d``."""
+    missing = [t.name for t in d.inputs if t.name not in shapes]
+    if missing:
+        example = " ".join(f"{n}:[...]" for n in missing)
+        raise CliError(f"--input-shapes must give the shape of every input of '{d.name}'; "
+                       f"missing {missing} (e.g. --input-shapes \"{example}\")")
+    return [placeholder(shapes[t.name], t.dtype.numpy) for t in d.inputs]
+
+
 def load_tasks(args: argparse.Namespace) -> list[Task]:
     """The tuning tasks of FILE: its definition at --input-shapes, or a model's kernels."""
     path = Path(args.file)
     shapes = parse_shapes(args.input_shapes)
     target = pf.Target.parse(args.target).name
     if _kind(path) == "tc":
-        source = path.read_text()
-        d = _entry(parse_tc(source), args.entry, path)
-        missing = [t.name for t in d.inputs if t.name not in shapes]
-        if missing:
-            example = " ".join(f"{n}:[...]" for n in missing)
-            raise CliError(f"--input-shapes must give the shape of every input of '{d.name}'; "
-                           f"missing {missing} (e.g. --input-shapes \"{example}\")")
-        arrays = [np.broadcast_to(np.zeros((), t.dtype.numpy), shapes[t.name]) for t in d.inputs]
-        return [Task.of(d, arrays, target)]
+        _, d = _tc_definition(args)
+        return [Task.of(d, _input_placeholders(d, shapes), target)]
     model = pf.compile(str(path), target=target, input_shapes=shapes or None)
     try:
         tasks = model.tasks()
@@ -188,13 +200,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     path = Path(args.file)
     shapes = parse_shapes(args.input_shapes)
     if _kind(path) == "tc":
-        source = path.read_text()
-        d = _entry(parse_tc(source), args.entry, path)
+        source, d = _tc_definition(args)
+        arrays = _input_placeholders(d, shapes)
         mod = pf.define(source, target=args.target, tuning_records=args.tuning_records)
-        missing = [t.name for t in d.inputs if t.name not in shapes]
-        if missing:
-            raise CliError(f"--input-shapes must give the shape of every input of '{d.name}'; missing {missing}")
-        spec = mod[d.name].specialize(*(np.zeros(shapes[t.name], t.dtype.numpy) for t in d.inputs))
+        spec = mod[d.name].specialize(*arrays)
         stages = dict(spec.stages)
         texts = {"kernels": stages.get("specialized", ""), **stages}
         if args.dump:
@@ -243,14 +252,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     kind = _kind(path)
     feeds = _load_npz(args.inputs)
     if kind == "tc":
-        source = path.read_text()
-        d = _entry(parse_tc(source), args.entry, path)
+        source, d = _tc_definition(args)
         kernel = pf.define(source, target=args.target, tuning_records=args.tuning_records)[d.name]
         missing = [p.name for p in d.params if p.name not in feeds]
         if missing:
             raise CliError(f"{args.inputs} lacks {missing} (it holds {sorted(feeds)})")
-        values = [feeds[p.name] if p.name in [t.name for t in d.inputs] else feeds[p.name].item()
-                  for p in d.params]
+        values = [feeds[p.name] if isinstance(p, TensorDecl) else feeds[p.name].item() for p in d.params]
 
         def call() -> dict[str, np.ndarray]:
             out = kernel(*values)

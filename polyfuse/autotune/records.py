@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.autotune.task import Task
+from polyfuse.errors import ArgumentError
 from polyfuse.scheduler.options import MappingOptions
 
 SCHEMA_VERSION = 1
@@ -163,7 +164,6 @@ class Records:
             return path
         p = Path(path)
         if not p.exists():
-            from polyfuse.errors import ArgumentError
             raise ArgumentError(f"no tuning records file at '{p}'")
         return Records(load(p))
 

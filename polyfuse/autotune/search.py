@@ -18,6 +18,7 @@ first, so a tuning run never ends worse than the untuned compiler.
 
 from __future__ import annotations
 
+import abc
 import enum
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,7 +43,7 @@ class Selection(enum.Enum):
     PROPORTIONAL = "proportional"  # with probability proportional to 1 / cost (TC's rule)
 
 
-class Search:
+class Search(abc.ABC):
     """The ask/tell bookkeeping the strategies share; subclasses propose points."""
 
     def __init__(self, space: SearchSpace, seed: int) -> None:
@@ -88,9 +89,9 @@ class Search:
         finite = [h for h in self.history if math.isfinite(h[1])]
         return min(finite, key=lambda h: h[1]) if finite else None
 
+    @abc.abstractmethod
     def _propose(self) -> MappingOptions | None:
         """A new point, claimed; None when the space has no more."""
-        raise NotImplementedError
 
     def _observe(self, told: Scored) -> None:
         """Learn from measured points (after they are in the history)."""

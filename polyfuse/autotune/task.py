@@ -21,7 +21,7 @@ import numpy as np
 from polyfuse.errors import ArgumentError
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import Definition
-from polyfuse.runtime.arguments import bind_arguments
+from polyfuse.runtime.arguments import bind_arguments, placeholder
 
 
 def _hash(text: str) -> str:
@@ -71,7 +71,7 @@ class Task:
 
     def placeholders(self) -> list[np.ndarray]:
         """Arrays of the task's shapes and dtypes holding no memory."""
-        return [np.broadcast_to(np.zeros((), dt), shape) for shape, dt in zip(self.shapes, self.dtypes)]
+        return [placeholder(shape, dt) for shape, dt in zip(self.shapes, self.dtypes)]
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs to measure and check candidates with: normal floats, small integers

@@ -99,10 +99,8 @@ def inline_pointwise(d: Definition, keep: set[str]) -> Definition:
             del statements[k]
             changed = True
             break
-    written = {s.tensor for s in statements}
     read = {e.tensor for s in statements for e in walk(s.rhs) if isinstance(e, Read)}
-    outputs = tuple(t for t in d.outputs if t.name in keep or t.name in read
-                    or t.name in written and t.name in keep)
+    outputs = tuple(t for t in d.outputs if t.name in keep or t.name in read)
     kept = [s for s in statements if s.tensor in keep or s.tensor in read]
     return replace(d, outputs=outputs, statements=tuple(kept))
 

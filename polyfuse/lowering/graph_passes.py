@@ -138,11 +138,6 @@ def fold_batch_norms(g: Graph) -> Graph:
     return eliminate_dead_nodes(replace(g, nodes=nodes, constants=tuple(constants.values())))
 
 
-def _shape_constant(g: Graph, name: str) -> np.ndarray | None:
-    c = g.constant(name)
-    return None if c is None else c.array
-
-
 def simplify_movement(g: Graph) -> Graph:
     """Transposes and reshapes: ``Transpose(Transpose(x))`` becomes one transpose (none if
     the permutations cancel), ``Reshape(Reshape(x))`` one reshape to the last shape (when
@@ -168,8 +163,8 @@ def simplify_movement(g: Graph) -> Graph:
                 rename[n.outputs[0]] = n.inputs[0]
                 continue
         if n.op == "Reshape" and src is not None and src.op == "Reshape" and len(n.inputs) > 1:
-            shape = _shape_constant(g, n.inputs[1])
-            if shape is not None and not (shape == 0).any():
+            shape = g.constant(n.inputs[1])
+            if shape is not None and not (shape.array == 0).any():
                 n = replace(n, inputs=(src.inputs[0], n.inputs[1]))
         nodes.append(n)
         producer.update({o: n for o in n.outputs if o})

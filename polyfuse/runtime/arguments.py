@@ -28,6 +28,12 @@ class BoundArguments:
         return tuple((np.shape(v), np.asarray(v).dtype.str) for v in self.values.values())
 
 
+def placeholder(shape: Sequence[int], dtype: np.dtype | type | str) -> np.ndarray:
+    """An array of this shape and dtype holding no memory (one broadcast element), for
+    binding sizes and specializing without data."""
+    return np.broadcast_to(np.zeros((), dtype), tuple(int(d) for d in shape))
+
+
 def order_arguments(d: Definition, args: Sequence[object], kwargs: Mapping[str, object]) -> list[object]:
     names = [p.name for p in d.params]
     signature = f"{d.name}({', '.join(names)})"

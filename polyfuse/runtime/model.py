@@ -29,7 +29,8 @@ from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.fusion import describe_groups
 from polyfuse.lowering.graph_passes import PassManager
 from polyfuse.lowering.ops import OPS, Folded, NeedsValue, OpContext, TCKernel, View
-from polyfuse.runtime.arguments import bind_arguments
+from polyfuse.runtime import native
+from polyfuse.runtime.arguments import bind_arguments, placeholder
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
@@ -72,12 +73,13 @@ class _Plan:
                                              for v in g.inputs}
         self.consts: dict[str, np.ndarray] = {c.name: c.array for c in g.constants} | values
         self.types.update({c.name: c.type for c in g.constants})
-        readers: dict[str, int] = {}
+        readers: dict[str, int] = {}   # value -> position of its last reader
         for k, node in enumerate(g.nodes):
             readers.update({i: k for i in node.inputs if i})
+        position = {node.name: k for k, node in enumerate(g.nodes)}
         outputs = {v.name for v in g.outputs}
         for unit in _units(g.nodes):
-            last = g.nodes.index(unit[-1])
+            last = position[unit[-1].name]
             exported = {o for n in unit for o in n.outputs
                         if o and (o in outputs or readers.get(o, -1) > last)}
             if len(unit) == 1 or not self.fused(unit, exported):
@@ -118,6 +120,10 @@ class _Plan:
                 return
             self.kernel(node.name, d, lowered.source, names, outs)
 
+    def _placeholder(self, value: str) -> np.ndarray:
+        t = self.types[value]
+        return placeholder(t.shape, t.dtype.numpy)
+
     def bind_constants(self, node: Node, k: TCKernel) -> list[str]:
         """Names for the arrays a lowering computed at compile time (repacked weights)."""
         names = [f"{node.name}:const{j}" for j in range(len(k.constants))]
@@ -129,7 +135,8 @@ class _Plan:
     def kernel(self, label: str, d: Definition, source: str, names: list[str],
                outs: list[str]) -> None:
         kernel = Kernel(d, self.model.target, source, self.model.options, self.model.records)
-        spec = kernel.specialize(*(_placeholder(self.types[n]) for n in names))
+        arrays = [self._placeholder(n) for n in names]
+        spec = kernel.specialize(*arrays)
         for name, t, shape in zip(outs, d.outputs, spec.output_shapes):
             self.types[name] = TensorType(t.dtype, shape)
         temps = tuple(f"{label}#{t.name}" for t in d.outputs[len(outs):])
@@ -137,8 +144,7 @@ class _Plan:
             self.types[name] = TensorType(t.dtype, shape)
         params = [p.name for p in d.params]
         results = [t.name for t in d.outputs[:len(outs)]]
-        task = None if d.scalars else Task.of(
-            d, [_placeholder(self.types[n]) for n in names], self.model.target.name, label)
+        task = None if d.scalars else Task.of(d, arrays, self.model.target.name, label)
 
         def run(env: dict[str, np.ndarray]) -> None:
             produced = spec.run({p: env[n] for p, n in zip(params, names)})
@@ -158,7 +164,7 @@ class _Plan:
             names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
             if not members and all(n in self.consts for n in names):
                 return False
-            sizes = bind_arguments(d, [_placeholder(self.types[n]) for n in names]).sizes
+            sizes = bind_arguments(d, [self._placeholder(n) for n in names]).sizes
             bound = bind_sizes(d, sizes)
             outs = tuple(node.outputs[i] for i in lowered.outputs)
             for name, t in zip(outs, bound.outputs):
@@ -180,11 +186,6 @@ def _units(nodes: tuple[Node, ...]) -> list[list[Node]]:
         else:
             units.append([n])
     return units
-
-
-def _placeholder(t: TensorType) -> np.ndarray:
-    """An array of type ``t`` holding no memory, for binding shapes."""
-    return np.broadcast_to(np.zeros((), t.dtype.numpy), tuple(int(d) for d in t.shape))
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,6 @@ class _NativeProgram:
     straight into the arrays returned."""
 
     def __init__(self, plan: _Plan, graph: Graph) -> None:
-        from polyfuse.runtime import native
         memory = plan.memory
         root = memory.roots.get
         self.inputs = [v.name for v in graph.inputs]
@@ -312,7 +312,6 @@ class _NativeProgram:
         return _NativeProgram(plan, graph)
 
     def run(self, env: dict[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        from polyfuse.runtime import native
         inputs = [env[n] for n in self.inputs]
         arena = native.empty_aligned(self.arena_bytes, np.uint8)
         slots = [native.empty_aligned(shape, dtype) for shape, dtype in self.slots]

@@ -336,6 +336,10 @@ class Program {
         if (step.fn == nullptr) throw py::value_error("Program.add: fn is 0");
         for (auto& [base, index, offset] : args) {
             if (base < kArena || base > kError) throw py::value_error("Program.add: bad argument base");
+            if ((base == kInput || base == kOutput) && index < 0)
+                throw py::value_error("Program.add: negative array position");
+            if (base == kInput) inputs_ = std::max(inputs_, static_cast<size_t>(index) + 1);
+            if (base == kOutput) outputs_ = std::max(outputs_, static_cast<size_t>(index) + 1);
             step.args.push_back({base, index, offset});
         }
         for (auto& [arg, bytes] : zero)
@@ -358,11 +362,8 @@ class Program {
         for (auto& a : inputs) in.push_back(static_cast<char*>(const_cast<void*>(a.data())));
         for (auto& a : outputs) out.push_back(static_cast<char*>(const_cast<void*>(a.data())));
         char* base = static_cast<char*>(arena.mutable_data());
-        for (auto& step : steps_)
-            for (auto& a : step.args)
-                if ((a.base == kInput && size_t(a.index) >= in.size()) ||
-                    (a.base == kOutput && size_t(a.index) >= out.size()))
-                    throw py::value_error("Program.run: too few input or output arrays");
+        if (in.size() < inputs_ || out.size() < outputs_)
+            throw py::value_error("Program.run: too few input or output arrays");
         std::vector<void*> ptrs(width_);
         int64_t error = 0, failed = -1;
         {
@@ -393,7 +394,8 @@ class Program {
 
   private:
     std::vector<ProgramStep> steps_;
-    size_t width_ = 0;
+    size_t width_ = 0;              // the most arguments of one step
+    size_t inputs_ = 0, outputs_ = 0;  // the input and output arrays the steps use
 };
 
 PYBIND11_MODULE(_native, m) {
