@@ -2,7 +2,7 @@
 
 from polyfuse.driver import compile, define, einsum
 from polyfuse.errors import (ArgumentError, BoundsError, CodegenError, DTypeError, FrontendError,
-                             GraphSyntaxError, IRVerificationError, ModelError, PolyfuseError,
+                             GraphSyntaxError, IRVerificationError, ModelError, OptionError, PolyfuseError,
                              RangeInferenceError, ScheduleError, ShapeError, TargetError,
                              TCSemanticError, TCSyntaxError, UnsupportedOpError, WeightError)
 from polyfuse.runtime.kernel import Kernel, KernelModule, SpecializedKernel
@@ -15,5 +15,5 @@ __all__ = [
     "PolyfuseError", "FrontendError", "TCSyntaxError", "TCSemanticError", "RangeInferenceError",
     "IRVerificationError", "ArgumentError", "ShapeError", "DTypeError", "BoundsError",
     "TargetError", "ModelError", "UnsupportedOpError", "ScheduleError", "CodegenError",
-    "GraphSyntaxError", "WeightError", "__version__",
+    "GraphSyntaxError", "WeightError", "OptionError", "__version__",
 ]

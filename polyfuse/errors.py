@@ -99,6 +99,10 @@ class ArgumentError(PolyfuseError, TypeError):
     """A kernel was called with the wrong number, names or kinds of arguments."""
 
 
+class OptionError(PolyfuseError, ValueError):
+    """A setting (of tuning, measuring, ...) has a value polyfuse cannot use."""
+
+
 class ShapeError(PolyfuseError, ValueError):
     """Ranks or sizes of arguments disagree with the kernel or with each other."""
 

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.autotune.task import Task
+from polyfuse.errors import OptionError
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.runtime import cache
 from polyfuse.runtime.arguments import bind_arguments
@@ -98,9 +99,9 @@ class MeasureConfig:
 
     def __post_init__(self) -> None:
         if min(self.number, self.repeat, self.jobs) < 1 or self.warmup < 0:
-            raise ValueError("number, repeat and jobs must be >= 1, warmup >= 0")
+            raise OptionError("number, repeat and jobs must be >= 1, warmup >= 0")
         if min(self.build_timeout, self.run_timeout) <= 0:
-            raise ValueError("timeouts must be > 0 seconds")
+            raise OptionError("timeouts must be > 0 seconds")
 
 
 @dataclass(frozen=True)

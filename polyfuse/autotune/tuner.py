@@ -18,6 +18,7 @@ from polyfuse.autotune.measure import MeasureConfig, measure_all
 from polyfuse.autotune.search import GeneticSearch, RandomSearch, Search
 from polyfuse.autotune.space import SearchSpace
 from polyfuse.autotune.task import Task
+from polyfuse.errors import OptionError
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
@@ -61,7 +62,7 @@ def make_search(task: Task, config: TuneConfig) -> Search:
         return RandomSearch(space, seed=config.seed)
     if config.strategy == "genetic":
         return GeneticSearch(space, seed=config.seed)
-    raise ValueError(f"unknown search strategy '{config.strategy}'; use genetic or random")
+    raise OptionError(f"unknown search strategy '{config.strategy}'; use genetic or random")
 
 
 def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
