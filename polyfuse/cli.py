@@ -6,7 +6,8 @@
                   --trials N -o records.jsonl [--tuning-records old.jsonl] [--strategy genetic|random]
                   [--timeout S] [--number N --repeat R] [--seed S] [--jobs J] [--tasks 0,2]
                   [--cluster ADDRESS] [--plot curve.png]
-    polyfuse compile FILE --target x86 [--tuning-records R] [-o OUT] [--dump STAGE]
+    polyfuse compile FILE --target x86|aarch64|... [--tuning-records R] [-o OUT] [--dump STAGE]
+                     [--name NAME] [--threads]      (-o on a model: its AOT bundle too)
     polyfuse run FILE --inputs in.npz [--outputs out.npz] [--repeat N] [--print-time]
     polyfuse records show|best|distill FILE [-o OUT]
 
@@ -215,7 +216,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             for name, text in stages.items():
                 (out / f"{d.name}.{name}.txt").write_text(text)
-            obj = getattr(getattr(spec.run, "jit", None), "object", None)
+            obj = getattr(getattr(spec.run, "jit", spec.run), "object", None)
             if obj:
                 (out / f"{d.name}.o").write_bytes(obj)
             print(f"wrote {out}/ ({len(stages)} stages of '{d.name}')")
@@ -235,7 +236,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         except ArgumentError:
             raise CliError("give --input-shapes for the model's symbolic input dimensions to "
                            "write its kernels") from None
-        print(f"wrote {out}/ (graph, fusion groups, kernels, loops)")
+        written = "graph, fusion groups, kernels, loops"
+        if model.target.name in ("x86", "aarch64"):
+            from polyfuse.runtime.bundle import write_bundle
+            files = write_bundle(model, out, args.name, threads=args.threads)
+            written = f"the bundle {' '.join(f.name for f in files)}; {written}"
+        print(f"wrote {out}/ ({written})")
     return 0
 
 
@@ -354,7 +360,11 @@ def parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile; write the stages to -o, or print one with --dump")
     common(c)
-    c.add_argument("-o", "--output", help="a directory for the graph, fusion groups and kernels")
+    c.add_argument("-o", "--output", help="a directory for the stages; for a model on x86 or aarch64 "
+                   "also its ahead-of-time bundle (NAME.o, NAME.h, NAME.weights.bin, main.c)")
+    c.add_argument("--name", default="model", help="the bundle's name and entry point (default: model)")
+    c.add_argument("--threads", action="store_true",
+                   help="compile polyfuse's pthreads thread pool into the bundle (default: one thread)")
     c.add_argument("--dump", help="print one stage: a graph pass, groups, kernels, loops, llvm, asm")
     c.set_defaults(run=cmd_compile)
 

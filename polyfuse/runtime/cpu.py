@@ -1,5 +1,8 @@
 """Running definitions as native CPU code: schedule, JIT, call through the native runtime.
 
+Code for a CPU this process cannot run (aarch64 on x86) is compiled to an object and
+run through :mod:`polyfuse.runtime.cross` instead.
+
 Compiled kernels are cached in this process (by key) and on disk (see
 :mod:`polyfuse.runtime.cache`), so the same definition, sizes, target and options
 compile once per machine.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,9 +26,10 @@ from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
 from polyfuse.targets import Target
-from polyfuse.targets.cpu import JitKernel, compile_kernel, load_object, target_description, vector_bits
+from polyfuse.targets.cpu import (JitKernel, compile_kernel, compile_object, load_object, runs_natively,
+                                  target_description, vector_bits)
 
-_COMPILED: dict[str, CpuExecutable] = {}
+_COMPILED: dict[str, Any] = {}
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
 
 
@@ -65,6 +70,7 @@ class CpuExecutable:
     def __init__(self, jit: JitKernel, layout: Layout) -> None:
         self.jit = jit
         self.layout = layout
+        self.stages = jit.stages
         self._outputs = [(n, s, DType(dt).numpy, z) for n, s, dt, z in layout.outputs]
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
@@ -86,11 +92,13 @@ class CpuExecutable:
 
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,
-          options: MappingOptions | None, stages: dict[str, str]) -> CpuExecutable:
-    """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled."""
+          options: MappingOptions | None, stages: dict[str, str]) -> Any:
+    """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled;
+    a :class:`CpuExecutable`, or a :class:`~polyfuse.runtime.cross.CrossExecutable`
+    for code this process cannot run."""
     sizes = dict(sizes)
     options = options or default_options(d, sizes, vector_bits(target))
-    key = cache.kernel_key(str(d), repr(sorted(sizes.items())), target.name,
+    key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
                            target_description(target), repr(options))
     exe = _COMPILED.get(key)
     if exe is not None:
@@ -99,23 +107,34 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
         hit = cache.load(key)
         if hit is not None:
             obj, meta = hit
-            layout = Layout.from_json(meta["layout"])
-            exe = CpuExecutable(load_object(layout.name, obj, target, meta["stages"]), layout)
+            exe = _executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target)
             STATS["disk"] += 1
         else:
             exe = _compile(d, sizes, target, options, key)
             STATS["compiled"] += 1
         _COMPILED[key] = exe
-    stages.update(exe.jit.stages)
+    stages.update(exe.stages)
     return exe
 
 
+def _executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Target) -> Any:
+    if runs_natively(target):
+        return CpuExecutable(load_object(layout.name, obj, target, stages), layout)
+    from polyfuse.runtime.cross import CrossExecutable
+    return CrossExecutable(layout, stages, obj, target)
+
+
 def _compile(d: Definition, sizes: dict[str, int], target: Target, options: MappingOptions,
-             key: str) -> CpuExecutable:
+             key: str) -> Any:
     stages = {"options": repr(options)}
     kernel = schedule_definition(d, sizes, options, stages)
-    jit = compile_kernel(kernel, target, options.num_threads)
-    jit.stages.update(stages)
     layout = Layout.of(kernel, zero_filled_outputs(d, sizes))
-    cache.store(key, jit.object, {"layout": layout.to_json(), "stages": jit.stages})
-    return CpuExecutable(jit, layout)
+    if runs_natively(target):
+        jit = compile_kernel(kernel, target, options.num_threads)
+        jit.stages.update(stages)
+        cache.store(key, jit.object, {"layout": layout.to_json(), "stages": jit.stages})
+        return CpuExecutable(jit, layout)
+    obj, code_stages = compile_object(kernel, target, options.num_threads)
+    stages.update(code_stages)
+    cache.store(key, obj, {"layout": layout.to_json(), "stages": stages})
+    return _executable(obj, layout, stages, target)

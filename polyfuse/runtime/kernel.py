@@ -46,6 +46,7 @@ def _build_cpu(d: Definition, sizes: Mapping[str, int], target: Target,
 BUILDERS: dict[str, Builder] = {
     "reference": _build_reference,
     "x86": _build_cpu,
+    "aarch64": _build_cpu,
 }
 
 

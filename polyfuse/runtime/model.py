@@ -32,6 +32,7 @@ from polyfuse.lowering.ops import OPS, Folded, NeedsValue, OpContext, TCKernel, 
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import bind_arguments, placeholder
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
+from polyfuse.runtime.program import CONSTANT, MemoryPlan, ProgramLayout, plan_memory
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
@@ -51,9 +52,6 @@ class _Step:
 
 # the stages of each kernel that dump() shows ("kernels" is "specialized")
 KERNEL_STAGES = ("specialized", "loops", "llvm", "asm")
-
-# targets whose kernels run in this process, so a plan runs as one native program
-NATIVE = frozenset({"x86"})
 
 # Small integer inputs (shapes, axes, indices fed at run time) are treated as constants
 # when planning, and the plan is specialized to their values.
@@ -86,7 +84,7 @@ class _Plan:
                 for node in unit:
                     self.node(node)
         self.memory = plan_memory(self.steps, self.types, outputs)
-        self.program = _NativeProgram.build(self, g) if model.target.name in NATIVE else None
+        self.program = _program(self)
 
     def context(self, node: Node) -> OpContext:
         return OpContext(node, [self.types.get(i) if i else None for i in node.inputs],
@@ -144,7 +142,7 @@ class _Plan:
             self.types[name] = TensorType(t.dtype, shape)
         params = [p.name for p in d.params]
         results = [t.name for t in d.outputs[:len(outs)]]
-        task = None if d.scalars else Task.of(d, arrays, self.model.target.name, label)
+        task = None if d.scalars else Task.of(d, arrays, str(self.model.target), label)
 
         def run(env: dict[str, np.ndarray]) -> None:
             produced = spec.run({p: env[n] for p, n in zip(params, names)})
@@ -188,156 +186,54 @@ def _units(nodes: tuple[Node, ...]) -> list[list[Node]]:
     return units
 
 
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Activations placed in one arena by liveness (as Glow does): ``offsets`` of each
-    intermediate value (views share their source's storage; graph outputs get their own
-    arrays and are not in the arena), the arena's size, and the naive sum of every
-    activation, outputs and kernel temporaries included."""
-
-    offsets: dict[str, int]
-    arena_bytes: int
-    naive_bytes: int
-    roots: dict[str, str]     # value -> the value whose storage it views
-
-
-def plan_memory(steps: list[_Step], types: dict[str, TensorType], outputs: set[str],
-                alignment: int = 64) -> MemoryPlan:
-    """First-fit placement of the storage each kernel defines (its temporaries too),
-    freed after the last step reading it or any view of it."""
-    roots: dict[str, str] = {}
-    for st in steps:
-        if st.spec is None:
-            roots[st.outputs[0]] = roots.get(st.inputs[0], st.inputs[0])
-    size = {v: -(-max(1, types[v].dtype.bits // 8 * _count(types[v])) // alignment) * alignment
-            for st in steps if st.spec is not None for v in st.outputs + st.temporaries}
-    kept = {roots.get(v, v) for v in outputs}
-    last: dict[str, int] = {}
-    for k, st in enumerate(steps):
-        for v in st.inputs + st.outputs + st.temporaries:
-            root = roots.get(v, v)
-            if root in size:
-                last[root] = k
-    live: list[tuple[int, int, str]] = []   # (offset, size, value)
-    offsets: dict[str, int] = {}
-    arena = 0
-    for k, st in enumerate(steps):
-        live = [blk for blk in live if last[blk[2]] >= k]
-        for v in st.outputs + st.temporaries if st.spec is not None else ():
-            if v in kept:
-                continue
-            offset = 0
-            for start, length, _ in sorted(live):
-                if offset + size[v] <= start:
-                    break
-                offset = max(offset, start + length)
-            offsets[v] = offset
-            live.append((offset, size[v], v))
-            arena = max(arena, offset + size[v])
-    return MemoryPlan(offsets, arena, sum(size.values()), roots)
-
-
 class _NativeProgram:
     """Every step of a plan as one native call (:class:`polyfuse.runtime.native.Program`):
     intermediates in one arena, weights bound once by address, graph outputs written
     straight into the arrays returned."""
 
-    def __init__(self, plan: _Plan, graph: Graph) -> None:
-        memory = plan.memory
-        root = memory.roots.get
-        self.inputs = [v.name for v in graph.inputs]
-        position = {name: k for k, name in enumerate(self.inputs)}
-        self.slots: list[tuple[tuple[int, ...], np.dtype]] = []   # output arrays to allocate
-        slot_of: dict[str, int] = {}
-        self.results: list[tuple[str, str, Any]] = []   # (output, how, what)
-        produced = {v for st in plan.steps if st.spec is not None for v in st.outputs}
-        for v in graph.outputs:
-            r = root(v.name, v.name)
-            shape = tuple(int(d) for d in plan.types[v.name].shape)
-            if r in produced and r not in slot_of:
-                slot_of[r] = len(self.slots)
-                self.slots.append((tuple(int(d) for d in plan.types[r].shape),
-                                   plan.types[r].dtype.numpy))
-                self.results.append((v.name, "slot", (slot_of[r], shape)))
-            elif r in slot_of:
-                self.results.append((v.name, "copy-slot", (slot_of[r], shape)))
-            elif r in position:
-                self.results.append((v.name, "copy-input", (position[r], shape)))
-            else:
-                self.results.append((v.name, "constant", plan.consts[v.name]))
-        self.keep: list[np.ndarray] = []   # constants whose addresses the program holds
+    def __init__(self, layout: ProgramLayout) -> None:
+        self.layout = layout
         self.program = native.Program()
-        self.labels: list[str] = []
-
-        def location(value: str) -> tuple[int, int, int]:
-            r = root(value, value)
-            if r in position:
-                return (1, position[r], 0)
-            if r in slot_of:
-                return (2, slot_of[r], 0)
-            if r in memory.offsets:
-                return (0, 0, memory.offsets[r])
-            array = np.ascontiguousarray(plan.consts[r])
-            self.keep.append(array)
-            return (3, array.ctypes.data, 0)
-
-        for st in plan.steps:
-            if st.spec is None:
-                continue
-            layout = st.spec.run.layout
-            by_param = dict(zip((p.name for p in st.spec.definition.params), st.inputs))
-            by_output = dict(zip((t.name for t in st.spec.definition.outputs),
-                                 st.outputs + st.temporaries))
-            args = [location(by_param[n]) for n in layout.inputs]
-            zero = []
-            for name, shape, dtype, zeroed in layout.outputs:
-                nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-                if zeroed and nbytes:
-                    zero.append((len(args), nbytes))
-                args.append(location(by_output[name]))
-            if layout.checks_indices:
-                args.append((4, 0, 0))
-            self.program.add(st.spec.run.jit.address, args, zero)
-            self.labels.append(st.label)
-        self.arena_bytes = max(memory.arena_bytes, 64)
+        self.labels = [call.label for call in layout.calls]
+        address = {name: array.ctypes.data for name, array in layout.constants.items()}
+        for call in layout.calls:
+            args = [(base, address[index], 0) if base == CONSTANT else (base, index, offset)
+                    for base, index, offset in call.args]
+            self.program.add(call.executable.jit.address, args, list(call.zero))
 
     @staticmethod
-    def build(plan: _Plan, graph: Graph) -> _NativeProgram | None:
+    def build(plan: _Plan) -> _NativeProgram | None:
         """The program, or None when a step is not native code of the CPU runtime."""
         from polyfuse.runtime.cpu import CpuExecutable
         for st in plan.steps:
             if st.spec is not None and (not isinstance(st.spec.run, CpuExecutable)
                                         or st.spec.run.layout.scalars):
                 return None
-        return _NativeProgram(plan, graph)
+        return _NativeProgram(ProgramLayout.of(plan))
 
     def run(self, env: dict[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        inputs = [env[n] for n in self.inputs]
-        arena = native.empty_aligned(self.arena_bytes, np.uint8)
-        slots = [native.empty_aligned(shape, dtype) for shape, dtype in self.slots]
+        inputs = [env[t.name] for t in self.layout.inputs]
+        arena = native.empty_aligned(self.layout.arena_bytes, np.uint8)
+        slots = [native.empty_aligned(shape, dtype) for shape, dtype in self.layout.slots]
         failed = self.program.run(arena, inputs, slots, times)
         if failed >= 0:
             raise BoundsError(f"kernel '{self.labels[failed]}' read a tensor out of bounds through "
                               "an index taken from another tensor (an index tensor holds a value "
                               "outside the dimension it indexes); no output was returned")
-        out: dict[str, np.ndarray] = {}
-        for name, how, what in self.results:
-            if how == "slot":
-                out[name] = slots[what[0]].reshape(what[1])
-            elif how == "copy-slot":
-                out[name] = slots[what[0]].reshape(what[1]).copy()
-            elif how == "copy-input":
-                out[name] = inputs[what[0]].reshape(what[1]).copy()
-            else:
-                out[name] = np.array(what, copy=True)
-        return out
+        return self.layout.collect(inputs, slots)
 
 
-def _count(t: TensorType) -> int:
-    n = 1
-    for d in t.shape:
-        n *= int(d)
-    return n
+def _program(plan: _Plan) -> Any:
+    """What runs a plan's kernels as one unit: a native program in this process, a
+    program run under an emulator, or None (each step runs by itself)."""
+    target = plan.model.target
+    if target.name not in ("x86", "aarch64"):
+        return None
+    from polyfuse.runtime import cross
+    from polyfuse.targets.cpu import runs_natively
+    if runs_natively(target):
+        return _NativeProgram.build(plan)
+    return cross.CrossProgram(ProgramLayout.of(plan), target)
 
 
 def _view(src: str, dst: str, shape: tuple[int, ...]) -> Any:
@@ -444,10 +340,33 @@ class CompiledModel:
         return [st.task for st in plan.steps if st.task is not None]
 
     def _latest_plan(self, what: str) -> _Plan:
+        """The plan of the latest run (or of ``input_shapes``); for a model whose inputs
+        all have fixed shapes, the plan of those shapes."""
+        declared = {v.name: v.type.shape for v in self.graph.inputs}
+        if not self._plans and all(isinstance(d, int) for s in declared.values() for d in s):
+            return self._plan(declared)
         if not self._plans:
             raise ArgumentError(f"{what} need input shapes: run the model once, pass "
                                 "input_shapes to compile(), or give the shapes here")
         return list(self._plans.values())[-1]
+
+    def save_bundle(self, out_dir: Any, name: str = "model", *, threads: bool = False,
+                    shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Any]:
+        """Write the model as an ahead-of-time bundle for its target (x86 or aarch64):
+        ``NAME.o``, ``NAME.h``, ``NAME.weights.bin`` and an example ``main.c`` (see
+        :mod:`polyfuse.runtime.bundle`); the paths written."""
+        from polyfuse.runtime.bundle import write_bundle
+        return write_bundle(self, out_dir, name, threads=threads, shapes=shapes)
+
+    def plan_for(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> _Plan:
+        """The plan for these input shapes (all inputs), else that of the shapes given to
+        ``compile`` or of the latest run."""
+        if not shapes:
+            return self._latest_plan("a bundle")
+        missing = [v.name for v in self.graph.inputs if v.name not in shapes]
+        if missing:
+            raise ArgumentError(f"give the shape of every input; missing {missing}")
+        return self._plan({v.name: tuple(shapes[v.name]) for v in self.graph.inputs})
 
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""

@@ -21,22 +21,42 @@ def _initialize() -> None:
     llvm.initialize_native_asmprinter()
 
 
-def target_machine(target: Target, cpu: str = "", features: str = "") -> llvm.TargetMachine:
-    """A new LLVM target machine (a JIT engine takes ownership of the one it is given);
-    for the host's CPU, its name and features (AVX-512 here)."""
+def target_machine(target: Target) -> llvm.TargetMachine:
+    """A new LLVM target machine (a JIT engine takes ownership of the one it is given)
+    emitting position-independent code for the target's CPU and features; for ``x86``
+    without a CPU named, this machine's CPU and features (AVX-512 here)."""
     _initialize()
-    if target.name == "x86" and not cpu:
-        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    cpu, features = _cpu_and_features(target)
     triple = target.triple or llvm.get_default_triple()
     return llvm.Target.from_triple(triple).create_target_machine(
         cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
+
+
+def _cpu_and_features(target: Target) -> tuple[str, str]:
+    if target.name == "x86" and not target.cpu:
+        return llvm.get_host_cpu_name(), ",".join(
+            filter(None, [llvm.get_host_cpu_features().flatten(), target.llvm_features]))
+    return target.cpu, target.llvm_features
+
+
+def runs_natively(target: Target) -> bool:
+    """Whether code for ``target`` can run in this process: the host's architecture,
+    and (on aarch64) every feature asked for present on this CPU."""
+    host = llvm.get_process_triple().split("-")[0]
+    if target.name == "x86":
+        return host == "x86_64"
+    if target.name == "aarch64" and host == "aarch64":
+        _initialize()
+        present = llvm.get_host_cpu_features()
+        return all(present.get(f, False) for f in target.features)
+    return False
 
 
 @functools.cache
 def vector_bits(target: Target) -> int:
     """The widest SIMD register the target machine uses for floats (x86: the host's)."""
     _initialize()
-    if target.name == "x86" and llvm.get_default_triple().startswith("x86_64"):
+    if target.name == "x86" and not target.cpu and llvm.get_default_triple().startswith("x86_64"):
         feats = llvm.get_host_cpu_features()
         if feats.get("avx512f"):
             return 512
@@ -72,7 +92,8 @@ class JitKernel:
 def target_description(target: Target) -> str:
     """What the generated code depends on besides the kernel: triple, CPU, features."""
     tm = target_machine(target)
-    return f"{tm.triple} {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
+    cpu, features = _cpu_and_features(target)
+    return f"{tm.triple} {cpu} {features}"
 
 
 @functools.cache
@@ -84,20 +105,39 @@ def _bind_runtime_symbols() -> None:
 def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0) -> JitKernel:
     """JIT-compile a loop kernel for this machine; stages get "llvm", "llvm_opt" and "asm"."""
     tm = target_machine(target)
-    text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads)
-    try:
-        mod = llvm.parse_assembly(text)
-        mod.verify()
-    except RuntimeError as err:
-        raise CodegenError(f"LLVM rejected the code for kernel '{kernel.name}': {err}") from None
-    optimize(mod, tm)
-    stages = {"llvm": text, "llvm_opt": str(mod), "asm": tm.emit_assembly(mod)}
+    mod, stages = _optimized_module(kernel, target, tm, num_threads)
     _bind_runtime_symbols()
     engine = llvm.create_mcjit_compiler(mod, tm)
     emitted: list[bytes] = []
     engine.set_object_cache(lambda _module, data: emitted.append(data), lambda _module: None)
     engine.finalize_object()
     return JitKernel(kernel.name, _address(engine, kernel.name), stages, b"".join(emitted), engine)
+
+
+def compile_object(kernel: LoopKernel, target: Target, num_threads: int = 0) -> tuple[bytes, dict[str, str]]:
+    """Compile a loop kernel to a relocatable object for any CPU target (no JIT): the
+    object and the stages "llvm", "llvm_opt" and "asm"."""
+    tm = target_machine(target)
+    mod, stages = _optimized_module(kernel, target, tm, num_threads)
+    return tm.emit_object(mod), stages
+
+
+def _optimized_module(kernel: LoopKernel, target: Target, tm: llvm.TargetMachine,
+                      num_threads: int) -> tuple[llvm.ModuleRef, dict[str, str]]:
+    text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads, "sve" in target.features)
+    mod = parse_module(text, f"kernel '{kernel.name}'")
+    optimize(mod, tm)
+    return mod, {"llvm": text, "llvm_opt": str(mod), "asm": tm.emit_assembly(mod)}
+
+
+def parse_module(text: str, what: str) -> llvm.ModuleRef:
+    """LLVM IR text parsed and verified; LLVM's complaint becomes a ``CodegenError``."""
+    try:
+        mod = llvm.parse_assembly(text)
+        mod.verify()
+    except RuntimeError as err:
+        raise CodegenError(f"LLVM rejected the code for {what}: {err}") from None
+    return mod
 
 
 def load_object(name: str, obj: bytes, target: Target, stages: dict[str, str]) -> JitKernel:

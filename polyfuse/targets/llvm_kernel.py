@@ -41,10 +41,12 @@ class _Scope:
 
 
 class KernelEmitter:
-    def __init__(self, kernel: LoopKernel, module: ir.Module, num_threads: int = 0) -> None:
+    def __init__(self, kernel: LoopKernel, module: ir.Module, num_threads: int = 0,
+                 scalable: bool = False) -> None:
         self.kernel = kernel
         self.module = module
         self.num_threads = num_threads
+        self.scalable = scalable   # vector loops as scalable vectors (SVE): vscale x width
         self.n_parallel = 0
         self.n_loops = 0
 
@@ -177,6 +179,8 @@ class KernelEmitter:
         if s.vector > 1:
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.enable"), ir.Constant(I1, 1)]))
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.width"), ir.Constant(ir.IntType(32), s.vector)]))
+            if self.scalable:
+                props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.scalable.enable"), ir.Constant(I1, 1)]))
             if s.unroll > 1:
                 props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"), ir.Constant(ir.IntType(32), s.unroll)]))
         elif s.unroll > 1:
@@ -298,12 +302,14 @@ def _to_storage(value: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
     return value
 
 
-def emit_module(kernel: LoopKernel, triple: str, data_layout: str, num_threads: int = 0) -> str:
-    """The LLVM IR text of ``kernel``; loop metadata nodes refer to themselves."""
+def emit_module(kernel: LoopKernel, triple: str, data_layout: str, num_threads: int = 0,
+                scalable: bool = False) -> str:
+    """The LLVM IR text of ``kernel``; loop metadata nodes refer to themselves.
+    ``scalable``: vector loops use scalable vectors (for SVE)."""
     module = ir.Module(name=kernel.name)
     module.triple = triple
     module.data_layout = data_layout
-    KernelEmitter(kernel, module, num_threads).emit()
+    KernelEmitter(kernel, module, num_threads, scalable).emit()
     return _self_reference_loops(str(module))
 
 

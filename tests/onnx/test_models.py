@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import polyfuse as pf
 from tests.onnx.ort_compare import assert_matches_onnxruntime, onnxruntime_outputs
+from tests.arm_tools import AARCH64
 from tests.onnx.test_frontend import mlp
 
 RNG = np.random.default_rng(0)
@@ -80,7 +81,7 @@ def cnn():
                       {"y": (TensorProto.FLOAT, [1, 10])}, init)
 
 
-@pytest.mark.parametrize("target", ["x86", "reference"])
+@pytest.mark.parametrize("target", ["x86", AARCH64, "reference"])
 def test_cnn_matches_onnxruntime(target):
     assert_matches_onnxruntime(cnn(), {"x": randn(1, 3, 32, 32)}, RTOL, ATOL, target=target)
 
@@ -175,7 +176,7 @@ def attention_feeds(batch, seq):
     return {"x": randn(batch, seq, HIDDEN), "mask": mask}
 
 
-@pytest.mark.parametrize("target", ["x86", "reference"])
+@pytest.mark.parametrize("target", ["x86", AARCH64, "reference"])
 @pytest.mark.parametrize("gelu_op", [False, True], ids=["erf_gelu", "gelu_op"])
 def test_transformer_block_at_two_shapes(gelu_op, target):
     model = transformer_block(gelu_op=gelu_op)
@@ -224,7 +225,7 @@ def causal_self_attention():
                       {"y": (TensorProto.FLOAT, ["batch", "seq", HIDDEN])}, init)
 
 
-@pytest.mark.parametrize("target", ["x86", "reference"])
+@pytest.mark.parametrize("target", ["x86", AARCH64, "reference"])
 def test_causal_self_attention_at_two_shapes(target):
     model = causal_self_attention()
     compiled = pf.compile(model, target=target)
@@ -234,7 +235,7 @@ def test_causal_self_attention_at_two_shapes(target):
 
 # --- an MLP with a symbolic batch ------------------------------------------------------
 
-@pytest.mark.parametrize("target", ["x86", "reference"])
+@pytest.mark.parametrize("target", ["x86", AARCH64, "reference"])
 def test_mlp_at_batch_1_and_7(target):
     model = mlp(batch="batch")
     compiled = pf.compile(model, target=target)

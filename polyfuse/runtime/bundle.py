@@ -1,0 +1,372 @@
+"""Ahead-of-time bundles, after Glow's: a compiled model as an object file and a C header.
+
+:func:`write_bundle` writes, for a model compiled for ``x86`` or ``aarch64``:
+
+* ``NAME.o``: every kernel and one entry point, ``int NAME(const uint8_t *weights,
+  uint8_t *activations, const void *const *inputs, void *const *outputs)``;
+* ``NAME.h``: the entry point, the inputs' and outputs' names, shapes, dtypes and
+  bytes, and the sizes and alignment of the weights and activation regions;
+* ``NAME.weights.bin``: the constants, each at an aligned offset;
+* ``main.c``: an example that loads the weights, reads the inputs from files (or
+  makes some), runs one inference and prints the outputs.
+
+The entry point needs no Python and no allocator: the caller provides every buffer,
+aligned to ``NAME_ALIGNMENT`` bytes. It returns 0, or ``k + 1`` when kernel ``k`` read
+a tensor out of bounds through an index taken from another tensor (outputs are then
+undefined). Bundles are single-threaded unless built with ``threads=True``: then
+``NAME.o`` also holds polyfuse's thread pool in C with pthreads (link with
+``-pthread``; ``polyfuse_set_num_threads(n)`` sizes it, else ``$POLYFUSE_NUM_THREADS``,
+else every online CPU).
+
+:func:`link_program` makes the object: each kernel's optimized LLVM module linked into
+one module with the entry point, only the entry point exported.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+
+from polyfuse.errors import ArgumentError, TargetError
+from polyfuse.runtime.program import ARENA, CONSTANT, ERROR, INPUT, OUTPUT, ProgramLayout
+from polyfuse.targets import Target
+from polyfuse.targets.cpu import parse_module, target_machine
+from polyfuse.targets.llvm_kernel import PARALLEL_FOR
+
+NATIVE_DIR = Path(__file__).parent / "native"
+ALIGNMENT = 64
+MAX_RANK = 8   # the header's shape arrays
+
+_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+_PTR = _I8.as_pointer()
+
+
+def link_program(layout: ProgramLayout, target: Target, entry: str,
+                 weight_offsets: dict[str, int], threads: bool = False) -> llvm.ModuleRef:
+    """The kernels of ``layout`` and an entry point named ``entry`` in one LLVM module
+    for ``target``; the parallel-for is a serial loop unless ``threads`` (then the
+    module leaves it to polyfuse's thread pool, linked beside it)."""
+    tm = target_machine(target)
+    module = parse_module(_entry_module(layout, entry, weight_offsets, tm, threads),
+                          f"the entry point of '{entry}'")
+    kernels = []
+    for j, call in enumerate(layout.calls):
+        kernel = parse_module(call.stages["llvm_opt"], f"kernel '{call.label}'")
+        name = call.executable.layout.name
+        for fn in kernel.functions:
+            if fn.is_declaration or fn.linkage != llvm.Linkage.external:
+                continue
+            fn.name = f"{entry}.k{j}" if fn.name == name else f"{entry}.k{j}.{fn.name}"
+            kernels.append(fn.name)
+        module.link_in(kernel)
+    for fn in module.functions:   # only the entry point (and the pool's ABI) stay visible
+        if fn.name in kernels or fn.name == PARALLEL_FOR and not threads:
+            fn.linkage = llvm.Linkage.internal
+    module.verify()
+    return module
+
+
+def _entry_module(layout: ProgramLayout, entry: str, weight_offsets: dict[str, int],
+                  tm: llvm.TargetMachine, threads: bool) -> str:
+    """``int entry(weights, activations, inputs, outputs)``: the calls in order, each
+    with its zero-fills and argument array, then the outputs that are copies."""
+    module = ir.Module(name=entry)
+    module.triple = tm.triple
+    module.data_layout = str(tm.target_data)
+    fn = ir.Function(module, ir.FunctionType(_I32, [_PTR, _PTR, _PTR.as_pointer(), _PTR.as_pointer()]), entry)
+    weights, activations, inputs, outputs = fn.args
+    for arg, name in zip(fn.args, ("weights", "activations", "inputs", "outputs")):
+        arg.name = name
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    memset = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR, _I8, _I64, ir.IntType(1)]),
+                         "llvm.memset.p0.i64")
+    memcpy = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR, _PTR, _I64, ir.IntType(1)]),
+                         "llvm.memcpy.p0.p0.i64")
+    error = b.alloca(_I64, name="error")
+    b.store(ir.Constant(_I64, 0), error)
+    most = max((len(c.args) for c in layout.calls), default=1)
+    args = b.alloca(ir.ArrayType(_PTR, most), name="args")
+    slot_output = {what: k for k, (_, how, what) in enumerate(layout.results) if how == "slot"}
+
+    def pointer(base: int, index: object, offset: int) -> ir.Value:
+        if base == ARENA:
+            return b.gep(activations, [ir.Constant(_I64, offset)])
+        if base == CONSTANT:
+            return b.gep(weights, [ir.Constant(_I64, weight_offsets[index] + offset)])
+        if base == ERROR:
+            return b.bitcast(error, _PTR)
+        if base == INPUT:
+            return b.load(b.gep(inputs, [ir.Constant(_I64, index)]))
+        return output(slot_output[index])
+
+    def output(k: int) -> ir.Value:
+        return b.load(b.gep(outputs, [ir.Constant(_I64, k)]))
+
+    for j, call in enumerate(layout.calls):
+        kernel = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR.as_pointer()]), f"{entry}.k{j}")
+        places = [pointer(*a) for a in call.args]
+        for position, nbytes in call.zero:
+            b.call(memset, [places[position], ir.Constant(_I8, 0), ir.Constant(_I64, nbytes),
+                            ir.Constant(ir.IntType(1), 0)])
+        for k, p in enumerate(places):
+            b.store(p, b.gep(args, [ir.Constant(_I32, 0), ir.Constant(_I32, k)]))
+        b.call(kernel, [b.gep(args, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)])])
+        if any(base == ERROR for base, _, _ in call.args):
+            failed = b.icmp_signed("!=", b.load(error), ir.Constant(_I64, 0))
+            with b.if_then(failed, likely=False):
+                b.ret(ir.Constant(_I32, j + 1))
+    for k, (t, (name, how, what)) in enumerate(zip(layout.outputs, layout.results)):
+        source = {"copy-slot": (OUTPUT, what, 0), "copy-input": (INPUT, what, 0),
+                  "constant": (CONSTANT, what, 0)}.get(how)
+        if source is not None:
+            b.call(memcpy, [output(k), pointer(*source),
+                            ir.Constant(_I64, t.nbytes), ir.Constant(ir.IntType(1), 0)])
+    b.ret(ir.Constant(_I32, 0))
+    if not threads:
+        _serial_parallel_for(module)
+    return str(module)
+
+
+def _serial_parallel_for(module: ir.Module) -> None:
+    """The parallel-for ABI as a plain call of the body over the whole range."""
+    body_type = ir.FunctionType(ir.VoidType(), [_I64, _I64, _PTR]).as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [body_type, _I64, _PTR, _I64]), PARALLEL_FOR)
+    body, n, ctx, _ = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    with b.if_then(b.icmp_signed(">", n, ir.Constant(_I64, 0))):
+        b.call(body, [ir.Constant(_I64, 0), n, ctx])
+    b.ret_void()
+
+
+# numpy dtype -> (C type of one element, how main.c prints it)
+_C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
+            "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t", "bool": "uint8_t",
+            "float16": "uint16_t", "bfloat16": "uint16_t"}
+
+
+def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ignore[no-untyped-def]
+                 threads: bool = False, shapes: dict[str, tuple[int, ...]] | None = None) -> list[Path]:
+    """Write ``model``'s bundle (see the module docstring) into ``out_dir`` for the
+    input ``shapes`` (default: those given to ``compile`` or of its latest run); the
+    paths written."""
+    target = model.target
+    if target.name not in ("x86", "aarch64"):
+        raise TargetError(f"bundles are built for x86 or aarch64, not {target}; compile the "
+                          "model with target='x86' or target='aarch64'")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ArgumentError(f"a bundle's name is a C identifier (it names the entry point), got {name!r}")
+    plan = model.plan_for(shapes)
+    layout = ProgramLayout.of(plan)
+    for t in layout.inputs + layout.outputs:
+        if str(t.dtype) not in _C_TYPES or len(t.shape) > MAX_RANK:
+            raise ArgumentError(f"bundles take tensors of rank {MAX_RANK} or less of "
+                                f"{', '.join(_C_TYPES)}; '{t.name}' is {t.dtype}{list(t.shape)}")
+    weights, offsets = layout.weights(ALIGNMENT)
+    module = link_program(layout, target, name, offsets, threads)
+    obj = target_machine(target).emit_object(module)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.o", out / f"{name}.h", out / f"{name}.weights.bin", out / "main.c"]
+    if threads:
+        obj = _with_thread_pool(obj, target)
+    paths[0].write_bytes(obj)
+    paths[1].write_text(header(layout, name, target, len(weights), threads))
+    paths[2].write_bytes(weights)
+    paths[3].write_text(example_main(layout, name, threads))
+    return paths
+
+
+def _with_thread_pool(obj: bytes, target: Target) -> bytes:
+    """``obj`` and polyfuse's thread pool (``native/thread_pool.c``) as one relocatable
+    object, made with the target's C compiler."""
+    from polyfuse.runtime.cross import c_compiler
+    cc = c_compiler(target)
+    with tempfile.TemporaryDirectory(prefix="polyfuse-bundle-") as tmp:
+        kernels, pool, both = Path(tmp, "kernels.o"), Path(tmp, "pool.o"), Path(tmp, "bundle.o")
+        kernels.write_bytes(obj)
+        for command in ([*cc, "-O2", "-std=c11", "-fPIC", "-c", str(NATIVE_DIR / "thread_pool.c"), "-o", str(pool)],
+                        [*cc, "-r", "-nostdlib", str(kernels), str(pool), "-o", str(both)]):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise TargetError(f"{Path(cc[0]).name} could not build the thread pool into the "
+                                  f"bundle: {done.stderr.strip()[-2000:]}")
+        return both.read_bytes()
+
+
+def _macro(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", text).upper()
+
+
+def header(layout: ProgramLayout, name: str, target: Target, weights_bytes: int, threads: bool) -> str:
+    """``NAME.h``: the entry point and everything a caller needs to give it buffers."""
+    up = _macro(name)
+    lines = [f"// {name}.h: the polyfuse bundle '{name}' for {target} ({target.triple}"
+             + (f", {target.cpu}" if target.cpu else "") + ").",
+             f"// Link {name}.o into the program"
+             + (" with -pthread (it holds polyfuse's thread pool)." if threads else
+                "; the code is single-threaded."),
+             f"#ifndef {up}_H", f"#define {up}_H", "", "#include <stdint.h>", "",
+             f"#define {up}_ALIGNMENT {ALIGNMENT}  /* every buffer below is aligned to this */",
+             f"#define {up}_WEIGHTS_SIZE {weights_bytes}u  /* bytes of {name}.weights.bin */",
+             f"#define {up}_ACTIVATIONS_SIZE {layout.arena_bytes}u  /* scratch; no contents kept */",
+             f"#define {up}_NUM_INPUTS {len(layout.inputs)}",
+             f"#define {up}_NUM_OUTPUTS {len(layout.outputs)}",
+             f"#define {up}_THREADS {int(threads)}", ""]
+    for kind, tensors in (("INPUT", layout.inputs), ("OUTPUT", layout.outputs)):
+        used: set[str] = set()
+        for k, t in enumerate(tensors):
+            macro = f"{up}_{kind}_{_macro(t.name)}"
+            macro = macro if macro not in used else f"{macro}_{k}"
+            used.add(macro)
+            lines.append(f"/* {kind.lower()} {k}: \"{t.name}\" {t.dtype}{list(t.shape)} */")
+            lines.append(f"#define {macro} {k}")
+            lines.append(f"#define {macro}_SIZE {t.nbytes}u")
+    lines += ["", "struct polyfuse_tensor_info {", "    const char *name;",
+              "    const char *dtype;   /* numpy's name: float32, int64, bfloat16, ... */",
+              "    int rank;", f"    int64_t shape[{MAX_RANK}];", "    uint64_t bytes;", "};", ""]
+    for kind, tensors in (("inputs", layout.inputs), ("outputs", layout.outputs)):
+        rows = ", ".join(
+            f'{{"{t.name}", "{t.dtype}", {len(t.shape)}, {{{", ".join(map(str, t.shape)) or "0"}}}, {t.nbytes}u}}'
+            for t in tensors)
+        lines.append(f"static const struct polyfuse_tensor_info {name}_{kind}[] = {{{rows}}};")
+    lines += ["",
+              "/* Runs one inference. weights: the contents of the weights file; activations:",
+              f" * {up}_ACTIVATIONS_SIZE bytes of scratch; inputs[k], outputs[k]: the tensors, in",
+              " * the order above, C-contiguous. All aligned to the alignment above. Returns 0, or",
+              " * k + 1 when kernel k read a tensor out of bounds through an index taken from",
+              " * another tensor (an index input held a value outside its dimension). */",
+              f"int {name}(const uint8_t *weights, uint8_t *activations, const void *const *inputs,",
+              f"         void *const *outputs);"]
+    if threads:
+        lines += ["", "/* The thread pool's size (default: $POLYFUSE_NUM_THREADS, else every CPU). */",
+                  "void polyfuse_set_num_threads(int n);", "int polyfuse_get_num_threads(void);"]
+    lines += ["", f"#endif  /* {up}_H */", ""]
+    return "\n".join(lines)
+
+
+def example_main(layout: ProgramLayout, name: str, threads: bool) -> str:
+    """``main.c``: load the weights, read each input from a file named on the command
+    line (or fill it with a fixed pattern), run once, print every output."""
+    up = _macro(name)
+    return f'''// An example program for the polyfuse bundle '{name}': loads {name}.weights.bin,
+// reads each input from a raw file (C order, the dtype in {name}.h) or fills it with
+// a fixed pattern when no file is given, runs one inference and prints the outputs.
+//
+//   cc main.c {name}.o -o {name}_main -lm{" -pthread" if threads else ""}
+//   ./{name}_main [{name}.weights.bin] [input0.bin ...]
+
+#define _POSIX_C_SOURCE 200112L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "{name}.h"
+
+static void *aligned(uint64_t bytes) {{
+    void *p = NULL;
+    if (posix_memalign(&p, {up}_ALIGNMENT, bytes ? bytes : {up}_ALIGNMENT) != 0) {{
+        fprintf(stderr, "out of memory\\n");
+        exit(1);
+    }}
+    return memset(p, 0, bytes ? bytes : {up}_ALIGNMENT);
+}}
+
+static void load(const char *path, void *dst, uint64_t bytes) {{
+    FILE *f = fopen(path, "rb");
+    if (!f) {{
+        fprintf(stderr, "cannot open %s\\n", path);
+        exit(1);
+    }}
+    if (bytes && fread(dst, 1, bytes, f) != bytes) {{
+        fprintf(stderr, "%s: expected %llu bytes\\n", path, (unsigned long long)bytes);
+        exit(1);
+    }}
+    fclose(f);
+}}
+
+static double half_to_double(uint16_t h, int bfloat) {{
+    uint32_t bits;
+    if (bfloat) {{
+        bits = (uint32_t)h << 16;
+    }} else {{
+        uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, frac = h & 1023;
+        if (exp == 0 && frac == 0) bits = sign;
+        else if (exp == 31) bits = sign | 0x7f800000u | (frac << 13);
+        else if (exp == 0) {{  /* subnormal: normalize */
+            exp = 113;
+            while (!(frac & 1024)) {{ frac <<= 1; --exp; }}
+            bits = sign | (exp << 23) | ((frac & 1023) << 13);
+        }} else bits = sign | ((exp + 112) << 23) | (frac << 13);
+    }}
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}}
+
+static double element(const void *data, const char *dtype, uint64_t i) {{
+    if (!strcmp(dtype, "float32")) return ((const float *)data)[i];
+    if (!strcmp(dtype, "float64")) return ((const double *)data)[i];
+    if (!strcmp(dtype, "float16")) return half_to_double(((const uint16_t *)data)[i], 0);
+    if (!strcmp(dtype, "bfloat16")) return half_to_double(((const uint16_t *)data)[i], 1);
+    if (!strcmp(dtype, "int8")) return ((const int8_t *)data)[i];
+    if (!strcmp(dtype, "int16")) return ((const int16_t *)data)[i];
+    if (!strcmp(dtype, "int32")) return ((const int32_t *)data)[i];
+    if (!strcmp(dtype, "int64")) return (double)((const int64_t *)data)[i];
+    return ((const uint8_t *)data)[i];  /* uint8, bool */
+}}
+
+static void fill_pattern(void *data, const char *dtype, uint64_t bytes) {{
+    /* small values every dtype holds: 0.25 * ((i % 7) - 3) for floats, i % 7 for ints */
+    uint64_t n = bytes / (strstr(dtype, "64") ? 8 : strstr(dtype, "32") ? 4 :
+                          strstr(dtype, "16") ? 2 : 1);
+    for (uint64_t i = 0; i < n; ++i) {{
+        double v = 0.25 * (double)((int)(i % 7) - 3);
+        if (!strcmp(dtype, "float32")) ((float *)data)[i] = (float)v;
+        else if (!strcmp(dtype, "float64")) ((double *)data)[i] = v;
+        else if (!strcmp(dtype, "int32")) ((int32_t *)data)[i] = (int32_t)(i % 7);
+        else if (!strcmp(dtype, "int64")) ((int64_t *)data)[i] = (int64_t)(i % 7);
+        else if (strstr(dtype, "int8") || !strcmp(dtype, "bool")) ((uint8_t *)data)[i] = (uint8_t)(i % 2);
+    }}
+}}
+
+int main(int argc, char **argv) {{
+    const char *weights_path = argc > 1 ? argv[1] : "{name}.weights.bin";
+    uint8_t *weights = aligned({up}_WEIGHTS_SIZE);
+    uint8_t *activations = aligned({up}_ACTIVATIONS_SIZE);
+    void *inputs[{up}_NUM_INPUTS + 1], *outputs[{up}_NUM_OUTPUTS + 1];
+    load(weights_path, weights, {up}_WEIGHTS_SIZE);
+    for (int k = 0; k < {up}_NUM_INPUTS; ++k) {{
+        inputs[k] = aligned({name}_inputs[k].bytes);
+        if (argc > 2 + k) load(argv[2 + k], inputs[k], {name}_inputs[k].bytes);
+        else fill_pattern(inputs[k], {name}_inputs[k].dtype, {name}_inputs[k].bytes);
+    }}
+    for (int k = 0; k < {up}_NUM_OUTPUTS; ++k) outputs[k] = aligned({name}_outputs[k].bytes);
+
+    int status = {name}(weights, activations, (const void *const *)inputs, outputs);
+    if (status != 0) {{
+        fprintf(stderr, "{name}: kernel %d read a tensor out of bounds\\n", status - 1);
+        return 1;
+    }}
+    for (int k = 0; k < {up}_NUM_OUTPUTS; ++k) {{
+        const struct polyfuse_tensor_info *t = &{name}_outputs[k];
+        uint64_t count = 1;
+        printf("%s %s [", t->name, t->dtype);
+        for (int d = 0; d < t->rank; ++d) {{
+            printf(d ? ", %lld" : "%lld", (long long)t->shape[d]);
+            count *= (uint64_t)t->shape[d];
+        }}
+        printf("]\\n");
+        for (uint64_t i = 0; i < count; ++i)
+            printf(i + 1 < count ? "%.9g " : "%.9g\\n", element(outputs[k], t->dtype, i));
+    }}
+    return 0;
+}}
+'''

@@ -1,0 +1,207 @@
+"""Running code built for a CPU this process cannot run (aarch64 on an x86 machine).
+
+A program (one kernel, or every kernel of a model's plan; see
+:mod:`polyfuse.runtime.program`) becomes an object file through
+:func:`polyfuse.runtime.bundle.link_program`, is linked with a small C runner
+(``native/runner.c``) by the target's C compiler (``aarch64-linux-gnu-gcc``), and runs
+under ``qemu-aarch64 -cpu CPU`` with the CPU the code was generated for, tensors
+passed through files. Compiling needs none of this: without the tools, running
+raises a :class:`~polyfuse.errors.TargetError` that names what to install.
+Executables are cached on disk beside the kernels (or in a temporary directory when
+the disk cache is off).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from polyfuse.errors import BoundsError, TargetError
+from polyfuse.runtime import cache
+from polyfuse.runtime.program import ProgramLayout, Tensor
+from polyfuse.targets import Target
+
+RUNNER = Path(__file__).parent / "native" / "runner.c"
+IO_MAGIC = 0x31304F4946594C50  # "PLYFIO01", as runner.c expects
+ENTRY = "polyfuse_entry"
+
+# CPUs qemu-user emulates by name; others run as "max" (every feature qemu has)
+QEMU_CPUS = frozenset({"a64fx", "cortex-a35", "cortex-a53", "cortex-a57", "cortex-a72",
+                       "cortex-a76", "neoverse-n1", "neoverse-v1", "neoverse-n2"})
+RUN_TIMEOUT_S = 600
+
+
+@functools.cache
+def _tool(name: str) -> str | None:
+    return shutil.which(name)
+
+
+def c_compiler(target: Target) -> list[str]:
+    """The command of a C compiler making code for ``target``; a ``TargetError`` says
+    what to install when there is none."""
+    host = os.uname().machine
+    native = _runs_here(target)
+    names = ["cc", "gcc"] if native else []
+    names += ["aarch64-linux-gnu-gcc"] if target.name == "aarch64" else []
+    for name in names:
+        if _tool(name):
+            return [_tool(name)]  # type: ignore[list-item]
+    raise TargetError(f"building {target} programs on this {host} machine needs a C compiler "
+                      + ("(cc or gcc) on PATH" if native else
+                         "(aarch64-linux-gnu-gcc; on Debian/Ubuntu: apt-get install -y "
+                         "gcc-aarch64-linux-gnu)"))
+
+
+def _runs_here(target: Target) -> bool:
+    """Whether this machine's CPU is of ``target``'s architecture."""
+    return {"x86_64": "x86", "amd64": "x86", "aarch64": "aarch64",
+            "arm64": "aarch64"}.get(os.uname().machine) == target.name
+
+
+def runner_prefix(target: Target) -> list[str]:
+    """The command prefix that runs ``target``'s programs here: empty when they run
+    natively, else qemu-user for the CPU the code was made for."""
+    if _runs_here(target):
+        return []
+    host = os.uname().machine
+    qemu = _tool(f"qemu-{target.name}")
+    if qemu is None:
+        raise TargetError(f"running {target} code on this {host} machine needs qemu-user "
+                          "(on Debian/Ubuntu: apt-get install -y qemu-user "
+                          "gcc-aarch64-linux-gnu); compiling works without it "
+                          "(kernel.specialize(...), bundles)")
+    cpu = target.cpu if target.cpu in QEMU_CPUS else "max"
+    return [qemu, "-cpu", cpu, "-L", f"/usr/{target.name}-linux-gnu"]
+
+
+class CrossProgram:
+    """A program for ``target`` run through the runner: compiled when made, linked on
+    the first run, then each run is one process."""
+
+    def __init__(self, layout: ProgramLayout, target: Target) -> None:
+        from polyfuse.runtime.bundle import link_program
+        from polyfuse.targets.cpu import target_machine
+        self.layout = layout
+        self.target = target
+        self.labels = [c.label for c in layout.calls]
+        self.weights, offsets = layout.weights()
+        module = link_program(layout, target, ENTRY, offsets)
+        self.object = target_machine(target).emit_object(module)
+        self._dir = Path(tempfile.mkdtemp(prefix="polyfuse-cross-"))
+        weakref.finalize(self, shutil.rmtree, self._dir, True)
+        self._executable: Path | None = None
+
+    def executable(self) -> Path:
+        """The linked runner (made once, cached on disk by its object's digest)."""
+        if self._executable is None:
+            runner_prefix(self.target)   # its error names both packages
+            cc = c_compiler(self.target)
+            digest = hashlib.sha256(self.object + RUNNER.read_bytes() + " ".join(cc).encode())
+            folder = cache.cache_dir()
+            folder = folder / "bin" if folder is not None else self._dir
+            path = folder / f"{self.target.name}-{digest.hexdigest()[:32]}"
+            if not path.exists():
+                folder.mkdir(parents=True, exist_ok=True)
+                obj = self._dir / "program.o"
+                obj.write_bytes(self.object)
+                partial = path.with_suffix(f".{os.getpid()}.tmp")
+                compile_c(cc, [str(RUNNER), str(obj)], partial, self.target)
+                os.replace(partial, path)
+            (self._dir / "weights.bin").write_bytes(self.weights)
+            self._executable = path
+        return self._executable
+
+    def run(self, env: Mapping[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if times is not None:
+            raise TargetError(f"per-kernel times need code that runs in this process; code for "
+                              f"{self.target} runs under qemu here, whose times say nothing of "
+                              "an ARM CPU")
+        arrays = [np.ascontiguousarray(env[t.name]) for t in self.layout.inputs]
+        outputs = self.call(arrays)
+        return dict(zip((t.name for t in self.layout.outputs), outputs))
+
+    def call(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Run once on ``arrays`` (one per input, in order); the outputs in order."""
+        exe = self.executable()
+        prefix = runner_prefix(self.target)
+        layout = self.layout
+        io = self._dir / f"io-{os.getpid()}-{id(arrays)}.bin"
+        head = [IO_MAGIC, len(arrays), len(layout.outputs), layout.arena_bytes]
+        head += [a.nbytes for a in arrays] + [t.nbytes for t in layout.outputs]
+        with open(io, "wb") as f:
+            f.write(struct.pack(f"<{len(head)}Q", *head))
+            for a in arrays:
+                f.write(a.tobytes())
+        try:
+            done = subprocess.run([*prefix, str(exe), str(self._dir / "weights.bin"), str(io)],
+                                  capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+            if done.returncode != 0:
+                how = f"signal {-done.returncode}" if done.returncode < 0 else f"status {done.returncode}"
+                raise TargetError(f"the {self.target} program ({', '.join(self.labels)}) stopped "
+                                  f"with {how}: {done.stderr.strip()[-2000:]}")
+            data = Path(f"{io}.out").read_bytes()
+        finally:
+            io.unlink(missing_ok=True)
+            Path(f"{io}.out").unlink(missing_ok=True)
+        status = struct.unpack_from("<q", data)[0]
+        if status:
+            raise BoundsError(f"kernel '{self.labels[status - 1]}' read a tensor out of bounds "
+                              "through an index taken from another tensor (an index tensor holds "
+                              "a value outside the dimension it indexes); no output was returned")
+        results, offset = [], 8
+        for t in layout.outputs:
+            results.append(np.frombuffer(data, t.dtype, int(np.prod(t.shape, dtype=np.int64)),
+                                         offset).reshape(t.shape).copy())
+            offset += t.nbytes
+        return results
+
+
+def compile_c(cc: list[str], sources: list[str], output: Path, target: Target,
+              flags: tuple[str, ...] = ()) -> None:
+    """Compile and link C sources and objects with the target's compiler."""
+    done = subprocess.run([*cc, "-O2", "-std=c11", *flags, *sources, "-o", str(output), "-lm"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise TargetError(f"{Path(cc[0]).name} could not build the {target} program: "
+                          f"{done.stderr.strip()[-2000:]}")
+
+
+class CrossExecutable:
+    """One kernel compiled for a CPU this process cannot run: callable like the CPU
+    runtime's executables (``values -> outputs``), each call one run under qemu."""
+
+    def __init__(self, layout, stages: dict[str, str], obj: bytes, target: Target) -> None:  # type: ignore[no-untyped-def]
+        self.layout = layout
+        self.stages = stages
+        self.object = obj     # the kernel alone, as a relocatable object
+        self.target = target
+        self._programs: dict[tuple, CrossProgram] = {}
+
+    def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
+        arrays = [np.ascontiguousarray(values[n]) for n in self.layout.inputs]
+        scalars = [_scalar_slot(values[n]) for n in self.layout.scalars]
+        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        program = self._programs.get(key)
+        if program is None:
+            inputs = [Tensor(n, a.shape, a.dtype) for n, a in zip(self.layout.inputs, arrays)]
+            program = self._programs[key] = CrossProgram(
+                ProgramLayout.of_kernel(self, self.stages, inputs, list(self.layout.scalars)),
+                self.target)
+        outputs = program.call(arrays + scalars)
+        return {t.name: a for t, a in zip(program.layout.outputs, outputs)}
+
+
+def _scalar_slot(value: object) -> np.ndarray:
+    """A scalar as the kernel ABI's 8-byte slot: int64 for ints and bools, else double."""
+    v = np.asarray(value).item()
+    return np.array(v, np.int64 if isinstance(v, (bool, int)) else np.float64)
