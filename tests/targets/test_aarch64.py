@@ -84,3 +84,14 @@ def test_target_specs_parse_and_print_back():
     for bad in ("cuda+sve", "arm", "aarch64+", "reference:x"):
         with pytest.raises(pf.TargetError, match="unknown target"):
             pf.Target.parse(bad)
+
+
+def test_a_model_compiles_for_aarch64_without_the_tools_and_running_says_so(monkeypatch):
+    if os.uname().machine == "aarch64":
+        pytest.skip("aarch64 code runs natively here")
+    from tests.onnx.test_frontend import mlp
+    monkeypatch.setattr(cross, "_tool", lambda name: None)
+    compiled = pf.compile(mlp(), target="aarch64", input_shapes={"x": (2, 16)})
+    assert 'triple = "aarch64' in compiled.dump("llvm") and "%xmm" not in compiled.dump("asm")
+    with pytest.raises(pf.TargetError, match="qemu-user"):
+        compiled.run({"x": np.ones((2, 16), np.float32)})
