@@ -143,8 +143,12 @@ class CrossProgram:
             for a in arrays:
                 f.write(a.tobytes())
         try:
-            done = subprocess.run([*prefix, str(exe), str(self._dir / "weights.bin"), str(io)],
-                                  capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+            try:
+                done = subprocess.run([*prefix, str(exe), str(self._dir / "weights.bin"), str(io)],
+                                      capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise TargetError(f"the {self.target} program ({', '.join(self.labels)}) ran "
+                                  f"longer than {RUN_TIMEOUT_S} s and was stopped") from None
             if done.returncode != 0:
                 how = f"signal {-done.returncode}" if done.returncode < 0 else f"status {done.returncode}"
                 raise TargetError(f"the {self.target} program ({', '.join(self.labels)}) stopped "
