@@ -25,13 +25,11 @@ one module with the entry point, only the entry point exported.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 import llvmlite.binding as llvm
-import numpy as np
 from llvmlite import ir
 
 from polyfuse.errors import ArgumentError, TargetError
@@ -243,7 +241,7 @@ def header(layout: ProgramLayout, name: str, target: Target, weights_bytes: int,
               " * k + 1 when kernel k read a tensor out of bounds through an index taken from",
               " * another tensor (an index input held a value outside its dimension). */",
               f"int {name}(const uint8_t *weights, uint8_t *activations, const void *const *inputs,",
-              f"         void *const *outputs);"]
+              "         void *const *outputs);"]
     if threads:
         lines += ["", "/* The thread pool's size (default: $POLYFUSE_NUM_THREADS, else every CPU). */",
                   "void polyfuse_set_num_threads(int n);", "int polyfuse_get_num_threads(void);"]
