@@ -90,7 +90,8 @@ class _LoopParser(Parser):
         return tuple(out)
 
     def statement(self) -> Stmt:
-        if self.word("parallel") or self.word("for"):
+        if self.word("for") or self.peek().text == "for" and \
+                any(self.word(k.value.split()[0]) for k in LoopKind):
             return self.loop()
         if self.word("if"):
             self.advance()
@@ -117,9 +118,10 @@ class _LoopParser(Parser):
 
     def loop(self) -> For:
         kind = LoopKind.SERIAL
-        if self.word("parallel"):
-            self.advance()
-            kind = LoopKind.PARALLEL
+        for k in (LoopKind.PARALLEL, LoopKind.BLOCK, LoopKind.THREAD):
+            if self.word(k.value.split()[0]):
+                self.advance()
+                kind = k
         self.expect_word("for")
         var = self.ident("a loop variable").id
         self.expect("in")

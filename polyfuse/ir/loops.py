@@ -46,8 +46,14 @@ class BufferRole(enum.Enum):
 
 
 class LoopKind(enum.Enum):
+    """How a loop runs. ``block`` and ``thread`` loops are coincident loops of a GPU
+    schedule's tile and point bands: candidates the GPU mapping binds to blocks and
+    threads (any loop may also run serially, which is how CPUs and interpreters run them)."""
+
     SERIAL = "for"
     PARALLEL = "parallel for"
+    BLOCK = "block for"
+    THREAD = "thread for"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,21 +137,29 @@ class LoopKernel:
 
 def map_kernel_exprs(kernel: LoopKernel, fn: Callable[[Expr], Expr]) -> LoopKernel:
     """Apply ``map_expr(·, fn)`` to every expression of a kernel."""
-    def stmts(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-        out: list[Stmt] = []
-        for s in body:
-            if isinstance(s, For):
-                s = replace(s, lo=map_expr(s.lo, fn), hi=map_expr(s.hi, fn), body=stmts(s.body))
-            elif isinstance(s, If):
-                s = replace(s, cond=map_expr(s.cond, fn), then=stmts(s.then), other=stmts(s.other))
-            elif isinstance(s, Store):
-                s = replace(s, indices=tuple(map_expr(i, fn) for i in s.indices),
-                            value=map_expr(s.value, fn))
-            elif isinstance(s, Assign):
-                s = replace(s, value=map_expr(s.value, fn))
-            out.append(s)
-        return tuple(out)
-    return replace(kernel, body=stmts(kernel.body))
+    return replace(kernel, body=map_body_exprs(kernel.body, fn))
+
+
+def map_body_exprs(body: tuple[Stmt, ...], fn: Callable[[Expr], Expr]) -> tuple[Stmt, ...]:
+    """Apply ``map_expr(·, fn)`` to every expression of statements; a statement type
+    defined elsewhere (the GPU IR's) maps its own through ``map_exprs(fn)``."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For):
+            s = replace(s, lo=map_expr(s.lo, fn), hi=map_expr(s.hi, fn),
+                        body=map_body_exprs(s.body, fn))
+        elif isinstance(s, If):
+            s = replace(s, cond=map_expr(s.cond, fn), then=map_body_exprs(s.then, fn),
+                        other=map_body_exprs(s.other, fn))
+        elif isinstance(s, Store):
+            s = replace(s, indices=tuple(map_expr(i, fn) for i in s.indices),
+                        value=map_expr(s.value, fn))
+        elif isinstance(s, Assign):
+            s = replace(s, value=map_expr(s.value, fn))
+        else:
+            s = s.map_exprs(fn)  # type: ignore[attr-defined]
+        out.append(s)
+    return tuple(out)
 
 
 def widen_ints(e: Expr) -> Expr:
@@ -162,6 +176,18 @@ def widen_ints(e: Expr) -> Expr:
     return e
 
 
+def map_loops(body: tuple[Stmt, ...], fn: Callable[[For], For]) -> tuple[Stmt, ...]:
+    """Apply ``fn`` to every loop of ``body``, innermost first (its body already mapped)."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For):
+            s = fn(replace(s, body=map_loops(s.body, fn)))
+        elif isinstance(s, If):
+            s = replace(s, then=map_loops(s.then, fn), other=map_loops(s.other, fn))
+        out.append(s)
+    return tuple(out)
+
+
 def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
     for s in body:
         yield s
@@ -172,34 +198,39 @@ def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
             yield from walk_stmts(s.other)
 
 
-def _x(e: Expr) -> str:
+def format_loop_expr(e: Expr) -> str:
+    """Loop-IR text of an expression (int64 literals bare)."""
     return format_expr(e, DType.INT64)
 
 
-def _format_body(body: tuple[Stmt, ...], indent: str) -> list[str]:
+def format_body(body: tuple[Stmt, ...], indent: str) -> list[str]:
+    """The text lines of statements; a statement type defined elsewhere (the GPU IR's)
+    prints itself through its ``format_lines(indent)``."""
     lines: list[str] = []
     for s in body:
         match s:
             case For(var=v, lo=lo, hi=hi, body=inner, kind=kind, step=step, vector=vec, unroll=unr):
                 marks = ((f" step {step}" if step != 1 else "") + (f" vectorize({vec})" if vec > 1 else "")
                          + (f" unroll({unr})" if unr > 1 else ""))
-                lines.append(f"{indent}{kind.value} {v} in {_x(lo)}:{_x(hi)}{marks} {{")
-                lines += _format_body(inner, indent + "  ")
+                lines.append(f"{indent}{kind.value} {v} in {format_loop_expr(lo)}:{format_loop_expr(hi)}{marks} {{")
+                lines += format_body(inner, indent + "  ")
                 lines.append(f"{indent}}}")
             case If(cond=c, then=then, other=other):
-                lines.append(f"{indent}if {_x(c)} {{")
-                lines += _format_body(then, indent + "  ")
+                lines.append(f"{indent}if {format_loop_expr(c)} {{")
+                lines += format_body(then, indent + "  ")
                 if other:
                     lines.append(f"{indent}}} else {{")
-                    lines += _format_body(other, indent + "  ")
+                    lines += format_body(other, indent + "  ")
                 lines.append(f"{indent}}}")
             case Assign(var=v, value=value):
-                lines.append(f"{indent}let {v} = {_x(value)}")
+                lines.append(f"{indent}let {v} = {format_loop_expr(value)}")
             case Store(buffer=b, indices=ix, value=value):
-                lines.append(f"{indent}{b}({', '.join(_x(i) for i in ix)}) = {_x(value)}")
+                lines.append(f"{indent}{b}({', '.join(format_loop_expr(i) for i in ix)}) = {format_loop_expr(value)}")
+            case _:
+                lines += s.format_lines(indent)  # type: ignore[attr-defined]
     return lines
 
 
 def format_kernel(k: LoopKernel) -> str:
     params = [str(b) for b in k.buffers] + [f"{s.dtype} {s.name}" for s in k.scalars]
-    return "\n".join([f"kernel {k.name}({', '.join(params)}) {{", *_format_body(k.body, "  "), "}"])
+    return "\n".join([f"kernel {k.name}({', '.join(params)}) {{", *format_body(k.body, "  "), "}"])

@@ -58,7 +58,7 @@ def _promote(loop: For, counter: list[int]) -> list[Stmt] | None:
     if found is None:
         return None
     names, store = found
-    if any(s.kind is LoopKind.PARALLEL for s in _loops(loop)):
+    if any(s.kind is not LoopKind.SERIAL for s in _loops(loop)):
         return None
     uses = {n.name for i in store.indices for n in walk(i) if isinstance(n, IndexVar)}
     if uses & set(names):

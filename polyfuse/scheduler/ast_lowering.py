@@ -18,12 +18,13 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, L
                                        ReduceOp, Select, SizeVar, map_expr, walk)
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
-                               Stmt, Store, map_kernel_exprs, walk_stmts, widen_ints)
+                               Stmt, Store, map_kernel_exprs, map_loops, walk_stmts,
+                               widen_ints)
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.model import Model
 from polyfuse.scheduler.options import MappingOptions
-from polyfuse.scheduler.schedule import PARALLEL_MARK
+from polyfuse.scheduler.schedule import GPU_BLOCK_MARK, GPU_THREAD_MARK, PARALLEL_MARK
 
 _I64 = DType.INT64
 
@@ -112,6 +113,10 @@ class _Lowering:
                 if not present or _work(tuple(body)) < PARALLEL_MIN_WORK:
                     return body  # waking the thread pool costs more than it saves
                 return list(_parallelize(tuple(body), present[0]))
+            kind = _GPU_MARKS.get(mark.split(":")[0])
+            if kind is not None:
+                dims = {f"c{d}" for d in mark.split(":")[1].split(",")}
+                return list(_set_kind(tuple(body), dims, kind))
             return body
         if kind == isl.ast_node_type.for_:
             return [self.loop(n)]
@@ -207,6 +212,14 @@ def _parallelize(body: tuple[Stmt, ...], var: str) -> tuple[Stmt, ...]:
             s = replace(s, then=_parallelize(s.then, var), other=_parallelize(s.other, var))
         out.append(s)
     return tuple(out)
+
+
+_GPU_MARKS = {GPU_BLOCK_MARK: LoopKind.BLOCK, GPU_THREAD_MARK: LoopKind.THREAD}
+
+
+def _set_kind(body: tuple[Stmt, ...], names: set[str], kind: LoopKind) -> tuple[Stmt, ...]:
+    """Give every loop over one of ``names`` the kind ``kind``."""
+    return map_loops(body, lambda s: replace(s, kind=kind) if s.var in names else s)
 
 
 def _combine(op: ReduceOp, old: Expr, value: Expr, dtype: DType) -> Expr:

@@ -1,12 +1,15 @@
-"""Mapping options: how a kernel is scheduled, after TC's MappingOptions, for CPUs.
+"""Mapping options: how a kernel is scheduled, after TC's MappingOptions.
 
 One frozen, hashable dataclass; the autotuner searches over it, so every field changes
-the generated code.
+the generated code. The CPU targets read the fields up to ``num_threads``; the CUDA
+target reads ``fusion``, ``tile_sizes``, ``tile_order``, ``point_order``, ``unroll``,
+``reorder_reductions``, ``fix_sizes`` and the GPU fields after ``num_threads``.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -34,6 +37,12 @@ class MappingOptions:
     reorder_reductions: bool = False   # let the schedule reorder the steps of a reduction
     fix_sizes: bool = False            # schedule with sizes fixed instead of symbolic
     num_threads: int = 0               # 0 = the runtime's default (POLYFUSE_NUM_THREADS / cores)
+    block: tuple[int, ...] = ()        # GPU threads per block along x, y, z; () = 32 x 8
+    grid: int = 0                      # GPU blocks launched at most (loops stride over the
+                                       # rest); 0 = one block per tile
+    use_shared_memory: bool = True     # GPU: copy reused tiles of inputs to shared memory
+    use_private_memory: bool = True    # GPU: keep accumulators in registers
+    shared_memory_bytes: int = 0       # GPU shared memory per block; 0 = the device's
 
     def __post_init__(self) -> None:
         if any(t < 0 for t in self.tile_sizes + self.register_tile):
@@ -43,6 +52,11 @@ class MappingOptions:
                 raise ValueError(f"loop orders must be permutations, got {order}")
         if min(self.vector_width, self.unroll, self.unroll_jam) < 1 or self.num_threads < 0:
             raise ValueError("vector_width, unroll and unroll_jam must be >= 1, num_threads >= 0")
+        if len(self.block) > 3 or any(b < 1 for b in self.block) or math.prod(self.block) > 1024:
+            raise ValueError(f"block must be 1 to 3 thread counts >= 1 with a product of at most "
+                             f"1024, got {self.block}")
+        if self.grid < 0 or self.shared_memory_bytes < 0:
+            raise ValueError("grid and shared_memory_bytes must be >= 0")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (enums by value, tuples as lists)."""

@@ -8,6 +8,8 @@ from polyfuse.scheduler.model import Model
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 PARALLEL_MARK = "parallel"
+GPU_BLOCK_MARK = "gpu_block"    # coincident members of a GPU schedule's tile band
+GPU_THREAD_MARK = "gpu_thread"  # ... and of its point band
 
 
 def _configure(ctx: isl.Context, fusion: Fusion) -> None:
@@ -21,8 +23,9 @@ def _configure(ctx: isl.Context, fusion: Fusion) -> None:
 
 
 def compute_schedule(model: Model, options: MappingOptions,
-                     sizes: dict[str, int] | None = None) -> isl.Schedule:
-    """A legal schedule of the model, tiled and marked as the options ask."""
+                     sizes: dict[str, int] | None = None, *, gpu: bool = False) -> isl.Schedule:
+    """A legal schedule of the model, tiled and marked as the options ask: parallel
+    marks for CPUs, or (``gpu``) block and thread marks on the tile and point bands."""
     _configure(model.ctx, options.fusion)
     deps = model.dependences
     context = model.context(sizes if options.fix_sizes else None)
@@ -31,7 +34,7 @@ def compute_schedule(model: Model, options: MappingOptions,
                    .set_validity(validity).set_proximity(validity).set_coincidence(deps))
     schedule = constraints.compute_schedule()
     for path in reversed(_outer_band_paths(schedule.get_root(), ())):
-        schedule = _transform_band(_node_at(schedule, path), options, validity).get_schedule()
+        schedule = _transform_band(_node_at(schedule, path), options, validity, gpu).get_schedule()
     return schedule
 
 
@@ -64,12 +67,14 @@ def _tile(band: isl.ScheduleNode, sizes: tuple[int, ...]) -> isl.ScheduleNode:
 
 
 def _transform_band(band: isl.ScheduleNode, options: MappingOptions,
-                    validity: isl.UnionMap) -> isl.ScheduleNode:
+                    validity: isl.UnionMap, gpu: bool = False) -> isl.ScheduleNode:
     """Tile (twice with register tiles), reorder and mark one outermost band."""
     n = band.band_n_member()
+    tiled = False
     if band.band_get_permutable() and (options.tile_sizes or options.point_order):
         band = _statement_order(band)
     if band.band_get_permutable() and any(options.tile_sizes[:n]):
+        tiled = True
         band = _tile(band, options.tile_sizes)
         point, ups = band.child(0), 1
         if any(options.register_tile[:n]):
@@ -89,9 +94,43 @@ def _transform_band(band: isl.ScheduleNode, options: MappingOptions,
             band = _permute_band(band, options.tile_order)
     elif band.band_get_permutable() and len(options.point_order) == n:
         band = _permute_band(band, options.point_order)
+    if gpu:
+        return _mark_gpu(band, tiled)
     if options.parallel:
         band = _mark_parallel(band)
     return band
+
+
+def _mark_gpu(band: isl.ScheduleNode, tiled: bool) -> isl.ScheduleNode:
+    """Mark a tiled band's coincident tile loops for blocks and its coincident point loops
+    for threads; of an untiled band, the innermost coincident member for threads and the
+    others for blocks (a single coincident member for blocks)."""
+    if tiled:
+        point = band.child(0)
+        if point.get_type() == isl.schedule_node_type.band:  # not sunk below a sequence
+            marked = _mark_members(point, GPU_THREAD_MARK, _coincident(point))
+            band = marked.parent() if marked.parent().get_type() == isl.schedule_node_type.band \
+                else marked.parent().parent()
+        return _mark_members(band, GPU_BLOCK_MARK, _coincident(band))
+    members = _coincident(band)
+    if len(members) < 2:
+        return _mark_members(band, GPU_BLOCK_MARK, members)
+    band = _mark_members(band, GPU_THREAD_MARK, members[-1:]).child(0)
+    return _mark_members(band, GPU_BLOCK_MARK, members[:-1])
+
+
+def _coincident(band: isl.ScheduleNode) -> list[int]:
+    return [j for j in range(band.band_n_member()) if band.band_member_get_coincident(j)]
+
+
+def _mark_members(band: isl.ScheduleNode, mark: str, members: list[int]) -> isl.ScheduleNode:
+    """A mark ``name:d1,d2`` above the band naming the schedule dimensions of ``members``
+    (the AST calls them ``c<d>``); returns the band, or the band itself without members."""
+    if not members:
+        return band
+    depth = band.get_schedule_depth()
+    dims = ",".join(str(depth + j) for j in members)
+    return band.insert_mark(isl.Id(f"{mark}:{dims}", context=band.get_ctx())).child(0)
 
 
 def _statement_order(band: isl.ScheduleNode) -> isl.ScheduleNode:

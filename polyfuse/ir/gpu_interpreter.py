@@ -1,0 +1,138 @@
+"""Interpreter of the GPU IR: every thread of every block, barriers included.
+
+The oracle for the GPU mapping on machines without a GPU. Each thread is a Python
+generator that runs the launch body element by element (with the loop-IR
+interpreter's expression semantics) and pauses at each barrier; the threads of a block
+run one after another, in a random order, from one barrier to the next, and blocks run
+in a random order. Shared tiles start as NaN (or a sentinel for integers), every access
+is bounds-checked, and a thread that finishes while others wait at a barrier is an
+error, so a missing barrier, a copy that misses part of a box or a read outside a tile
+shows up as a wrong answer or an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from polyfuse.errors import IRVerificationError
+from polyfuse.ir.comprehension import Expr, Read
+from polyfuse.ir.gpu import (Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, SharedTile,
+                             SingleThread, ThreadFor)
+from polyfuse.ir.loops import Buffer, For, If, Stmt, Store
+from polyfuse.ir.loops_interpreter import _Interpreter
+
+
+class _Thread(_Interpreter):
+    def __init__(self, kernel: GpuKernel, buffers: dict[str, np.ndarray], scalars: Mapping[str, object],
+                 launch: Launch, block: int, thread: tuple[int, int, int]) -> None:
+        super().__init__(kernel, buffers, scalars)  # type: ignore[arg-type]
+        self.launch = launch
+        self.block = block
+        self.thread = thread
+        bx, by, _ = launch.block
+        self.flat = thread[0] + bx * (thread[1] + by * thread[2])
+
+    def index(self, name: str, indices: tuple[Expr, ...]) -> tuple[int, ...]:
+        where = tuple(int(self.eval(i)) for i in indices)
+        shape = self.buffers[name].shape
+        if any(not 0 <= w < n for w, n in zip(where, shape)):
+            raise IRVerificationError(f"launch {self.launch.name}: thread {self.thread} of block "
+                                      f"{self.block} accesses {name}{list(where)}, outside {list(shape)}")
+        return where
+
+    def eval(self, e: Expr):  # type: ignore[no-untyped-def]
+        if isinstance(e, Read):
+            value = self.buffers[e.tensor][self.index(e.tensor, e.indices)]
+            return int(value) if e.dtype.is_int else e.dtype.compute.numpy.type(value)
+        return super().eval(e)
+
+    def steps(self, body: tuple[Stmt, ...]) -> Iterator[None]:
+        """Run ``body``; yields at every barrier."""
+        for s in body:
+            if isinstance(s, Barrier):
+                yield
+            elif isinstance(s, For):
+                for value in range(int(self.eval(s.lo)), int(self.eval(s.hi)), s.step):
+                    self.env[s.var] = value
+                    yield from self.steps(s.body)
+            elif isinstance(s, ThreadFor):
+                if any(self.thread[a] for a in s.idle):
+                    continue
+                start = int(self.eval(s.lo)) + self.thread[s.axis] * s.step
+                for value in range(start, int(self.eval(s.hi)), self.launch.block[s.axis] * s.step):
+                    self.env[s.var] = value
+                    yield from self.steps(s.body)
+            elif isinstance(s, BlockLoops):
+                for combination in range(self.block, s.trips, self.launch.grid):
+                    for r, k in zip(s.loops, np.unravel_index(combination, [r.trips for r in s.loops])):
+                        self.env[r.var] = r.lo + int(k) * r.step
+                    yield from self.steps(s.body)
+            elif isinstance(s, If):
+                yield from self.steps(s.then if self.eval(s.cond) else s.other)
+            elif isinstance(s, SingleThread):
+                if self.flat == 0:
+                    yield from self.steps(s.body)
+            elif isinstance(s, CopyToShared):
+                self.copy(s)
+            else:
+                if isinstance(s, Store) and s.buffer in self.buffers:
+                    self.index(s.buffer, s.indices)
+                self.run((s,))
+
+    def copy(self, s: CopyToShared) -> None:
+        tile = self.buffers[s.tile]
+        source = self.buffers[s.buffer]
+        offsets = [int(self.eval(o)) for o in s.offsets]
+        for flat in range(self.flat, tile.size, self.launch.threads):
+            local = np.unravel_index(flat, tile.shape)
+            where = tuple(o + int(k) for o, k in zip(offsets, local))
+            inside = all(0 <= w < n for w, n in zip(where, source.shape))
+            tile[local] = source[where] if inside else 0
+
+
+def _poisoned(tile: SharedTile | Buffer) -> np.ndarray:
+    """An array no kernel should read before writing: NaN, or the largest integer."""
+    dtype = tile.dtype.numpy
+    fill = np.nan if tile.dtype.is_float else (True if tile.dtype.is_bool else np.iinfo(dtype).max)
+    return np.full(tile.shape, fill, dtype)
+
+
+def _run_block(kernel: GpuKernel, launch: Launch, block: int, buffers: dict[str, np.ndarray],
+               scalars: Mapping[str, object], rng: np.random.Generator) -> None:
+    memory = dict(buffers) | {t.name: _poisoned(t) for t in launch.shared}
+    bx, by, bz = launch.block
+    threads = [_Thread(kernel, memory, scalars, launch, block, (x, y, z)).steps(launch.body)
+               for z, y, x in itertools.product(range(bz), range(by), range(bx))]
+    active = list(range(len(threads)))
+    while active:
+        waiting, done = [], []
+        for k in rng.permutation(active):
+            try:
+                next(threads[k])
+                waiting.append(int(k))
+            except StopIteration:
+                done.append(int(k))
+        if waiting and done:
+            raise IRVerificationError(f"launch {launch.name}: some threads of block {block} "
+                                      "finished while others wait at a barrier")
+        active = waiting
+
+
+def interpret_gpu_kernel(kernel: GpuKernel, args: Mapping[str, object], zeroed: set[str],
+                         seed: int = 0) -> dict[str, np.ndarray]:
+    """Run ``kernel`` on input arrays and scalars by name. The outputs in ``zeroed``
+    start zero-filled (as the runtime fills them), the others poisoned, so an element
+    the kernel fails to write shows."""
+    rng = np.random.default_rng(seed)
+    buffers = {b.name: np.array(args[b.name]) if b.name in args else
+               np.zeros(b.shape, b.dtype.numpy) if b.name in zeroed else _poisoned(b)
+               for b in kernel.buffers}
+    scalars = {s.name: args[s.name] for s in kernel.scalars}
+    with np.errstate(all="ignore"):
+        for launch in kernel.launches:
+            for block in rng.permutation(launch.grid):
+                _run_block(kernel, launch, int(block), buffers, scalars, rng)
+    return {b.name: buffers[b.name] for b in kernel.buffers if b.name not in args}

@@ -1,0 +1,113 @@
+"""Affine forms of loop-IR index expressions, for the GPU mapping.
+
+An affine form maps loop variables to integer coefficients; the key ``""`` holds the
+constant. Index arithmetic from isl's AST is affine but for ``min``/``max`` in loop
+bounds, which :func:`max_trips` bounds from above by any of their arguments.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Unary, UnaryOp
+from polyfuse.ir.types import DType
+
+Affine = dict[str, int]
+
+_MAX_FORMS = 16  # bounds tried per expression (min/max nest this deep in practice)
+
+
+def affine(e: Expr) -> Affine | None:
+    """The affine form of an integer expression, or None when it is not affine."""
+    match e:
+        case Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
+            return {"": v} if v else {}
+        case IndexVar(name=n):
+            return {n: 1}
+        case Unary(op=UnaryOp.NEG, operand=a):
+            f = affine(a)
+            return None if f is None else scale(f, -1)
+        case Binary(op=BinaryOp.ADD | BinaryOp.SUB, lhs=a, rhs=b):
+            fa, fb = affine(a), affine(b)
+            if fa is None or fb is None:
+                return None
+            return combine(fa, fb, 1 if e.op is BinaryOp.ADD else -1)
+        case Binary(op=BinaryOp.MUL, lhs=a, rhs=b):
+            fa, fb = affine(a), affine(b)
+            if fa is None or fb is None:
+                return None
+            if set(fa) <= {""}:
+                return scale(fb, fa.get("", 0))
+            if set(fb) <= {""}:
+                return scale(fa, fb.get("", 0))
+    return None
+
+
+def combine(a: Affine, b: Affine, k: int = 1) -> Affine:
+    """``a + k * b``."""
+    out = dict(a)
+    for var, c in b.items():
+        out[var] = out.get(var, 0) + k * c
+    return {v: c for v, c in out.items() if c}
+
+
+def scale(a: Affine, k: int) -> Affine:
+    return {v: c * k for v, c in a.items() if c * k}
+
+
+def constant(a: Affine) -> int | None:
+    """The value of a form without variables, else None."""
+    return a.get("", 0) if set(a) <= {""} else None
+
+
+def variables(a: Affine) -> set[str]:
+    return {v for v in a if v}
+
+
+def to_expr(a: Affine) -> Expr:
+    """The int64 expression of a form: terms in name order, then the constant."""
+    out: Expr | None = None
+    for var in sorted(variables(a)):
+        c = a[var]
+        term: Expr = IndexVar(var)
+        if abs(c) != 1:
+            term = Binary(BinaryOp.MUL, Literal(abs(c), DType.INT64), term, DType.INT64)
+        if out is None:
+            out = term if c > 0 else Unary(UnaryOp.NEG, term, DType.INT64)
+        else:
+            out = Binary(BinaryOp.ADD if c > 0 else BinaryOp.SUB, out, term, DType.INT64)
+    k = a.get("", 0)
+    if out is None:
+        return Literal(k, DType.INT64)
+    if k:
+        out = Binary(BinaryOp.ADD if k > 0 else BinaryOp.SUB, out, Literal(abs(k), DType.INT64),
+                     DType.INT64)
+    return out
+
+
+def bounds(e: Expr, upper: bool) -> list[Affine]:
+    """Affine forms each at least (``upper``) or at most ``e``, for every value of the
+    variables: an argument of ``min`` bounds it from above, of ``max`` from below."""
+    f = affine(e)
+    if f is not None:
+        return [f]
+    match e:
+        case Call(fn="min" | "max", args=args) if (e.fn == "min") == upper:
+            return [b for a in args for b in bounds(a, upper)][:_MAX_FORMS]
+        case Binary(op=BinaryOp.ADD, lhs=a, rhs=b):
+            pairs = itertools.product(bounds(a, upper), bounds(b, upper))
+            return [combine(x, y) for x, y in itertools.islice(pairs, _MAX_FORMS)]
+        case Binary(op=BinaryOp.SUB, lhs=a, rhs=b):
+            pairs = itertools.product(bounds(a, upper), bounds(b, not upper))
+            return [combine(x, y, -1) for x, y in itertools.islice(pairs, _MAX_FORMS)]
+    return []
+
+
+def max_trips(lo: Expr, hi: Expr, step: int = 1) -> int | None:
+    """The most iterations of ``for v in lo:hi step step`` over all values of the
+    enclosing variables, when some bound of ``hi - lo`` is a constant; else None."""
+    spans = [constant(combine(h, l, -1)) for h in bounds(hi, True) for l in bounds(lo, False)]
+    known = [s for s in spans if s is not None]
+    if not known:
+        return None
+    return max(0, -(-min(known) // step))

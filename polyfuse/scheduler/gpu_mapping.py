@@ -1,0 +1,178 @@
+"""Loop kernel -> GPU kernel: which loops run on blocks, which on threads (after TC).
+
+The GPU schedule marks the coincident loops of each outermost band: ``block for`` in
+the tile band, ``thread for`` in the point band. Each top-level loop nest whose
+outermost loop is a block loop becomes one launch (launches run in order, so
+dependences between nests hold); the other top-level statements share a launch of
+one block. In a launch:
+
+* the outermost perfectly nested block loops with constant bounds become
+  :class:`BlockLoops`, spread over a one-dimensional grid (coincident, so no two blocks
+  touch the same data); block loops further in run serially in every block;
+* below them, each outermost chain of perfectly nested thread loops is a *region*: its
+  innermost three loops go to threads x (innermost, so neighbouring threads touch
+  neighbouring elements), y and z; outer ones of a longer chain, and thread loops
+  nested deeper, run serially in each thread;
+* statements outside every region run on one thread of the block, and a region that
+  uses fewer thread axes than the block has runs on the threads at 0 along the others
+  (else each of them would run it again: a race where it accumulates).
+
+Reductions stay sequential in each thread (their loops are never coincident).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from polyfuse.ir.comprehension import Literal
+from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, SingleThread, ThreadFor, walk_gpu
+from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, Stmt, map_loops, walk_stmts
+from polyfuse.scheduler.gpu_affine import max_trips
+from polyfuse.scheduler.options import MappingOptions
+
+# threads per block by the number of thread axes a launch uses, when the options give none
+DEFAULT_BLOCK = {1: (256, 1, 1), 2: (32, 8, 1), 3: (32, 4, 2)}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLimits:
+    """What one launch may use on a GPU (an sm_90 device's limits by default)."""
+
+    arch: str = "sm_90"
+    max_threads: int = 1024
+    max_block: tuple[int, int, int] = (1024, 1024, 64)
+    max_grid: int = 2**31 - 1
+    shared_bytes: int = 48 * 1024   # static shared memory per block
+
+
+def map_to_gpu(kernel: LoopKernel, options: MappingOptions, limits: DeviceLimits) -> GpuKernel:
+    """The launches that run ``kernel``; a launch with no work is left out."""
+    launches = [_launch(group, options, limits) for group in _launch_groups(kernel.body)]
+    named = tuple(replace(launch, name=f"{kernel.name}_{k}")
+                  for k, launch in enumerate(x for x in launches if x is not None))
+    return GpuKernel(kernel.name, kernel.buffers, kernel.scalars, named)
+
+
+def _launch_groups(body: tuple[Stmt, ...]) -> list[tuple[Stmt, ...]]:
+    """A nest led by a block loop alone; runs of other statements together."""
+    groups: list[tuple[Stmt, ...]] = []
+    run: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For) and s.kind is LoopKind.BLOCK:
+            groups += [tuple(run)] if run else []
+            groups.append((s,))
+            run = []
+        else:
+            run.append(s)
+    return groups + ([tuple(run)] if run else [])
+
+
+def _launch(body: tuple[Stmt, ...], options: MappingOptions, limits: DeviceLimits) -> Launch | None:
+    loops, inner = _block_chain(body)
+    trips = math.prod(r.trips for r in loops)
+    if trips == 0:
+        return None
+    mapped = _uniform(inner)
+    if loops:
+        mapped = (BlockLoops(tuple(loops), mapped),)
+    grid = min(trips, options.grid or trips, limits.max_grid)
+    block = _block_shape(mapped, options, limits)
+    return Launch("", _idle_axes(mapped, block), grid, block)
+
+
+def _block_chain(body: tuple[Stmt, ...]) -> tuple[list[LoopRange], tuple[Stmt, ...]]:
+    """The outermost perfectly nested block loops with constant bounds, and their body."""
+    loops: list[LoopRange] = []
+    while len(body) == 1 and isinstance(body[0], For) and body[0].kind is LoopKind.BLOCK:
+        f = body[0]
+        if not (isinstance(f.lo, Literal) and isinstance(f.hi, Literal)):
+            break
+        lo, hi = int(f.lo.value), int(f.hi.value)
+        loops.append(LoopRange(f.var, lo, f.step, max(0, -(-(hi - lo) // f.step))))
+        body = f.body
+    return loops, body
+
+
+def _has_thread_loop(s: Stmt) -> bool:
+    return any(isinstance(x, For) and x.kind is LoopKind.THREAD for x in walk_stmts((s,)))
+
+
+def _uniform(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """Map the part of a block's body that every thread runs alike."""
+    out: list[Stmt] = []
+    run: list[Stmt] = []
+    for s in body:
+        if not _has_thread_loop(s):
+            run.append(s)
+            continue
+        if run:
+            out.append(SingleThread(serial(tuple(run))))
+            run = []
+        if isinstance(s, For) and s.kind is LoopKind.THREAD:
+            out.append(_region(s))
+        elif isinstance(s, For):
+            out.append(replace(s, kind=LoopKind.SERIAL, body=_uniform(s.body)))
+        elif isinstance(s, If):
+            out.append(replace(s, then=_uniform(s.then), other=_uniform(s.other)))
+    if run:
+        out.append(SingleThread(serial(tuple(run))))
+    return tuple(out)
+
+
+def _region(loop: For) -> Stmt:
+    """A chain of thread loops: the innermost three on threads x, y, z."""
+    chain = [loop]
+    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], For) \
+            and chain[-1].body[0].kind is LoopKind.THREAD:
+        chain.append(chain[-1].body[0])
+    body = serial(chain[-1].body)
+    for axis, f in enumerate(reversed(chain[-3:])):
+        body = (ThreadFor(f.var, f.lo, f.hi, axis, body, f.step),)
+    for f in reversed(chain[:-3]):
+        body = (replace(f, kind=LoopKind.SERIAL, body=body),)
+    return body[0]
+
+
+def serial(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """Every loop of ``body`` run serially."""
+    return map_loops(body, lambda f: replace(f, kind=LoopKind.SERIAL)
+                     if f.kind in (LoopKind.BLOCK, LoopKind.THREAD) else f)
+
+
+def _block_shape(body: tuple[Stmt, ...], options: MappingOptions,
+                 limits: DeviceLimits) -> tuple[int, int, int]:
+    """Threads per block: the options' (or a default) along each axis a region uses, no
+    more than the axis's longest loop, within the device's limits."""
+    longest: dict[int, int] = {}
+    for s in walk_gpu(body):
+        if isinstance(s, ThreadFor):
+            trips = max_trips(s.lo, s.hi, s.step)
+            longest[s.axis] = max(longest.get(s.axis, 1), limits.max_block[s.axis]
+                                  if trips is None else trips)
+    if not longest:
+        return (1, 1, 1)
+    want = options.block or DEFAULT_BLOCK[max(longest) + 1]
+    dims = [1, 1, 1]
+    for axis, trips in longest.items():
+        asked = want[axis] if axis < len(want) else 1
+        dims[axis] = max(1, min(asked, trips, limits.max_block[axis]))
+    while math.prod(dims) > limits.max_threads:
+        k = dims.index(max(dims))
+        dims[k] //= 2
+    return (dims[0], dims[1], dims[2])
+
+
+def _idle_axes(body: tuple[Stmt, ...], block: tuple[int, int, int]) -> tuple[Stmt, ...]:
+    """Mark each region's outermost thread loop with the block's axes it does not use."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, ThreadFor):
+            used = {t.axis for t in walk_gpu((s,)) if isinstance(t, ThreadFor)}
+            s = replace(s, idle=tuple(a for a in range(3) if a not in used and block[a] > 1))
+        elif isinstance(s, (BlockLoops, For)):
+            s = replace(s, body=_idle_axes(s.body, block))
+        elif isinstance(s, If):
+            s = replace(s, then=_idle_axes(s.then, block), other=_idle_axes(s.other, block))
+        out.append(s)
+    return tuple(out)

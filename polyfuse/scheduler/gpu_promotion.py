@@ -1,0 +1,199 @@
+"""Shared-memory promotion: copy reused boxes of input buffers into shared tiles.
+
+For each thread region, the reads of an input buffer are affine in the region's loop
+variables and in *uniform* ones (block loops, serial loops around the region). Every
+region loop ``w`` runs ``lo_w + step * d`` for ``d`` in ``[0, trips_w)`` with ``lo_w``
+affine in outer variables and ``trips_w`` bounded by a constant (point loops of a tile),
+so along each dimension the reads cover a box ``offset + [0, extent)`` whose offset is
+uniform and whose extent is a constant. When the region reads at least twice as many
+elements as the box holds (reads of one index expression counted once: threads share elements: ``A(m, k)`` of a matmul is read by
+every thread along ``n``) and the box fits in what is left of the budget, the block
+copies it to shared memory right before the region, and the region reads the tile.
+Boxes with the most reuse are promoted first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from polyfuse.ir.comprehension import Expr, Read, walk
+from polyfuse.ir.gpu import BlockLoops, CopyToShared, GpuKernel, Launch, SharedTile, ThreadFor
+from polyfuse.ir.loops import (ERROR_BUFFER, Assign, BufferRole, For, If, Stmt, Store,
+                               map_body_exprs)
+from polyfuse.scheduler.gpu_affine import Affine, affine, combine, max_trips, to_expr, variables
+
+MIN_REUSE = 2  # reads per element of the box before a copy pays off
+
+
+@dataclass(frozen=True, slots=True)
+class _Loop:
+    lo: Expr
+    step: int
+    trips: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Box:
+    """What a region reads of one buffer: uniform offsets, extents, reads counted."""
+
+    buffer: str
+    offsets: tuple[Affine, ...]
+    extents: tuple[int, ...]
+    reads: int
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.extents)
+
+
+def promote_to_shared(kernel: GpuKernel, budget: int) -> GpuKernel:
+    """Every launch with its reused input boxes in shared memory, ``budget`` bytes each."""
+    return replace(kernel, launches=tuple(_Promoter(kernel, budget).launch(launch)
+                                          for launch in kernel.launches))
+
+
+class _Promoter:
+    def __init__(self, kernel: GpuKernel, budget: int) -> None:
+        self.kernel = kernel
+        self.budget = budget
+        self.inputs = {b.name for b in kernel.buffers
+                       if b.role is BufferRole.IN and b.name != ERROR_BUFFER and b.shape}
+        self.tiles: list[SharedTile] = []
+
+    def launch(self, launch: Launch) -> Launch:
+        self.tiles = []
+        body = self.uniform(launch.body)
+        return replace(launch, body=body, shared=launch.shared + tuple(self.tiles))
+
+    def uniform(self, body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        out: list[Stmt] = []
+        for s in body:
+            if isinstance(s, (BlockLoops, For)):
+                s = replace(s, body=self.uniform(s.body))
+            elif isinstance(s, If):
+                s = replace(s, then=self.uniform(s.then), other=self.uniform(s.other))
+            elif isinstance(s, ThreadFor):
+                copies, s = self.region(s)
+                out += copies
+            out.append(s)
+        return tuple(out)
+
+    def tile_name(self, buffer: str) -> str:
+        """``<buffer>_s<k>``, a name no buffer of the kernel has."""
+        taken = {b.name for b in self.kernel.buffers} | {t.name for t in self.tiles}
+        k = len(self.tiles)
+        while f"{buffer}_s{k}" in taken:
+            k += 1
+        return f"{buffer}_s{k}"
+
+    def region(self, region: ThreadFor) -> tuple[list[Stmt], ThreadFor]:
+        boxes = [box for name, uses in _reads((region,), 1, {}).items() if name in self.inputs
+                 if (box := _box(name, uses)) is not None and box.reads >= MIN_REUSE * box.size]
+        copies: list[Stmt] = []
+        for box in sorted(boxes, key=lambda b: -b.reads / b.size):
+            dtype = self.kernel.buffer(box.buffer).dtype
+            tile = SharedTile(self.tile_name(box.buffer), box.buffer, dtype, box.extents)
+            used = sum(t.bytes for t in self.tiles)
+            if used + tile.bytes > self.budget:
+                continue
+            self.tiles.append(tile)
+            copies.append(CopyToShared(tile.name, box.buffer, tuple(map(to_expr, box.offsets))))
+            region = map_body_exprs((region,), _reader(tile, box))[0]  # type: ignore[assignment]
+        return copies, region
+
+
+def _reader(tile: SharedTile, box: _Box):  # type: ignore[no-untyped-def]
+    """Reads of the box's buffer -> reads of the tile (indices less the offsets)."""
+    def swap(e: Expr) -> Expr:
+        if isinstance(e, Read) and e.tensor == box.buffer:
+            local = (to_expr(combine(affine(i) or {}, off, -1)) for i, off in zip(e.indices, box.offsets))
+            return Read(tile.name, tuple(local), e.dtype)
+        return e
+    return swap
+
+
+@dataclass(frozen=True, slots=True)
+class _Use:
+    """One read in a region: how often it runs and the loops around it, by variable."""
+
+    read: Read
+    times: int
+    loops: dict[str, _Loop]
+
+
+def _reads(body: tuple[Stmt, ...], times: int, loops: dict[str, _Loop]) -> dict[str, list[_Use]]:
+    """Reads of each buffer (loops of sibling nests may share a variable name, so each
+    read keeps the loops that enclose it)."""
+    out: dict[str, list[_Use]] = {}
+
+    def add(exprs: list[Expr], n: int, scope: dict[str, _Loop]) -> None:
+        for e in exprs:
+            for r in walk(e):
+                if isinstance(r, Read):
+                    out.setdefault(r.tensor, []).append(_Use(r, n, scope))
+
+    def merge(inner: dict[str, list[_Use]]) -> None:
+        for name, uses in inner.items():
+            out.setdefault(name, []).extend(uses)
+
+    for s in body:
+        if isinstance(s, (For, ThreadFor)):
+            add([s.lo, s.hi], times, loops)
+            trips = max_trips(s.lo, s.hi, s.step)
+            scope = loops | {s.var: _Loop(s.lo, s.step, trips)}
+            merge(_reads(s.body, times * (trips or 1), scope))
+        elif isinstance(s, If):
+            add([s.cond], times, loops)
+            merge(_reads(s.then, times, loops))
+            merge(_reads(s.other, times, loops))
+        elif isinstance(s, Store):
+            add([*s.indices, s.value], times, loops)
+        elif isinstance(s, Assign):
+            add([s.value], times, loops)
+    return out
+
+
+def _box(buffer: str, uses: list[_Use]) -> _Box | None:
+    """The box the reads cover, or None when one is not affine or not bounded."""
+    lows: list[list[Affine]] = []
+    highs: list[list[Affine]] = []
+    for use in uses:
+        dims = [_range(i, use.loops) for i in use.read.indices]
+        if any(d is None for d in dims):
+            return None
+        lows.append([d[0] for d in dims])  # type: ignore[index]
+        highs.append([d[1] for d in dims])  # type: ignore[index]
+    offsets, extents = [], []
+    for k in range(len(lows[0])):
+        base = {v: c for v, c in lows[0][k].items() if v}
+        if any({v: c for v, c in f.items() if v} != base for f in [*(lo[k] for lo in lows),
+                                                                  *(hi[k] for hi in highs)]):
+            return None  # the reads' offsets differ by more than constants
+        low = min(lo[k].get("", 0) for lo in lows)
+        high = max(hi[k].get("", 0) for hi in highs)
+        offsets.append(base | ({"": low} if low else {}))
+        extents.append(high - low + 1)
+    runs: dict[tuple[Expr, ...], int] = {}  # a repeated read of one element costs once
+    for use in uses:
+        runs[use.read.indices] = max(runs.get(use.read.indices, 0), use.times)
+    return _Box(buffer, tuple(offsets), tuple(extents), sum(runs.values()))
+
+
+def _range(index: Expr, loops: dict[str, _Loop]) -> tuple[Affine, Affine] | None:
+    """The least and greatest value of ``index`` over the region's loops, as affine
+    forms of the uniform variables."""
+    form = affine(index)
+    if form is None:
+        return None
+    low = high = 0  # how far the index reaches below and above its uniform base
+    while inner := [v for v in variables(form) if v in loops]:
+        var = inner[0]
+        loop, c = loops[var], form[var]
+        start = affine(loop.lo)
+        if start is None or loop.trips is None:
+            return None
+        form = combine({v: x for v, x in form.items() if v != var}, start, c)
+        reach = c * loop.step * max(0, loop.trips - 1)
+        low, high = low + min(0, reach), high + max(0, reach)
+    return combine(form, {"": low}), combine(form, {"": high})

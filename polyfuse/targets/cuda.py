@@ -1,0 +1,100 @@
+"""CUDA compilation: GPU kernel -> CUDA C -> PTX and cubin with NVRTC.
+
+NVRTC runs without a GPU, so every kernel is compiled (and checked) on any machine.
+The architecture is the device's when one is present, else ``sm_90``. A compiled
+kernel keeps the text of each stage: ``cuda`` (the source), ``ptx`` and ``cubin`` (a
+summary: the cubin itself is binary and kept in :attr:`CudaBinary.cubin`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from polyfuse.errors import CodegenError, TargetError
+from polyfuse.ir.gpu import GpuKernel
+from polyfuse.targets.cuda_codegen import emit_cuda
+
+DEFAULT_ARCH = "sm_90"
+OPTIONS = ("-std=c++17", "--device-as-default-execution-space")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchInfo:
+    """How the runtime launches one function of a cubin."""
+
+    name: str
+    grid: int
+    block: tuple[int, int, int]
+
+
+@dataclass
+class CudaBinary:
+    name: str
+    arch: str
+    cubin: bytes = field(repr=False)
+    launches: tuple[LaunchInfo, ...]
+    stages: dict[str, str] = field(repr=False, default_factory=dict)
+
+
+def _nvrtc():  # type: ignore[no-untyped-def]
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as err:
+        raise TargetError("the cuda target needs NVRTC: pip install 'cuda-python==13.0.3' "
+                          f"'nvidia-cuda-nvrtc==13.0.88' ({err})") from None
+    return nvrtc
+
+
+def _check(nvrtc, result, what: str, log: str = "") -> None:  # type: ignore[no-untyped-def]
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, text = nvrtc.nvrtcGetErrorString(result)
+        raise CodegenError(f"NVRTC {what} failed ({text.decode()})" + (f":\n{log}" if log else ""))
+
+
+def nvrtc_compile(source: str, name: str, arch: str = DEFAULT_ARCH) -> tuple[str, bytes]:
+    """PTX text and cubin of CUDA C ``source`` for ``arch`` (``sm_XX``)."""
+    nvrtc = _nvrtc()
+    err, program = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    _check(nvrtc, err, "program creation")
+    try:
+        options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
+        (result,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _check(nvrtc, result, f"compilation of kernel '{name}' for {arch}", _log(nvrtc, program))
+        err, size = nvrtc.nvrtcGetPTXSize(program)
+        _check(nvrtc, err, "PTX size")
+        ptx = b" " * size
+        (err,) = nvrtc.nvrtcGetPTX(program, ptx)
+        _check(nvrtc, err, "PTX")
+        err, size = nvrtc.nvrtcGetCUBINSize(program)
+        _check(nvrtc, err, "cubin size")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(program, cubin)
+        _check(nvrtc, err, "cubin")
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    return ptx.rstrip(b"\0").decode(), cubin
+
+
+def _log(nvrtc, program) -> str:  # type: ignore[no-untyped-def]
+    _, size = nvrtc.nvrtcGetProgramLogSize(program)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(program, log)
+    return log.rstrip(b"\0").decode(errors="replace")
+
+
+def cubin_summary(cubin: bytes, arch: str, functions: list[str]) -> str:
+    """The text a cubin stands for in ``stages``: size, digest, architecture, functions."""
+    digest = hashlib.sha256(cubin).hexdigest()[:16]
+    return f"cubin {arch} {len(cubin)} bytes sha256:{digest} functions: {', '.join(functions)}"
+
+
+def compile_gpu_kernel(kernel: GpuKernel, arch: str = DEFAULT_ARCH) -> CudaBinary:
+    """CUDA C, PTX and cubin of every launch of ``kernel``."""
+    source = emit_cuda(kernel)
+    ptx, cubin = nvrtc_compile(source, kernel.name, arch)
+    names = [launch.name for launch in kernel.launches]
+    stages = {"cuda": source, "ptx": ptx, "cubin": cubin_summary(cubin, arch, names)}
+    launches = tuple(LaunchInfo(launch.name, launch.grid, launch.block) for launch in kernel.launches)
+    return CudaBinary(kernel.name, arch, cubin, launches, stages)

@@ -1,0 +1,220 @@
+"""Loop-IR expressions -> CUDA C expressions.
+
+The same semantics as the LLVM emitter: every integer is a ``long long`` (narrowed only
+when stored or cast), bool is ``bool``, float16 and bfloat16 are computed as float and
+stored as 16-bit patterns (converted with PTX ``cvt`` and round-to-nearest-even bit
+arithmetic, so no CUDA header is needed). Integer division and modulo floor and give
+0 for a zero divisor; float ``max``/``min`` propagate NaN; ``c ? a : b`` reads only the
+chosen side. Float literals are written in hexadecimal, so they are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from polyfuse.errors import CodegenError
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
+                                       LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
+from polyfuse.ir.types import DType
+
+# device functions every kernel may call
+PRELUDE = r"""
+__device__ __forceinline__ float pf_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short pf_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float pf_bf2f(unsigned short b) {
+  return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ unsigned short pf_f2bf(float f) {
+  unsigned int u = __float_as_uint(f);
+  if (f != f) return (unsigned short)((u | 0x00400000u) >> 16);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
+__device__ __forceinline__ long long pf_div(long long x, long long y) {
+  if (y == 0) return 0;
+  if (y == -1) return -x;
+  long long q = x / y, r = x % y;
+  return (r != 0 && ((r < 0) != (y < 0))) ? q - 1 : q; }
+__device__ __forceinline__ long long pf_mod(long long x, long long y) {
+  if (y == 0 || y == -1) return 0;
+  long long r = x % y;
+  return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r; }
+__device__ __forceinline__ float pf_fmodf(float x, float y) {
+  float r = fmodf(x, y); return (r != 0.0f && ((r < 0.0f) != (y < 0.0f))) ? r + y : r; }
+__device__ __forceinline__ double pf_fmod(double x, double y) {
+  double r = fmod(x, y); return (r != 0.0 && ((r < 0.0) != (y < 0.0))) ? r + y : r; }
+__device__ __forceinline__ float pf_maxf(float a, float b) {
+  return (a != a || b != b) ? a + b : fmaxf(a, b); }
+__device__ __forceinline__ float pf_minf(float a, float b) {
+  return (a != a || b != b) ? a + b : fminf(a, b); }
+__device__ __forceinline__ double pf_max(double a, double b) {
+  return (a != a || b != b) ? a + b : fmax(a, b); }
+__device__ __forceinline__ double pf_min(double a, double b) {
+  return (a != a || b != b) ? a + b : fmin(a, b); }
+__device__ __forceinline__ long long pf_imax(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ long long pf_imin(long long a, long long b) { return a < b ? a : b; }
+__device__ __forceinline__ long long pf_iabs(long long a) { return a < 0 ? -a : a; }
+__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
+  if ((unsigned long long)i >= (unsigned long long)n) { *error = 1; return 0; }
+  return i; }
+"""
+
+_STORAGE = {DType.BOOL: "unsigned char", DType.INT8: "signed char", DType.UINT8: "unsigned char",
+            DType.INT16: "short", DType.INT32: "int", DType.INT64: "long long",
+            DType.FLOAT16: "unsigned short", DType.BFLOAT16: "unsigned short",
+            DType.FLOAT32: "float", DType.FLOAT64: "double"}
+
+_OPS = {BinaryOp.ADD: "+", BinaryOp.SUB: "-", BinaryOp.MUL: "*", BinaryOp.DIV: "/",
+        BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">", BinaryOp.GE: ">=",
+        BinaryOp.EQ: "==", BinaryOp.NE: "!=", BinaryOp.AND: "&", BinaryOp.OR: "|"}
+
+# builtin -> C function on double (float adds "f")
+_MATH = {name: name for name in "exp exp2 expm1 log log2 log10 log1p sqrt cbrt tanh sinh cosh erf "
+         "erfc fabs floor ceil trunc sin cos tan asin acos atan fmax fmin pow atan2".split()}
+_MATH |= {"round": "rint", "abs": "fabs"}
+
+
+# C++ words a TC name may spell; such names (and ones in polyfuse's pf_ space) get a "_"
+_RESERVED = frozenset(
+    "alignas alignof asm auto bool break case catch char class const constexpr continue "
+    "decltype default delete do double else enum explicit extern false float for friend goto "
+    "if inline int long mutable namespace new noexcept nullptr operator private protected public "
+    "register return short signed sizeof static struct switch template this throw true try "
+    "typedef typeid typename union unsigned using virtual void volatile while threadIdx "
+    "blockIdx blockDim gridDim warpSize".split())
+
+
+def c_name(name: str) -> str:
+    """A loop-IR name as a C identifier that cannot clash with C++ or polyfuse's helpers."""
+    return name + "_" if name in _RESERVED or name.startswith(("pf_", "__")) else name
+
+
+def register_type(dt: DType) -> str:
+    if dt.is_bool:
+        return "bool"
+    if dt.is_int:
+        return "long long"
+    return "double" if dt is DType.FLOAT64 else "float"
+
+
+def storage_type(dt: DType) -> str:
+    return _STORAGE[dt]
+
+
+def to_register(value: str, dt: DType) -> str:
+    """A loaded storage value as a register value."""
+    if dt.is_bool:
+        return f"({value} != 0)"
+    if dt.is_int:
+        return f"(long long){value}"
+    if dt is DType.FLOAT16:
+        return f"pf_h2f({value})"
+    if dt is DType.BFLOAT16:
+        return f"pf_bf2f({value})"
+    return value
+
+
+def to_storage(value: str, dt: DType) -> str:
+    """A register value as the storage type of ``dt``."""
+    if dt is DType.FLOAT16:
+        return f"pf_f2h({value})"
+    if dt is DType.BFLOAT16:
+        return f"pf_f2bf({value})"
+    if dt in (DType.FLOAT32, DType.FLOAT64, DType.INT64):
+        return value
+    return f"({_STORAGE[dt]})({value})"
+
+
+def literal(value: int | float | bool, dt: DType) -> str:
+    if dt.is_bool:
+        return "true" if value else "false"
+    if dt.is_int:
+        v = int(value)
+        return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
+    v = float(value)
+    double = dt is DType.FLOAT64
+    if math.isfinite(v):
+        return f"{v.hex()}{'' if double else 'f'}"
+    bits = {(True, 1): "0x7ff0000000000000LL", (True, -1): "0xfff0000000000000LL",
+            (False, 1): "0x7f800000", (False, -1): "0xff800000"}
+    if math.isnan(v):
+        return "__longlong_as_double(0x7ff8000000000000LL)" if double else "__int_as_float(0x7fc00000)"
+    sign = 1 if v > 0 else -1
+    return f"__longlong_as_double({bits[True, sign]})" if double else f"__int_as_float({bits[False, sign]})"
+
+
+class ExprEmitter:
+    """Writes expressions; ``load(read)`` gives the C expression of a read's value."""
+
+    def __init__(self, load: Callable[[Read], str]) -> None:
+        self.load = load
+
+    def emit(self, e: Expr) -> str:
+        match e:
+            case Literal(value=v, dtype=dt):
+                return literal(v, dt)
+            case IndexVar(name=n) | ScalarRef(name=n) | LocalRef(name=n):
+                return c_name(n)
+            case SizeVar(name=n):
+                raise CodegenError(f"size '{n}' is not bound to a value")
+            case Read():
+                return self.load(e)
+            case Cast(dtype=dt, operand=a):
+                return self.convert(self.emit(a), a.dtype, dt)
+            case Unary(op=UnaryOp.NEG, operand=a):
+                return f"(-{self.emit(a)})"
+            case Unary(op=UnaryOp.NOT, operand=a):
+                return f"(!{self.emit(a)})"
+            case Select(cond=c, then=t, other=o):
+                return f"({self.emit(c)} ? {self.emit(t)} : {self.emit(o)})"
+            case Binary():
+                return self.binary(e)
+            case Call():
+                return self.call(e)
+        raise CodegenError(f"cannot generate CUDA code for {e}")
+
+    def convert(self, x: str, src: DType, dst: DType) -> str:
+        if dst.is_bool:
+            return x if src.is_bool else f"({x} != 0)"
+        if dst.is_int:
+            if src.is_float:
+                x = f"(long long)(unsigned long long){x}" if dst is DType.UINT8 else f"(long long){x}"
+            narrow = x if dst is DType.INT64 else f"({_STORAGE[dst]})({x})"
+            return f"(long long){narrow}"
+        value = f"({register_type(dst)})({x})"
+        if dst is DType.FLOAT16:
+            return f"pf_h2f(pf_f2h({value}))"
+        if dst is DType.BFLOAT16:
+            return f"pf_bf2f(pf_f2bf({value}))"
+        return value
+
+    def binary(self, e: Binary) -> str:
+        a, b = self.emit(e.lhs), self.emit(e.rhs)
+        if e.dtype.is_float and e.op is BinaryOp.MOD:
+            return f"pf_fmod{'f' if e.dtype is not DType.FLOAT64 else ''}({a}, {b})"
+        if e.dtype.is_int and e.op in (BinaryOp.DIV, BinaryOp.MOD):
+            return f"pf_{'div' if e.op is BinaryOp.DIV else 'mod'}({a}, {b})"
+        return f"({a} {_OPS[e.op]} {b})"
+
+    def call(self, e: Call) -> str:
+        args = [self.emit(a) for a in e.args]
+        fn = e.fn
+        if e.dtype.is_bool or e.dtype.is_int:  # on 0/1 or 64-bit integers
+            if fn not in ("max", "min", "abs"):
+                raise CodegenError(f"builtin '{fn}' has no integer form")
+            value = f"pf_i{fn}({', '.join(f'(long long){a}' for a in args)})"
+            return f"({value} != 0)" if e.dtype.is_bool else value
+        double = e.dtype is DType.FLOAT64
+        f = "" if double else "f"
+        one = "1.0" + f
+        if fn in ("max", "min"):
+            return f"pf_{fn}{f}({args[0]}, {args[1]})"
+        if fn == "rsqrt":
+            return f"({one} / sqrt{f}({args[0]}))"
+        if fn == "sigmoid":
+            return f"({one} / ({one} + exp{f}(-{args[0]})))"
+        if fn == "fmod":
+            return f"fmod{f}({args[0]}, {args[1]})"
+        if fn in _MATH:
+            return f"{_MATH[fn]}{f}({', '.join(args)})"
+        raise CodegenError(f"no CUDA code generator for builtin '{fn}' on {e.dtype}")
