@@ -135,5 +135,10 @@ class TargetError(PolyfuseError):
     """An unknown target, or one that cannot compile or run on this machine."""
 
 
+class DeviceError(TargetError):
+    """A GPU cannot be used: no driver or device, or a CUDA call (allocation, copy,
+    module load, launch) failed; the message names the call and CUDA's error."""
+
+
 __all__ = [name for name, obj in list(globals().items())
            if isinstance(obj, type) and issubclass(obj, builtins.BaseException)] + ["SourceLocation"]

@@ -14,6 +14,7 @@ import numpy as np
 from polyfuse.errors import ArgumentError, DTypeError, ShapeError
 from polyfuse.ir.comprehension import Definition, Literal, ScalarDecl, SizeVar, TensorDecl
 from polyfuse.ir.types import DType
+from polyfuse.runtime.device_arrays import DeviceArray, as_device_array
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +26,8 @@ class BoundArguments:
 
     def signature(self) -> tuple:
         """What a specialization depends on: shapes and dtypes."""
-        return tuple((np.shape(v), np.asarray(v).dtype.str) for v in self.values.values())
+        return tuple((np.shape(v), (v.dtype if isinstance(v, DeviceArray) else np.asarray(v).dtype).str)
+                     for v in self.values.values())
 
 
 def placeholder(shape: Sequence[int], dtype: np.dtype | type | str) -> np.ndarray:
@@ -82,11 +84,19 @@ def bind_arguments(d: Definition, args: Sequence[object],
     return BoundArguments(values, sizes)
 
 
-def _tensor(d: Definition, p: TensorDecl, v: object) -> np.ndarray:
+def _tensor(d: Definition, p: TensorDecl, v: object) -> np.ndarray | DeviceArray:
+    """``v`` checked as the tensor ``p``: a numpy array, or an array in GPU memory (for
+    the cuda target)."""
+    device = None if isinstance(v, (np.ndarray, np.generic)) else as_device_array(v)
+    if device is not None:
+        return _checked(d, p, device)
     if not isinstance(v, (np.ndarray, np.generic)):
         raise ArgumentError(f"{d.name}: argument '{p.name}' must be a numpy array, got "
                             f"{type(v).__name__}; wrap it with np.asarray(..., dtype=np.{p.dtype.numpy.name})")
-    array = np.asarray(v)
+    return _checked(d, p, np.asarray(v))
+
+
+def _checked(d: Definition, p: TensorDecl, array: np.ndarray | DeviceArray) -> np.ndarray | DeviceArray:
     if array.dtype != p.dtype.numpy:
         raise DTypeError(f"{d.name}: argument '{p.name}' must be {p.dtype}, got {array.dtype}; "
                          f"convert it with .astype({_numpy_name(p.dtype)}) if that is intended")

@@ -42,10 +42,17 @@ def _build_cpu(d: Definition, sizes: Mapping[str, int], target: Target,
     return cpu.build(d, sizes, target, options, stages)
 
 
+def _build_cuda(d: Definition, sizes: Mapping[str, int], target: Target,
+                options: MappingOptions | None, stages: dict[str, str]) -> Executable:
+    from polyfuse.runtime import cuda  # loads NVRTC; the driver only when a kernel runs
+    return cuda.build(d, sizes, target, options, stages)
+
+
 # target name -> builder(definition, sizes, target, options, stages to fill) -> executable
 BUILDERS: dict[str, Builder] = {
     "reference": _build_reference,
     "x86": _build_cpu,
+    "cuda": _build_cuda,
     "aarch64": _build_cpu,
 }
 

@@ -1,0 +1,271 @@
+"""Running definitions on NVIDIA GPUs: GPU schedule, NVRTC, launches through the driver.
+
+Building needs no GPU: the kernel is scheduled for the device's limits (an sm_90's
+without a device), compiled to PTX and a cubin, and cached in this process and on
+disk like CPU kernels. Calling it needs one (else :class:`~polyfuse.errors.DeviceError`):
+
+* numpy inputs are copied to the GPU and the outputs come back as numpy arrays;
+* inputs already in GPU memory (PyTorch or CuPy arrays, anything with
+  ``__cuda_array_interface__`` or CUDA DLPack) are used in place, and the outputs are
+  new arrays of the same library on the GPU.
+
+The launches run in order on polyfuse's stream; each call waits for them, so a
+failing kernel is reported by the call that ran it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from polyfuse.errors import ArgumentError, BoundsError, DTypeError, ShapeError
+from polyfuse.ir.comprehension import Definition
+from polyfuse.ir.gpu import GpuKernel
+from polyfuse.ir.loops import ERROR_BUFFER, BufferRole
+from polyfuse.ir.types import DType
+from polyfuse.runtime import cache
+from polyfuse.runtime.device_arrays import DeviceArray, as_device_array
+from polyfuse.scheduler.gpu_heuristics import default_gpu_options
+from polyfuse.scheduler.gpu_mapping import DeviceLimits
+from polyfuse.scheduler.model import zero_filled_outputs
+from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.pipeline import schedule_gpu_definition
+from polyfuse.targets import Target
+from polyfuse.targets.cuda import CudaBinary, LaunchInfo, compile_gpu_kernel
+from polyfuse.targets.cuda_driver import Device, available_device, device
+
+_COMPILED: dict[str, CudaExecutable] = {}
+STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
+
+
+@dataclass(frozen=True)
+class CudaLayout:
+    """How to call a compiled kernel: inputs and outputs (name, shape, dtype; outputs
+    also whether they start zeroed), scalars (name, dtype), launches in order."""
+
+    name: str
+    inputs: tuple[tuple[str, tuple[int, ...], str], ...]
+    outputs: tuple[tuple[str, tuple[int, ...], str, bool], ...]
+    scalars: tuple[tuple[str, str], ...]
+    checks_indices: bool
+    launches: tuple[LaunchInfo, ...]
+
+    @staticmethod
+    def of(kernel: GpuKernel, zeroed: set[str]) -> CudaLayout:
+        return CudaLayout(
+            kernel.name,
+            tuple((b.name, b.shape, b.dtype.value) for b in kernel.buffers if b.role is BufferRole.IN),
+            tuple((b.name, b.shape, b.dtype.value, b.name in zeroed)
+                  for b in kernel.buffers if b.role is BufferRole.OUT),
+            tuple((s.name, s.dtype.value) for s in kernel.scalars),
+            any(b.name == ERROR_BUFFER for b in kernel.buffers),
+            tuple(LaunchInfo(x.name, x.grid, x.block) for x in kernel.launches))
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "inputs": [[n, list(s), dt] for n, s, dt in self.inputs],
+                "outputs": [[n, list(s), dt, z] for n, s, dt, z in self.outputs],
+                "scalars": [list(x) for x in self.scalars], "checks_indices": self.checks_indices,
+                "launches": [[x.name, x.grid, list(x.block)] for x in self.launches]}
+
+    @staticmethod
+    def from_json(j: dict) -> CudaLayout:
+        return CudaLayout(j["name"], tuple((n, tuple(s), dt) for n, s, dt in j["inputs"]),
+                          tuple((n, tuple(s), dt, bool(z)) for n, s, dt, z in j["outputs"]),
+                          tuple((n, dt) for n, dt in j["scalars"]), bool(j["checks_indices"]),
+                          tuple(LaunchInfo(n, int(g), (b[0], b[1], b[2])) for n, g, b in j["launches"]))
+
+
+def build(d: Definition, sizes: Mapping[str, int], target: Target,
+          options: MappingOptions | None, stages: dict[str, str]) -> CudaExecutable:
+    """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled."""
+    sizes = dict(sizes)
+    gpu = available_device()
+    limits = gpu.limits if gpu is not None else DeviceLimits()
+    options = options or default_gpu_options(d, sizes)
+    key = cache.kernel_key(str(d), repr(sorted(sizes.items())), target.name, repr(limits),
+                           repr(options))
+    exe = _COMPILED.get(key)
+    if exe is not None:
+        STATS["memory"] += 1
+    else:
+        hit = cache.load(key)
+        if hit is not None:
+            cubin, meta = hit
+            layout = CudaLayout.from_json(meta["layout"])
+            binary = CudaBinary(layout.name, limits.arch, cubin, layout.launches, meta["stages"])
+            exe = CudaExecutable(binary, layout)
+            STATS["disk"] += 1
+        else:
+            exe = _compile(d, sizes, options, limits, key)
+            STATS["compiled"] += 1
+        _COMPILED[key] = exe
+    stages.update(exe.binary.stages)
+    return exe
+
+
+def _compile(d: Definition, sizes: dict[str, int], options: MappingOptions,
+             limits: DeviceLimits, key: str) -> CudaExecutable:
+    stages = {"options": repr(options)}
+    kernel = schedule_gpu_definition(d, sizes, options, limits, stages)
+    binary = compile_gpu_kernel(kernel, limits.arch)
+    binary.stages.update(stages)
+    layout = CudaLayout.of(kernel, zero_filled_outputs(d, sizes))
+    cache.store(key, binary.cubin, {"layout": layout.to_json(), "stages": binary.stages})
+    return CudaExecutable(binary, layout)
+
+
+class CudaExecutable:
+    """A compiled kernel; calling it runs every launch on device 0."""
+
+    def __init__(self, binary: CudaBinary, layout: CudaLayout) -> None:
+        self.binary = binary
+        self.layout = layout
+        self._functions: dict[str, Any] | None = None
+        self._module: Any = None  # keeps the functions loaded
+
+    def functions(self, gpu: Device) -> dict[str, Any]:
+        if self._functions is None:
+            self._module, self._functions = gpu.load(self.binary.cubin,
+                                                     [x.name for x in self.layout.launches])
+        return self._functions
+
+    def __call__(self, values: Mapping[str, object]) -> dict[str, Any]:
+        gpu = device()
+        gpu.activate()
+        functions = self.functions(gpu)
+        call = _Call(gpu, self.layout.name)
+        try:
+            inputs = [call.input(n, values[n], shape, DType(dt)) for n, shape, dt in self.layout.inputs]
+            like = next((a for a in inputs if a.library != "polyfuse"), None)
+            outputs = {n: call.output(shape, DType(dt), zero, like)
+                       for n, shape, dt, zero in self.layout.outputs}
+            params: list[Any] = [ctypes.c_uint64(a.pointer) for a in [*inputs, *outputs.values()]]
+            error = call.scratch(8) if self.layout.checks_indices else None
+            params += [ctypes.c_uint64(error.pointer)] if error is not None else []
+            params += [_scalar(values[n], DType(dt)) for n, dt in self.layout.scalars]
+            for launch in self.layout.launches:
+                gpu.launch(functions[launch.name], launch.name, launch.grid, launch.block, params)
+            gpu.synchronize(f"running kernel {self.layout.name}")
+            if error is not None and call.download(error, np.dtype(np.int64))[0]:
+                raise BoundsError(f"kernel '{self.layout.name}' read a tensor out of bounds through "
+                                  "an index taken from another tensor (an index tensor holds a value "
+                                  "outside the dimension it indexes); no output was returned")
+            if like is None:
+                return {n: call.download(o, o.dtype) for n, o in outputs.items()}
+            return {n: o.owner if o.library == like.library else o for n, o in outputs.items()}
+        finally:
+            call.release()
+
+
+class _Memory:
+    """Device memory polyfuse allocated; freed when no array refers to it any more."""
+
+    def __init__(self, gpu: Device, nbytes: int) -> None:
+        self.gpu = gpu
+        self.pointer = gpu.allocate(nbytes)
+
+    def __del__(self) -> None:
+        try:
+            self.gpu.free(self.pointer)
+        except Exception:  # the driver may be gone at interpreter exit
+            pass
+
+
+class _Call:
+    """The arrays of one call: checked inputs, new outputs, temporaries to free."""
+
+    def __init__(self, gpu: Device, kernel: str) -> None:
+        self.gpu = gpu
+        self.kernel = kernel
+        self.temporaries: list[_Memory] = []
+
+    def memory(self, nbytes: int) -> _Memory:
+        m = _Memory(self.gpu, nbytes)
+        self.temporaries.append(m)
+        return m
+
+    def input(self, name: str, value: object, shape: tuple[int, ...], dt: DType) -> DeviceArray:
+        if isinstance(value, (np.ndarray, np.generic)):
+            host = np.ascontiguousarray(value)
+            array = DeviceArray(0, host.shape, host.dtype, None, "polyfuse")
+        else:
+            found = as_device_array(value)
+            if found is None:
+                raise ArgumentError(f"{self.kernel}: argument '{name}' must be a numpy array or an "
+                                    f"array in GPU memory, got {type(value).__name__}")
+            array, host = found, None
+        if array.shape != shape:
+            raise ShapeError(f"{self.kernel}: argument '{name}' must have shape {shape} (the shape "
+                             f"this kernel was specialized to), got {array.shape}")
+        if array.dtype != dt.numpy:
+            raise DTypeError(f"{self.kernel}: argument '{name}' must be {dt}, got {array.dtype}")
+        if host is None:
+            if array.device != 0:
+                raise ArgumentError(f"{self.kernel}: argument '{name}' is on CUDA device "
+                                    f"{array.device}; polyfuse runs kernels on device 0")
+            if array.stream is not None:
+                self.gpu.wait_for(array.stream)
+            return array
+        memory = self.memory(host.nbytes)
+        self.gpu.upload(memory.pointer, host)
+        return DeviceArray(memory.pointer, shape, host.dtype, memory, "polyfuse")
+
+    def output(self, shape: tuple[int, ...], dt: DType, zero: bool,
+               like: DeviceArray | None) -> DeviceArray:
+        """A new output: of ``like``'s library when it can allocate the dtype, else polyfuse's
+        memory (temporary when the results go back to the host)."""
+        allocate = _ALLOCATORS.get(like.library) if like is not None else None
+        owner = allocate(like.owner, shape, dt.numpy) if allocate is not None else None
+        array = as_device_array(owner) if owner is not None else None
+        if array is None:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.numpy.itemsize
+            memory = self.memory(nbytes) if like is None else _Memory(self.gpu, nbytes)
+            array = DeviceArray(memory.pointer, shape, dt.numpy, memory, "polyfuse")
+        if zero:
+            self.gpu.zero(array.pointer, array.nbytes)
+        return array
+
+    def scratch(self, nbytes: int) -> DeviceArray:
+        memory = self.memory(nbytes)
+        self.gpu.zero(memory.pointer, nbytes)
+        return DeviceArray(memory.pointer, (nbytes // 8,), np.dtype(np.int64), memory, "polyfuse")
+
+    def download(self, array: DeviceArray, dtype: np.dtype) -> np.ndarray:
+        host = np.empty(array.shape, dtype)
+        self.gpu.download(host, array.pointer)
+        self.gpu.synchronize(f"copying the results of kernel {self.kernel}")
+        return host
+
+    def release(self) -> None:
+        self.temporaries.clear()
+
+
+def _torch_empty(like: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    torch = sys.modules["torch"]
+    tdtype = torch.bfloat16 if dtype.name == "bfloat16" else torch.from_numpy(np.empty(0, dtype)).dtype
+    return torch.empty(shape, dtype=tdtype, device=like.device)
+
+
+def _cupy_empty(like: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    if dtype.name == "bfloat16":
+        return None  # CuPy has no bfloat16: the output stays a polyfuse DeviceArray
+    return sys.modules["cupy"].empty(shape, dtype)
+
+
+# library of the inputs -> allocator of outputs like them (None: cannot hold the dtype)
+_ALLOCATORS = {"torch": _torch_empty, "cupy": _cupy_empty}
+
+
+def _scalar(value: object, dt: DType) -> Any:
+    """A scalar argument as the C type of its kernel parameter."""
+    v = np.asarray(value).item()
+    if dt.is_bool:
+        return ctypes.c_int(int(bool(v)))
+    if dt.is_int:
+        return ctypes.c_longlong(int(v))
+    return ctypes.c_double(float(v)) if dt is DType.FLOAT64 else ctypes.c_float(float(v))
