@@ -130,8 +130,23 @@ class SharedTile:
     shape: tuple[int, ...]
 
     @property
-    def size(self) -> int:
+    def elements(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Row-major element strides; an even last extent is padded by one, so threads
+        reading down a column (``B(n, k)`` along ``n``) hit different memory banks."""
+        out, step = [], 1
+        for k, extent in enumerate(reversed(self.shape)):
+            out.append(step)
+            step *= extent + (1 if k == 0 and len(self.shape) > 1 and extent % 2 == 0 else 0)
+        return tuple(reversed(out))
+
+    @property
+    def size(self) -> int:
+        """Elements allocated, padding included."""
+        return self.shape[0] * self.strides[0] if self.shape else 1
 
     @property
     def bytes(self) -> int:

@@ -27,12 +27,8 @@ def emit_cuda(kernel: GpuKernel) -> str:
     return "\n".join(parts)
 
 
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    out, step = [], 1
-    for extent in reversed(shape):
-        out.append(step)
-        step *= extent
-    return out[::-1]
+def _flat(names: list[str], strides: tuple[int, ...]) -> str:
+    return " + ".join(n if st == 1 else f"{n} * {st}LL" for n, st in zip(names, strides))
 
 
 class _LaunchWriter:
@@ -131,24 +127,27 @@ class _LaunchWriter:
         self.block(s.body, indent)
 
     def copy(self, s: CopyToShared, indent: str) -> None:
+        """Every thread copies elements ``tid, tid + threads, ...`` of the box (row-major,
+        so neighbouring threads read neighbouring elements of the buffer)."""
         tile = self.tile(s.tile)
         buf = self.kernel.buffer(s.buffer)
         add, inner = self.lines.append, indent + "  "
-        add(f"{indent}for (long long pf_i = pf_tid; pf_i < {tile.size}LL; pf_i += pf_threads) {{")
+        add(f"{indent}for (long long pf_i = pf_tid; pf_i < {tile.elements}LL; pf_i += pf_threads) {{")
         add(f"{inner}long long pf_rest = pf_i;")
-        names = [f"pf_g{d}" for d in range(len(tile.shape))]
-        for d in reversed(range(len(tile.shape))):
+        rank = len(tile.shape)
+        for d in reversed(range(rank)):
+            extent = f" % {tile.shape[d]}LL" if d else ""
+            add(f"{inner}const long long pf_l{d} = pf_rest{extent};")
+            if d:
+                add(f"{inner}pf_rest /= {tile.shape[d]}LL;")
             zero = isinstance(s.offsets[d], Literal) and s.offsets[d].value == 0
             offset = "" if zero else f"{self.exprs.emit(s.offsets[d])} + "
-            if d == 0:
-                add(f"{inner}const long long {names[d]} = {offset}pf_rest;")
-            else:
-                add(f"{inner}const long long {names[d]} = {offset}pf_rest % {tile.shape[d]}LL;")
-                add(f"{inner}pf_rest /= {tile.shape[d]}LL;")
-        inside = " && ".join(f"{g} >= 0 && {g} < {n}LL" for g, n in zip(names, buf.shape))
-        flat = " + ".join(g if st == 1 else f"{g} * {st}LL" for g, st in zip(names, buf.strides))
-        zero = f"({storage_type(tile.dtype)})0"
-        add(f"{inner}{tile.name}[pf_i] = ({inside}) ? {c_name(buf.name)}[{flat}] : {zero};")
+            add(f"{inner}const long long pf_g{d} = {offset}pf_l{d};")
+        inside = " && ".join(f"pf_g{d} >= 0 && pf_g{d} < {n}LL" for d, n in enumerate(buf.shape))
+        source = _flat([f"pf_g{d}" for d in range(rank)], buf.strides)
+        target = _flat([f"pf_l{d}" for d in range(rank)], tile.strides)
+        zero_value = f"({storage_type(tile.dtype)})0"
+        add(f"{inner}{tile.name}[{target}] = ({inside}) ? {c_name(buf.name)}[{source}] : {zero_value};")
         add(f"{indent}}}")
 
     # --- memory ---
@@ -161,8 +160,9 @@ class _LaunchWriter:
     def address(self, name: str, indices: tuple[Expr, ...]) -> str:
         tile = self.launch.tile(name)
         shape = tile.shape if tile is not None else self.kernel.buffer(name).shape
+        strides = tile.strides if tile is not None else self.kernel.buffer(name).strides
         terms = []
-        for index, stride, extent in zip(indices, _strides(shape), shape):
+        for index, stride, extent in zip(indices, strides, shape):
             term = self.exprs.emit(index)
             if any(isinstance(n, Read) for n in walk(index)):
                 term = f"pf_checked({term}, {extent}LL, {c_name(ERROR_BUFFER)})"
