@@ -30,6 +30,12 @@ The heuristic's options (:meth:`SearchSpace.default`) are valid by definition: t
 what the compiler does untuned, and the search starts from them (they may break a rule,
 e.g. 6 register rows in a 64-row tile; :meth:`SearchSpace.violations` says which).
 
+For the cuda target (:meth:`SearchSpace.for_task` with ``task.target == "cuda"``) the
+genes are the GPU's: tile sizes and orders as above (the tile loops go to blocks, the
+point loops to threads, the innermost to x), threads per block (``BLOCKS``), unroll,
+fusion, shared-memory and register promotion on or off; SIMD, register tiles,
+unroll-and-jam and the CPU thread pool keep one value.
+
 The space models the band as holding every member. isl may split it (a convolution
 scheduled without ``reorder_reductions`` gets a band of its output indices and first
 reduction index only); then the genes of the members left out change nothing, and some
@@ -49,6 +55,7 @@ import numpy as np
 
 from polyfuse.autotune.task import Task
 from polyfuse.ir.comprehension import Definition, IndexVar, Read, walk
+from polyfuse.scheduler.gpu_heuristics import default_gpu_options
 from polyfuse.scheduler.heuristics import default_options, element_bits, extent, heaviest, single_valued
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
@@ -58,6 +65,7 @@ UNROLLS = (1, 2, 4, 8)
 MAX_JAM = 8
 ALL_ORDERS_UP_TO = 4           # members up to which every permutation is a candidate
 ENUMERABLE = 50_000            # raw size up to which a space is listed exhaustively (about 1 s)
+BLOCKS = ((32, 8), (32, 4), (16, 16), (32, 16), (64, 4), (128, 2), (256,), (32, 32))  # GPU threads
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,9 @@ class SearchSpace:
         ``vector_bits`` bits (what the heuristic gets too)."""
         d, sizes = task.definition, task.sizes
         nest = LoopNest.of(d, sizes)
+        if task.target == "cuda":
+            heuristic = default_gpu_options(d, sizes)
+            return SearchSpace(task, nest, (), _gpu_candidates(nest, heuristic), heuristic)
         width = max(1, vector_bits // nest.element_bits)
         widths = tuple(w for w in (width, width // 2, width // 4) if w >= 2)
         heuristic = default_options(d, sizes, vector_bits)
@@ -307,7 +318,8 @@ _SCALAR_FIELDS = tuple(f for f in MappingOptions.__dataclass_fields__.values()
 _GLOBAL_FEATURES = ("fusion_max", "fusion_preserve", "fusion_min", "intra_min", "parallel",
                     "log_vector_width", "log_unroll", "log_unroll_jam", "reorder_reductions", "fix_sizes",
                     "log_register_block", "log_tile_footprint", "log_tiles", "vector_tail",
-                    "innermost_contiguous", "log_work", "statements")
+                    "innermost_contiguous", "log_work", "statements", "log_block_threads",
+                    "shared_memory", "private_memory")
 
 
 def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
@@ -327,7 +339,8 @@ def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
             math.log2(o.unroll), math.log2(o.unroll_jam), float(o.reorder_reductions), float(o.fix_sizes),
             math.log2(math.prod(shape.trips)), math.log2(math.prod(shape.tiles)), math.log2(tiles),
             float(trip % o.vector_width != 0), nest.contiguous[inner] if inner is not None else 0.0,
-            math.log2(nest.work), float(nest.statements)]
+            math.log2(nest.work), float(nest.statements), math.log2(math.prod(o.block)),
+            float(o.use_shared_memory), float(o.use_private_memory)]
     return out
 
 
@@ -345,11 +358,45 @@ def _candidates(nest: LoopNest, widths: tuple[int, ...], heuristic: MappingOptio
         "reorder_reductions": (False, True) if nest.reduces else (False,),
         "fix_sizes": (False, True) if min(nest.extents, default=1) > 1 else (False,),
         "num_threads": (0,),
-    }
+    } | _ONE_VALUE_ON_CPUS
     tiles, registers = _pad(heuristic.tile_sizes, n), _pad(heuristic.register_tile, n)
     for j, e in enumerate(nest.extents):
         c[f"tile_sizes.{j}"] = _below(e + 1, _tile_sizes(e) | {tiles[j]})
         c[f"register_tile.{j}"] = _below(e, set(ROWS) | {k * w for w in widths for k in VECTORS} | {registers[j]})
+    orders = _orders(n, nest.reductions)
+    c["tile_order"] = _with(orders, heuristic.tile_order, n)
+    c["point_order"] = _with(orders, heuristic.point_order, n)
+    return dict(sorted(c.items()))
+
+
+# the GPU fields, which CPU code ignores
+_ONE_VALUE_ON_CPUS: dict[str, tuple[Any, ...]] = {
+    "block": ((),), "grid": (0,), "use_shared_memory": (True,), "use_private_memory": (True,),
+    "shared_memory_bytes": (0,)}
+
+
+def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tuple[Any, ...]]:
+    n = len(nest.members)
+    c: dict[str, tuple[Any, ...]] = {
+        "fusion": (Fusion.MAX, Fusion.PRESERVE, Fusion.MIN),
+        "intra_tile_fusion": (Fusion.MAX,),
+        "parallel": (heuristic.parallel,),
+        "vector_width": (1,),
+        "unroll": UNROLLS,
+        "unroll_jam": (1,),
+        "reorder_reductions": (False, True) if nest.reduces else (False,),
+        "fix_sizes": (False, True) if min(nest.extents, default=1) > 1 else (False,),
+        "num_threads": (0,),
+        "block": tuple(sorted(set(BLOCKS) | {heuristic.block})),
+        "grid": (0,),
+        "use_shared_memory": (False, True),
+        "use_private_memory": (False, True),
+        "shared_memory_bytes": (0,),
+    }
+    tiles = _pad(heuristic.tile_sizes, n)
+    for j, e in enumerate(nest.extents):
+        c[f"tile_sizes.{j}"] = _below(e + 1, _tile_sizes(e) | {tiles[j]})
+        c[f"register_tile.{j}"] = (0,)
     orders = _orders(n, nest.reductions)
     c["tile_order"] = _with(orders, heuristic.tile_order, n)
     c["point_order"] = _with(orders, heuristic.point_order, n)
