@@ -119,11 +119,13 @@ class _LaunchWriter:
             f"pf_block += gridDim.x) {{")
         inner = indent + "  "
         add(f"{inner}long long pf_rest = pf_block;")
-        for r in reversed(s.loops[1:]):  # the innermost loop varies fastest
-            add(f"{inner}const long long {c_name(r.var)} = {r.lo}LL + (pf_rest % {r.trips}LL) * {r.step}LL;")
-            add(f"{inner}pf_rest /= {r.trips}LL;")
-        first = s.loops[0]
-        add(f"{inner}const long long {c_name(first.var)} = {first.lo}LL + pf_rest * {first.step}LL;")
+        for k in reversed(range(len(s.loops))):  # the innermost loop varies fastest
+            r = s.loops[k]
+            value = f"(pf_rest % {r.trips}LL)" if k else "pf_rest"
+            value = value if r.step == 1 else f"{value} * {r.step}LL"
+            add(f"{inner}const long long {c_name(r.var)} = {f'{r.lo}LL + ' if r.lo else ''}{value};")
+            if k:
+                add(f"{inner}pf_rest /= {r.trips}LL;")
         self.block(s.body, indent)
 
     def copy(self, s: CopyToShared, indent: str) -> None:

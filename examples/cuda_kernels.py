@@ -1,0 +1,53 @@
+"""TC compiled for NVIDIA GPUs: the GPU mapping, CUDA C, PTX; run where a GPU exists.
+
+Compiling needs only NVRTC (pip install cuda-python nvidia-cuda-nvrtc), so this example
+shows every stage on any machine; with an NVIDIA GPU and its driver it also runs the
+kernels and checks them against numpy.
+"""
+
+import numpy as np
+
+import polyfuse as pf
+from polyfuse.runtime.arguments import placeholder
+
+SOURCE = """
+def matmul(float(M, K) A, float(K, N) B) -> (C) {
+  C(m, n) +=! A(m, k) * B(k, n)
+}
+def softmax(float(N, D) I) -> (O, maxVal, expSum) {
+  maxVal(n) max=! I(n, d)
+  O(n, d) = exp(I(n, d) - maxVal(n))
+  expSum(n) +=! O(n, d)
+  O(n, d) = O(n, d) / expSum(n)
+}
+"""
+
+mod = pf.define(SOURCE, target="cuda")
+
+# specialize with placeholders: shapes and dtypes only, no data and no GPU needed
+matmul = mod.matmul.specialize(placeholder((512, 256), np.float32), placeholder((256, 384), np.float32))
+print(matmul.stages["options"])
+print("\n".join(matmul.stages["gpu"].splitlines()[:22]), "\n  ...")   # blocks, threads, shared tiles
+cuda = matmul.stages["cuda"]
+print(cuda[cuda.index('extern "C"'):][:900], "\n  ...")
+ptx = matmul.stages["ptx"]
+print(f"PTX: {len(ptx.splitlines())} lines, {ptx.count('bar.sync')} barriers, "
+      f"{ptx.count('ld.shared')} shared loads; {matmul.stages['cubin']}")
+
+softmax = mod.softmax.specialize(placeholder((64, 1000), np.float32))
+launches = [line.strip() for line in softmax.stages["gpu"].splitlines() if "launch" in line]
+print("softmax:", *launches, sep="\n  ")
+
+try:
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((512, 256), dtype=np.float32)
+    B = rng.standard_normal((256, 384), dtype=np.float32)
+    C = mod.matmul(A, B)
+    assert np.allclose(C, A @ B, rtol=1e-3, atol=1e-3)
+    X = rng.standard_normal((64, 1000), dtype=np.float32)
+    O, _, _ = mod.softmax(X)
+    e = np.exp(X - X.max(axis=1, keepdims=True))
+    assert np.allclose(O, e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-6)
+    print("ran on the GPU: matmul and softmax match numpy")
+except pf.DeviceError as err:
+    print(f"not run: {err}")
