@@ -18,8 +18,11 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 FORMAT = 2
 
@@ -89,3 +92,23 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def fetch(key: str, memory: dict[str, T], stats: dict[str, int],
+          from_disk: Callable[[bytes, dict[str, Any]], T], compile: Callable[[], T]) -> T:
+    """The kernel under ``key``: from ``memory`` (this process), else from the disk
+    (``from_disk(object, meta)``), else ``compile()`` (which stores it); ``stats`` counts
+    where kernels came from (``memory``, ``disk``, ``compiled``)."""
+    found = memory.get(key)
+    if found is not None:
+        stats["memory"] += 1
+        return found
+    hit = load(key)
+    if hit is not None:
+        found = from_disk(*hit)
+        stats["disk"] += 1
+    else:
+        found = compile()
+        stats["compiled"] += 1
+    memory[key] = found
+    return found

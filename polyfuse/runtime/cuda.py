@@ -89,21 +89,14 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     options = options or default_gpu_options(d, sizes)
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), target.name, repr(limits),
                            repr(options))
-    exe = _COMPILED.get(key)
-    if exe is not None:
-        STATS["memory"] += 1
-    else:
-        hit = cache.load(key)
-        if hit is not None:
-            cubin, meta = hit
-            layout = CudaLayout.from_json(meta["layout"])
-            binary = CudaBinary(layout.name, limits.arch, cubin, layout.launches, meta["stages"])
-            exe = CudaExecutable(binary, layout)
-            STATS["disk"] += 1
-        else:
-            exe = _compile(d, sizes, options, limits, key)
-            STATS["compiled"] += 1
-        _COMPILED[key] = exe
+
+    def from_disk(cubin: bytes, meta: dict) -> CudaExecutable:
+        layout = CudaLayout.from_json(meta["layout"])
+        return CudaExecutable(CudaBinary(layout.name, limits.arch, cubin, layout.launches,
+                                         meta["stages"]), layout)
+
+    exe = cache.fetch(key, _COMPILED, STATS, from_disk,
+                      lambda: _compile(d, sizes, options, limits, key))
     stages.update(exe.binary.stages)
     return exe
 

@@ -138,14 +138,23 @@ class Device:
 
 
 @functools.cache
+def _probe() -> Device | DeviceError:
+    """Device 0 set up, or why it cannot be: asked once per process."""
+    try:
+        return Device()
+    except DeviceError as err:
+        return err
+
+
 def device() -> Device:
-    """Device 0, set up once per process; raises DeviceError without one (not cached)."""
-    return Device()
+    """Device 0; raises DeviceError on a machine without a usable GPU."""
+    found = _probe()
+    if isinstance(found, DeviceError):
+        raise DeviceError(str(found))
+    return found
 
 
 def available_device() -> Device | None:
     """Device 0 if this machine has a usable GPU, else None."""
-    try:
-        return device()
-    except DeviceError:
-        return None
+    found = _probe()
+    return None if isinstance(found, DeviceError) else found

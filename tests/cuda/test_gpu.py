@@ -70,10 +70,15 @@ def test_transformer_block_on_the_gpu_matches_the_reference():
         np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-4)
 
 
-def test_torch_tensors_in_and_out_without_copies():
+@pytest.fixture
+def torch():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
+    return torch
+
+
+def test_torch_tensors_in_and_out_without_copies(torch):
     program = PROGRAMS_BY_NAME["matmul"]
     args = arguments(program)
     want = as_tuple(kernel(program, "reference")(*args))
@@ -84,10 +89,7 @@ def test_torch_tensors_in_and_out_without_copies():
         assert_close(g.cpu().numpy(), w, "matmul from torch tensors")
 
 
-def test_torch_bfloat16_goes_through_dlpack():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
+def test_torch_bfloat16_goes_through_dlpack(torch):
     program = PROGRAMS_BY_NAME["bf16_elementwise"]
     args = arguments(program)
     want = as_tuple(kernel(program, "reference")(*args))
