@@ -16,15 +16,15 @@ from polyfuse.ir.comprehension import Expr, Literal, Read, walk
 from polyfuse.ir.gpu import (AXES, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
                              SharedTile, SingleThread, ThreadFor, walk_gpu)
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store
-from polyfuse.targets.cuda_expr import (PRELUDE, ExprEmitter, c_name, register_type,
+from polyfuse.targets.cuda_expr import (ExprEmitter, c_name, helpers_for, register_type,
                                         storage_type, to_register, to_storage)
 
 
 def emit_cuda(kernel: GpuKernel) -> str:
     """The CUDA C source of every launch of ``kernel``."""
-    parts = [f"// polyfuse kernel {kernel.name}: {len(kernel.launches)} launch(es)", PRELUDE]
-    parts += [_LaunchWriter(kernel, launch).function() for launch in kernel.launches]
-    return "\n".join(parts)
+    functions = [_LaunchWriter(kernel, launch).function() for launch in kernel.launches]
+    head = f"// polyfuse kernel {kernel.name}: {len(kernel.launches)} launch(es)"
+    return "\n".join([head, *helpers_for("".join(functions)), "", *functions])
 
 
 def _flat(names: list[str], strides: tuple[int, ...]) -> str:
@@ -48,9 +48,10 @@ class _LaunchWriter:
         self.lines = [head]
         for tile in launch.shared:
             self.lines.append(f"  __shared__ {storage_type(tile.dtype)} {tile.name}[{tile.size}];")
-        self.lines += ["  const long long pf_tid = threadIdx.x + (long long)blockDim.x * "
-                       "(threadIdx.y + (long long)blockDim.y * threadIdx.z);",
-                       "  const long long pf_threads = (long long)blockDim.x * blockDim.y * blockDim.z;"]
+        if launch.shared:  # the copies spread a box over every thread of the block
+            self.lines += ["  const long long pf_tid = threadIdx.x + (long long)blockDim.x * "
+                           "(threadIdx.y + (long long)blockDim.y * threadIdx.z);",
+                           "  const long long pf_threads = (long long)blockDim.x * blockDim.y * blockDim.z;"]
         locals_: dict[str, str] = {}
         for s in walk_gpu(launch.body):
             if isinstance(s, Assign):

@@ -18,46 +18,52 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, Index
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.types import DType
 
-# device functions every kernel may call
-PRELUDE = r"""
-__device__ __forceinline__ float pf_h2f(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short pf_f2h(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float pf_bf2f(unsigned short b) {
-  return __uint_as_float(((unsigned int)b) << 16); }
-__device__ __forceinline__ unsigned short pf_f2bf(float f) {
+# device functions a kernel may call, by name (a kernel's source holds those it calls)
+HELPERS: dict[str, str] = {
+    "pf_h2f": """__device__ __forceinline__ float pf_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }""",
+    "pf_f2h": """__device__ __forceinline__ unsigned short pf_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }""",
+    "pf_bf2f": """__device__ __forceinline__ float pf_bf2f(unsigned short b) {
+  return __uint_as_float(((unsigned int)b) << 16); }""",
+    "pf_f2bf": """__device__ __forceinline__ unsigned short pf_f2bf(float f) {
   unsigned int u = __float_as_uint(f);
   if (f != f) return (unsigned short)((u | 0x00400000u) >> 16);
-  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
-__device__ __forceinline__ long long pf_div(long long x, long long y) {
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }""",
+    "pf_div": """__device__ __forceinline__ long long pf_div(long long x, long long y) {
   if (y == 0) return 0;
   if (y == -1) return -x;
   long long q = x / y, r = x % y;
-  return (r != 0 && ((r < 0) != (y < 0))) ? q - 1 : q; }
-__device__ __forceinline__ long long pf_mod(long long x, long long y) {
+  return (r != 0 && ((r < 0) != (y < 0))) ? q - 1 : q; }""",
+    "pf_mod": """__device__ __forceinline__ long long pf_mod(long long x, long long y) {
   if (y == 0 || y == -1) return 0;
   long long r = x % y;
-  return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r; }
-__device__ __forceinline__ float pf_fmodf(float x, float y) {
-  float r = fmodf(x, y); return (r != 0.0f && ((r < 0.0f) != (y < 0.0f))) ? r + y : r; }
-__device__ __forceinline__ double pf_fmod(double x, double y) {
-  double r = fmod(x, y); return (r != 0.0 && ((r < 0.0) != (y < 0.0))) ? r + y : r; }
-__device__ __forceinline__ float pf_maxf(float a, float b) {
-  return (a != a || b != b) ? a + b : fmaxf(a, b); }
-__device__ __forceinline__ float pf_minf(float a, float b) {
-  return (a != a || b != b) ? a + b : fminf(a, b); }
-__device__ __forceinline__ double pf_max(double a, double b) {
-  return (a != a || b != b) ? a + b : fmax(a, b); }
-__device__ __forceinline__ double pf_min(double a, double b) {
-  return (a != a || b != b) ? a + b : fmin(a, b); }
-__device__ __forceinline__ long long pf_imax(long long a, long long b) { return a > b ? a : b; }
-__device__ __forceinline__ long long pf_imin(long long a, long long b) { return a < b ? a : b; }
-__device__ __forceinline__ long long pf_iabs(long long a) { return a < 0 ? -a : a; }
-__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
+  return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r; }""",
+    "pf_fmodf": """__device__ __forceinline__ float pf_fmodf(float x, float y) {
+  float r = fmodf(x, y); return (r != 0.0f && ((r < 0.0f) != (y < 0.0f))) ? r + y : r; }""",
+    "pf_fmod": """__device__ __forceinline__ double pf_fmod(double x, double y) {
+  double r = fmod(x, y); return (r != 0.0 && ((r < 0.0) != (y < 0.0))) ? r + y : r; }""",
+    "pf_maxf": """__device__ __forceinline__ float pf_maxf(float a, float b) {
+  return (a != a || b != b) ? a + b : fmaxf(a, b); }""",
+    "pf_minf": """__device__ __forceinline__ float pf_minf(float a, float b) {
+  return (a != a || b != b) ? a + b : fminf(a, b); }""",
+    "pf_max": """__device__ __forceinline__ double pf_max(double a, double b) {
+  return (a != a || b != b) ? a + b : fmax(a, b); }""",
+    "pf_min": """__device__ __forceinline__ double pf_min(double a, double b) {
+  return (a != a || b != b) ? a + b : fmin(a, b); }""",
+    "pf_imax": "__device__ __forceinline__ long long pf_imax(long long a, long long b) { return a > b ? a : b; }",
+    "pf_imin": "__device__ __forceinline__ long long pf_imin(long long a, long long b) { return a < b ? a : b; }",
+    "pf_iabs": "__device__ __forceinline__ long long pf_iabs(long long a) { return a < 0 ? -a : a; }",
+    "pf_checked": """__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
   if ((unsigned long long)i >= (unsigned long long)n) { *error = 1; return 0; }
-  return i; }
-"""
+  return i; }""",
+}
+
+
+def helpers_for(code: str) -> list[str]:
+    """The helper definitions ``code`` calls."""
+    return [text for name, text in HELPERS.items() if f"{name}(" in code]
+
 
 _STORAGE = {DType.BOOL: "unsigned char", DType.INT8: "signed char", DType.UINT8: "unsigned char",
             DType.INT16: "short", DType.INT32: "int", DType.INT64: "long long",
@@ -202,7 +208,8 @@ class ExprEmitter:
         if e.dtype.is_bool or e.dtype.is_int:  # on 0/1 or 64-bit integers
             if fn not in ("max", "min", "abs"):
                 raise CodegenError(f"builtin '{fn}' has no integer form")
-            value = f"pf_i{fn}({', '.join(f'(long long){a}' for a in args)})"
+            wide = [f"(long long){a}" if x.dtype.is_bool else a for a, x in zip(args, e.args)]
+            value = f"pf_i{fn}({', '.join(wide)})"
             return f"({value} != 0)" if e.dtype.is_bool else value
         double = e.dtype is DType.FLOAT64
         f = "" if double else "f"
