@@ -137,3 +137,16 @@ def test_gpu_options_are_checked_and_round_trip_through_json():
         MappingOptions(block=(1, 1, 1, 1))
     with pytest.raises(ValueError, match="grid"):
         MappingOptions(grid=-1)
+
+
+def test_loop_ir_with_block_and_thread_loops_prints_and_parses_back():
+    from polyfuse.frontends.loop_ir import parse_kernel
+    from polyfuse.ir.loops import LoopKernel
+    d = pf.define(MM).mm.definition
+    sizes = {"M": 64, "K": 40, "N": 48}
+    stages: dict[str, str] = {}
+    schedule_gpu_definition(d, sizes, default_gpu_options(d, sizes), DeviceLimits(), stages)
+    text = stages["loops"]
+    assert "block for c0" in text and "thread for c4" in text
+    kernel = parse_kernel(text)
+    assert isinstance(kernel, LoopKernel) and str(kernel) == text
