@@ -3,7 +3,9 @@
     python benchmarks/gpu_check.py [--skip-tests] [--repeat N] [--budget SECONDS]
 
 On a machine with an NVIDIA GPU, from the repository root. It installs what is missing
-with pip (polyfuse with its dev extra; torch for the comparison), runs
+with pip (polyfuse with its dev extra; torch for the comparison; on a machine without the
+package index, the wheels in ``.whl/`` that ``benchmarks/gpu_wheels.sh`` downloads, then
+polyfuse itself without build isolation), runs
 ``pytest -m cuda tests/cuda``, then times each kernel of TC's benchmark set with its
 inputs already on the GPU as torch tensors (so polyfuse copies nothing) and prints the
 median time of polyfuse and of PyTorch eager (cuBLAS / cuDNN) and their ratio; every
@@ -57,6 +59,16 @@ def ensure(module: str, requirement: list[str], timeout: float) -> bool:
     except ImportError as err:
         print(f"  installed but cannot import {module}: {err}")
         return False
+
+
+def install_offline_wheels() -> None:
+    """Install the wheels in ``.whl/`` (``benchmarks/gpu_wheels.sh`` downloads them on a
+    machine with the package index, for a GPU machine without one)."""
+    wheels = sorted((ROOT / ".whl").glob("*.whl"))
+    if wheels:
+        print(f"[{elapsed():5.0f}s] pip install {len(wheels)} wheels from .whl/", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        *map(str, wheels)], cwd=ROOT, check=False)
 
 
 def run_tests(timeout: float) -> None:
@@ -203,7 +215,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole script")
     args = parser.parse_args()
-    if not ensure("polyfuse", ["-e", ".[dev]"], timeout=150) or \
+    install_offline_wheels()
+    if not ensure("polyfuse", ["-e", ".[dev]"], timeout=150) and \
+            not ensure("polyfuse", ["--no-build-isolation", "--no-deps", "-e", "."], timeout=150) or \
             not ensure("cuda.bindings.nvrtc", ["cuda-python==13.0.3", "nvidia-cuda-nvrtc==13.0.88"], 120):
         sys.exit("polyfuse or cuda-python is not importable")
     from polyfuse.targets.cuda_driver import available_device

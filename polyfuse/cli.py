@@ -219,6 +219,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
             obj = getattr(getattr(spec.run, "jit", spec.run), "object", None)
             if obj:
                 (out / f"{d.name}.o").write_bytes(obj)
+            binary = getattr(spec.run, "binary", None)   # the cuda target's cubin
+            if binary is not None:
+                (out / f"{d.name}.cubin").write_bytes(binary.cubin)
             print(f"wrote {out}/ ({len(stages)} stages of '{d.name}')")
         return 0
     model = pf.compile(str(path), target=args.target, input_shapes=shapes or None,

@@ -100,19 +100,10 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     options = options or default_options(d, sizes, vector_bits(target))
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
                            target_description(target), repr(options))
-    exe = _COMPILED.get(key)
-    if exe is not None:
-        STATS["memory"] += 1
-    else:
-        hit = cache.load(key)
-        if hit is not None:
-            obj, meta = hit
-            exe = _executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target)
-            STATS["disk"] += 1
-        else:
-            exe = _compile(d, sizes, target, options, key)
-            STATS["compiled"] += 1
-        _COMPILED[key] = exe
+    exe = cache.fetch(
+        key, _COMPILED, STATS,
+        lambda obj, meta: _executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target),
+        lambda: _compile(d, sizes, target, options, key))
     stages.update(exe.stages)
     return exe
 

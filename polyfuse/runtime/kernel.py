@@ -93,8 +93,16 @@ def _results(d: Definition, outputs: dict[str, np.ndarray]) -> np.ndarray | tupl
 
 
 def _call_signature(args: tuple) -> tuple:
-    """What argument checking depends on: array shapes and dtypes, scalar types."""
-    return tuple((a.shape, a.dtype) if type(a) is np.ndarray else type(a) for a in args)
+    """What argument checking depends on: array shapes and dtypes (and, for arrays of
+    other libraries such as torch or CuPy, their type and device), scalar types."""
+    return tuple((a.shape, a.dtype) if type(a) is np.ndarray else _foreign_signature(a) for a in args)
+
+
+def _foreign_signature(a: Any) -> object:
+    shape = getattr(a, "shape", None)
+    if shape is None:
+        return type(a)
+    return (type(a), tuple(shape), str(getattr(a, "dtype", "")), str(getattr(a, "device", "")))
 
 
 class Kernel:

@@ -50,8 +50,9 @@ class _Step:
     task: Task | None = None                # the kernel as a tuning task
 
 
-# the stages of each kernel that dump() shows ("kernels" is "specialized")
-KERNEL_STAGES = ("specialized", "loops", "llvm", "asm")
+# the stages of each kernel that dump() shows ("kernels" is "specialized"); CPU targets
+# have llvm and asm, cuda has gpu (the mapped loops), cuda (CUDA C), ptx and cubin
+KERNEL_STAGES = ("specialized", "loops", "llvm", "asm", "gpu", "cuda", "ptx", "cubin")
 
 # Small integer inputs (shapes, axes, indices fed at run time) are treated as constants
 # when planning, and the plan is specialized to their values.
@@ -327,6 +328,11 @@ class CompiledModel:
         kernel_stage = {"kernels": "specialized"}.get(stage, stage)
         if kernel_stage in KERNEL_STAGES:
             plan = self._latest_plan(f"stage '{stage}' and other kernel stages")
+            kernels = [st for st in plan.steps if st.spec is not None]
+            if kernels and not any(kernel_stage in st.spec.stages for st in kernels):
+                present = [s for s in KERNEL_STAGES[1:] if s in kernels[0].spec.stages]
+                raise ArgumentError(f"kernels for {self.target} have no stage '{stage}'; they have "
+                                    f"kernels, {', '.join(present)}")
             return "\n\n".join(f"// {st.label}\n{st.spec.stages.get(kernel_stage, '')}"
                                 for st in plan.steps if st.spec is not None)
         known = [*graphs, "groups", "kernels", *KERNEL_STAGES[1:]]
