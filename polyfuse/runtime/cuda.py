@@ -184,7 +184,7 @@ class _Call:
 
     def input(self, name: str, value: object, shape: tuple[int, ...], dt: DType) -> DeviceArray:
         if isinstance(value, (np.ndarray, np.generic)):
-            host = np.ascontiguousarray(value)
+            host = np.asarray(value, order="C")   # keeps 0-d arrays 0-d
             array = DeviceArray(0, host.shape, host.dtype, None, "polyfuse")
         else:
             found = as_device_array(value)

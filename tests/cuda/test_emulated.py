@@ -1,0 +1,66 @@
+"""The CUDA C of every canonical program, run on the CPU by the emulator (tests/cuda/
+emulator.py) through the same runtime calls a GPU would get, against the reference
+interpreter: the generated text, the launch shapes, argument passing, zeroing, copies."""
+
+import numpy as np
+import pytest
+
+import polyfuse as pf
+from polyfuse.runtime import cuda as cuda_runtime
+from tests.cuda.emulator import CXX, EmulatedDevice
+from tests.cuda.test_mapping import OPTIONS
+from tests.tc_programs import PROGRAMS
+from tests.targets.test_x86 import as_tuple, assert_close
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="the emulator needs a C++20 compiler")
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    sources = {}
+    gpu = EmulatedDevice(sources)
+
+    def device():
+        sources.update({exe.binary.cubin: exe.binary.stages["cuda"]
+                        for exe in cuda_runtime._COMPILED.values()})
+        return gpu
+    monkeypatch.setattr(cuda_runtime, "device", device)
+    return gpu
+
+
+EMULATED_OPTIONS = {"default": None, **{k: OPTIONS[k] for k in
+                                        ("odd-tiles-small-blocks-short-grid", "tiny-shared-budget")}}
+
+
+@pytest.mark.parametrize("opt", EMULATED_OPTIONS)
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_cuda_c_of_canonical_program_runs_right(program, opt, emulated):
+    args = program.make_inputs(np.random.default_rng(0))
+    want = as_tuple(getattr(pf.define(program.source), program.entry)(*args))
+    kernel = getattr(pf.define(program.source, target="cuda", options=EMULATED_OPTIONS[opt]), program.entry)
+    got = as_tuple(kernel(*args))
+    assert emulated.launches, "the kernel ran on the emulated device"
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert isinstance(g, np.ndarray)
+        assert_close(g, w, f"{program.name} output {k} ({opt})")
+
+
+def test_a_bad_index_on_the_device_is_a_bounds_error(emulated):
+    mod = pf.define("def gather(float(N) X, int32(M) I) -> (Y) { Y(m) = X(I(m)) }", target="cuda")
+    X = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(mod.gather(X, np.array([4, 0, 2], np.int32)), [4, 0, 2])
+    with pytest.raises(pf.BoundsError, match="out of bounds"):
+        mod.gather(X, np.array([1, 5], np.int32))
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer_block"])
+def test_model_on_the_emulated_device_matches_onnxruntime(name, emulated):
+    from tests.onnx.ort_compare import assert_matches_onnxruntime
+    from tests.onnx.test_models import attention_feeds, cnn, mlp, randn, transformer_block
+    model, feed = {"cnn": (cnn, lambda: {"x": randn(1, 3, 32, 32)}),
+                   "mlp": (lambda: mlp(batch="batch"), lambda: {"x": randn(5, 16)}),
+                   "transformer_block": (lambda: transformer_block(gelu_op=True),
+                                         lambda: attention_feeds(2, 8)),
+                   }[name]
+    assert_matches_onnxruntime(model(), feed(), 1e-3, 1e-4, target="cuda")
+    assert len(emulated.launches) >= 2
