@@ -65,12 +65,25 @@ def make_search(task: Task, config: TuneConfig) -> Search:
     raise OptionError(f"unknown search strategy '{config.strategy}'; use genetic or random")
 
 
+def _check_measurable(task: Task) -> None:
+    """Tuning times code on this machine: refuse targets whose code runs here only under
+    an emulator (its times say nothing of the real CPU)."""
+    target = Target.parse(task.target)
+    if target.name in ("x86", "aarch64"):
+        from polyfuse.targets.cpu import runs_natively
+        if not runs_natively(target):
+            raise OptionError(f"tuning measures kernels on this machine, where {target} code runs "
+                              "only under an emulator whose times say nothing of that CPU; tune "
+                              f"on a {target.name} machine and bring its records here")
+
+
 def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
          executor: Executor | None = None, previous: db.Records | None = None,
          progress: bool = False) -> TuneResult:
     """Measure up to ``config.trials`` candidates of ``task``, appending a record per trial
     to ``output``. ``previous`` records (of this or nearby shapes) seed the search."""
     config = config or TuneConfig()
+    _check_measurable(task)
     search = make_search(task, config)
     default = search.space.default()
     measure = config.measure_config()

@@ -95,3 +95,15 @@ def test_a_model_compiles_for_aarch64_without_the_tools_and_running_says_so(monk
     assert 'triple = "aarch64' in compiled.dump("llvm") and "%xmm" not in compiled.dump("asm")
     with pytest.raises(pf.TargetError, match="qemu-user"):
         compiled.run({"x": np.ones((2, 16), np.float32)})
+
+
+def test_tuning_refuses_code_that_runs_here_only_under_an_emulator(tmp_path):
+    if os.uname().machine == "aarch64":
+        pytest.skip("aarch64 code runs natively here")
+    from polyfuse.autotune.task import Task
+    from polyfuse.autotune.tuner import tune
+    d = next(iter(pf.define("def f(float(N) X) -> (Y) { Y(n) = X(n) * 2 }"))).definition
+    task = Task.of(d, [np.ones(64, np.float32)], "aarch64")
+    with pytest.raises(pf.OptionError, match="only under an emulator"):
+        tune(task, tmp_path / "records.jsonl")
+    assert not (tmp_path / "records.jsonl").exists()
