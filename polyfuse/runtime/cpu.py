@@ -43,6 +43,10 @@ class Layout:
     checks_indices: bool
     scalars: tuple[str, ...]
 
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.inputs
+
     @staticmethod
     def of(kernel: LoopKernel, zeroed: set[str]) -> Layout:
         return Layout(kernel.name,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from polyfuse.ir.loops import ERROR_BUFFER, BufferRole
 from polyfuse.ir.types import DType
 from polyfuse.runtime import cache
 from polyfuse.runtime.device_arrays import DeviceArray, as_device_array
+from polyfuse.runtime.program import ARENA, CONSTANT, ERROR, INPUT, OUTPUT, ProgramLayout
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
 from polyfuse.scheduler.gpu_mapping import DeviceLimits
 from polyfuse.scheduler.model import zero_filled_outputs
@@ -54,6 +56,10 @@ class CudaLayout:
     scalars: tuple[tuple[str, str], ...]
     checks_indices: bool
     launches: tuple[LaunchInfo, ...]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.inputs)
 
     @staticmethod
     def of(kernel: GpuKernel, zeroed: set[str]) -> CudaLayout:
@@ -151,6 +157,76 @@ class CudaExecutable:
             if like is None:
                 return {n: call.download(o, o.dtype) for n, o in outputs.items()}
             return {n: o.owner if o.library == like.library else o for n, o in outputs.items()}
+        finally:
+            call.release()
+
+
+class CudaProgram:
+    """Every kernel of a compiled model's plan on the GPU, with nothing between them
+    coming back to the host: intermediates in one device arena (the plan's memory
+    plan), the weights uploaded once, one error slot per kernel that reads through an
+    index tensor. A run uploads the inputs, launches every kernel in order on
+    polyfuse's stream, waits once, and downloads the outputs."""
+
+    def __init__(self, layout: ProgramLayout) -> None:
+        self.layout = layout
+        self.labels = [call.label for call in layout.calls]
+        self._blob, self._offsets = layout.weights()
+        self._weights: _Memory | None = None
+        checked = [k for k, call in enumerate(layout.calls) if any(a[0] == ERROR for a in call.args)]
+        self._error_slot = {k: j for j, k in enumerate(checked)}
+
+    def run(self, env: Mapping[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The outputs for the inputs in ``env``; ``times`` (one per kernel) gets each
+        kernel's seconds, measured by waiting for the GPU after each one."""
+        gpu = device()
+        gpu.activate()
+        layout = self.layout
+        if self._weights is None:
+            self._weights = _Memory(gpu, len(self._blob))
+            gpu.upload(self._weights.pointer, np.frombuffer(self._blob, np.uint8))
+        call = _Call(gpu, "model")
+        try:
+            inputs = [call.input(t.name, env[t.name], t.shape, DType.from_numpy(t.dtype))
+                      for t in layout.inputs]
+            slots = [call.output(shape, DType.from_numpy(dtype), False, None) for shape, dtype in layout.slots]
+            arena = call.memory(layout.arena_bytes).pointer
+            errors = call.scratch(8 * max(1, len(self._error_slot)))
+            weights = self._weights.pointer
+
+            def place(k: int, base: int, index: Any, offset: int) -> int:
+                if base == ARENA:
+                    return arena + offset
+                if base == INPUT:
+                    return inputs[index].pointer
+                if base == OUTPUT:
+                    return slots[index].pointer
+                if base == CONSTANT:
+                    return weights + self._offsets[index] + offset
+                return errors.pointer + 8 * self._error_slot[k]
+
+            for k, step in enumerate(layout.calls):
+                start = time.perf_counter()
+                exe = step.executable
+                functions = exe.functions(gpu)
+                pointers = [place(k, *arg) for arg in step.args]
+                for position, nbytes in step.zero:
+                    gpu.zero(pointers[position], nbytes)
+                params = [ctypes.c_uint64(p) for p in pointers]
+                for launch in exe.layout.launches:
+                    gpu.launch(functions[launch.name], launch.name, launch.grid, launch.block, params)
+                if times is not None:
+                    gpu.synchronize(f"running kernel {step.label}")
+                    times[k] = time.perf_counter() - start
+            gpu.synchronize("running the model's kernels")
+            failed = call.download(errors, np.dtype(np.int64))
+            for k, j in self._error_slot.items():
+                if failed[j]:
+                    raise BoundsError(f"kernel '{self.labels[k]}' read a tensor out of bounds through "
+                                      "an index taken from another tensor (an index tensor holds a "
+                                      "value outside the dimension it indexes); no output was returned")
+            host_inputs = [np.asarray(env[t.name]) for t in layout.inputs]
+            return layout.collect(host_inputs, [call.download(a, a.dtype) for a in slots])
         finally:
             call.release()
 

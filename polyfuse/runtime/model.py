@@ -226,8 +226,12 @@ class _NativeProgram:
 
 def _program(plan: _Plan) -> Any:
     """What runs a plan's kernels as one unit: a native program in this process, a
-    program run under an emulator, or None (each step runs by itself)."""
+    program run under an emulator, a program on the GPU, or None (each step runs by
+    itself)."""
     target = plan.model.target
+    if target.name == "cuda":
+        from polyfuse.runtime.cuda import CudaProgram
+        return CudaProgram(ProgramLayout.of(plan))
     if target.name not in ("x86", "aarch64"):
         return None
     from polyfuse.runtime import cross

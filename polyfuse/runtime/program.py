@@ -172,7 +172,7 @@ class ProgramLayout:
             by_param = dict(zip((p.name for p in st.spec.definition.params), st.inputs))
             by_output = dict(zip((t.name for t in st.spec.definition.outputs),
                                  st.outputs + st.temporaries))
-            args = [location(by_param[n]) for n in layout.inputs]
+            args = [location(by_param[n]) for n in layout.input_names]
             zero = []
             for name, shape, dtype, zeroed in layout.outputs:
                 nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize

@@ -64,3 +64,39 @@ def test_model_on_the_emulated_device_matches_onnxruntime(name, emulated):
                    }[name]
     assert_matches_onnxruntime(model(), feed(), 1e-3, 1e-4, target="cuda")
     assert len(emulated.launches) >= 2
+
+
+def test_a_model_runs_as_one_gpu_program(emulated, monkeypatch):
+    """Intermediates stay on the device: one upload of the weights for all runs, one per
+    input, and downloads only of the outputs and the error slots; copies, constants,
+    int64 gathers and float64 come out right; a bad index names its kernel."""
+    from tests.onnx.test_models import cnn, randn
+    from tests.runtime.test_bundle import odd_outputs
+    transfers = {"upload": 0, "download": 0}
+    for kind in transfers:
+        original = getattr(emulated, kind)
+
+        def counted(*a, kind=kind, original=original):
+            transfers[kind] += 1
+            return original(*a)
+        monkeypatch.setattr(emulated, kind, counted)
+    net = cnn()
+    compiled = pf.compile(net, target="cuda")
+    x = randn(1, 3, 32, 32)
+    want = pf.compile(net, target="reference").run({"x": x})["y"]
+    for _ in range(2):
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+    assert transfers == {"upload": 1 + 2, "download": 2 * 2}
+    profile = compiled.profile({"x": x}, repeat=1)
+    assert [label for label, _ in profile] == compiled.plan_for().program.labels
+    assert all(seconds > 0 for _, seconds in profile)
+
+    model = odd_outputs()
+    feed = {"x": randn(2, 5), "idx": np.array([3, 0, -1], np.int64), "d": np.arange(4.0)}
+    got, ref = pf.compile(model, target="cuda").run(feed), pf.compile(model, target="reference").run(feed)
+    assert list(got) == list(ref)
+    for name in ref:
+        assert got[name].dtype == ref[name].dtype and got[name].shape == ref[name].shape
+        np.testing.assert_array_equal(got[name], ref[name])
+    with pytest.raises(pf.BoundsError, match="out of bounds"):
+        pf.compile(model, target="cuda").run({**feed, "idx": np.array([0, 9, 1], np.int64)})
