@@ -61,14 +61,15 @@ def ensure(module: str, requirement: list[str], timeout: float) -> bool:
         return False
 
 
-def install_offline_wheels() -> None:
+def install_offline_wheels() -> bool:
     """Install the wheels in ``.whl/`` (``benchmarks/gpu_wheels.sh`` downloads them on a
-    machine with the package index, for a GPU machine without one)."""
+    machine with the package index, for a GPU machine without one); whether there were any."""
     wheels = sorted((ROOT / ".whl").glob("*.whl"))
     if wheels:
         print(f"[{elapsed():5.0f}s] pip install {len(wheels)} wheels from .whl/", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                         *map(str, wheels)], cwd=ROOT, check=False)
+    return bool(wheels)
 
 
 def run_tests(timeout: float) -> None:
@@ -215,9 +216,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole script")
     args = parser.parse_args()
-    install_offline_wheels()
-    if not ensure("polyfuse", ["-e", ".[dev]"], timeout=150) and \
-            not ensure("polyfuse", ["--no-build-isolation", "--no-deps", "-e", "."], timeout=150) or \
+    offline = install_offline_wheels()   # no package index: install polyfuse alone
+    requirement = ["--no-build-isolation", "--no-deps", "-e", "."] if offline else ["-e", ".[dev]"]
+    if not ensure("polyfuse", requirement, timeout=150) or \
             not ensure("cuda.bindings.nvrtc", ["cuda-python==13.0.3", "nvidia-cuda-nvrtc==13.0.88"], 120):
         sys.exit("polyfuse or cuda-python is not importable")
     from polyfuse.targets.cuda_driver import available_device
