@@ -33,8 +33,9 @@ e.g. 6 register rows in a 64-row tile; :meth:`SearchSpace.violations` says which
 For the cuda target (:meth:`SearchSpace.for_task` with ``task.target == "cuda"``) the
 genes are the GPU's: tile sizes and orders as above (the tile loops go to blocks, the
 point loops to threads, the innermost to x), threads per block (``BLOCKS``), unroll,
-fusion, shared-memory and register promotion on or off; SIMD, register tiles,
-unroll-and-jam and the CPU thread pool keep one value.
+fusion, shared-memory and register promotion on or off, reductions across a block's
+threads or not; SIMD, register tiles, unroll-and-jam and the CPU thread pool keep one
+value.
 
 The space models the band as holding every member. isl may split it (a convolution
 scheduled without ``reorder_reductions`` gets a band of its output indices and first
@@ -372,7 +373,7 @@ def _candidates(nest: LoopNest, widths: tuple[int, ...], heuristic: MappingOptio
 # the GPU fields, which CPU code ignores
 _ONE_VALUE_ON_CPUS: dict[str, tuple[Any, ...]] = {
     "block": ((),), "grid": (0,), "use_shared_memory": (True,), "use_private_memory": (True,),
-    "shared_memory_bytes": (0,)}
+    "shared_memory_bytes": (0,), "block_reduction": (False,)}
 
 
 def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tuple[Any, ...]]:
@@ -392,6 +393,7 @@ def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tupl
         "use_shared_memory": (False, True),
         "use_private_memory": (False, True),
         "shared_memory_bytes": (0,),
+        "block_reduction": (False, True) if nest.reduces else (False,),
     }
     tiles = _pad(heuristic.tile_sizes, n)
     for j, e in enumerate(nest.extents):

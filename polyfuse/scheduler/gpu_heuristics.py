@@ -8,6 +8,13 @@ tiles on 32 x 8 threads (four outputs per thread) and its deepest reduction is t
 by 32, which bounds the boxes of its operands that shared memory holds. Kernels with
 reductions keep each statement in its own loop nest, so a reduction does not hold the
 elementwise statements of a fused nest to one thread per row.
+
+A long reduction into few outputs (a row sum, softmax's max and sum, layernorm's
+moments: at least ``TREE_MIN_REDUCTION`` steps into at most ``TREE_MAX_OUTPUTS``
+elements) would leave the GPU nearly idle with one thread per output, and those threads
+would read rows far apart. Such a kernel gets one output element per block, untiled
+reductions, ``TREE_BLOCK`` threads along x and ``block_reduction``: the block's threads
+share each reduction (neighbours read neighbouring elements) and combine it in a tree.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from polyfuse.scheduler.options import Fusion, MappingOptions
 TILE_X, TILE_X_ALONE, TILE_Y, TILE_Y_CONTRACTION = 32, 256, 8, 32
 REDUCTION_TILE = 32
 CONTRACTION_UNROLL = 4
+TREE_MIN_REDUCTION = 256
+TREE_MAX_OUTPUTS = 8192   # a few outputs per SM of a large GPU
+TREE_BLOCK = 256
 
 
 def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
@@ -28,7 +38,11 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
     lhs = [i for i in st.indices if not single_valued(st, i)]
     red = [i for i in st.reduction_indices if not single_valued(st, i)]
     extents = {i: extent(st, i, sizes) for i in lhs + red}
-    contraction = bool(lhs) and bool(red) and math.prod(extents[i] for i in red) >= MIN_DEPTH
+    depth = math.prod(extents[i] for i in red) if red else 0
+    if depth >= TREE_MIN_REDUCTION and math.prod(extents[i] for i in lhs) <= TREE_MAX_OUTPUTS:
+        return MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(1,) * len(lhs) + (0,) * len(red),
+                              parallel=0, block=(TREE_BLOCK,), block_reduction=True)
+    contraction = bool(lhs) and depth >= MIN_DEPTH
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
     if lhs:
         tiles[lhs[-1]] = TILE_X if len(lhs) > 1 else TILE_X_ALONE

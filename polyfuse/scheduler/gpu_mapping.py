@@ -17,7 +17,10 @@ one block. In a launch:
   uses fewer thread axes than the block has runs on the threads at 0 along the others
   (else each of them would run it again: a race where it accumulates).
 
-Reductions stay sequential in each thread (their loops are never coincident).
+Reductions run sequentially in each thread (their loops are never coincident), or,
+with ``block_reduction``, across the block's threads along x (gpu_reduction.py): then a
+reduction in register form is taken out of the single-thread statements, and thread
+loops around one run serially, every thread of the block taking part in each output.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from polyfuse.ir.comprehension import Literal
 from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, SingleThread, ThreadFor, walk_gpu
 from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, Stmt, map_loops, walk_stmts
 from polyfuse.scheduler.gpu_affine import max_trips
+from polyfuse.scheduler.gpu_reduction import (Reduction, TreeNames, expand_trees, holds_reduction,
+                                              match_reduction, spread)
 from polyfuse.scheduler.options import MappingOptions
 
 # threads per block by the number of thread axes a launch uses, when the options give none
@@ -48,7 +53,8 @@ class DeviceLimits:
 
 def map_to_gpu(kernel: LoopKernel, options: MappingOptions, limits: DeviceLimits) -> GpuKernel:
     """The launches that run ``kernel``; a launch with no work is left out."""
-    launches = [_launch(group, options, limits) for group in _launch_groups(kernel.body)]
+    taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
+    launches = [_launch(group, options, limits, taken) for group in _launch_groups(kernel.body)]
     named = tuple(replace(launch, name=f"{kernel.name}_{k}")
                   for k, launch in enumerate(x for x in launches if x is not None))
     return GpuKernel(kernel.name, kernel.buffers, kernel.scalars, named)
@@ -68,17 +74,42 @@ def _launch_groups(body: tuple[Stmt, ...]) -> list[tuple[Stmt, ...]]:
     return groups + ([tuple(run)] if run else [])
 
 
-def _launch(body: tuple[Stmt, ...], options: MappingOptions, limits: DeviceLimits) -> Launch | None:
+def shared_budget(options: MappingOptions, limits: DeviceLimits) -> int:
+    """Shared-memory bytes a launch may use."""
+    return min(options.shared_memory_bytes or limits.shared_bytes, limits.shared_bytes)
+
+
+class _Trees:
+    """Reductions of one launch taken for trees while their partials fit in shared memory
+    (at the widest block along x the options allow)."""
+
+    def __init__(self, options: MappingOptions, limits: DeviceLimits) -> None:
+        asked = options.block[0] if options.block else max(b[0] for b in DEFAULT_BLOCK.values())
+        self.width = min(asked, limits.max_block[0], limits.max_threads)
+        self.budget = shared_budget(options, limits)
+
+    def take(self, stmts: tuple[Stmt, ...]) -> Reduction | None:
+        r = match_reduction(stmts)
+        need = 0 if r is None else self.width * r.partial_dtype.numpy.itemsize
+        if r is None or need > self.budget:
+            return None
+        self.budget -= need
+        return r
+
+
+def _launch(body: tuple[Stmt, ...], options: MappingOptions, limits: DeviceLimits,
+            taken: set[str]) -> Launch | None:
     loops, inner = _block_chain(body)
     trips = math.prod(r.trips for r in loops)
     if trips == 0:
         return None
-    mapped = _uniform(inner)
+    mapped = _uniform(inner, _Trees(options, limits) if options.block_reduction else None)
     if loops:
         mapped = (BlockLoops(tuple(loops), mapped),)
     grid = min(trips, options.grid or trips, limits.max_grid)
     block = _block_shape(mapped, options, limits)
-    return Launch("", _idle_axes(mapped, block), grid, block)
+    mapped, partials = expand_trees(mapped, block[0], TreeNames(taken))
+    return Launch("", _idle_axes(mapped, block), grid, block, partials)
 
 
 def _block_chain(body: tuple[Stmt, ...]) -> tuple[list[LoopRange], tuple[Stmt, ...]]:
@@ -98,25 +129,39 @@ def _has_thread_loop(s: Stmt) -> bool:
     return any(isinstance(x, For) and x.kind is LoopKind.THREAD for x in walk_stmts((s,)))
 
 
-def _uniform(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-    """Map the part of a block's body that every thread runs alike."""
+def _uniform(body: tuple[Stmt, ...], trees: _Trees | None) -> tuple[Stmt, ...]:
+    """Map the part of a block's body that every thread runs alike; ``trees`` takes the
+    reductions to spread over the threads."""
     out: list[Stmt] = []
     run: list[Stmt] = []
-    for s in body:
-        if not _has_thread_loop(s):
-            run.append(s)
-            continue
+
+    def flush() -> None:
         if run:
             out.append(SingleThread(serial(tuple(run))))
-            run = []
-        if isinstance(s, For) and s.kind is LoopKind.THREAD:
+            run.clear()
+
+    k = 0
+    while k < len(body):
+        s = body[k]
+        taken = trees.take(body[k:]) if trees else None
+        if taken is not None:
+            flush()
+            out += spread(taken, serial)
+            k += 3
+            continue
+        k += 1
+        inside = trees is not None and holds_reduction(s)
+        if not (inside or _has_thread_loop(s)):
+            run.append(s)
+            continue
+        flush()
+        if isinstance(s, For) and s.kind is LoopKind.THREAD and not inside:
             out.append(_region(s))
         elif isinstance(s, For):
-            out.append(replace(s, kind=LoopKind.SERIAL, body=_uniform(s.body)))
+            out.append(replace(s, kind=LoopKind.SERIAL, body=_uniform(s.body, trees)))
         elif isinstance(s, If):
-            out.append(replace(s, then=_uniform(s.then), other=_uniform(s.other)))
-    if run:
-        out.append(SingleThread(serial(tuple(run))))
+            out.append(replace(s, then=_uniform(s.then, trees), other=_uniform(s.other, trees)))
+    flush()
     return tuple(out)
 
 

@@ -62,9 +62,9 @@ class _Promoter:
         self.tiles: list[SharedTile] = []
 
     def launch(self, launch: Launch) -> Launch:
-        self.tiles = []
+        self.tiles = list(launch.shared)  # the mapping's arrays count against the budget
         body = self.uniform(launch.body)
-        return replace(launch, body=body, shared=launch.shared + tuple(self.tiles))
+        return replace(launch, body=body, shared=tuple(self.tiles))
 
     def uniform(self, body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
         out: list[Stmt] = []

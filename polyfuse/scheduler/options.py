@@ -43,6 +43,8 @@ class MappingOptions:
     use_shared_memory: bool = True     # GPU: copy reused tiles of inputs to shared memory
     use_private_memory: bool = True    # GPU: keep accumulators in registers
     shared_memory_bytes: int = 0       # GPU shared memory per block; 0 = the device's
+    block_reduction: bool = False      # GPU: reduce over the block's threads along x (a strided
+                                       # partial per thread, then a tree in shared memory)
 
     def __post_init__(self) -> None:
         if any(t < 0 for t in self.tile_sizes + self.register_tile):

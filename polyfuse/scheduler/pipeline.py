@@ -13,7 +13,7 @@ from polyfuse.lowering.promote_accumulators import promote_accumulators
 from polyfuse.lowering.unroll_jam import unroll_and_jam
 from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.gpu_barriers import place_barriers
-from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu
+from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
 from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import MappingOptions
@@ -52,8 +52,7 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
     verify_kernel(kernel)
     gpu = map_to_gpu(kernel, options, limits)
     if options.use_shared_memory:
-        budget = min(options.shared_memory_bytes or limits.shared_bytes, limits.shared_bytes)
-        gpu = promote_to_shared(gpu, budget)
+        gpu = promote_to_shared(gpu, shared_budget(options, limits))
     gpu = place_barriers(gpu)
     if stages is not None:
         stages["schedule"] = str(schedule)

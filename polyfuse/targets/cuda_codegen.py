@@ -103,7 +103,8 @@ class _LaunchWriter:
         elif isinstance(s, CopyToShared):
             self.copy(s, indent)
         elif isinstance(s, Store):
-            dt = self.kernel.buffer(s.buffer).dtype
+            tile = self.launch.tile(s.buffer)
+            dt = tile.dtype if tile is not None else self.kernel.buffer(s.buffer).dtype
             add(f"{indent}{self.address(s.buffer, s.indices)} = {to_storage(e(s.value), dt)};")
         elif isinstance(s, Assign):
             add(f"{indent}{c_name(s.var)} = {e(s.value)};")

@@ -32,6 +32,8 @@ OPTIONS = {
                                          shared_memory_bytes=200),
     "no-promotion": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(2, 8), block=(8,),
                                    use_shared_memory=False, use_private_memory=False),
+    "block-reduction": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(2, 3), block=(6, 2),
+                                      block_reduction=True),
 }
 
 

@@ -27,10 +27,12 @@ def test_the_cuda_space_has_gpu_genes_and_starts_from_the_gpu_heuristic(space):
     assert space.default() == default_gpu_options(MM, {"M": 20, "K": 12, "N": 9})
     assert set(BLOCKS) <= set(space.candidates["block"])
     assert space.candidates["use_shared_memory"] == (False, True)
+    assert space.candidates["block_reduction"] == (False, True)
     for cpu_only in ("vector_width", "unroll_jam", "register_tile.0", "num_threads"):
         assert len(space.candidates[cpu_only]) == 1
     cpu = SearchSpace.for_task(Task.of(MM, [A, B], "x86"))
     assert cpu.candidates["block"] == ((),) and cpu.candidates["use_shared_memory"] == (True,)
+    assert cpu.candidates["block_reduction"] == (False,)
 
 
 def test_points_of_the_cuda_space_compute_the_product(space):

@@ -1,0 +1,219 @@
+"""Reductions across the threads of a block: strided partials, then a tree in shared memory.
+
+A statement's reduction in register form (after ``promote_accumulators``) reads::
+
+    let acc = out(i)
+    for k in lo:hi { let acc = acc op value }    (op: +, *, max or min)
+    out(i) = acc
+
+With ``block_reduction`` on, the mapping spreads it over the block's threads along x
+(:func:`spread`): every thread starts from the identity and accumulates iterations
+``k = lo + t, lo + t + blockDim.x, ...``; after the block shape is known,
+:func:`expand_trees` adds the combination: each thread stores its partial to a shared
+array of ``blockDim.x`` elements (in the compute type: float32 for 16-bit floats,
+64-bit for integers, as the registers hold them), the slots past the largest power of
+two fold onto the first ones, halving strides combine the rest, and one thread combines
+the result with ``out(i)``'s value before the statement (so ``+=`` keeps it and ``+=!``
+starts from the identity its initialization stored) and writes it. Every step is an
+ordinary thread region: thread ``t`` writes slot ``t`` and reads slot ``t + stride``,
+which another thread wrote, so barrier placement puts ``__syncthreads()`` between the
+steps and nowhere inside one.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, LocalRef, Read,
+                                       walk)
+from polyfuse.ir.gpu import BlockLoops, SharedTile, SingleThread, ThreadFor
+from polyfuse.ir.loops import Assign, For, If, Stmt, Store
+from polyfuse.ir.types import DType
+
+LANE = "pf_t"  # the tree's loop variable: iteration t runs on thread t
+
+
+class Combine(enum.Enum):
+    ADD = "+"
+    MUL = "*"
+    MAX = "max"
+    MIN = "min"
+
+    def apply(self, a: Expr, b: Expr, dtype: DType) -> Expr:
+        if self in (Combine.ADD, Combine.MUL):
+            return Binary(BinaryOp.ADD if self is Combine.ADD else BinaryOp.MUL, a, b, dtype)
+        return Call(self.value, (a, b), dtype)
+
+    def identity(self, dtype: DType) -> Literal:
+        if self in (Combine.ADD, Combine.MUL):
+            return Literal(int(self is Combine.MUL) if dtype.is_int else float(self is Combine.MUL), dtype)
+        if dtype.is_int:
+            info = np.iinfo(dtype.numpy)
+            return Literal(int(info.min if self is Combine.MAX else info.max), dtype)
+        return Literal(-math.inf if self is Combine.MAX else math.inf, dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    """The three statements of a reduction in register form, and how it combines."""
+
+    load: Assign
+    loop: For
+    store: Store
+    op: Combine
+
+    @property
+    def acc(self) -> LocalRef:
+        return LocalRef(self.load.var, self.load.value.dtype)
+
+    @property
+    def partial_dtype(self) -> DType:
+        dtype = self.acc.dtype
+        return DType.INT64 if dtype.is_int else dtype.compute
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSlot(Stmt):
+    """Where :func:`expand_trees` puts a reduction's tree; exists only inside the mapping."""
+
+    reduction: Reduction
+
+    def map_exprs(self, fn: Callable[[Expr], Expr]) -> TreeSlot:
+        return self
+
+    def format_lines(self, indent: str) -> list[str]:
+        return [f"{indent}tree {self.reduction.op.value} of {self.reduction.acc.name}"]
+
+
+def match_reduction(stmts: tuple[Stmt, ...]) -> Reduction | None:
+    """The reduction the first three of ``stmts`` make, or None."""
+    if len(stmts) < 3:
+        return None
+    load, loop, store = stmts[:3]
+    if not (isinstance(load, Assign) and isinstance(loop, For) and isinstance(store, Store)):
+        return None
+    if not (isinstance(load.value, Read) and load.value.tensor == store.buffer
+            and load.value.indices == store.indices and store.value == LocalRef(load.var, load.value.dtype)):
+        return None
+    if load.value.dtype.is_bool:
+        return None
+    inner: Stmt = loop
+    loops = []
+    while isinstance(inner, For) and len(inner.body) == 1:
+        loops.append(inner)
+        inner = inner.body[0]
+    if not isinstance(inner, Assign) or inner.var != load.var:
+        return None
+    op = _combine(inner.value, load.var)
+    if op is None or any(_reads_local(e, load.var) for f in loops for e in (f.lo, f.hi)):
+        return None
+    return Reduction(load, loop, store, op)
+
+
+def _combine(value: Expr, acc: str) -> Combine | None:
+    """How ``value`` updates ``acc``: ``acc op e`` or ``e op acc`` with ``acc`` not in ``e``."""
+    if isinstance(value, Binary) and value.op in (BinaryOp.ADD, BinaryOp.MUL):
+        operands = (value.lhs, value.rhs)
+        op = Combine.ADD if value.op is BinaryOp.ADD else Combine.MUL
+    elif isinstance(value, Call) and value.fn in ("max", "min") and len(value.args) == 2:
+        operands = value.args
+        op = Combine(value.fn)
+    else:
+        return None
+    refs = [isinstance(x, LocalRef) and x.name == acc for x in operands]
+    if sum(refs) != 1 or _reads_local(operands[refs.index(False)], acc):
+        return None
+    return op
+
+
+def _reads_local(e: Expr, name: str) -> bool:
+    return any(isinstance(x, LocalRef) and x.name == name for x in walk(e))
+
+
+def holds_reduction(s: Stmt) -> bool:
+    """Whether a reduction in register form stands anywhere inside ``s``."""
+    bodies = (s.body,) if isinstance(s, For) else (s.then, s.other) if isinstance(s, If) else ()
+    return any(match_reduction(b[k:]) is not None or holds_reduction(x)
+               for b in bodies for k, x in enumerate(b))
+
+
+def spread(r: Reduction, serial: Callable[[tuple[Stmt, ...]], tuple[Stmt, ...]]) -> tuple[Stmt, ...]:
+    """Each thread's strided partial, and the slot of the tree; ``serial`` maps loops run
+    inside one thread."""
+    f = r.loop
+    return (Assign(r.acc.name, r.op.identity(r.acc.dtype)),
+            ThreadFor(f.var, f.lo, f.hi, 0, serial(f.body), f.step),
+            TreeSlot(r))
+
+
+class TreeNames:
+    """Names for the shared partial arrays of one launch, clear of the kernel's buffers."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.taken = set(taken)
+
+    def fresh(self, buffer: str) -> str:
+        k = 0
+        while f"{buffer}_r{k}" in self.taken:
+            k += 1
+        self.taken.add(f"{buffer}_r{k}")
+        return f"{buffer}_r{k}"
+
+
+def expand_trees(body: tuple[Stmt, ...], width: int,
+                 names: TreeNames) -> tuple[tuple[Stmt, ...], tuple[SharedTile, ...]]:
+    """``body`` with every tree slot replaced by its tree over ``width`` threads, and the
+    shared arrays the trees use."""
+    tiles: list[SharedTile] = []
+
+    def visit(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        out: list[Stmt] = []
+        for s in stmts:
+            if isinstance(s, TreeSlot):
+                r = s.reduction
+                tile = SharedTile(names.fresh(r.store.buffer), r.store.buffer, r.partial_dtype, (width,))
+                tiles.append(tile)
+                out += _tree(r, tile, width)
+            elif isinstance(s, (For, BlockLoops)):
+                out.append(replace(s, body=visit(s.body)))
+            elif isinstance(s, If):
+                out.append(replace(s, then=visit(s.then), other=visit(s.other)))
+            else:
+                out.append(s)
+        return tuple(out)
+
+    return visit(body), tuple(tiles)
+
+
+def _tree(r: Reduction, tile: SharedTile, width: int) -> list[Stmt]:
+    """Partials to ``tile``, a fold onto a power of two, halving steps, one thread's write."""
+    lane = IndexVar(LANE)
+    dtype = tile.dtype
+
+    def slot(offset: int) -> Read:
+        index = lane if offset == 0 else Binary(BinaryOp.ADD, lane, Literal(offset, DType.INT64), DType.INT64)
+        return Read(tile.name, (index,), dtype)
+
+    def step(threads: int, stride: int) -> ThreadFor:
+        value = r.op.apply(slot(0), slot(stride), dtype)
+        return ThreadFor(LANE, Literal(0, DType.INT64), Literal(threads, DType.INT64), 0,
+                         (Store(tile.name, (lane,), value),))
+
+    out: list[Stmt] = [ThreadFor(LANE, Literal(0, DType.INT64), Literal(width, DType.INT64), 0,
+                                 (Store(tile.name, (lane,), r.acc),))]
+    power = 1 << (width.bit_length() - 1)
+    if width > power:
+        out.append(step(width - power, power))
+    stride = power // 2
+    while stride:
+        out.append(step(stride, stride))
+        stride //= 2
+    total = r.op.apply(r.acc, Read(tile.name, (Literal(0, DType.INT64),), dtype), r.acc.dtype)
+    out.append(SingleThread((r.load, Assign(r.acc.name, total), r.store)))
+    return out
+
