@@ -33,7 +33,7 @@ def target_machine(target: Target) -> llvm.TargetMachine:
 
 
 def _cpu_and_features(target: Target) -> tuple[str, str]:
-    if target.name == "x86" and not target.cpu:
+    if not target.cpu:   # this machine's CPU (x86, or "host" on an ARM machine)
         return llvm.get_host_cpu_name(), ",".join(
             filter(None, [llvm.get_host_cpu_features().flatten(), target.llvm_features]))
     return target.cpu, target.llvm_features

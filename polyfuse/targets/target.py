@@ -4,7 +4,8 @@ triple, CPU and features.
 A target is written as ``NAME[:CPU][+FEATURE...]``: ``"x86"`` (this machine's CPU and
 features), ``"aarch64"`` (a Neoverse N1: ARMv8.2 with NEON), ``"aarch64+sve"`` (an
 A64FX: SVE, 512-bit vectors), ``"aarch64:cortex-a72"``, ``"x86:skylake-avx512"`` (for
-ahead-of-time bundles built for another machine). ``"host"`` is this machine's CPU.
+ahead-of-time bundles built for another machine). ``"host"`` is this machine's CPU with
+all its features (on an ARM machine: whatever its CPU is).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ class Target:
             raise TargetError(f"unknown target {spec!r}; choose one of {', '.join(NAMES)}, "
                               "optionally with :CPU and +FEATURE for x86 and aarch64 "
                               "(e.g. 'aarch64+sve', 'aarch64:cortex-a72')")
-        if name == "host":
-            return Target.parse(host_name())
+        if name == "host":    # this machine's CPU and features, whatever they are
+            host = host_name()
+            return Target(host, TRIPLES[host])
         if name == "aarch64":
             cpu = cpu or (AARCH64_SVE_CPU if "sve" in features else AARCH64_CPU)
             features = ["neon", *(f for f in features if f != "neon")]
@@ -65,6 +67,8 @@ class Target:
         """The spec that parses back to this target, defaults left out."""
         spec = self.name
         features = list(self.features)
+        if self.name == "aarch64" and not self.cpu:
+            return "host"     # this machine's CPU (only made on an aarch64 host)
         if self.name == "aarch64":
             features.remove("neon")
             if self.cpu != (AARCH64_SVE_CPU if "sve" in features else AARCH64_CPU):

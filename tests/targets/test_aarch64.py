@@ -81,6 +81,10 @@ def test_target_specs_parse_and_print_back():
                                 ("x86:skylake-avx512", "skylake-avx512", ())]:
         t = pf.Target.parse(spec)
         assert (t.cpu, t.features, str(t)) == (cpu, features, spec)
+    host = pf.Target.parse("host")     # this machine's own CPU and features
+    assert host.cpu == "" and host.features == () and pf.Target.parse(str(host)) == host
+    from polyfuse.targets.target import TRIPLES
+    assert str(pf.Target("aarch64", TRIPLES["aarch64"])) == "host"   # "host" on an ARM machine
     for bad in ("cuda+sve", "arm", "aarch64+", "reference:x"):
         with pytest.raises(pf.TargetError, match="unknown target"):
             pf.Target.parse(bad)
