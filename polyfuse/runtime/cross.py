@@ -23,6 +23,7 @@ import tempfile
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from polyfuse.errors import BoundsError, TargetError
 from polyfuse.runtime import cache
 from polyfuse.runtime.program import ProgramLayout, Tensor
 from polyfuse.targets import Target
+
+if TYPE_CHECKING:
+    from polyfuse.runtime.cpu import Layout
 
 RUNNER = Path(__file__).parent / "native" / "runner.c"
 IO_MAGIC = 0x31304F4946594C50  # "PLYFIO01", as runner.c expects
@@ -184,7 +188,7 @@ class CrossExecutable:
     """One kernel compiled for a CPU this process cannot run: callable like the CPU
     runtime's executables (``values -> outputs``), each call one run under qemu."""
 
-    def __init__(self, layout, stages: dict[str, str], obj: bytes, target: Target) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, layout: Layout, stages: dict[str, str], obj: bytes, target: Target) -> None:
         self.layout = layout
         self.stages = stages
         self.object = obj     # the kernel alone, as a relocatable object
