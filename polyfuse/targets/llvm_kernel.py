@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from polyfuse.ir.comprehension import Expr, IndexVar, Read, ScalarRef, walk
+from polyfuse.ir.comprehension import Expr, IndexVar, Literal, Read, ScalarRef, walk
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
 from polyfuse.ir.types import DType
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
@@ -176,6 +176,7 @@ class KernelEmitter:
         self.n_loops += 1
         props = [ir.MetaDataString(self.module, f"polyfuse.loop.{self.n_loops}")]
         m = self.module
+        s = _fit_to_trip_count(s)
         if s.vector > 1:
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.enable"), ir.Constant(I1, 1)]))
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.width"), ir.Constant(ir.IntType(32), s.vector)]))
@@ -238,6 +239,19 @@ class KernelEmitter:
         pfor = self.module.globals.get(PARALLEL_FOR) or ir.Function(
             self.module, ir.FunctionType(ir.VoidType(), [tramp.type, I64, _I8P, I64]), PARALLEL_FOR)
         b.call(pfor, [tramp, trips, b.bitcast(slot, _I8P), ir.Constant(I64, self.num_threads)])
+
+
+def _fit_to_trip_count(s: For) -> For:
+    """The loop with its vector width and interleave count cut to a constant trip count
+    (a width LLVM cannot fill is a transformation it reports as failed)."""
+    if not (isinstance(s.lo, Literal) and isinstance(s.hi, Literal)) or s.vector <= 1:
+        return s
+    trips = max(0, -(-(int(s.hi.value) - int(s.lo.value)) // s.step))
+    vector = s.vector
+    while vector > 1 and vector > trips:
+        vector //= 2
+    unroll = max(1, min(s.unroll, trips // max(vector, 1)))
+    return For(s.var, s.lo, s.hi, s.body, s.kind, s.step, vector, unroll)
 
 
 def _allocas(body: tuple[Stmt, ...], b: ir.IRBuilder) -> dict[str, ir.Value]:
