@@ -163,20 +163,26 @@ def _kernel_shape(ctx: OpContext) -> list[int]:
 
 def _convolution(ctx: OpContext, name: str, product: str, inside: list[str],
                  extents: list[tuple[str, int]], padding: str = "") -> TCKernel:
-    """One ``+=!`` of ``product`` over ``extents`` (output ``Y(n, m, o...)``), then the
-    bias ``B(m)`` when the node has one. ``padding``, if any, is a statement writing the
-    temporary ``P`` that ``product`` reads."""
-    y = f"Y({', '.join(i for i, _ in extents[:len(ctx.shape(0))])})"
+    """One ``+=!`` of ``product`` over ``extents`` (output ``Y(n, m, o...)``); with the
+    node's bias ``B(m)``, the sum goes to a temporary ``T`` and ``Y = T + B(m)`` is a
+    pointwise statement of its own, which fusion inlines into the epilogue (bias and
+    activation in one pass over the result). ``padding``, if any, is a statement
+    writing the temporary ``P`` that ``product`` reads."""
+    index = ', '.join(i for i, _ in extents[:len(ctx.shape(0))])
     body = guarded(inside, product, literal(0, ctx.dtype(0)))
     params = [tensor_param("X", ctx.types[0]),  # type: ignore[arg-type]
               tensor_param("W", ctx.types[1])]  # type: ignore[arg-type]
-    lines = ([padding] if padding else []) + [f"  {y} +=! {body}{where(extents)}"]
     inputs: tuple[int, ...] = (0, 1)
+    temporaries = ["P"] if padding else []
     if ctx.has(2):
         params.append(tensor_param("B", ctx.types[2]))  # type: ignore[arg-type]
-        lines.append(f"  {y} = {y} + B(m)")
+        lines = [f"  T({index}) +=! {body}{where(extents)}", f"  Y({index}) = T({index}) + B(m)"]
+        temporaries.append("T")
         inputs = (0, 1, 2)
-    outputs = "Y, P" if padding else "Y"
+    else:
+        lines = [f"  Y({index}) +=! {body}{where(extents)}"]
+    lines = ([padding] if padding else []) + lines
+    outputs = ", ".join(["Y", *temporaries])
     return TCKernel(f"def {name}({', '.join(params)}) -> ({outputs}) {{\n" + "\n".join(lines)
                     + "\n}\n", inputs)
 
