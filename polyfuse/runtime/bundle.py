@@ -143,7 +143,12 @@ def _serial_parallel_for(module: ir.Module) -> None:
     b.ret_void()
 
 
-# numpy dtype -> (C type of one element, how main.c prints it)
+# names the entry point cannot take: the example's main, C's keywords
+_RESERVED = frozenset("""main auto break case char const continue default do double else enum
+extern float for goto if inline int long register restrict return short signed sizeof static
+struct switch typedef union unsigned void volatile while""".split())
+
+# the dtypes bundle tensors may have (main.c reads and prints each) and their C element types
 _C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
             "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t", "bool": "uint8_t",
             "float16": "uint16_t", "bfloat16": "uint16_t"}
@@ -158,8 +163,9 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
     if target.name not in ("x86", "aarch64"):
         raise TargetError(f"bundles are built for x86 or aarch64, not {target}; compile the "
                           "model with target='x86' or target='aarch64'")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise ArgumentError(f"a bundle's name is a C identifier (it names the entry point), got {name!r}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _RESERVED or name.startswith("polyfuse_"):
+        raise ArgumentError(f"a bundle's name is a C identifier (it names the entry point) other "
+                            f"than main, a C keyword or polyfuse_*; got {name!r}")
     plan = model.plan_for(shapes)
     layout = ProgramLayout.of(plan)
     for t in layout.inputs + layout.outputs:

@@ -163,7 +163,8 @@ def test_cli_writes_an_aarch64_bundle(tmp_path, capsys):
 def test_bundles_refuse_other_targets_and_bad_names(tmp_path):
     with pytest.raises(pf.TargetError, match="x86 or aarch64"):
         write_bundle(pf.compile(cnn(), target="reference"), tmp_path)
-    with pytest.raises(pf.ArgumentError, match="C identifier"):
-        write_bundle(pf.compile(cnn(), target="x86"), tmp_path, "my-net")
+    for bad in ("my-net", "main", "int", "polyfuse_entry"):
+        with pytest.raises(pf.ArgumentError, match="C identifier"):
+            write_bundle(pf.compile(cnn(), target="x86"), tmp_path, bad)
     with pytest.raises(pf.ArgumentError, match="input shapes"):
         write_bundle(pf.compile(mlp(batch="batch"), target="x86"), tmp_path)
