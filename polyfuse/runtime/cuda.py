@@ -189,7 +189,8 @@ class CudaProgram:
         try:
             inputs = [call.input(t.name, env[t.name], t.shape, DType.from_numpy(t.dtype))
                       for t in layout.inputs]
-            slots = [call.output(shape, DType.from_numpy(dtype), False, None) for shape, dtype in layout.slots]
+            like = next((a for a in inputs if a.library != "polyfuse"), None)
+            slots = [call.output(shape, DType.from_numpy(dtype), False, like) for shape, dtype in layout.slots]
             arena = call.memory(layout.arena_bytes).pointer
             errors = call.scratch(8 * max(1, len(self._error_slot)))
             weights = self._weights.pointer
@@ -225,10 +226,32 @@ class CudaProgram:
                     raise BoundsError(f"kernel '{self.labels[k]}' read a tensor out of bounds through "
                                       "an index taken from another tensor (an index tensor holds a "
                                       "value outside the dimension it indexes); no output was returned")
-            host_inputs = [np.asarray(env[t.name]) for t in layout.inputs]
-            return layout.collect(host_inputs, [call.download(a, a.dtype) for a in slots])
+            if like is None:
+                host_inputs = [np.asarray(env[t.name]) for t in layout.inputs]
+                return layout.collect(host_inputs, [call.download(a, a.dtype) for a in slots])
+            return self._on_device(call, like, inputs, slots, weights)
         finally:
             call.release()
+
+    def _on_device(self, call: _Call, like: DeviceArray, inputs: list[DeviceArray],
+                   slots: list[DeviceArray], weights: int) -> dict[str, Any]:
+        """The outputs as arrays of the inputs' library on the GPU; outputs that are
+        another output, an input or a constant are copied on the device."""
+        out: dict[str, Any] = {}
+        for t, (name, how, what) in zip(self.layout.outputs, self.layout.results):
+            if how == "slot":
+                array = slots[what]
+            else:
+                array = call.output(t.shape, DType.from_numpy(t.dtype), False, like)
+                source = (slots[what].pointer if how == "copy-slot" else inputs[what].pointer
+                          if how == "copy-input" else weights + self._offsets[what])
+                call.gpu.copy(array.pointer, source, t.nbytes)
+            if array.library == like.library:
+                out[name] = array.owner if tuple(array.shape) == t.shape else array.owner.reshape(t.shape)
+            else:
+                out[name] = DeviceArray(array.pointer, t.shape, array.dtype, array.owner, array.library)
+        call.gpu.synchronize("copying the model's outputs")
+        return out
 
 
 class _Memory:

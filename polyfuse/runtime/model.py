@@ -31,6 +31,7 @@ from polyfuse.lowering.graph_passes import PassManager
 from polyfuse.lowering.ops import OPS, Folded, NeedsValue, OpContext, TCKernel, View
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import bind_arguments, placeholder
+from polyfuse.runtime.device_arrays import as_device_array, is_device_array
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
 from polyfuse.runtime.program import CONSTANT, MemoryPlan, ProgramLayout, plan_memory
 from polyfuse.scheduler.options import MappingOptions
@@ -417,8 +418,9 @@ class CompiledModel:
         medians = np.median(np.array(samples[1:]), axis=0)
         return list(zip(labels, (float(t) for t in medians)))
 
-    def _prepare(self, feed: Mapping[str, Any]) -> tuple[_Plan, dict[str, np.ndarray]]:
-        """The plan for ``feed`` and the checked inputs."""
+    def _prepare(self, feed: Mapping[str, Any]) -> tuple[_Plan, dict[str, Any]]:
+        """The plan for ``feed`` and the checked inputs (numpy arrays; on the cuda target
+        also arrays in GPU memory, used in place)."""
         expected = {v.name: v for v in self.graph.inputs}
         unknown = sorted(set(feed) - set(expected))
         missing = sorted(set(expected) - set(feed))
@@ -426,28 +428,38 @@ class CompiledModel:
             raise ArgumentError(f"model inputs are {sorted(expected)}; "
                                 + (f"unknown: {unknown} " if unknown else "")
                                 + (f"missing: {missing}" if missing else ""))
-        env: dict[str, np.ndarray] = {}
+        env: dict[str, Any] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        on_gpu = self.target.name == "cuda"
         for name, v in expected.items():
             a = feed[name]
-            if not isinstance(a, (np.ndarray, np.generic)):
-                raise ArgumentError(f"input '{name}' must be a numpy array, got {type(a).__name__}")
-            a = np.asarray(a)
-            if a.dtype != v.type.dtype.numpy:
-                raise DTypeError(f"input '{name}' must be {v.type.dtype}, got {a.dtype}")
-            if a.ndim != v.type.rank or any(isinstance(d, int) and d != e
-                                            for d, e in zip(v.type.shape, a.shape)):
-                raise ShapeError(f"input '{name}' must have shape {v.type.shape}, got {a.shape}")
-            env[name] = np.asarray(a, order="C")  # keeps 0-d arrays 0-d
-        shapes = {n: tuple(int(d) for d in env[n].shape) for n in expected}
+            if on_gpu and not isinstance(a, (np.ndarray, np.generic)) and is_device_array(a):
+                view = as_device_array(a)   # torch, CuPy, ...: used in place on the GPU
+                assert view is not None
+                shape, dtype = view.shape, view.dtype
+            elif isinstance(a, (np.ndarray, np.generic)):
+                a = np.asarray(a, order="C")  # keeps 0-d arrays 0-d
+                shape, dtype = a.shape, a.dtype
+            else:
+                kinds = "a numpy array or a CUDA array (torch, CuPy)" if on_gpu else "a numpy array"
+                raise ArgumentError(f"input '{name}' must be {kinds}, got {type(a).__name__}")
+            if dtype != v.type.dtype.numpy:
+                raise DTypeError(f"input '{name}' must be {v.type.dtype}, got {dtype}")
+            if len(shape) != v.type.rank or any(isinstance(d, int) and d != e
+                                                for d, e in zip(v.type.shape, shape)):
+                raise ShapeError(f"input '{name}' must have shape {v.type.shape}, got {tuple(shape)}")
+            env[name] = a
+            shapes[name] = tuple(int(d) for d in shape)
         while True:
-            values = {n: a for n, a in env.items() if a.size <= VALUE_INPUT_MAX
-                      and (a.dtype.kind in "iu" or n in self._value_inputs)}
+            values = {n: a for n, a in env.items() if isinstance(a, np.ndarray)
+                      and a.size <= VALUE_INPUT_MAX and (a.dtype.kind in "iu" or n in self._value_inputs)}
             try:
                 plan = self._plan(shapes, values)
                 break
             except NeedsValue as need:  # e.g. Resize scales fed at run time
                 name = need.value_name
-                if name not in env or name in values or env[name].size > VALUE_INPUT_MAX:
+                if name not in env or name in values or not isinstance(env[name], np.ndarray) \
+                        or env[name].size > VALUE_INPUT_MAX:
                     raise
                 self._value_inputs.add(name)
         return plan, env

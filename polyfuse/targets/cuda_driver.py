@@ -111,6 +111,12 @@ class Device:
                                           host.nbytes, self.stream),
               f"copy of {host.nbytes} bytes from the GPU")
 
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        """Copy device memory to device memory (in stream order)."""
+        driver = _driver()
+        check(driver.cuMemcpyDtoDAsync(driver.CUdeviceptr(destination), driver.CUdeviceptr(source),
+                                       nbytes, self.stream), f"copy of {nbytes} bytes on the GPU")
+
     def zero(self, pointer: int, nbytes: int) -> None:
         check(_driver().cuMemsetD8Async(_driver().CUdeviceptr(pointer), 0, nbytes, self.stream),
               f"zeroing {nbytes} bytes")

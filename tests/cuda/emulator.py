@@ -139,6 +139,9 @@ class EmulatedDevice:
     def download(self, host: np.ndarray, pointer: int) -> None:
         ctypes.memmove(host.ctypes.data, pointer, host.nbytes)
 
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        ctypes.memmove(destination, source, nbytes)
+
     def zero(self, pointer: int, nbytes: int) -> None:
         ctypes.memset(pointer, 0, nbytes)
 

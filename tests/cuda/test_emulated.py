@@ -100,3 +100,42 @@ def test_a_model_runs_as_one_gpu_program(emulated, monkeypatch):
         np.testing.assert_array_equal(got[name], ref[name])
     with pytest.raises(pf.BoundsError, match="out of bounds"):
         pf.compile(model, target="cuda").run({**feed, "idx": np.array([0, 9, 1], np.int64)})
+
+
+class _OnDevice:
+    """An array of another library in (emulated) GPU memory: only __cuda_array_interface__."""
+
+    def __init__(self, host: np.ndarray):
+        self.host = np.ascontiguousarray(host)    # the emulated device's memory is host memory
+        self.__cuda_array_interface__ = {"shape": self.host.shape, "typestr": self.host.dtype.str,
+                                         "data": (self.host.ctypes.data, False), "version": 3,
+                                         "strides": None}
+
+
+def _read(array) -> np.ndarray:
+    """The contents of a polyfuse DeviceArray in emulated GPU memory."""
+    import ctypes
+    host = np.empty(array.shape, array.dtype)
+    ctypes.memmove(host.ctypes.data, array.pointer, host.nbytes)
+    return host
+
+
+def test_a_model_takes_arrays_in_gpu_memory_and_returns_them_there(emulated):
+    from polyfuse.runtime.device_arrays import DeviceArray
+    from tests.onnx.test_models import randn
+    from tests.runtime.test_bundle import odd_outputs
+    model = odd_outputs()
+    feed = {"x": randn(2, 5), "idx": np.array([3, 0, -1], np.int64), "d": np.arange(4.0)}
+    want = pf.compile(model, target="reference").run(feed)
+    got = pf.compile(model, target="cuda").run({k: _OnDevice(v) for k, v in feed.items()})
+    assert list(got) == list(want)
+    for name, array in want.items():
+        assert isinstance(got[name], DeviceArray) and got[name].shape == array.shape, name
+        np.testing.assert_array_equal(_read(got[name]), array, err_msg=name)
+    with pytest.raises(pf.ShapeError, match="input 'x' must have shape"):
+        pf.compile(model, target="cuda").run({**{k: _OnDevice(v) for k, v in feed.items()},
+                                               "x": _OnDevice(randn(3, 5))})
+    with pytest.raises(pf.ArgumentError, match="numpy array or a CUDA array"):
+        pf.compile(model, target="cuda").run({**feed, "x": [[1.0] * 5] * 2})
+    with pytest.raises(pf.ArgumentError, match="must be a numpy array, got _OnDevice"):
+        pf.compile(model, target="x86").run({**feed, "x": _OnDevice(feed["x"])})
