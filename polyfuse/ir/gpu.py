@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Expr, ScalarDecl, map_expr
 from polyfuse.ir.loops import Buffer, For, If, Stmt, format_body, format_loop_expr, map_body_exprs
+from polyfuse.ir.types import DType
 
 ExprMap = Callable[[Expr], Expr]
-from polyfuse.ir.types import DType
 
 AXES = "xyz"
 

@@ -22,15 +22,12 @@ steps and nowhere inside one.
 
 from __future__ import annotations
 
-import enum
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import numpy as np
-
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, LocalRef, Read,
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, LocalRef, Read, ReduceOp,
                                        walk)
+from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.gpu import BlockLoops, SharedTile, SingleThread, ThreadFor
 from polyfuse.ir.loops import Assign, For, If, Stmt, Store
 from polyfuse.ir.types import DType
@@ -38,24 +35,17 @@ from polyfuse.ir.types import DType
 LANE = "pf_t"  # the tree's loop variable: iteration t runs on thread t
 
 
-class Combine(enum.Enum):
-    ADD = "+"
-    MUL = "*"
-    MAX = "max"
-    MIN = "min"
+def combine(op: ReduceOp, a: Expr, b: Expr, dtype: DType) -> Expr:
+    """``a op b`` for a reduction's ``op`` (+, *, max or min)."""
+    if op in (ReduceOp.ADD, ReduceOp.MUL):
+        return Binary(BinaryOp.ADD if op is ReduceOp.ADD else BinaryOp.MUL, a, b, dtype)
+    return Call(op.value, (a, b), dtype)
 
-    def apply(self, a: Expr, b: Expr, dtype: DType) -> Expr:
-        if self in (Combine.ADD, Combine.MUL):
-            return Binary(BinaryOp.ADD if self is Combine.ADD else BinaryOp.MUL, a, b, dtype)
-        return Call(self.value, (a, b), dtype)
 
-    def identity(self, dtype: DType) -> Literal:
-        if self in (Combine.ADD, Combine.MUL):
-            return Literal(int(self is Combine.MUL) if dtype.is_int else float(self is Combine.MUL), dtype)
-        if dtype.is_int:
-            info = np.iinfo(dtype.numpy)
-            return Literal(int(info.min if self is Combine.MAX else info.max), dtype)
-        return Literal(-math.inf if self is Combine.MAX else math.inf, dtype)
+def start(op: ReduceOp, dtype: DType) -> Literal:
+    """The identity of ``op`` as a literal of ``dtype``."""
+    value = identity(op, dtype)
+    return Literal(float(value) if dtype.is_float else int(value), dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +55,7 @@ class Reduction:
     load: Assign
     loop: For
     store: Store
-    op: Combine
+    op: ReduceOp
 
     @property
     def acc(self) -> LocalRef:
@@ -115,14 +105,14 @@ def match_reduction(stmts: tuple[Stmt, ...]) -> Reduction | None:
     return Reduction(load, loop, store, op)
 
 
-def _combine(value: Expr, acc: str) -> Combine | None:
+def _combine(value: Expr, acc: str) -> ReduceOp | None:
     """How ``value`` updates ``acc``: ``acc op e`` or ``e op acc`` with ``acc`` not in ``e``."""
     if isinstance(value, Binary) and value.op in (BinaryOp.ADD, BinaryOp.MUL):
         operands = (value.lhs, value.rhs)
-        op = Combine.ADD if value.op is BinaryOp.ADD else Combine.MUL
+        op = ReduceOp.ADD if value.op is BinaryOp.ADD else ReduceOp.MUL
     elif isinstance(value, Call) and value.fn in ("max", "min") and len(value.args) == 2:
         operands = value.args
-        op = Combine(value.fn)
+        op = ReduceOp(value.fn)
     else:
         return None
     refs = [isinstance(x, LocalRef) and x.name == acc for x in operands]
@@ -146,7 +136,7 @@ def spread(r: Reduction, serial: Callable[[tuple[Stmt, ...]], tuple[Stmt, ...]])
     """Each thread's strided partial, and the slot of the tree; ``serial`` maps loops run
     inside one thread."""
     f = r.loop
-    return (Assign(r.acc.name, r.op.identity(r.acc.dtype)),
+    return (Assign(r.acc.name, start(r.op, r.acc.dtype)),
             ThreadFor(f.var, f.lo, f.hi, 0, serial(f.body), f.step),
             TreeSlot(r))
 
@@ -200,7 +190,7 @@ def _tree(r: Reduction, tile: SharedTile, width: int) -> list[Stmt]:
         return Read(tile.name, (index,), dtype)
 
     def step(threads: int, stride: int) -> ThreadFor:
-        value = r.op.apply(slot(0), slot(stride), dtype)
+        value = combine(r.op, slot(0), slot(stride), dtype)
         return ThreadFor(LANE, Literal(0, DType.INT64), Literal(threads, DType.INT64), 0,
                          (Store(tile.name, (lane,), value),))
 
@@ -213,7 +203,7 @@ def _tree(r: Reduction, tile: SharedTile, width: int) -> list[Stmt]:
     while stride:
         out.append(step(stride, stride))
         stride //= 2
-    total = r.op.apply(r.acc, Read(tile.name, (Literal(0, DType.INT64),), dtype), r.acc.dtype)
+    total = combine(r.op, r.acc, Read(tile.name, (Literal(0, DType.INT64),), dtype), r.acc.dtype)
     out.append(SingleThread((r.load, Assign(r.acc.name, total), r.store)))
     return out
 
