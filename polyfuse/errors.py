@@ -114,6 +114,13 @@ class DTypeError(PolyfuseError, TypeError):
 class BoundsError(PolyfuseError, IndexError):
     """A tensor read fell outside the tensor at run time (e.g. a bad indirect index)."""
 
+    @staticmethod
+    def in_kernel(label: str) -> BoundsError:
+        """The error of a kernel that read through an index taken from another tensor."""
+        return BoundsError(f"kernel '{label}' read a tensor out of bounds through an index taken "
+                           "from another tensor (an index tensor holds a value outside the "
+                           "dimension it indexes); no output was returned")
+
 
 class ModelError(PolyfuseError):
     """A model file or object that cannot be read (missing, not ONNX, truncated, invalid)."""

@@ -89,9 +89,7 @@ class CpuExecutable:
         args += [np.asarray(values[n]).item() for n in layout.scalars]
         native.call(self.jit.address, args)
         if error[0]:
-            raise BoundsError(f"kernel '{layout.name}' read a tensor out of bounds through an "
-                              "index taken from another tensor (an index tensor holds a value "
-                              "outside the dimension it indexes); no output was returned")
+            raise BoundsError.in_kernel(layout.name)
         return outs
 
 

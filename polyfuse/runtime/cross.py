@@ -163,9 +163,7 @@ class CrossProgram:
             Path(f"{io}.out").unlink(missing_ok=True)
         status = struct.unpack_from("<q", data)[0]
         if status:
-            raise BoundsError(f"kernel '{self.labels[status - 1]}' read a tensor out of bounds "
-                              "through an index taken from another tensor (an index tensor holds "
-                              "a value outside the dimension it indexes); no output was returned")
+            raise BoundsError.in_kernel(self.labels[status - 1])
         results, offset = [], 8
         for t in layout.outputs:
             results.append(np.frombuffer(data, t.dtype, int(np.prod(t.shape, dtype=np.int64)),

@@ -133,10 +133,15 @@ class CudaExecutable:
                                                      [x.name for x in self.layout.launches])
         return self._functions
 
+    def launch(self, gpu: Device, params: list[Any]) -> None:
+        """Queue every launch of the kernel with ``params`` (ctypes values, in order)."""
+        functions = self.functions(gpu)
+        for launch in self.layout.launches:
+            gpu.launch(functions[launch.name], launch.name, launch.grid, launch.block, params)
+
     def __call__(self, values: Mapping[str, object]) -> dict[str, Any]:
         gpu = device()
         gpu.activate()
-        functions = self.functions(gpu)
         call = _Call(gpu, self.layout.name)
         try:
             inputs = [call.input(n, values[n], shape, DType(dt)) for n, shape, dt in self.layout.inputs]
@@ -147,13 +152,10 @@ class CudaExecutable:
             error = call.scratch(8) if self.layout.checks_indices else None
             params += [ctypes.c_uint64(error.pointer)] if error is not None else []
             params += [_scalar(values[n], DType(dt)) for n, dt in self.layout.scalars]
-            for launch in self.layout.launches:
-                gpu.launch(functions[launch.name], launch.name, launch.grid, launch.block, params)
+            self.launch(gpu, params)
             gpu.synchronize(f"running kernel {self.layout.name}")
             if error is not None and call.download(error, np.dtype(np.int64))[0]:
-                raise BoundsError(f"kernel '{self.layout.name}' read a tensor out of bounds through "
-                                  "an index taken from another tensor (an index tensor holds a value "
-                                  "outside the dimension it indexes); no output was returned")
+                raise BoundsError.in_kernel(self.layout.name)
             if like is None:
                 return {n: call.download(o, o.dtype) for n, o in outputs.items()}
             return {n: o.owner if o.library == like.library else o for n, o in outputs.items()}
@@ -208,14 +210,10 @@ class CudaProgram:
 
             for k, step in enumerate(layout.calls):
                 start = time.perf_counter()
-                exe = step.executable
-                functions = exe.functions(gpu)
                 pointers = [place(k, *arg) for arg in step.args]
                 for position, nbytes in step.zero:
                     gpu.zero(pointers[position], nbytes)
-                params = [ctypes.c_uint64(p) for p in pointers]
-                for launch in exe.layout.launches:
-                    gpu.launch(functions[launch.name], launch.name, launch.grid, launch.block, params)
+                step.executable.launch(gpu, [ctypes.c_uint64(p) for p in pointers])
                 if times is not None:
                     gpu.synchronize(f"running kernel {step.label}")
                     times[k] = time.perf_counter() - start
@@ -223,9 +221,7 @@ class CudaProgram:
             failed = call.download(errors, np.dtype(np.int64))
             for k, j in self._error_slot.items():
                 if failed[j]:
-                    raise BoundsError(f"kernel '{self.labels[k]}' read a tensor out of bounds through "
-                                      "an index taken from another tensor (an index tensor holds a "
-                                      "value outside the dimension it indexes); no output was returned")
+                    raise BoundsError.in_kernel(self.labels[k])
             if like is None:
                 host_inputs = [np.asarray(env[t.name]) for t in layout.inputs]
                 return layout.collect(host_inputs, [call.download(a, a.dtype) for a in slots])

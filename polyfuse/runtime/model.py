@@ -219,9 +219,7 @@ class _NativeProgram:
         slots = [native.empty_aligned(shape, dtype) for shape, dtype in self.layout.slots]
         failed = self.program.run(arena, inputs, slots, times)
         if failed >= 0:
-            raise BoundsError(f"kernel '{self.labels[failed]}' read a tensor out of bounds through "
-                              "an index taken from another tensor (an index tensor holds a value "
-                              "outside the dimension it indexes); no output was returned")
+            raise BoundsError.in_kernel(self.labels[failed])
         return self.layout.collect(inputs, slots)
 
 
