@@ -31,6 +31,7 @@ from polyfuse.errors import BoundsError, TargetError
 from polyfuse.runtime import cache
 from polyfuse.runtime.program import ProgramLayout, Tensor
 from polyfuse.targets import Target
+from polyfuse.targets.target import host_name
 
 if TYPE_CHECKING:
     from polyfuse.runtime.cpu import Layout
@@ -58,8 +59,9 @@ def c_compiler(target: Target) -> list[str]:
     names = ["cc", "gcc"] if native else []
     names += ["aarch64-linux-gnu-gcc"] if target.name == "aarch64" else []
     for name in names:
-        if _tool(name):
-            return [_tool(name)]  # type: ignore[list-item]
+        path = _tool(name)
+        if path:
+            return [path]
     raise TargetError(f"building {target} programs on this {host} machine needs a C compiler "
                       + ("(cc or gcc) on PATH" if native else
                          "(aarch64-linux-gnu-gcc; on Debian/Ubuntu: apt-get install -y "
@@ -68,8 +70,10 @@ def c_compiler(target: Target) -> list[str]:
 
 def _runs_here(target: Target) -> bool:
     """Whether this machine's CPU is of ``target``'s architecture."""
-    return {"x86_64": "x86", "amd64": "x86", "aarch64": "aarch64",
-            "arm64": "aarch64"}.get(os.uname().machine) == target.name
+    try:
+        return host_name() == target.name
+    except TargetError:   # a CPU polyfuse has no target for
+        return False
 
 
 def runner_prefix(target: Target) -> list[str]:
@@ -191,20 +195,18 @@ class CrossExecutable:
         self.stages = stages
         self.object = obj     # the kernel alone, as a relocatable object
         self.target = target
-        self._programs: dict[tuple, CrossProgram] = {}
+        self._program: CrossProgram | None = None   # made at the first call
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
         arrays = [np.ascontiguousarray(values[n]) for n in self.layout.inputs]
         scalars = [_scalar_slot(values[n]) for n in self.layout.scalars]
-        key = tuple((a.shape, a.dtype.str) for a in arrays)
-        program = self._programs.get(key)
-        if program is None:
+        if self._program is None:   # the kernel is specialized: every call has these shapes
             inputs = [Tensor(n, a.shape, a.dtype) for n, a in zip(self.layout.inputs, arrays)]
-            program = self._programs[key] = CrossProgram(
+            self._program = CrossProgram(
                 ProgramLayout.of_kernel(self, self.stages, inputs, list(self.layout.scalars)),
                 self.target)
-        outputs = program.call(arrays + scalars)
-        return {t.name: a for t, a in zip(program.layout.outputs, outputs)}
+        outputs = self._program.call(arrays + scalars)
+        return {t.name: a for t, a in zip(self._program.layout.outputs, outputs)}
 
 
 def _scalar_slot(value: object) -> np.ndarray:
