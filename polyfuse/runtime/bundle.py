@@ -167,7 +167,8 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
         raise ArgumentError(f"a bundle's name is a C identifier (it names the entry point) other "
                             f"than main, a C keyword or polyfuse_*; got {name!r}")
     plan = model.plan_for(shapes)
-    layout = ProgramLayout.of(plan)
+    # the plan's program (native or emulated) has laid its calls out already
+    layout = plan.program.layout if plan.program is not None else ProgramLayout.of(plan)
     for t in layout.inputs + layout.outputs:
         if str(t.dtype) not in _C_TYPES or len(t.shape) > MAX_RANK:
             raise ArgumentError(f"bundles take tensors of rank {MAX_RANK} or less of "

@@ -39,6 +39,7 @@ def _cpu_and_features(target: Target) -> tuple[str, str]:
     return target.cpu, target.llvm_features
 
 
+@functools.cache
 def runs_natively(target: Target) -> bool:
     """Whether code for ``target`` can run in this process: the host's architecture,
     and (on aarch64) every feature asked for present on this CPU."""
