@@ -177,7 +177,10 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
     module = link_program(layout, target, name, offsets, threads)
     obj = target_machine(target).emit_object(module)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ArgumentError(f"cannot write the bundle into {out}: {err.strerror}") from None
     paths = [out / f"{name}.o", out / f"{name}.h", out / f"{name}.weights.bin", out / "main.c"]
     if threads:
         obj = _with_thread_pool(obj, target)

@@ -166,5 +166,8 @@ def test_bundles_refuse_other_targets_and_bad_names(tmp_path):
     for bad in ("my-net", "main", "int", "polyfuse_entry"):
         with pytest.raises(pf.ArgumentError, match="C identifier"):
             write_bundle(pf.compile(cnn(), target="x86"), tmp_path, bad)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(pf.ArgumentError, match="cannot write the bundle into .*a-file: File exists"):
+        write_bundle(pf.compile(cnn(), target="x86"), tmp_path / "a-file")
     with pytest.raises(pf.ArgumentError, match="input shapes"):
         write_bundle(pf.compile(mlp(batch="batch"), target="x86"), tmp_path)
