@@ -784,6 +784,83 @@ def bf16_fma(bfloat16(N,M) A, bfloat16(N,M) B) -> (C) {
 )
 
 
+
+# --------------------------------------------------------------------------- TC's own forms
+# Rank-0 outputs written without parentheses, ``float X`` outputs, unsigned types and the
+# ``<=>`` equivalence note (which changes nothing in the computation).
+
+_add(
+    "rank0_sum_all",
+    """
+def sum_all(float(N) I) -> (O) {
+    O +=! I(r_n)
+}
+""",
+    "sum_all",
+    lambda rng: (_u(rng, 13),),
+    lambda I: _o32(np.array(_d(I).sum())),
+)
+
+_add(
+    "rank0_scalar_copy",
+    """
+def copy(float a, float(N) X) -> (b, float Top, Y) {
+    b = a
+    Top max=! X(r)
+    Y(i) = X(i) * b - Top <=> axpy(b, X(i), Top)
+}
+""",
+    "copy",
+    lambda rng: (-1.75, _u(rng, 9)),
+    lambda a, X: _o32(np.array(f32(a)), np.array(_d(X).max()), _d(X) * f64(f32(a)) - _d(X).max()),
+)
+
+
+def _uints(rng: np.random.Generator, n: int) -> tuple:
+    big = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+    big[:2] = (2**64 - 1, 2**63)
+    return (big, rng.integers(1, 2**32, n, dtype=np.uint32),
+            rng.integers(1, 2**16, n, dtype=np.uint16))
+
+
+def _uints_oracle(A, B, C):
+    Bw, Cw = B.astype(np.uint64), C.astype(np.uint32)
+    return (A // Bw, A % Bw, A > Bw * Bw, np.maximum(A, Bw << np.uint64(31)),
+            B // Cw + Cw, (A.astype(f64) * 0.25).astype(np.uint64), np.array(A.max()),
+            np.array(A.min()))
+
+
+_add(
+    "uint_mixed",
+    """
+def uints(uint64(N) A, uint32(N) B, uint16(N) C) -> (Q, R, G, M, D, F, Hi, Lo) {
+    Q(i) = A(i) / B(i)
+    R(i) = A(i) % B(i)
+    G(i) = A(i) > uint64(B(i)) * B(i)
+    M(i) = max(A(i), uint64(B(i)) * 2147483648)
+    D(i) = B(i) / C(i) + C(i)
+    F(i) = uint64(double(A(i)) * 0.25)
+    Hi max=! A(r)
+    Lo min=! A(r)
+}
+""",
+    "uints",
+    lambda rng: _uints(rng, 10),
+    _uints_oracle,
+)
+
+_add(
+    "equivalent_matvec",
+    """
+def matvec(float(M,K) A, float(K) x) -> (y) {
+    y(i) +=! A(i, k) * x(k) <=> gemv(A(i, k), x(k))
+}
+""",
+    "matvec",
+    lambda rng: (_u(rng, 6, 7), _u(rng, 7)),
+    lambda A, x: _o32(_d(A) @ _d(x)),
+)
+
 PROGRAMS_BY_NAME: dict[str, Program] = {p.name: p for p in PROGRAMS}
 assert len(PROGRAMS_BY_NAME) == len(PROGRAMS), "program names must be unique"
 

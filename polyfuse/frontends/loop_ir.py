@@ -20,6 +20,11 @@ from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, 
 from polyfuse.ir.types import DType
 
 _I64 = DType.INT64
+
+
+def _wide(dt: DType) -> DType:
+    """The register type of an integer node (see ``widen_ints``): int64, or uint64."""
+    return dt if dt is DType.UINT64 else _I64
 _BINARY = {op.value: op for op in BinaryOp}
 _ROLES = {r.value: r for r in BufferRole}
 
@@ -158,29 +163,34 @@ class _LoopParser(Parser):
                 if n in self.scalars:
                     return ScalarRef(n, self.scalars[n])
                 return IndexVar(n)
+            case ast.Apply(name=n, args=args) if n in self.buffers:
+                # ``checked(i)`` marks an index the target checks at run time
+                marked = tuple(k for k, a in enumerate(args) if isinstance(a, ast.Apply)
+                               and a.name == "checked" and len(a.args) == 1)
+                indices = [self.typed(a.args[0] if k in marked else a)  # type: ignore[attr-defined]
+                           for k, a in enumerate(args)]
+                return Read(n, tuple(indices), self.buffers[n].dtype, checked=marked)
             case ast.Apply(name=n, args=args):
                 return self.apply(n, [self.typed(a) for a in args], node)
             case ast.UnaryExpr(op="-", operand=a):
                 x = self.typed(a)
                 if isinstance(x, Literal):
                     return Literal(-x.value, x.dtype)
-                return Unary(UnaryOp.NEG, x, _I64 if x.dtype.is_int else x.dtype)
+                return Unary(UnaryOp.NEG, x, _wide(x.dtype) if x.dtype.is_int else x.dtype)
             case ast.UnaryExpr(op="!", operand=a):
                 return Unary(UnaryOp.NOT, self.typed(a), DType.BOOL)
             case ast.BinaryExpr(op=op, lhs=a, rhs=b):
                 bop = _BINARY[op]
                 x, y = self.typed(a), self.typed(b)
                 dt = DType.BOOL if bop.is_comparison or bop.is_logical else \
-                    _I64 if x.dtype.is_int or x.dtype.is_bool else x.dtype
+                    _wide(x.dtype) if x.dtype.is_int or x.dtype.is_bool else x.dtype
                 return Binary(bop, x, y, dt)
             case ast.Ternary(cond=c, then=t, other=o):
                 a, b = self.typed(t), self.typed(o)
-                return Select(self.typed(c), a, b, _I64 if a.dtype.is_int else a.dtype)
+                return Select(self.typed(c), a, b, _wide(a.dtype) if a.dtype.is_int else a.dtype)
         raise TCSyntaxError("not a loop IR expression", node.loc, self.source)
 
     def apply(self, name: str, args: list[Expr], node: ast.Node) -> Expr:
-        if name in self.buffers:
-            return Read(name, tuple(args), self.buffers[name].dtype)
         dt = DType.from_name(name)
         if dt is not None and len(args) == 1:
             a = args[0]
@@ -190,7 +200,7 @@ class _LoopParser(Parser):
             return Cast(dt, a)
         if name in BUILTINS:
             dt = args[0].dtype
-            return Call(name, tuple(args), _I64 if dt.is_int else dt)
+            return Call(name, tuple(args), _wide(dt) if dt.is_int else dt)
         raise TCSyntaxError(f"unknown buffer or function '{name}'", node.loc, self.source)
 
 

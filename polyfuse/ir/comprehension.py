@@ -131,12 +131,22 @@ class LocalRef(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Read(Expr):
-    """An element of a tensor; indices may be affine or read other tensors (indirect)."""
+    """An element of a tensor; indices may be affine or read other tensors (indirect).
+
+    ``checked`` lists the dimensions whose index the target checks when the read runs
+    (see :mod:`polyfuse.scheduler.bounds`), besides those that read other tensors: an
+    index outside the dimension sets the error buffer and reads element 0 instead.
+    """
 
     tensor: str
     indices: tuple[Expr, ...]
     dtype: DType
     loc: Loc = _loc()
+    checked: tuple[int, ...] = ()
+
+    def is_checked(self, dim: int) -> bool:
+        """Whether the target checks the index of dimension ``dim`` at run time."""
+        return dim in self.checked or any(isinstance(n, Read) for n in walk(self.indices[dim]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +204,17 @@ class Range:
 
 
 @dataclass(frozen=True, slots=True)
+class Equivalent:
+    """TC's ``<=> name(args)`` after a statement: the reference computation it equals.
+
+    A note for readers and tools, kept and printed as written; it has no effect on code.
+    """
+
+    name: str
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Statement:
     tensor: str
     indices: tuple[str, ...]
@@ -202,6 +223,7 @@ class Statement:
     rhs: Expr
     ranges: tuple[Range, ...]
     loc: Loc = _loc()
+    equivalent: Equivalent | None = None
 
     @property
     def reduction_indices(self) -> tuple[str, ...]:
@@ -391,8 +413,9 @@ def format_expr(e: Expr, int_type: DType = DType.INT32) -> str:
             return _literal(e, int_type)
         case IndexVar(name=n) | SizeVar(name=n) | ScalarRef(name=n) | LocalRef(name=n):
             return n
-        case Read(tensor=t, indices=ix):
-            return f"{t}({', '.join(format_expr(i, int_type) for i in ix)})"
+        case Read(tensor=t, indices=ix, checked=checked):
+            shown = (format_expr(i, int_type) for i in ix)
+            return f"{t}({', '.join(f'checked({i})' if k in checked else i for k, i in enumerate(shown))})"
         case Unary(op=op, operand=a):
             return f"{op.value}{sub(a, _PREC_UNARY)}"
         case Binary(op=op, lhs=a, rhs=b):
@@ -409,6 +432,9 @@ def format_expr(e: Expr, int_type: DType = DType.INT32) -> str:
 
 def format_statement(s: Statement) -> str:
     head = f"{s.tensor}({', '.join(s.indices)}) {s.op.token(s.init)} {format_expr(s.rhs)}"
+    if s.equivalent is not None:
+        args = ", ".join(format_expr(a) for a in s.equivalent.args)
+        head += f" <=> {s.equivalent.name}({args})"
     if not s.ranges:
         return head
     where = ", ".join(f"{r.index} in {format_expr(r.lo)}:{format_expr(r.hi)}" for r in s.ranges)

@@ -163,15 +163,17 @@ def map_body_exprs(body: tuple[Stmt, ...], fn: Callable[[Expr], Expr]) -> tuple[
 
 
 def widen_ints(e: Expr) -> Expr:
-    """The loop-IR form of an integer node: int64 (casts and reads keep their type);
+    """The loop-IR form of an integer node: int64 (casts and reads keep their type), but
+    uint64 stays uint64 so targets know to divide, compare and convert it unsigned;
     a cast of a literal becomes the literal."""
     if isinstance(e, Cast) and isinstance(e.operand, Literal):
         v = e.operand.value
         return Literal(bool(v) if e.dtype.is_bool else float(v) if e.dtype.is_float else int(v),
                        e.dtype)
-    if isinstance(e, (Literal, Binary, Select, Call)) and e.dtype.is_int and e.dtype is not DType.INT64:
+    wide = (DType.INT64, DType.UINT64)
+    if isinstance(e, (Literal, Binary, Select, Call)) and e.dtype.is_int and e.dtype not in wide:
         return replace(e, dtype=DType.INT64)
-    if isinstance(e, Unary) and e.op is UnaryOp.NEG and e.dtype.is_int and e.dtype is not DType.INT64:
+    if isinstance(e, Unary) and e.op is UnaryOp.NEG and e.dtype.is_int and e.dtype not in wide:
         return replace(e, dtype=DType.INT64)
     return e
 

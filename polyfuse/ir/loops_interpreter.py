@@ -16,13 +16,24 @@ import numpy as np
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.comprehension_interpreter import FUNCTIONS
-from polyfuse.ir.loops import Assign, For, If, LoopKernel, Stmt, Store
+from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, Stmt, Store
+from polyfuse.ir.types import DType
 
 _ARITH = {BinaryOp.ADD: lambda a, b: a + b, BinaryOp.SUB: lambda a, b: a - b,
-          BinaryOp.MUL: lambda a, b: a * b, BinaryOp.MOD: lambda a, b: np.mod(a, b) if b != 0 else 0 * a,
+          BinaryOp.MUL: lambda a, b: a * b, BinaryOp.MOD: lambda a, b: _mod(a, b) if b != 0 else 0 * a,
           BinaryOp.LT: lambda a, b: a < b, BinaryOp.LE: lambda a, b: a <= b,
           BinaryOp.GT: lambda a, b: a > b, BinaryOp.GE: lambda a, b: a >= b,
           BinaryOp.EQ: lambda a, b: a == b, BinaryOp.NE: lambda a, b: a != b}
+
+
+def _wrap(v: int, dtype: np.dtype) -> int:
+    """An exact integer narrowed to ``dtype`` the way 64-bit registers are: modulo 2**64."""
+    return int(np.uint64(v % 2**64).astype(dtype))
+
+
+def _mod(a, b):  # type: ignore[no-untyped-def]
+    """Floored modulo; exact Python ints stay Python ints (uint64 values exceed int64)."""
+    return a % b if isinstance(a, int) and isinstance(b, int) else np.mod(a, b)
 
 
 class _Interpreter:
@@ -32,6 +43,19 @@ class _Interpreter:
         self.buffers = buffers
         self.scalars = scalars
         self.env: dict[str, object] = {}
+
+    def element(self, r: Read) -> tuple[int, ...]:
+        """The element ``r`` reads; as on the targets, a checked index outside its
+        dimension sets the error buffer and reads element 0 instead."""
+        shape = self.buffers[r.tensor].shape
+        out = []
+        for dim, i in enumerate(r.indices):
+            k = int(self.eval(i))
+            if r.is_checked(dim) and not 0 <= k < shape[dim]:
+                self.buffers[ERROR_BUFFER][0] = 1
+                k = 0
+            out.append(k)
+        return tuple(out)
 
     def eval(self, e: Expr):  # type: ignore[no-untyped-def]
         match e:
@@ -43,15 +67,17 @@ class _Interpreter:
                 raise KeyError(f"unbound size {n} in loop IR")
             case ScalarRef(name=n, dtype=dt):
                 return self.scalars[n] if dt.is_int else dt.compute.numpy.type(self.scalars[n])
-            case Read(tensor=t, indices=ix, dtype=dt):
-                value = self.buffers[t][tuple(int(self.eval(i)) for i in ix)]
+            case Read(tensor=t, dtype=dt):
+                value = self.buffers[t][self.element(e)]
                 return int(value) if dt.is_int else dt.compute.numpy.type(value)
             case Cast(dtype=dt, operand=a):
                 v = self.eval(a)
                 if dt.is_int:
                     return int(np.asarray(v).astype(dt.numpy)) if not isinstance(v, int) else \
-                        int(np.asarray(v).astype(np.int64).astype(dt.numpy))
+                        _wrap(v, dt.numpy)
                 return dt.numpy.type(v).astype(dt.compute.numpy) if dt.is_float else dt.numpy.type(v)
+            case Unary(op=UnaryOp.NEG, operand=a, dtype=DType.UINT64):
+                return -self.eval(a) % 2**64
             case Unary(op=UnaryOp.NEG, operand=a):
                 return -self.eval(a)
             case Unary(op=UnaryOp.NOT, operand=a):
@@ -65,6 +91,8 @@ class _Interpreter:
                 if dt.is_int or dt.is_bool:
                     return x // y if y != 0 else 0
                 return np.true_divide(x, y)
+            case Binary(op=op, lhs=a, rhs=b, dtype=DType.UINT64):
+                return _ARITH[op](self.eval(a), self.eval(b)) % 2**64
             case Binary(op=op, lhs=a, rhs=b):
                 return _ARITH[op](self.eval(a), self.eval(b))
             case Select(cond=c, then=a, other=b):
@@ -72,7 +100,7 @@ class _Interpreter:
             case Call(fn=fn, args=args, dtype=dt):
                 values = [self.eval(a) for a in args]
                 if dt.is_int:
-                    return int(FUNCTIONS[fn](*(np.int64(v) for v in values)))
+                    return int(FUNCTIONS[fn](*(np.asarray(v, dt.numpy) for v in values)))
                 return dt.compute.numpy.type(FUNCTIONS[fn](*(np.asarray(v, dt.compute.numpy) for v in values)))
         raise TypeError(f"cannot interpret {e!r}")
 
@@ -92,7 +120,7 @@ class _Interpreter:
                     out = self.buffers[b]
                     v = self.eval(value)
                     out[tuple(int(self.eval(i)) for i in ix)] = np.asarray(v).astype(out.dtype) \
-                        if not isinstance(v, int) else np.int64(v).astype(out.dtype)
+                        if not isinstance(v, int) else _wrap(v, out.dtype)
 
 
 def interpret_kernel(kernel: LoopKernel, args: Mapping[str, object]) -> dict[str, np.ndarray]:

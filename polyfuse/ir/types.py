@@ -17,6 +17,9 @@ class DType(enum.Enum):
     INT32 = "int32"
     INT64 = "int64"
     UINT8 = "uint8"
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+    UINT64 = "uint64"
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
     FLOAT32 = "float32"
@@ -32,6 +35,10 @@ class DType(enum.Enum):
     @property
     def is_int(self) -> bool:
         return self in _INTS
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self in _UNSIGNED
 
     @property
     def is_bool(self) -> bool:
@@ -63,9 +70,10 @@ class DType(enum.Enum):
 
 
 _FLOATS = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64})
-_INTS = frozenset({DType.INT8, DType.INT16, DType.INT32, DType.INT64, DType.UINT8})
+_UNSIGNED = frozenset({DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64})
+_INTS = frozenset({DType.INT8, DType.INT16, DType.INT32, DType.INT64}) | _UNSIGNED
 _BITS = {DType.BOOL: 8, DType.INT8: 8, DType.INT16: 16, DType.INT32: 32, DType.INT64: 64,
-         DType.UINT8: 8, DType.FLOAT16: 16, DType.BFLOAT16: 16, DType.FLOAT32: 32,
+         DType.UINT8: 8, DType.UINT16: 16, DType.UINT32: 32, DType.UINT64: 64, DType.FLOAT16: 16, DType.BFLOAT16: 16, DType.FLOAT32: 32,
          DType.FLOAT64: 64}
 _NUMPY = {d: np.dtype(d.value) for d in DType if d is not DType.BFLOAT16}
 _NUMPY[DType.BFLOAT16] = np.dtype(ml_dtypes.bfloat16)

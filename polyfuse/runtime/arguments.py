@@ -121,3 +121,10 @@ def _scalar(d: Definition, p: ScalarDecl, v: object) -> object:
         got = np.asarray(v).dtype if kind else type(v).__name__
         raise DTypeError(f"{d.name}: argument '{p.name}' must be a {p.dtype} scalar, got {got}")
     return p.dtype.numpy.type(v)
+
+
+def abi_scalar(value: object) -> object:
+    """A checked scalar as a kernel's 8-byte argument slot holds it: a Python int, float
+    or bool, with a uint64 at or above 2**63 as the int64 of the same bits."""
+    v = np.asarray(value)
+    return (v.view(np.int64) if v.dtype == np.uint64 else v).item()

@@ -151,6 +151,7 @@ struct switch typedef union unsigned void volatile while""".split())
 # the dtypes bundle tensors may have (main.c reads and prints each) and their C element types
 _C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
             "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t", "bool": "uint8_t",
+            "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
             "float16": "uint16_t", "bfloat16": "uint16_t"}
 
 
@@ -328,6 +329,9 @@ static double element(const void *data, const char *dtype, uint64_t i) {{
     if (!strcmp(dtype, "int16")) return ((const int16_t *)data)[i];
     if (!strcmp(dtype, "int32")) return ((const int32_t *)data)[i];
     if (!strcmp(dtype, "int64")) return (double)((const int64_t *)data)[i];
+    if (!strcmp(dtype, "uint16")) return ((const uint16_t *)data)[i];
+    if (!strcmp(dtype, "uint32")) return ((const uint32_t *)data)[i];
+    if (!strcmp(dtype, "uint64")) return (double)((const uint64_t *)data)[i];
     return ((const uint8_t *)data)[i];  /* uint8, bool */
 }}
 
@@ -339,8 +343,9 @@ static void fill_pattern(void *data, const char *dtype, uint64_t bytes) {{
         double v = 0.25 * (double)((int)(i % 7) - 3);
         if (!strcmp(dtype, "float32")) ((float *)data)[i] = (float)v;
         else if (!strcmp(dtype, "float64")) ((double *)data)[i] = v;
-        else if (!strcmp(dtype, "int32")) ((int32_t *)data)[i] = (int32_t)(i % 7);
-        else if (!strcmp(dtype, "int64")) ((int64_t *)data)[i] = (int64_t)(i % 7);
+        else if (strstr(dtype, "int32")) ((int32_t *)data)[i] = (int32_t)(i % 7);
+        else if (strstr(dtype, "int64")) ((int64_t *)data)[i] = (int64_t)(i % 7);
+        else if (!strcmp(dtype, "uint16")) ((uint16_t *)data)[i] = (uint16_t)(i % 7);
         else if (strstr(dtype, "int8") || !strcmp(dtype, "bool")) ((uint8_t *)data)[i] = (uint8_t)(i % 2);
     }}
 }}

@@ -21,6 +21,7 @@ from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel
 from polyfuse.ir.types import DType
 from polyfuse.runtime import cache, native
+from polyfuse.runtime.arguments import abi_scalar
 from polyfuse.scheduler.heuristics import default_options
 from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
@@ -78,19 +79,38 @@ class CpuExecutable:
         self._outputs = [(n, s, DType(dt).numpy, z) for n, s, dt, z in layout.outputs]
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """The outputs; an output named in ``values`` (a checked, writable, C-contiguous
+        array: ``out=``) is updated in place from its contents, never zeroed."""
         layout = self.layout
         # aligned, and reused from freed outputs of the same size (no page faults)
-        outs = {n: native.empty_aligned(s, dt, 64, z) for n, s, dt, z in self._outputs}
+        outs = {n: native.empty_aligned(s, dt, 64, z) if n not in values else _aligned(values[n])
+                for n, s, dt, z in self._outputs}
         args: list[object] = [np.ascontiguousarray(values[n]) for n in layout.inputs]
         args += outs.values()
         error = np.zeros(1, np.int64)
         if layout.checks_indices:
             args.append(error)
-        args += [np.asarray(values[n]).item() for n in layout.scalars]
+        args += [abi_scalar(values[n]) for n in layout.scalars]
         native.call(self.jit.address, args)
         if error[0]:
             raise BoundsError.in_kernel(layout.name)
+        for n, array in outs.items():
+            given = values.get(n)
+            if given is not None and given is not array:   # an unaligned given output
+                np.copyto(given, array)  # type: ignore[arg-type]
+                outs[n] = given  # type: ignore[assignment]
         return outs
+
+
+def _aligned(given: object) -> np.ndarray:
+    """A given output as the kernel takes it: 64-byte aligned (its code may assume so),
+    else an aligned copy of its contents, copied back after the call."""
+    array: np.ndarray = given  # type: ignore[assignment]
+    if array.ctypes.data % 64 == 0:
+        return array
+    copy = native.empty_aligned(array.shape, array.dtype, 64, False)
+    np.copyto(copy, array)
+    return copy
 
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,

@@ -13,6 +13,7 @@ the disk cache is off).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -28,7 +29,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from polyfuse.errors import BoundsError, TargetError
+from polyfuse.ir.types import DType
 from polyfuse.runtime import cache
+from polyfuse.runtime.arguments import abi_scalar
 from polyfuse.runtime.program import ProgramLayout, Tensor
 from polyfuse.targets import Target
 from polyfuse.targets.target import host_name
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 
 RUNNER = Path(__file__).parent / "native" / "runner.c"
 IO_MAGIC = 0x31304F4946594C50  # "PLYFIO01", as runner.c expects
+IO_SEEDED = 0x32304F4946594C50  # "PLYFIO02": the outputs' initial contents follow the inputs
 ENTRY = "polyfuse_entry"
 
 # CPUs qemu-user emulates by name; others run as "max" (every feature qemu has)
@@ -138,17 +142,20 @@ class CrossProgram:
         outputs = self.call(arrays)
         return dict(zip((t.name for t in self.layout.outputs), outputs))
 
-    def call(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """Run once on ``arrays`` (one per input, in order); the outputs in order."""
+    def call(self, arrays: list[np.ndarray],
+             initial: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run once on ``arrays`` (one per input, in order); the outputs in order.
+        ``initial``: every output's starting contents (outputs given with ``out=``)."""
         exe = self.executable()
         prefix = runner_prefix(self.target)
         layout = self.layout
         io = self._dir / f"io-{os.getpid()}-{id(arrays)}.bin"
-        head = [IO_MAGIC, len(arrays), len(layout.outputs), layout.arena_bytes]
+        head = [IO_MAGIC if initial is None else IO_SEEDED, len(arrays), len(layout.outputs),
+                layout.arena_bytes]
         head += [a.nbytes for a in arrays] + [t.nbytes for t in layout.outputs]
         with open(io, "wb") as f:
             f.write(struct.pack(f"<{len(head)}Q", *head))
-            for a in arrays:
+            for a in [*arrays, *(initial or [])]:
                 f.write(a.tobytes())
         try:
             try:
@@ -196,20 +203,38 @@ class CrossExecutable:
         self.object = obj     # the kernel alone, as a relocatable object
         self.target = target
         self._program: CrossProgram | None = None   # made at the first call
+        self._seeded: CrossProgram | None = None    # zeroes nothing: for calls with out=
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """The outputs; outputs named in ``values`` (``out=``) are sent in with their
+        contents and updated in place."""
         arrays = [np.ascontiguousarray(values[n]) for n in self.layout.inputs]
         scalars = [_scalar_slot(values[n]) for n in self.layout.scalars]
-        if self._program is None:   # the kernel is specialized: every call has these shapes
-            inputs = [Tensor(n, a.shape, a.dtype) for n, a in zip(self.layout.inputs, arrays)]
-            self._program = CrossProgram(
-                ProgramLayout.of_kernel(self, self.stages, inputs, list(self.layout.scalars)),
-                self.target)
-        outputs = self._program.call(arrays + scalars)
-        return {t.name: a for t, a in zip(self._program.layout.outputs, outputs)}
+        names = [n for n, _, _, _ in self.layout.outputs]
+        given = {n: values[n] for n in names if n in values}
+        if not given:
+            if self._program is None:   # the kernel is specialized: every call has these shapes
+                self._program = self._make(arrays, zero=True)
+            outputs = self._program.call(arrays + scalars)
+            return dict(zip(names, outputs))
+        if self._seeded is None:
+            self._seeded = self._make(arrays, zero=False)
+        initial = [np.ascontiguousarray(given[n]) if n in given else np.zeros(shape, DType(dt).numpy)
+                   for n, shape, dt, _ in self.layout.outputs]
+        outputs = self._seeded.call(arrays + scalars, initial)
+        for n, a in given.items():
+            np.copyto(a, outputs[names.index(n)])  # type: ignore[arg-type]
+        return {n: given.get(n, a) for n, a in zip(names, outputs)}  # type: ignore[misc]
+
+    def _make(self, arrays: list[np.ndarray], zero: bool) -> CrossProgram:
+        inputs = [Tensor(n, a.shape, a.dtype) for n, a in zip(self.layout.inputs, arrays)]
+        layout = ProgramLayout.of_kernel(self, self.stages, inputs, list(self.layout.scalars))
+        if not zero:   # the caller's outputs keep what the kernel does not write
+            layout.calls = [dataclasses.replace(c, zero=()) for c in layout.calls]
+        return CrossProgram(layout, self.target)
 
 
 def _scalar_slot(value: object) -> np.ndarray:
     """A scalar as the kernel ABI's 8-byte slot: int64 for ints and bools, else double."""
-    v = np.asarray(value).item()
+    v = abi_scalar(value)
     return np.array(v, np.int64 if isinstance(v, (bool, int)) else np.float64)

@@ -64,7 +64,7 @@ class Reduction:
     @property
     def partial_dtype(self) -> DType:
         dtype = self.acc.dtype
-        return DType.INT64 if dtype.is_int else dtype.compute
+        return DType.INT64 if dtype.is_int and dtype is not DType.UINT64 else dtype.compute
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ The same semantics as the LLVM emitter: every integer is a ``long long`` (narrow
 when stored or cast), bool is ``bool``, float16 and bfloat16 are computed as float and
 stored as 16-bit patterns (converted with PTX ``cvt`` and round-to-nearest-even bit
 arithmetic, so no CUDA header is needed). Integer division and modulo floor and give
-0 for a zero divisor; float ``max``/``min`` propagate NaN; ``c ? a : b`` reads only the
+0 for a zero divisor (uint64, whose bits a ``long long`` holds, divides, compares and
+converts unsigned); float ``max``/``min`` propagate NaN; ``c ? a : b`` reads only the
 chosen side. Float literals are written in hexadecimal, so they are exact.
 """
 
@@ -51,6 +52,14 @@ HELPERS: dict[str, str] = {
   return (a != a || b != b) ? a + b : fmax(a, b); }""",
     "pf_min": """__device__ __forceinline__ double pf_min(double a, double b) {
   return (a != a || b != b) ? a + b : fmin(a, b); }""",
+    "pf_udiv": """__device__ __forceinline__ long long pf_udiv(long long x, long long y) {
+  return y == 0 ? 0 : (long long)((unsigned long long)x / (unsigned long long)y); }""",
+    "pf_umod": """__device__ __forceinline__ long long pf_umod(long long x, long long y) {
+  return y == 0 ? 0 : (long long)((unsigned long long)x % (unsigned long long)y); }""",
+    "pf_umax": """__device__ __forceinline__ long long pf_umax(long long a, long long b) {
+  return (unsigned long long)a > (unsigned long long)b ? a : b; }""",
+    "pf_umin": """__device__ __forceinline__ long long pf_umin(long long a, long long b) {
+  return (unsigned long long)a < (unsigned long long)b ? a : b; }""",
     "pf_imax": "__device__ __forceinline__ long long pf_imax(long long a, long long b) { return a > b ? a : b; }",
     "pf_imin": "__device__ __forceinline__ long long pf_imin(long long a, long long b) { return a < b ? a : b; }",
     "pf_iabs": "__device__ __forceinline__ long long pf_iabs(long long a) { return a < 0 ? -a : a; }",
@@ -66,6 +75,8 @@ def helpers_for(code: str) -> list[str]:
 
 
 _STORAGE = {DType.BOOL: "unsigned char", DType.INT8: "signed char", DType.UINT8: "unsigned char",
+            DType.UINT16: "unsigned short", DType.UINT32: "unsigned int",
+            DType.UINT64: "unsigned long long",
             DType.INT16: "short", DType.INT32: "int", DType.INT64: "long long",
             DType.FLOAT16: "unsigned short", DType.BFLOAT16: "unsigned short",
             DType.FLOAT32: "float", DType.FLOAT64: "double"}
@@ -136,6 +147,8 @@ def literal(value: int | float | bool, dt: DType) -> str:
         return "true" if value else "false"
     if dt.is_int:
         v = int(value)
+        if v >= 2**63:  # a uint64 constant: the long long with its bits
+            return f"((long long){v}ULL)"
         return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
     v = float(value)
     double = dt is DType.FLOAT64
@@ -184,9 +197,11 @@ class ExprEmitter:
             return x if src.is_bool else f"({x} != 0)"
         if dst.is_int:
             if src.is_float:
-                x = f"(long long)(unsigned long long){x}" if dst is DType.UINT8 else f"(long long){x}"
+                x = f"(long long)(unsigned long long){x}" if dst.is_unsigned else f"(long long){x}"
             narrow = x if dst is DType.INT64 else f"({_STORAGE[dst]})({x})"
             return f"(long long){narrow}"
+        if src is DType.UINT64:
+            x = f"(unsigned long long)({x})"
         value = f"({register_type(dst)})({x})"
         if dst is DType.FLOAT16:
             return f"pf_h2f(pf_f2h({value}))"
@@ -198,6 +213,10 @@ class ExprEmitter:
         a, b = self.emit(e.lhs), self.emit(e.rhs)
         if e.dtype.is_float and e.op is BinaryOp.MOD:
             return f"pf_fmod{'f' if e.dtype is not DType.FLOAT64 else ''}({a}, {b})"
+        if e.lhs.dtype is DType.UINT64 and (e.op.is_comparison or e.op in (BinaryOp.DIV, BinaryOp.MOD)):
+            if e.op.is_comparison:
+                return f"((unsigned long long)({a}) {_OPS[e.op]} (unsigned long long)({b}))"
+            return f"pf_u{'div' if e.op is BinaryOp.DIV else 'mod'}({a}, {b})"
         if e.dtype.is_int and e.op in (BinaryOp.DIV, BinaryOp.MOD):
             return f"pf_{'div' if e.op is BinaryOp.DIV else 'mod'}({a}, {b})"
         return f"({a} {_OPS[e.op]} {b})"
@@ -209,6 +228,8 @@ class ExprEmitter:
             if fn not in ("max", "min", "abs"):
                 raise CodegenError(f"builtin '{fn}' has no integer form")
             wide = [f"(long long){a}" if x.dtype.is_bool else a for a, x in zip(args, e.args)]
+            if e.dtype is DType.UINT64:  # bit patterns of unsigned values
+                return args[0] if fn == "abs" else f"pf_u{fn}({', '.join(args)})"
             value = f"pf_i{fn}({', '.join(wide)})"
             return f"({value} != 0)" if e.dtype.is_bool else value
         double = e.dtype is DType.FLOAT64

@@ -1,6 +1,7 @@
 """Loop-IR expressions -> LLVM IR values (llvmlite.ir).
 
-Register types: every integer is an i64 (narrowed only when stored or cast), bool is
+Register types: every integer is an i64 (narrowed only when stored or cast; uint64 keeps
+its bits, so its division, comparisons, max/min and float conversions are unsigned), bool is
 i1, float16 and bfloat16 are computed as float. Integer division and modulo round
 toward minus infinity and give 0 for a zero divisor instead of trapping. A select
 whose sides read memory branches, so the side not chosen is never loaded.
@@ -32,8 +33,8 @@ def register_type(dt: DType) -> ir.Type:
 
 def storage_type(dt: DType) -> ir.Type:
     return {DType.BOOL: I8, DType.INT8: I8, DType.UINT8: I8, DType.INT16: I16, DType.INT32: I32,
-            DType.INT64: I64, DType.FLOAT16: F16, DType.BFLOAT16: I16, DType.FLOAT32: F32,
-            DType.FLOAT64: F64}[dt]
+            DType.INT64: I64, DType.UINT16: I16, DType.UINT32: I32, DType.UINT64: I64,
+            DType.FLOAT16: F16, DType.BFLOAT16: I16, DType.FLOAT32: F32, DType.FLOAT64: F64}[dt]
 
 
 _FCMP = {BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">", BinaryOp.GE: ">=",
@@ -78,7 +79,7 @@ class ExprEmitter:
             case Literal(value=v, dtype=dt):
                 ty = register_type(dt)
                 return ir.Constant(ty, float(v) if isinstance(ty, (ir.FloatType, ir.DoubleType))
-                                   else int(bool(v)) if ty is I1 else int(v))
+                                   else int(bool(v)) if ty is I1 else _signed64(int(v)))
             case IndexVar(name=n) | ScalarRef(name=n):
                 return self.env[n]
             case LocalRef(name=n):
@@ -112,12 +113,13 @@ class ExprEmitter:
             if src.is_bool:
                 return b.zext(x, I64)
             if src.is_float:
-                x = b.fptosi(x, I64) if dst is not DType.UINT8 else b.fptoui(x, I64)
-            narrow = b.trunc(x, storage_type(dst)) if dst is not DType.INT64 else x
-            return b.zext(narrow, I64) if dst is DType.UINT8 else \
-                (b.sext(narrow, I64) if dst is not DType.INT64 else narrow)
+                x = b.fptoui(x, I64) if dst.is_unsigned else b.fptosi(x, I64)
+            if dst.bits == 64:
+                return x
+            narrow = b.trunc(x, storage_type(dst))
+            return b.zext(narrow, I64) if dst.is_unsigned else b.sext(narrow, I64)
         ty = register_type(dst)
-        if src.is_bool:
+        if src.is_bool or src is DType.UINT64:
             x = b.uitofp(x, ty)
         elif src.is_int:
             x = b.sitofp(x, ty)
@@ -153,6 +155,8 @@ class ExprEmitter:
                 return b.fcmp_unordered("!=", x, y) if op is BinaryOp.NE else b.fcmp_ordered(_FCMP[op], x, y)
             if x.type is I1:
                 x, y = b.zext(x, I64), b.zext(y, I64)
+            if operand is DType.UINT64:
+                return b.icmp_unsigned(_FCMP[op], x, y)
             return b.icmp_signed(_FCMP[op], x, y)
         if e.dtype.is_float:
             if op is BinaryOp.MOD:
@@ -160,6 +164,8 @@ class ExprEmitter:
             fn = {BinaryOp.ADD: b.fadd, BinaryOp.SUB: b.fsub, BinaryOp.MUL: b.fmul,
                   BinaryOp.DIV: b.fdiv}[op]
             return fn(x, y)
+        if op in (BinaryOp.DIV, BinaryOp.MOD) and operand is DType.UINT64:
+            return _uint_divmod(x, y, op is BinaryOp.DIV, b)
         if op in (BinaryOp.DIV, BinaryOp.MOD):
             return _int_divmod(x, y, op is BinaryOp.DIV, b)
         return {BinaryOp.ADD: b.add, BinaryOp.SUB: b.sub, BinaryOp.MUL: b.mul}[op](x, y)
@@ -170,7 +176,7 @@ class ExprEmitter:
         if dt.is_bool:  # computed on 0/1 integers
             return b.icmp_signed("!=", _int_call(fn, args, b), ir.Constant(I64, 0))
         if dt.is_int:
-            return _int_call(fn, args, b)
+            return _int_call(fn, args, b, unsigned=dt is DType.UINT64)
         ty = register_type(dt)
         if ty is F32 and fn in llvm_math.SUPPORTED:
             return b.call(llvm_math.math_function(self.module, fn, 1), args)
@@ -230,6 +236,20 @@ def _int_divmod(x: ir.Value, y: ir.Value, quotient: bool, b: ir.IRBuilder) -> ir
     return b.select(bad, zero, floor_r)
 
 
+def _uint_divmod(x: ir.Value, y: ir.Value, quotient: bool, b: ir.IRBuilder) -> ir.Value:
+    """uint64 ``/`` and ``%`` (floor and truncation agree); 0 for a zero divisor, like ints."""
+    zero = ir.Constant(I64, 0)
+    is_zero = b.icmp_unsigned("==", y, zero)
+    safe = b.select(is_zero, ir.Constant(I64, 1), y)
+    value = b.udiv(x, safe) if quotient else b.urem(x, safe)
+    return b.select(is_zero, zero, value)
+
+
+def _signed64(v: int) -> int:
+    """A uint64 constant at or above 2**63 as the i64 with the same bits."""
+    return v - 2**64 if v >= 2**63 else v
+
+
 def _float_mod(x: ir.Value, y: ir.Value, b: ir.IRBuilder) -> ir.Value:
     zero = ir.Constant(x.type, 0.0)
     r = b.frem(x, y)
@@ -238,13 +258,17 @@ def _float_mod(x: ir.Value, y: ir.Value, b: ir.IRBuilder) -> ir.Value:
     return b.select(adjust, b.fadd(r, y), r)
 
 
-def _int_call(fn: str, args: list[ir.Value], b: ir.IRBuilder) -> ir.Value:
+def _int_call(fn: str, args: list[ir.Value], b: ir.IRBuilder, *, unsigned: bool = False) -> ir.Value:
+    """``unsigned``: the i64 registers hold uint64 bit patterns."""
     if args and args[0].type is I1:
         args = [b.zext(a, I64) for a in args]
+    compare = b.icmp_unsigned if unsigned else b.icmp_signed
     if fn == "max":
-        return b.select(b.icmp_signed(">", args[0], args[1]), args[0], args[1])
+        return b.select(compare(">", args[0], args[1]), args[0], args[1])
     if fn == "min":
-        return b.select(b.icmp_signed("<", args[0], args[1]), args[0], args[1])
+        return b.select(compare("<", args[0], args[1]), args[0], args[1])
+    if fn == "abs" and unsigned:
+        return args[0]
     if fn == "abs":
         return b.select(b.icmp_signed("<", args[0], ir.Constant(I64, 0)),
                         b.sub(ir.Constant(I64, 0), args[0]), args[0])

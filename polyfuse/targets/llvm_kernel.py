@@ -119,21 +119,23 @@ class KernelEmitter:
         return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b),
                            scope.locals)
 
-    def address(self, buffer: str, indices: tuple[Expr, ...], scope: _Scope,
-                b: ir.IRBuilder) -> ir.Value:
+    def address(self, access: Read, scope: _Scope, b: ir.IRBuilder) -> ir.Value:
+        """The element ``access`` names (a read, or a store's target)."""
+        buffer, indices = access.tensor, access.indices
         buf = self.kernel.buffer(buffer)
         emitter = self.exprs(scope)
         offset: ir.Value = ir.Constant(I64, 0)
-        for idx, stride, extent in zip(indices, buf.strides, buf.shape):
+        for dim, (idx, stride, extent) in enumerate(zip(indices, buf.strides, buf.shape)):
             term = emitter.emit(idx, b)
-            if any(isinstance(n, Read) for n in walk(idx)):
+            if access.is_checked(dim):
                 term = self.checked_index(term, extent, scope, b)
             offset = b.add(offset, term if stride == 1 else b.mul(term, ir.Constant(I64, stride)))
         return b.gep(scope.buffers[buffer], [offset], inbounds=True)
 
     def checked_index(self, index: ir.Value, extent: int, scope: _Scope,
                       b: ir.IRBuilder) -> ir.Value:
-        """An index read from a tensor: outside [0, extent) it flags the error buffer."""
+        """An index read from a tensor or not proven in bounds: outside [0, extent) it
+        flags the error buffer."""
         bad = b.icmp_unsigned(">=", index, ir.Constant(I64, extent))
         with b.if_then(bad, likely=False):
             b.store(ir.Constant(I64, 1), scope.buffers[ERROR_BUFFER])
@@ -141,13 +143,13 @@ class KernelEmitter:
 
     def load(self, r: Read, scope: _Scope, b: ir.IRBuilder) -> ir.Value:
         dt = self.kernel.buffer(r.tensor).dtype
-        raw = b.load(self.address(r.tensor, r.indices, scope, b))
+        raw = b.load(self.address(r, scope, b))
         return _to_register(raw, dt, b)
 
     def store(self, s: Store, scope: _Scope, b: ir.IRBuilder) -> None:
         dt = self.kernel.buffer(s.buffer).dtype
         value = self.exprs(scope).emit(s.value, b)
-        b.store(_to_storage(value, dt, b), self.address(s.buffer, s.indices, scope, b))
+        b.store(_to_storage(value, dt, b), self.address(Read(s.buffer, s.indices, dt), scope, b))
 
     def loop(self, s: For, scope: _Scope, b: ir.IRBuilder, lo: ir.Value | None = None,
              hi: ir.Value | None = None) -> None:
@@ -293,7 +295,7 @@ def _stmt_exprs(st: Stmt) -> list[Expr]:
 def _to_register(raw: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
     if dt.is_bool:
         return b.icmp_signed("!=", raw, ir.Constant(I8, 0))
-    if dt is DType.UINT8:
+    if dt.is_unsigned and dt is not DType.UINT64:
         return b.zext(raw, I64)
     if dt.is_int:
         return raw if dt is DType.INT64 else b.sext(raw, I64)

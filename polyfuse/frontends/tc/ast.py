@@ -85,6 +85,7 @@ class StatementAST(Node):
     rhs: Node
     where: tuple[WhereRange | WhereExists | WhereLet, ...]
     loc: SourceLocation
+    equivalent: Apply | None = None  # TC's ``<=> name(args)``
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,8 @@ def cast(e: Expr, dtype: DType) -> Expr:
     if isinstance(e, Literal):
         v = e.value
         value = bool(v) if dtype.is_bool else float(v) if dtype.is_float else int(v)
+        if dtype.is_unsigned:  # wraps like a C conversion: uint64(-1) is 2**64 - 1
+            value = int(value) % 2**dtype.bits
         return Literal(value, dtype, e.loc)
     return Cast(dtype, e, e.loc)
 
@@ -124,6 +126,8 @@ class ExprAnalyzer:
             return Typed(ScalarRef(n, s.scalars[n], node.loc), False)
         if n in s.sizes:
             return Typed(SizeVar(n, node.loc), True)
+        if n in s.tensors and s.tensors[n].shape in (None, ()):
+            return Typed(self.read(ast.Apply(n, (), node.loc)), False)  # a rank-0 tensor
         if n in s.tensors:
             rank = len(s.tensors[n].shape or ())
             raise self.error(f"tensor '{n}' is used without indices",
@@ -201,7 +205,8 @@ class ExprAnalyzer:
         dt = _numeric(a.dtype)
         operand = cast(a.expr, dt)
         if isinstance(operand, Literal):
-            return Typed(Literal(-operand.value, dt, loc), a.weak)
+            return Typed(cast(Literal(-operand.value, DType.INT64 if dt.is_unsigned else dt, loc), dt),
+                         a.weak)
         return Typed(Unary(UnaryOp.NEG, operand, dt, loc), a.weak)
 
     def binary(self, op: BinaryOp, a: Typed, b: Typed, loc: SourceLocation) -> Typed:

@@ -21,7 +21,7 @@ class Kind(enum.Enum):
 KEYWORDS = frozenset({"def", "where", "in", "exists"})
 
 # Longest first: "+=!" before "+=", "max=!" before "max=".
-_OPERATORS = ["max=!", "min=!", "+=!", "*=!", "max=", "min=", "->", "+=", "*=", "==", "!=",
+_OPERATORS = ["max=!", "min=!", "+=!", "*=!", "<=>", "max=", "min=", "->", "+=", "*=", "==", "!=",
               "<=", ">=", "&&", "||", "+", "-", "*", "/", "%", "<", ">", "=", "!", "?", ":",
               "(", ")", "{", "}", ","]
 _TOKEN = re.compile(

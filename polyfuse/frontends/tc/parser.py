@@ -7,7 +7,8 @@ Grammar (statements need no separator; ``where`` clauses are comma-separated)::
                  '{' statement* '}'
     param     := IDENT ['(' [expr (',' expr)*] ')'] IDENT      # type, sizes, name
     output    := IDENT | param
-    statement := IDENT '(' [IDENT (',' IDENT)*] ')' ASSIGN expr ['where' clause (',' clause)*]
+    statement := IDENT ['(' [IDENT (',' IDENT)*] ')'] ASSIGN expr ['<=>' IDENT '(' [expr (',' expr)*] ')']
+                 ['where' clause (',' clause)*]        # no '(...)': a rank-0 tensor
     clause    := IDENT 'in' sum ':' sum | 'exists' expr | IDENT '=' expr
     expr      := or ['?' expr ':' expr]        # C precedence below
 """
@@ -119,8 +120,44 @@ class Parser:
     # --- statements ---
     def statement(self) -> ast.StatementAST:
         tensor = self.ident("a statement (a tensor name)")
-        self.expect("(", f" after '{tensor.id}' on the left-hand side")
         indices = []
+        if not self.at("(") and not self.at_assignment():
+            raise self.error(f"expected '(' or an assignment after '{tensor.id}' on the left-hand "
+                             f"side, found {self.tok.describe()}")
+        if self.at("("):
+            self.advance()
+            indices = self.lhs_indices()
+            self.expect(")")
+        if not self.at_assignment():
+            raise self.error("expected an assignment (=, +=, *=, max=, min=, or with '!'), "
+                             f"found {self.tok.describe()}")
+        op = self.advance().text
+        rhs = self.expr()
+        equivalent = self.equivalent() if self.at("<=>") else None
+        where: list[ast.WhereRange | ast.WhereExists | ast.WhereLet] = []
+        if self.at("where"):
+            self.advance()
+            where.append(self.where_clause())
+            while self.at(","):
+                self.advance()
+                where.append(self.where_clause())
+        return ast.StatementAST(tensor, tuple(indices), op, rhs, tuple(where), tensor.loc,
+                                equivalent)
+
+    def at_assignment(self) -> bool:
+        return self.tok.kind is Kind.OP and self.tok.text in ASSIGN_OPS
+
+    def equivalent(self) -> ast.Apply:
+        """``<=> name(args)``: TC's note of an equivalent reference computation."""
+        self.expect("<=>")
+        name = self.ident("the name of the equivalent computation after '<=>'")
+        self.expect("(", f" after '{name.id}' in the '<=>' annotation")
+        args = self.comma_list(")", self.expr)
+        self.expect(")", f" to close '{name.id}('")
+        return ast.Apply(name.id, tuple(args), name.loc)
+
+    def lhs_indices(self) -> list[ast.Name]:
+        indices: list[ast.Name] = []
         if not self.at(")"):
             while True:
                 if self.tok.kind is not Kind.IDENT:
@@ -133,20 +170,7 @@ class Parser:
                     raise self.error("left-hand side indices must be plain index names, "
                                      f"found {self.tok.describe()} after '{indices[-1].id}'")
                 self.advance()
-        self.expect(")")
-        if not (self.tok.kind is Kind.OP and self.tok.text in ASSIGN_OPS):
-            raise self.error("expected an assignment (=, +=, *=, max=, min=, or with '!'), "
-                             f"found {self.tok.describe()}")
-        op = self.advance().text
-        rhs = self.expr()
-        where: list[ast.WhereRange | ast.WhereExists | ast.WhereLet] = []
-        if self.at("where"):
-            self.advance()
-            where.append(self.where_clause())
-            while self.at(","):
-                self.advance()
-                where.append(self.where_clause())
-        return ast.StatementAST(tensor, tuple(indices), op, rhs, tuple(where), tensor.loc)
+        return indices
 
     def where_clause(self) -> ast.WhereRange | ast.WhereExists | ast.WhereLet:
         if self.at("exists"):

@@ -6,15 +6,17 @@ reduction are reduction indices), runs range inference and sizes the outputs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy
 
 from polyfuse.errors import TCSemanticError
 from polyfuse.frontends.tc import ast
 from polyfuse.frontends.tc.expressions import ExprAnalyzer, Scope, TensorInfo, Typed, cast
 from polyfuse.frontends.tc.ranges import Access, access_shape, index_names, infer_ranges
-from polyfuse.ir.comprehension import (Binary, Call, Definition, Expr, IndexVar, Literal, Range,
-                                       Read, ReduceOp, ScalarDecl, SizeVar, Statement,
-                                       TensorDecl, Unary, walk)
+from polyfuse.ir.comprehension import (Binary, Call, Definition, Equivalent, Expr, IndexVar,
+                                       Literal, Range, Read, ReduceOp, ScalarDecl, SizeVar,
+                                       Statement, TensorDecl, Unary, walk)
 from polyfuse.ir.symbolic import canonical, from_sympy, to_sympy
 from polyfuse.ir.types import DType
 
@@ -74,12 +76,9 @@ class DefinitionAnalyzer:
             raise self.error(f"output '{p.name.id}' has the name of a size", p.name.loc)
         self.claim(p.name, "output")
         info = TensorInfo(None, None, False, False, p.name.loc)
-        if p.type is not None:
-            if p.type.sizes is None:
-                raise self.error(f"output '{p.name.id}' must be a tensor", p.type.loc,
-                                 hint="outputs are tensors; declare a rank-0 one as float() X")
+        if p.type is not None:  # ``float X`` declares a rank-0 output, as in TC
             info.dtype = self.dtype(p.type)
-            info.shape = tuple(self.size_expr(s) for s in p.type.sizes)
+            info.shape = tuple(self.size_expr(s) for s in p.type.sizes or ())
         self.tensors[p.name.id] = info
 
     def scope(self, **kw) -> Scope:  # type: ignore[no-untyped-def]
@@ -126,9 +125,8 @@ class DefinitionAnalyzer:
             raise self.error(f"cannot write to input '{name}'; inputs are read-only", st.tensor.loc)
         op = _OPS[st.op.rstrip("!").rstrip("=")]
         init = st.op.endswith("!")
-        if op is not ReduceOp.ASSIGN and not init and not info.written:
-            raise self.error(f"'{name}' is reduced with '{st.op}' before any statement writes it",
-                             st.tensor.loc, hint=f"use '{st.op}!' to start from the identity")
+        # a reduction without '!' before any write accumulates into the caller's
+        # contents (TC's in-place form): the call gives the output with out=
         seen: set[str] = set()
         for i in st.indices:
             if i.id in seen:
@@ -146,7 +144,21 @@ class DefinitionAnalyzer:
         rhs = analyzer.analyze(st.rhs)
         self.check_indices(st, op, rhs.expr, scope)
         ranges = self.ranges(st, rhs.expr, exists, fixed, scope)
-        return self.finish(st, info, op, init, rhs, ranges)
+        statement = self.finish(st, info, op, init, rhs, ranges)
+        if st.equivalent is None:
+            return statement
+        return replace(statement, equivalent=self.equivalent(st.equivalent, analyzer, ranges))
+
+    def equivalent(self, node: ast.Apply, analyzer: ExprAnalyzer,
+                   ranges: tuple[Range, ...]) -> Equivalent:
+        """The ``<=>`` note, its arguments checked in the statement's scope (as TC does)."""
+        args = tuple(analyzer.analyze(a).expr for a in node.args)
+        known = {r.index for r in ranges}
+        for n in (n for a in args for n in walk(a)):
+            if isinstance(n, IndexVar) and n.name not in known:
+                raise self.error(f"index '{n.name}' of the '<=>' annotation is not an index of "
+                                 "the statement", n.loc)
+        return Equivalent(node.name, args)
 
     def where(self, st: ast.StatementAST, scope: Scope, analyzer: ExprAnalyzer):  # type: ignore[no-untyped-def]
         fixed: dict[str, tuple[sympy.Expr, sympy.Expr]] = {}
