@@ -1,7 +1,7 @@
 """polyfuse: a polyhedral ML compiler for TC comprehensions and ONNX models."""
 
 from polyfuse.driver import compile, define, einsum
-from polyfuse.errors import (ArgumentError, BoundsError, CodegenError, DeviceError, DTypeError,
+from polyfuse.errors import (AccessRangeError, ArgumentError, BoundsError, CodegenError, DeviceError, DTypeError,
                              FrontendError,
                              GraphSyntaxError, IRVerificationError, ModelError, OptionError, PolyfuseError,
                              RangeInferenceError, ScheduleError, ShapeError, TargetError,
@@ -15,6 +15,6 @@ __all__ = [
     "compile", "define", "einsum", "Target", "Kernel", "KernelModule", "SpecializedKernel",
     "PolyfuseError", "FrontendError", "TCSyntaxError", "TCSemanticError", "RangeInferenceError",
     "IRVerificationError", "ArgumentError", "ShapeError", "DTypeError", "BoundsError",
-    "TargetError", "DeviceError", "ModelError", "UnsupportedOpError", "ScheduleError", "CodegenError",
+    "AccessRangeError", "TargetError", "DeviceError", "ModelError", "UnsupportedOpError", "ScheduleError", "CodegenError",
     "GraphSyntaxError", "WeightError", "OptionError", "__version__",
 ]

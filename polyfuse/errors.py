@@ -116,10 +116,17 @@ class BoundsError(PolyfuseError, IndexError):
 
     @staticmethod
     def in_kernel(label: str) -> BoundsError:
-        """The error of a kernel that read through an index taken from another tensor."""
-        return BoundsError(f"kernel '{label}' read a tensor out of bounds through an index taken "
-                           "from another tensor (an index tensor holds a value outside the "
-                           "dimension it indexes); no output was returned")
+        """The error of a kernel whose checked index (one taken from another tensor, or
+        one not proven in bounds when it was compiled) fell outside its dimension."""
+        return BoundsError(f"kernel '{label}' read a tensor out of bounds: an index taken from "
+                           "another tensor, or one that could not be proven in bounds when the "
+                           "kernel was compiled, fell outside the dimension it indexes; no output "
+                           "was returned")
+
+
+class AccessRangeError(RangeInferenceError, BoundsError):
+    """A statement would read or write outside a tensor for the sizes of a call: found
+    before any code runs, with the statement, tensor, dimension and index range."""
 
 
 class ModelError(PolyfuseError):

@@ -36,7 +36,9 @@ class _Thread(_Interpreter):
         self.flat = thread[0] + bx * (thread[1] + by * thread[2])
 
     def index(self, name: str, indices: tuple[Expr, ...]) -> tuple[int, ...]:
-        where = tuple(int(self.eval(i)) for i in indices)
+        return self.inside(name, tuple(int(self.eval(i)) for i in indices))
+
+    def inside(self, name: str, where: tuple[int, ...]) -> tuple[int, ...]:
         shape = self.buffers[name].shape
         if any(not 0 <= w < n for w, n in zip(where, shape)):
             raise IRVerificationError(f"launch {self.launch.name}: thread {self.thread} of block "
@@ -45,7 +47,7 @@ class _Thread(_Interpreter):
 
     def eval(self, e: Expr):  # type: ignore[no-untyped-def]
         if isinstance(e, Read):
-            value = self.buffers[e.tensor][self.index(e.tensor, e.indices)]
+            value = self.buffers[e.tensor][self.inside(e.tensor, self.element(e))]
             return int(value) if e.dtype.is_int else e.dtype.compute.numpy.type(value)
         return super().eval(e)
 

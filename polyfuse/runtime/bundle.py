@@ -12,8 +12,8 @@
 
 The entry point needs no Python and no allocator: the caller provides every buffer,
 aligned to ``NAME_ALIGNMENT`` bytes. It returns 0, or ``k + 1`` when kernel ``k`` read
-a tensor out of bounds through an index taken from another tensor (outputs are then
-undefined). Bundles are single-threaded unless built with ``threads=True``: then
+a tensor out of bounds through a checked index: one taken from another tensor, or one
+the compiler could not prove in bounds (outputs are then undefined). Bundles are single-threaded unless built with ``threads=True``: then
 ``NAME.o`` also holds polyfuse's thread pool in C with pthreads (link with
 ``-pthread``; ``polyfuse_set_num_threads(n)`` sizes it, else ``$POLYFUSE_NUM_THREADS``,
 else every online CPU).
@@ -249,8 +249,8 @@ def header(layout: ProgramLayout, name: str, target: Target, weights_bytes: int,
               "/* Runs one inference. weights: the contents of the weights file; activations:",
               f" * {up}_ACTIVATIONS_SIZE bytes of scratch; inputs[k], outputs[k]: the tensors, in",
               " * the order above, C-contiguous. All aligned to the alignment above. Returns 0, or",
-              " * k + 1 when kernel k read a tensor out of bounds through an index taken from",
-              " * another tensor (an index input held a value outside its dimension). */",
+              " * k + 1 when kernel k read a tensor out of bounds through a checked index (an",
+              " * index input held a value outside its dimension). */",
               f"int {name}(const uint8_t *weights, uint8_t *activations, const void *const *inputs,",
               "         void *const *outputs);"]
     if threads:

@@ -257,7 +257,7 @@ def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
     buffers = tuple(
         Buffer(t.name, t.dtype, tuple(evaluate_int(s, sizes) for s in t.shape), role)
         for ts, role in ((d.inputs, BufferRole.IN), (d.outputs, BufferRole.OUT)) for t in ts)
-    if any(isinstance(n, Read) for st in d.statements for r in walk(st.rhs) if isinstance(r, Read)
-           for i in r.indices for n in walk(i)):
+    if any(r.is_checked(k) for st in d.statements for r in walk(st.rhs) if isinstance(r, Read)
+           for k in range(len(r.indices))):
         buffers += (Buffer(ERROR_BUFFER, DType.INT64, (1,), BufferRole.INOUT),)
     return map_kernel_exprs(LoopKernel(d.name, buffers, d.scalars, body), widen_ints)

@@ -159,6 +159,8 @@ def _box(buffer: str, uses: list[_Use]) -> _Box | None:
     lows: list[list[Affine]] = []
     highs: list[list[Affine]] = []
     for use in uses:
+        if use.read.checked:  # the copy would read 0 where the read must flag an error
+            return None
         dims = [_range(i, use.loops) for i in use.read.indices]
         if any(d is None for d in dims):
             return None

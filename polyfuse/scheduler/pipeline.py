@@ -12,6 +12,7 @@ from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.lowering.promote_accumulators import promote_accumulators
 from polyfuse.lowering.unroll_jam import unroll_and_jam
 from polyfuse.scheduler.ast_lowering import lower_schedule
+from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
@@ -25,8 +26,10 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
     """Model, schedule, tile and lower ``d`` for concrete ``sizes``.
 
     ``stages`` (if given) receives the text of the isl schedule tree and the loop IR.
+    Accesses not proven inside their tensors are refused or checked at run time
+    (:mod:`polyfuse.scheduler.bounds`).
     """
-    model = build_model(d)
+    model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes)
     kernel = lower_schedule(model, schedule, sizes, options)
     kernel = promote_accumulators(unroll_and_jam(kernel, options.unroll_jam))
@@ -44,7 +47,7 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
 
     ``stages`` (if given) receives the schedule tree, the loop IR and the GPU kernel.
     """
-    model = build_model(d)
+    model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes, gpu=True)
     kernel = lower_schedule(model, schedule, sizes, replace(options, vector_width=1))
     if options.use_private_memory:

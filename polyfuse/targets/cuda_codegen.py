@@ -12,7 +12,7 @@ from __future__ import annotations
 from polyfuse.errors import CodegenError
 from dataclasses import replace
 
-from polyfuse.ir.comprehension import Expr, Literal, Read, walk
+from polyfuse.ir.comprehension import Literal, Read
 from polyfuse.ir.gpu import (AXES, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
                              SharedTile, SingleThread, ThreadFor, walk_gpu)
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store
@@ -105,7 +105,7 @@ class _LaunchWriter:
         elif isinstance(s, Store):
             tile = self.launch.tile(s.buffer)
             dt = tile.dtype if tile is not None else self.kernel.buffer(s.buffer).dtype
-            add(f"{indent}{self.address(s.buffer, s.indices)} = {to_storage(e(s.value), dt)};")
+            add(f"{indent}{self.address(Read(s.buffer, s.indices, dt))} = {to_storage(e(s.value), dt)};")
         elif isinstance(s, Assign):
             add(f"{indent}{c_name(s.var)} = {e(s.value)};")
         else:
@@ -161,14 +161,16 @@ class _LaunchWriter:
             raise CodegenError(f"launch {self.launch.name} has no shared tile '{name}'")
         return tile
 
-    def address(self, name: str, indices: tuple[Expr, ...]) -> str:
+    def address(self, access: Read) -> str:
+        """The element ``access`` names (a read, or a store's target)."""
+        name, indices = access.tensor, access.indices
         tile = self.launch.tile(name)
         shape = tile.shape if tile is not None else self.kernel.buffer(name).shape
         strides = tile.strides if tile is not None else self.kernel.buffer(name).strides
         terms = []
-        for index, stride, extent in zip(indices, strides, shape):
+        for dim, (index, stride, extent) in enumerate(zip(indices, strides, shape)):
             term = self.exprs.emit(index)
-            if any(isinstance(n, Read) for n in walk(index)):
+            if access.is_checked(dim):
                 term = f"pf_checked({term}, {extent}LL, {c_name(ERROR_BUFFER)})"
             terms.append(term if stride == 1 else f"{term} * {stride}LL")
         return f"{c_name(name)}[{' + '.join(terms) or '0'}]"
@@ -176,7 +178,7 @@ class _LaunchWriter:
     def load(self, r: Read) -> str:
         tile = self.launch.tile(r.tensor)
         dt = tile.dtype if tile is not None else self.kernel.buffer(r.tensor).dtype
-        return to_register(self.address(r.tensor, r.indices), dt)
+        return to_register(self.address(r), dt)
 
 
 def _param(b: Buffer) -> str:

@@ -1,0 +1,243 @@
+"""Every access of a definition inside its tensor, proven for the sizes of a call.
+
+Range inference gives an index the largest range that keeps the accesses it *solved*
+in bounds, but an access whose indices all got their ranges elsewhere is not covered:
+in ``O(i, j) = I(i, i + j, j)`` the ranges of ``i`` and ``j`` come from dimensions 0 and
+2 of ``I``, and nothing keeps ``i + j`` inside dimension 1; ``where`` clauses can reach
+past a tensor too. So before any code is generated, every access of every statement is
+checked here, with isl, for concrete sizes:
+
+* An affine index under selects whose conditions are affine (``h - 1 >= 0 ? I(h - 1) :
+  0``): the instances that would touch an element outside the tensor form an exact set.
+  Empty, the access is proven. Not empty, those instances would run, so the definition
+  is refused with an :class:`~polyfuse.errors.AccessRangeError` that names the
+  statement, the tensor, the dimension, the range of the index and one instance.
+* An index or a condition isl cannot model (products of indices, scalar parameters,
+  values read from tensors): numeric interval arithmetic over the index ranges tries to
+  prove the index in bounds; where it cannot, the read keeps the dimension in
+  :attr:`Read.checked <polyfuse.ir.comprehension.Read.checked>`, and the targets check
+  it when it runs (out of range sets the error buffer and reads element 0; the runtime
+  raises :class:`~polyfuse.errors.BoundsError`), as they do for indirect indices.
+
+Writes go to the left-hand side indices over their ranges, which are checked as
+unconditional affine accesses. Indices read from tensors stay checked at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import islpy as isl
+
+from polyfuse.errors import AccessRangeError, ScheduleError, SourceLocation
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition, Expr, IndexVar,
+                                       Literal, Read, Select, SizeVar, Statement, Unary, UnaryOp,
+                                       walk)
+from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.scheduler.model import _bound_constraints, _NotAffine, isl_expr
+
+Interval = tuple[int, int]  # inclusive
+
+
+@dataclass(frozen=True, slots=True)
+class _Path:
+    """The select conditions a read sits under: isl constraints for those isl can model,
+    and whether any could not be modelled (then the read may not run where isl says)."""
+
+    constraints: tuple[str, ...] = ()
+    opaque: bool = False
+
+    def under(self, cond: Expr, holds: bool, names: dict[str, str]) -> _Path:
+        try:
+            text = isl_condition(cond, names)
+        except _NotAffine:
+            return _Path(self.constraints, True)
+        return _Path(self.constraints + (text if holds else f"not ({text})",), self.opaque)
+
+
+def isl_condition(e: Expr, names: dict[str, str]) -> str:
+    """A boolean index expression as an isl constraint; raises ``_NotAffine`` otherwise."""
+    match e:
+        case Literal(value=v) if e.dtype.is_bool:
+            return "1 = 1" if v else "1 = 0"
+        case Unary(op=UnaryOp.NOT, operand=a):
+            return f"not ({isl_condition(a, names)})"
+        case Binary(op=BinaryOp.AND | BinaryOp.OR, lhs=a, rhs=b):
+            word = "and" if e.op is BinaryOp.AND else "or"
+            return f"(({isl_condition(a, names)}) {word} ({isl_condition(b, names)}))"
+        case Binary(op=op, lhs=a, rhs=b) if op.is_comparison and a.dtype.is_int and b.dtype.is_int:
+            symbol = "=" if op is BinaryOp.EQ else op.value
+            return f"{isl_expr(a, names)} {symbol} {isl_expr(b, names)}"
+    raise _NotAffine(str(e))
+
+
+def check_accesses(d: Definition, sizes: Mapping[str, int]) -> Definition:
+    """``d`` with the read dimensions that need a run-time check marked ``checked``.
+
+    Raises :class:`AccessRangeError` when some statement instance would certainly read
+    or write outside a tensor for these ``sizes``.
+    """
+    checker = _Checker(d, dict(sizes))
+    statements = tuple(checker.statement(k, st) for k, st in enumerate(d.statements))
+    return d if statements == d.statements else replace(d, statements=statements)
+
+
+class _Checker:
+    def __init__(self, d: Definition, sizes: dict[str, int]) -> None:
+        self.d = d
+        self.sizes = sizes
+        self.ctx = isl.Context()
+
+    def statement(self, k: int, st: Statement) -> Statement:
+        its = st.indices + st.reduction_indices
+        names = {s: str(v) for s, v in self.sizes.items()} | {n: f"t{j}" for j, n in enumerate(its)}
+        tup = f"S[{', '.join(f't{j}' for j in range(len(its)))}]"
+        try:
+            cons = [c for n in its for c in _bound_constraints(names[n], st.range_of(n).lo,
+                                                               st.range_of(n).hi, names)]
+            domain = isl.Set.read_from_str(self.ctx, f"{{ {tup} : {' and '.join(cons) or '1 = 1'} }}")
+        except ScheduleError:  # a range isl cannot model: the scheduler reports it
+            return st
+        if domain.is_empty():
+            return st
+        box = {n: (evaluate_int(st.range_of(n).lo, self.sizes),
+                   evaluate_int(st.range_of(n).hi, self.sizes) - 1) for n in its}
+        self.writes(st, domain, tup, names)
+        return replace(st, rhs=_Rewrite(self, st, domain, tup, names, box).expr(st.rhs, _Path()))
+
+    def writes(self, st: Statement, domain: isl.Set, tup: str, names: dict[str, str]) -> None:
+        shape = tuple(evaluate_int(s, self.sizes) for s in self.d.tensor(st.tensor).shape)
+        for dim, (index, extent) in enumerate(zip(st.indices, shape)):
+            self.affine(st, f"{st.tensor}({', '.join(st.indices)})", st.tensor, dim, names[index],
+                        extent, domain, tup, names, "writes")
+
+    def proven(self, st: Statement, r: Read, dim: int, extent: int, path: _Path, domain: isl.Set,
+               tup: str, names: dict[str, str], box: dict[str, Interval]) -> bool:
+        """Whether dimension ``dim`` of ``r`` stays in bounds wherever ``r`` runs; raises
+        when it certainly does not."""
+        try:
+            index = isl_expr(r.indices[dim], names)
+        except _NotAffine:
+            reach = _interval(r.indices[dim], box, self.sizes)
+            return reach is not None and 0 <= reach[0] and reach[1] < extent
+        runs = domain
+        if path.constraints:
+            where = isl.Set.read_from_str(self.ctx, f"{{ {tup} : {' and '.join(path.constraints)} }}")
+            runs = domain.intersect(where)
+        return self.affine(st, str(r), r.tensor, dim, index, extent, runs, tup, names, "reads",
+                           certain=not path.opaque, loc=r.loc)
+
+    def affine(self, st: Statement, access: str, tensor: str, dim: int, index: str, extent: int,
+               runs: isl.Set, tup: str, names: dict[str, str], verb: str,
+               certain: bool = True, loc: SourceLocation | None = None) -> bool:
+        outside = isl.Set.read_from_str(self.ctx, f"{{ {tup} : {index} < 0 or {index} >= {extent} }}")
+        bad = runs.intersect(outside)
+        if bad.is_empty():
+            return True
+        if not certain:
+            return False
+        values = isl.Map.read_from_str(self.ctx, f"{{ {tup} -> [{index}] }}").intersect_domain(runs).range()
+        lo, hi = values.dim_min_val(0).to_python(), values.dim_max_val(0).to_python()
+        point = bad.sample_point()
+        its = st.indices + st.reduction_indices
+        at = ", ".join(f"{n}={point.get_coordinate_val(isl.dim_type.set, j).to_python()}"
+                       for j, n in enumerate(its))
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        head = f"{st.tensor}({', '.join(st.indices)}) {st.op.token(st.init)} ..."
+        raise AccessRangeError(
+            f"statement '{head}' {verb} '{tensor}' out of bounds in {access} for "
+            f"{sizes or 'these sizes'}: the index of dimension {dim} runs over {lo}:{hi + 1} "
+            f"but the dimension has size {extent} (e.g. at {at})", loc or st.loc,
+            hint="shrink the index ranges with a where clause, or pass inputs whose sizes "
+                 "keep the access inside the tensor")
+
+
+@dataclass
+class _Rewrite:
+    """One statement's right-hand side with each read's unproven dimensions marked."""
+
+    checker: _Checker
+    st: Statement
+    domain: isl.Set
+    tup: str
+    names: dict[str, str]
+    box: dict[str, Interval]
+
+    def expr(self, e: Expr, path: _Path) -> Expr:
+        match e:
+            case Select(cond=c, then=a, other=b):  # only the chosen side runs
+                return replace(e, cond=self.expr(c, path),
+                               then=self.expr(a, path.under(c, True, self.names)),
+                               other=self.expr(b, path.under(c, False, self.names)))
+            case Read():
+                r = replace(e, indices=tuple(self.expr(i, path) for i in e.indices))
+                return replace(r, checked=self.checked(r, path))
+            case Unary(operand=a) | Cast(operand=a):
+                return replace(e, operand=self.expr(a, path))
+            case Binary(lhs=a, rhs=b):
+                return replace(e, lhs=self.expr(a, path), rhs=self.expr(b, path))
+            case Call(args=args):
+                return replace(e, args=tuple(self.expr(a, path) for a in args))
+        return e
+
+    def checked(self, r: Read, path: _Path) -> tuple[int, ...]:
+        shape = tuple(evaluate_int(s, self.checker.sizes) for s in self.checker.d.tensor(r.tensor).shape)
+        return tuple(dim for dim, (index, extent) in enumerate(zip(r.indices, shape))
+                     if not any(isinstance(n, Read) for n in walk(index))
+                     and not self.checker.proven(self.st, r, dim, extent, path, self.domain,
+                                                 self.tup, self.names, self.box))
+
+
+def _interval(e: Expr, box: Mapping[str, Interval], sizes: Mapping[str, int]) -> Interval | None:
+    """Bounds of an integer index expression over the index box, or None when unknown.
+    Division and modulo are bounded so that both flooring and truncating hold."""
+    def sub(x: Expr) -> Interval | None:
+        return _interval(x, box, sizes)
+
+    match e:
+        case Literal(value=v) if e.dtype.is_int:
+            return int(v), int(v)
+        case SizeVar(name=n) if n in sizes:
+            return sizes[n], sizes[n]
+        case IndexVar(name=n) if n in box:
+            return box[n]
+        case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
+            return sub(a)
+        case Unary(op=UnaryOp.NEG, operand=a):
+            r = sub(a)
+            return None if r is None else (-r[1], -r[0])
+        case Select(then=a, other=b):
+            ra, rb = sub(a), sub(b)
+            return None if ra is None or rb is None else (min(ra[0], rb[0]), max(ra[1], rb[1]))
+        case Call(fn="min" | "max", args=args):
+            parts = [sub(a) for a in args]
+            if any(p is None for p in parts):
+                return None
+            pick = min if e.fn == "min" else max
+            return pick(p[0] for p in parts), pick(p[1] for p in parts)  # type: ignore[index]
+        case Binary(op=op, lhs=a, rhs=b) if e.dtype.is_int:
+            ra, rb = sub(a), sub(b)
+            if ra is None or rb is None:
+                return None
+            return _arith(op, ra, rb)
+    return None
+
+
+def _arith(op: BinaryOp, a: Interval, b: Interval) -> Interval | None:
+    if op is BinaryOp.ADD:
+        return a[0] + b[0], a[1] + b[1]
+    if op is BinaryOp.SUB:
+        return a[0] - b[1], a[1] - b[0]
+    if op is BinaryOp.MUL:
+        products = [x * y for x in a for y in b]
+        return min(products), max(products)
+    if b[0] <= 0:  # a divisor that may be zero or negative: leave it to the run-time check
+        return None
+    if op is BinaryOp.DIV:
+        quotients = [q for x in a for y in b for q in (x // y, -(-x // y))]
+        return min(quotients), max(quotients)
+    if op is BinaryOp.MOD:
+        reach = b[1] - 1
+        return (0 if a[0] >= 0 else -reach), (min(reach, a[1]) if a[0] >= 0 else reach)
+    return None
