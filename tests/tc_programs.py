@@ -8,9 +8,13 @@ Conventions the oracles follow (polyfuse's TC semantics):
 
 * ``float`` is float32; float literals are float32, int literals int32.
 * Every output starts zero-filled; elements no statement writes stay 0.
-* An output's size along a dimension is the exclusive upper bound of the inferred
-  range of the LHS index there (e.g. a 3-point stencil ``O(i)`` over ``I(i-1..i+1)``
-  has length N-1 and ``O[0] == 0``).
+* Tensors start at index 0: an output's size along a dimension is the exclusive upper
+  bound of the inferred range of the LHS index there, i.e. its largest index + 1, even
+  when the range starts above 0 (a 3-point stencil ``O(i)`` over ``I(i-1..i+1)`` has
+  length N-1 and ``O[0] == 0``; a shift ``O(i) = I(i - 1)`` has length N+1).
+* The harness calls without ``out=``, so no program here reduces without ``!`` into an
+  output no earlier statement wrote (that form needs the caller's initial contents; see
+  tests/runtime/test_inplace.py).
 * Temporaries are declared outputs and are returned too, in declared order.
 * float16/bfloat16 are storage types: arithmetic runs in float32, rounded on store.
 * Integer ``/`` and ``%`` floor (numpy ``//`` and ``%``); int32 sums wrap like C.
@@ -859,6 +863,45 @@ def matvec(float(M,K) A, float(K) x) -> (y) {
     "matvec",
     lambda rng: (_u(rng, 6, 7), _u(rng, 7)),
     lambda A, x: _o32(_d(A) @ _d(x)),
+)
+
+def _shift_pad(I):
+    O = np.zeros((I.shape[0] + 1, I.shape[1] + 2))
+    O[1:, 2:] = _d(I)                              # h in 1:H+1, w in 2:W+2; row 0, cols 0-1 stay 0
+    return _o32(O)
+
+
+_add(
+    "shift_pad",
+    """
+def shift_pad(float(H,W) I) -> (O) {
+    O(h, w) = I(h - 1, w - 2)
+}
+""",
+    "shift_pad",
+    lambda rng: (_u(rng, 5, 6),),
+    _shift_pad,
+)
+
+
+def _conv_grad_input(dO, Wt):
+    N, K = len(dO), len(Wt)
+    dI = np.zeros(N)                               # i in K-1:N (every k reads dO): size N
+    for i in range(K - 1, N):
+        dI[i] = sum(_d(dO)[i - k] * _d(Wt)[k] for k in range(K))
+    return _o32(dI)
+
+
+_add(
+    "conv_grad_input",
+    """
+def conv_grad_input(float(N) dO, float(K) Wt) -> (dI) {
+    dI(i) +=! dO(i - k) * Wt(k)
+}
+""",
+    "conv_grad_input",
+    lambda rng: (_u(rng, 9), _u(rng, 3)),
+    _conv_grad_input,
 )
 
 PROGRAMS_BY_NAME: dict[str, Program] = {p.name: p for p in PROGRAMS}

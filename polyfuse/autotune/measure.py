@@ -6,7 +6,9 @@ process, so a candidate that crashes, hangs or computes wrong values becomes a
 
 * **Build**: the child compiles the kernel (under ``build_timeout``). Compiling fills the
   disk cache (:mod:`polyfuse.runtime.cache`), so a later child loads the object code.
-* **Run**: the child calls the kernel once on ``task.random_inputs(seed)`` and checks the
+* **Run**: the child calls the kernel once on ``task.random_inputs(seed)`` (and, for the
+  outputs a definition accumulates into without ``!``, random initial contents from the
+  same seed, given as ``out=`` would) and checks the
   outputs against the reference interpreter, calls it ``warmup`` times, then ``repeat``
   times ``number`` calls; each cost is the mean seconds of one call in a repeat. The
   whole run phase is under ``run_timeout``. Run phases hold a lock per host and user,
@@ -54,9 +56,11 @@ import numpy as np
 from polyfuse.autotune.task import Task
 from polyfuse.errors import OptionError
 from polyfuse.ir.comprehension_interpreter import interpret
+from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.runtime import cache
 from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
+from polyfuse.scheduler.model import initial_outputs
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
@@ -181,7 +185,24 @@ def _expected(task: Task, config: MeasureConfig) -> dict[str, np.ndarray] | None
 @functools.lru_cache(maxsize=4)
 def _reference(task: Task, seed: int) -> dict[str, np.ndarray]:
     bound = bind_arguments(task.definition, task.random_inputs(seed))
-    return interpret(task.definition, bound.values, bound.sizes)
+    return interpret(task.definition, bound.values | _initial_outputs(task, bound.sizes, seed),
+                     bound.sizes)
+
+
+def _initial_outputs(task: Task, sizes: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
+    """Starting contents for the outputs the definition accumulates into (the caller
+    gives them): deterministic in ``seed``, small values like ``random_inputs``."""
+    d = task.definition
+    needed = initial_outputs(d)
+    rng = np.random.default_rng([seed, 1])
+    arrays = {}
+    for t in d.outputs:
+        if t.name in needed:
+            shape = tuple(evaluate_int(e, sizes) for e in t.shape)
+            dt = t.dtype.numpy
+            arrays[t.name] = (rng.standard_normal(shape).astype(dt) if t.dtype.is_float
+                              else rng.integers(0, 2, shape).astype(dt))
+    return arrays
 
 
 # ---- the parent's side: start a child, feed it, wait for it, stop it --------------------
@@ -324,7 +345,10 @@ def _child(conn: Connection, task: Task, options: MappingOptions, config: Measur
 
 def _run(task: Task, kernel: SpecializedKernel, config: MeasureConfig,
          expected: dict[str, np.ndarray] | None, fault: Fault | None) -> tuple[str, Any]:
-    values = bind_arguments(task.definition, task.random_inputs(config.seed)).values
+    bound = bind_arguments(task.definition, task.random_inputs(config.seed))
+    # outputs read before written start from the reference's contents, and keep
+    # accumulating over the timed calls (as a caller's out= arrays would)
+    values = bound.values | _initial_outputs(task, bound.sizes, config.seed)
     call = _faulty(kernel.run, fault) if fault else kernel.run
     start = time.perf_counter()
     outputs = call(values)

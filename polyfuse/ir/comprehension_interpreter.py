@@ -5,7 +5,8 @@ evaluated over its whole rectangular iteration box at once (each index a broadca
 ``arange``), reduced over its reduction axes, and combined into the output; boxes
 larger than :data:`MAX_BOX` elements are split into chunks. Semantics:
 
-* outputs start zero-filled; ``op=!`` first sets the written region to the identity;
+* outputs start zero-filled (or from the arrays given for them); ``op=!`` first sets
+  the written region to the identity;
 * 16-bit floats are stored as such but computed in float32;
 * integer ``/`` and ``%`` round toward minus infinity (numpy's ``//`` and ``%``);
 * in ``c ? a : b`` only the chosen side is read, so only its reads are bounds-checked;
@@ -227,9 +228,15 @@ def interpret(d: Definition, args: Mapping[str, object], sizes: Mapping[str, int
     """Run ``d`` on ``args`` (input arrays and scalars by name) for the given size values.
 
     Arguments must already be checked against the definition; returns the outputs by name.
+    An output given in ``args`` (checked, writable) is updated in place from its contents
+    (TC's in-place form, ``out=``); the others start zero-filled.
     """
     env: dict[str, np.ndarray] = {t.name: np.asarray(args[t.name]) for t in d.inputs}
     for t in d.outputs:
+        given = args.get(t.name)
+        if given is not None:
+            env[t.name] = given  # type: ignore[assignment]
+            continue
         shape = tuple(evaluate_int(s, sizes) for s in t.shape)
         env[t.name] = np.zeros(shape, dtype=t.dtype.numpy)
     scalars = {s.name: args[s.name] for s in d.scalars}

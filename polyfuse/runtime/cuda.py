@@ -7,7 +7,9 @@ disk like CPU kernels. Calling it needs one (else :class:`~polyfuse.errors.Devic
 * numpy inputs are copied to the GPU and the outputs come back as numpy arrays;
 * inputs already in GPU memory (PyTorch or CuPy arrays, anything with
   ``__cuda_array_interface__`` or CUDA DLPack) are used in place, and the outputs are
-  new arrays of the same library on the GPU.
+  new arrays of the same library on the GPU;
+* outputs given with ``out=`` start from their contents (numpy arrays are copied up
+  and the results copied back into them; arrays in GPU memory are updated in place).
 
 The launches run in order on polyfuse's stream; each call waits for them, so a
 failing kernel is reported by the call that ran it.
@@ -146,8 +148,8 @@ class CudaExecutable:
         try:
             inputs = [call.input(n, values[n], shape, DType(dt)) for n, shape, dt in self.layout.inputs]
             like = next((a for a in inputs if a.library != "polyfuse"), None)
-            outputs = {n: call.output(shape, DType(dt), zero, like)
-                       for n, shape, dt, zero in self.layout.outputs}
+            outputs = {n: call.output(shape, DType(dt), zero, like) if n not in values
+                       else call.given(n, values[n]) for n, shape, dt, zero in self.layout.outputs}
             params: list[Any] = [ctypes.c_uint64(a.pointer) for a in [*inputs, *outputs.values()]]
             error = call.scratch(8) if self.layout.checks_indices else None
             params += [ctypes.c_uint64(error.pointer)] if error is not None else []
@@ -156,11 +158,23 @@ class CudaExecutable:
             gpu.synchronize(f"running kernel {self.layout.name}")
             if error is not None and call.download(error, np.dtype(np.int64))[0]:
                 raise BoundsError.in_kernel(self.layout.name)
+            given = {n: call.download_into(values[n], o) for n, o in outputs.items() if n in values}
             if like is None:
-                return {n: call.download(o, o.dtype) for n, o in outputs.items()}
-            return {n: o.owner if o.library == like.library else o for n, o in outputs.items()}
+                return {n: given[n] if n in given else call.download(o, o.dtype)
+                        for n, o in outputs.items()}
+            return {n: given[n] if n in given else o.owner if o.library == like.library else o
+                    for n, o in outputs.items()}
         finally:
             call.release()
+
+
+def zero_array(array: DeviceArray) -> None:
+    """Zero an array in GPU memory on polyfuse's stream (after its producer's work)."""
+    gpu = device()
+    gpu.activate()
+    if array.stream is not None:
+        gpu.wait_for(array.stream)
+    gpu.zero(array.pointer, array.nbytes)
 
 
 class CudaProgram:
@@ -317,6 +331,21 @@ class _Call:
         if zero:
             self.gpu.zero(array.pointer, array.nbytes)
         return array
+
+    def given(self, name: str, value: object) -> DeviceArray:
+        """An output the caller gave (checked): its GPU memory, or a copy of its host contents."""
+        array: Any = value   # checked: a numpy array or DeviceArray of the output's dtype
+        return self.input(name, array, tuple(array.shape), DType.from_numpy(array.dtype))  # type: ignore[arg-type]
+
+    def download_into(self, value: object, array: DeviceArray) -> object:
+        """The given output ``value`` holding the results in ``array``: copied back into a
+        host array, the caller's object for one in GPU memory."""
+        if isinstance(value, DeviceArray):
+            return value.owner if value.owner is not None else value
+        host: np.ndarray = value  # type: ignore[assignment]
+        self.gpu.download(host, array.pointer)
+        self.gpu.synchronize(f"copying the results of kernel {self.kernel}")
+        return host
 
     def scratch(self, nbytes: int) -> DeviceArray:
         memory = self.memory(nbytes)

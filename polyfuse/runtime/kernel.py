@@ -3,6 +3,11 @@
 A :class:`Kernel` is one TC ``def`` for one target. Calling it checks the arguments,
 specializes the definition to their shapes and dtypes (cached), and runs it. A
 :class:`SpecializedKernel` keeps the text of every stage it went through.
+
+``kernel(*args, out=arrays)`` writes the results into the caller's arrays and returns
+them (TC's in-place form; see :mod:`polyfuse.runtime.outputs`). A definition whose
+reduction without ``!`` accumulates into an output (``C(m,n) += ...`` as its first
+writer) must be called that way: TC takes such outputs' initial contents from the caller.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ import numpy as np
 
 from polyfuse.autotune.records import Records
 from polyfuse.autotune.task import Task
-from polyfuse.errors import ShapeError, TargetError
+from polyfuse.errors import AccessRangeError, ArgumentError, ShapeError, TargetError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.lowering.bind_sizes import bind_sizes
+from polyfuse.runtime import outputs as given_outputs
 from polyfuse.runtime.arguments import BoundArguments, bind_arguments
+from polyfuse.scheduler.model import initial_outputs, skipped_inits
+from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
@@ -33,6 +41,7 @@ Builder = Callable[[Definition, Mapping[str, int], Target, "MappingOptions | Non
 
 def _build_reference(d: Definition, sizes: Mapping[str, int], target: Target,
                      options: MappingOptions | None, stages: dict[str, str]) -> Executable:
+    check_accesses(d, sizes)  # the refusals of the native targets, before anything runs
     return lambda values: interpret(d, values, sizes)
 
 
@@ -73,6 +82,7 @@ class SpecializedKernel:
     target: Target
     stages: dict[str, str]
     run: Executable = field(repr=False)
+    unbound: Definition | None = field(default=None, repr=False, compare=False)
 
     @property
     def output_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -83,8 +93,45 @@ class SpecializedKernel:
         return tuple(t.dtype.numpy for t in self.definition.outputs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        out = _take_out(self.definition, kwargs)
         bound = bind_arguments(self.definition, args, kwargs)
+        if out is not None:
+            return self.run_into(bound, out)
+        _refuse_without_out(self.definition)
         return _results(self.definition, self.run(bound.values))
+
+    def run_into(self, bound: BoundArguments, out: object) -> Any:
+        """Run on ``bound`` writing into the arrays of ``out`` (checked first); returns them."""
+        d = self.definition
+        given = given_outputs.bind_outputs(d, self.output_shapes, out, bound.values,
+                                           device=self.target.name == "cuda")
+        # a covering '+=!' compiles without its init (the definition it was built from says)
+        source = self.unbound if self.unbound is not None else d
+        started = {source.statements[k].tensor for k in skipped_inits(source)}
+        given_outputs.zero([a for n, a in given.items() if n in started])
+        self.run({**bound.values, **given})
+        objects = given_outputs.given_arrays(d, out)
+        return objects[0] if len(objects) == 1 else objects
+
+
+def _take_out(d: Definition, kwargs: dict[str, Any]) -> object | None:
+    """Remove and return ``out=`` (unless a parameter is named ``out``)."""
+    if "out" not in kwargs or any(p.name == "out" for p in d.params):
+        return None
+    return kwargs.pop("out")
+
+
+def _refuse_without_out(d: Definition) -> None:
+    needed = initial_outputs(d)
+    if needed:
+        names = ", ".join(t.name for t in d.outputs)
+        raise ArgumentError(
+            f"{d.name}: output{'s' if len(needed) > 1 else ''} {', '.join(repr(n) for n in needed)} "
+            f"start{'' if len(needed) > 1 else 's'} from the caller's contents (a reduction without "
+            f"'!' accumulates into {'them' if len(needed) > 1 else 'it'}): pass the output"
+            f"{'s' if len(d.outputs) > 1 else ''} with out= ({d.name}(..., out="
+            f"{names if len(d.outputs) == 1 else '(' + names + ')'})), or write the reduction "
+            f"with '!' to start from its identity")
 
 
 def _results(d: Definition, outputs: dict[str, np.ndarray]) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -120,6 +167,7 @@ class Kernel:
         # positional calls whose argument types, shapes and dtypes were checked before
         self._checked: dict[tuple, SpecializedKernel] = {}
         self._names = tuple(p.name for p in definition.params)
+        self._needs_out = bool(initial_outputs(definition))
 
     @property
     def name(self) -> str:
@@ -136,14 +184,21 @@ class Kernel:
             kernel = self._checked.get(key)
             if kernel is not None:  # the fast path: same kinds of arguments as an earlier call
                 return _results(self.definition, kernel.run(dict(zip(self._names, args))))
+        out = _take_out(self.definition, kwargs)
+        if out is None and self._needs_out:
+            _refuse_without_out(self.definition)
         bound = bind_arguments(self.definition, args, kwargs)
         kernel = self._specialized(bound)
+        if out is not None:
+            return kernel.run_into(bound, out)
         if not kwargs and len(self._checked) < 64:
             self._checked[key] = kernel
         return _results(self.definition, kernel.run(bound.values))
 
     def specialize(self, *args: Any, **kwargs: Any) -> SpecializedKernel:
-        """The kernel specialized to the shapes and dtypes of these arguments."""
+        """The kernel specialized to the shapes and dtypes of these arguments (``out=``
+        is ignored: the results' shapes follow from the arguments)."""
+        _take_out(self.definition, kwargs)
         return self._specialized(bind_arguments(self.definition, args, kwargs))
 
     def _specialized(self, bound: BoundArguments) -> SpecializedKernel:
@@ -167,8 +222,11 @@ class Kernel:
                     f"{sizes}: the inputs are too small for the statement that writes it")
         stages = {"source": self.source, "comprehension": str(self.definition),
                   "specialized": str(specialized)}
-        run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages)
-        return SpecializedKernel(specialized, dict(sizes), self.target, stages, run)
+        try:
+            run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages)
+        except AccessRangeError as e:
+            raise e.with_source(self.source) from None
+        return SpecializedKernel(specialized, dict(sizes), self.target, stages, run, self.definition)
 
 
 class KernelModule:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import islpy as isl
+import sympy
 
 from polyfuse.errors import ScheduleError
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition, Expr, IndexVar,
                                        Literal, Read, ReduceOp, SizeVar, Statement, Unary,
                                        UnaryOp, walk)
-from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.ir.symbolic import evaluate_int, to_sympy
 
 
 class _NotAffine(Exception):
@@ -41,9 +42,14 @@ def isl_expr(e: Expr, names: dict[str, str]) -> str:
             return f"({isl_expr(a, names)} {e.op.value} {isl_expr(b, names)})"
         case Binary(op=BinaryOp.MUL, lhs=a, rhs=b) if isinstance(a, Literal) or isinstance(b, Literal):
             return f"({isl_expr(a, names)} * {isl_expr(b, names)})"
-        case Binary(op=BinaryOp.DIV, lhs=a, rhs=Literal(value=d)) if int(d) > 0:
+        case Binary(op=BinaryOp.DIV | BinaryOp.MOD, lhs=a, rhs=Literal(value=d)) if int(d) > 0:
+            # C's `/` truncates: floor(a/d) where a >= 0, ceil(a/d) where a < 0, exactly
+            x = isl_expr(a, names)
+            q = f"max(floor({x} / {int(d)}), min(ceil({x} / {int(d)}), 0))"
+            return q if e.op is BinaryOp.DIV else f"({x} - {int(d)} * {q})"
+        case Call(fn="floordiv", args=(a, Literal(value=d))) if int(d) > 0:
             return f"floor({isl_expr(a, names)} / {int(d)})"
-        case Binary(op=BinaryOp.MOD, lhs=a, rhs=Literal(value=d)) if int(d) > 0:
+        case Call(fn="floormod", args=(a, Literal(value=d))) if int(d) > 0:
             return f"({isl_expr(a, names)} mod {int(d)})"
     raise _NotAffine(str(e))
 
@@ -102,20 +108,45 @@ class Model:
 
 
 def skipped_inits(d: Definition) -> set[int]:
-    """Statements whose ``+=!`` needs no init statement: the first writers of a tensor,
-    which the runtime hands over zero-filled."""
+    """Statements whose ``+=!`` needs no init statement: the first writers of a tensor
+    that provably cover all of it, which the runtime hands over zero-filled (and zeroes
+    when the caller gives the output with ``out=``; a partial writer keeps its init, so
+    the elements it does not write keep the caller's contents)."""
     first: dict[str, int] = {}
     for k, st in enumerate(d.statements):
         first.setdefault(st.tensor, k)
-    return {k for t, k in first.items() if d.statements[k].op is ReduceOp.ADD and d.statements[k].init}
+    return {k for t, k in first.items() if d.statements[k].op is ReduceOp.ADD
+            and d.statements[k].init and _covers(d.statements[k], d.tensor(t).shape)}
+
+
+def _covers(st: Statement, shape: tuple[Expr, ...]) -> bool:
+    """Whether ``st``'s left-hand side ranges are ``0:extent`` for every size (symbolically)."""
+    try:
+        return all(to_sympy(st.range_of(i).lo) == 0 and sympy.expand(to_sympy(st.range_of(i).hi)
+                                                                      - to_sympy(dim)) == 0
+                   for i, dim in zip(st.indices, shape))
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def initial_outputs(d: Definition) -> tuple[str, ...]:
+    """Outputs whose initial contents the definition reads, in declared order: those whose
+    first writer reduces without ``!`` (TC's ``C(m,n) += ...``), accumulating into what
+    the caller passed. A call must give them (``out=``); nothing zeroes them."""
+    first: dict[str, Statement] = {}
+    for st in d.statements:
+        first.setdefault(st.tensor, st)
+    return tuple(t.name for t in d.outputs if t.name in first
+                 and first[t.name].op is not ReduceOp.ASSIGN and not first[t.name].init)
 
 
 def zero_filled_outputs(d: Definition, sizes: dict[str, int]) -> set[str]:
     """Outputs the runtime must zero before the kernel runs: those whose first writer
-    relies on it (a sum without init) or does not cover the whole tensor."""
+    relies on it (a ``+=!`` without its init) or does not cover the whole tensor. Never
+    those whose initial contents the definition reads (:func:`initial_outputs`)."""
     out = set()
     skipped = skipped_inits(d)
-    seen: set[str] = set()
+    seen: set[str] = set(initial_outputs(d))
     for k, st in enumerate(d.statements):
         if st.tensor in seen:
             continue
@@ -124,7 +155,7 @@ def zero_filled_outputs(d: Definition, sizes: dict[str, int]) -> set[str]:
         covers = all(evaluate_int(st.range_of(i).lo, sizes) <= 0
                      and evaluate_int(st.range_of(i).hi, sizes) >= evaluate_int(dim, sizes)
                      for i, dim in zip(st.indices, shape))
-        if k in skipped or not covers or (st.op is not ReduceOp.ASSIGN and not st.init):
+        if k in skipped or not covers:
             out.add(st.tensor)
     return out
 

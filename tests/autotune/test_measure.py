@@ -4,6 +4,7 @@ reference, and a crash, a hang or a wrong answer is recorded while the batch goe
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from polyfuse.autotune import measure
@@ -129,3 +130,18 @@ def test_results_round_trip_through_json():
 def test_config_refuses_nonsense(bad):
     with pytest.raises(ValueError):
         MeasureConfig(**bad)
+
+
+def test_a_kernel_accumulating_into_its_output_is_measured_from_given_contents():
+    task = Task("def mm_acc(float(M,K) A, float(K,N) B) -> (C) { C(m,n) += A(m,k) * B(k,n) }",
+                "mm_acc", ((32, 16), (16, 24)), ("float32", "float32"))
+    start = measure._initial_outputs(task, {"M": 32, "K": 16, "N": 24}, 0)["C"]
+    A, B = task.random_inputs(0)
+    want = start.astype(np.float64) + A.astype(np.float64) @ B
+    np.testing.assert_allclose(measure._reference(task, 0)["C"], want, rtol=1e-5, atol=1e-5)
+    assert np.abs(start).max() > 0.1        # not zeros: a kernel that zeroed C would fail
+    for result in measure_all(task, [DEFAULT, TILED], MeasureConfig(number=3, repeat=2, jobs=1)):
+        assert result.ok, result.message
+    [wrong] = measure_all(task, [WRONG], MeasureConfig(number=3, repeat=2, jobs=1, inject_faults={
+        WRONG: Fault.WRONG_ANSWER}))
+    assert wrong.error is ErrorCode.WRONG_ANSWER

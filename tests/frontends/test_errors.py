@@ -100,10 +100,6 @@ CASES = [
         "def f(float(N,M) A) -> (B) {",
         "    B(i) = A(i, j) + A(i, j)",
         "}"), 2, 17, "j) +"),
-    Case("accumulate_without_init_on_unwritten", TCSemanticError, src(
-        "def f(float(N,M) A) -> (B) {",
-        "    B(i) += A(i, j)",
-        "}"), 2, 5, "B(i) +="),
     Case("float_index_expression", TCSemanticError, src(
         "def f(float(N) A) -> (B) {",
         "    B(i) = A(i + 0.5)",

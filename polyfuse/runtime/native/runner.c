@@ -5,7 +5,8 @@
 //
 // WEIGHTS is the program's constants blob. IO holds, as little-endian uint64: a magic
 // number, the number of inputs, of outputs, the activation arena's bytes, each input's
-// and each output's bytes; then the inputs' bytes one after another. The runner writes
+// and each output's bytes; then the inputs' bytes one after another (with the magic
+// number IO_SEEDED, the outputs' initial bytes follow: outputs given with out=). The runner writes
 // IO.out: the entry point's int64 status, then the outputs' bytes. Exit status 0 means
 // IO.out was written; any other status comes with a message on stderr.
 
@@ -15,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define IO_MAGIC 0x31304f4946594c50ull  // "PLYFIO01"
+#define IO_MAGIC 0x31304f4946594c50ull   // "PLYFIO01"
+#define IO_SEEDED 0x32304f4946594c50ull  // "PLYFIO02": the outputs' initial contents follow
 #define ALIGNMENT 64
 
 int polyfuse_entry(const uint8_t *weights, uint8_t *activations, const void *const *inputs,
@@ -56,7 +58,7 @@ int main(int argc, char **argv) {
 
     uint64_t head[4];
     read_exactly(io, head, sizeof head, "the IO file");
-    if (head[0] != IO_MAGIC) {
+    if (head[0] != IO_MAGIC && head[0] != IO_SEEDED) {
         fprintf(stderr, "runner: %s is not a polyfuse IO file\n", argv[2]);
         return 2;
     }
@@ -66,7 +68,7 @@ int main(int argc, char **argv) {
     read_exactly(io, sizes, (n_in + n_out) * sizeof *sizes, "the IO file");
     for (uint64_t k = 0; k < n_in + n_out; ++k) {
         buffers[k] = aligned_buffer(sizes[k]);
-        if (k < n_in) read_exactly(io, buffers[k], sizes[k], "the IO file");
+        if (k < n_in || head[0] == IO_SEEDED) read_exactly(io, buffers[k], sizes[k], "the IO file");
     }
     fclose(io);
     uint8_t *activations = aligned_buffer(head[3]);
