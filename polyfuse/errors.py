@@ -118,10 +118,10 @@ class BoundsError(PolyfuseError, IndexError):
     def in_kernel(label: str) -> BoundsError:
         """The error of a kernel whose checked index (one taken from another tensor, or
         one not proven in bounds when it was compiled) fell outside its dimension."""
-        return BoundsError(f"kernel '{label}' read a tensor out of bounds: an index taken from "
-                           "another tensor, or one that could not be proven in bounds when the "
-                           "kernel was compiled, fell outside the dimension it indexes; no output "
-                           "was returned")
+        return BoundsError(f"kernel '{label}' read a tensor out of bounds: a value of an index "
+                           "tensor, or an index that could not be proven in bounds when the kernel "
+                           "was compiled, fell outside the dimension it indexes; no output was "
+                           "returned")
 
 
 class AccessRangeError(RangeInferenceError, BoundsError):
