@@ -904,6 +904,60 @@ def conv_grad_input(float(N) dO, float(K) Wt) -> (dI) {
     _conv_grad_input,
 )
 
+# --------------------------------------------------------------------------- TC's special functions
+
+def _kaiser_oracle(X, T, Beta):
+    W = (np.i0(Beta[0] * np.sqrt(1.0 - T.astype(f64) ** 2)) / np.i0(Beta[0])).astype(f32)
+    return W, X * W
+
+
+_add(
+    "kaiser_window",
+    """
+def kaiser(float(N) X, float(N) T, float(1) Beta) -> (W, Y) {
+    W(n) = cyl_bessel_i0(Beta(0) * sqrt(1.0 - T(n) * T(n))) / cyl_bessel_i0(Beta(0))
+    Y(n) = X(n) * W(n)
+}
+""",
+    "kaiser",
+    lambda rng: (_u(rng, 33), np.linspace(-1, 1, 33, dtype=f32), np.array([8.6], f32)),
+    _kaiser_oracle,
+)
+
+
+def _binomial_inputs(rng: np.random.Generator) -> tuple:
+    M = rng.integers(1, 60, 24).astype(f32)
+    K = np.floor(rng.uniform(0, 1, 24) * (M + 1)).astype(f32)
+    U = rng.uniform(0.001, 0.999, 24).astype(f32)
+    X = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997, -3.2] * 3, f32)
+    return M, K, U, X
+
+
+def _binomial_oracle(M, K, U, X):
+    import scipy.special as sp
+    M, K, U = (a.astype(f64) for a in (M, K, U))
+    L = sp.gammaln(M + 1) - sp.gammaln(K + 1) - sp.gammaln(M - K + 1)
+    P = np.exp(L + K * np.log(0.3) + (M - K) * np.log(0.7))
+    return (L.astype(f32), P.astype(f32), (2.0 + 0.5 * sp.ndtri(U)).astype(f32),
+            (np.sign(X) * np.floor(np.abs(X.astype(f64)) + 0.5)).astype(f32), np.rint(X))
+
+
+_add(
+    "binomial_and_quantiles",
+    """
+def binomial(float(N) M, float(N) K, float(N) U, float(N) X) -> (L, P, Q, R, E) {
+    L(i) = lgamma(M(i) + 1.0) - lgamma(K(i) + 1.0) - lgamma(M(i) - K(i) + 1.0)
+    P(i) = exp(L(i) + K(i) * log(0.3) + (M(i) - K(i)) * log(0.7))
+    Q(i) = fma(0.5, normcdfinv(U(i)), 2.0)
+    R(i) = round(X(i))                  # half away from zero, like CUDA's roundf
+    E(i) = rint(X(i))                   # half to even
+}
+""",
+    "binomial",
+    _binomial_inputs,
+    _binomial_oracle,
+)
+
 PROGRAMS_BY_NAME: dict[str, Program] = {p.name: p for p in PROGRAMS}
 assert len(PROGRAMS_BY_NAME) == len(PROGRAMS), "program names must be unique"
 

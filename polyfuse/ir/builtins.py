@@ -30,7 +30,15 @@ BUILTINS: dict[str, Builtin] = {
     **_table(BuiltinKind.FLOAT, 1, "exp exp2 expm1 log log2 log10 log1p sqrt rsqrt cbrt "
                                    "tanh sinh cosh sigmoid erf erfc fabs floor ceil round trunc "
                                    "sin cos tan asin acos atan"),
-    **_table(BuiltinKind.FLOAT, 2, "fmax fmin pow atan2 fmod"),
+    # the rest of CUDA's single-precision math, which TC offers as builtins;
+    # round rounds half away from zero (roundf), rint half to even
+    **_table(BuiltinKind.FLOAT, 1, "rint acosh asinh atanh cospi sinpi cyl_bessel_i0 "
+                                   "cyl_bessel_i1 erfinv erfcinv erfcx exp10 j0 j1 y0 y1 "
+                                   "lgamma tgamma logb normcdf normcdfinv rcbrt"),
+    **_table(BuiltinKind.FLOAT, 2, "fmax fmin pow atan2 fmod copysign fdim fdivide hypot "
+                                   "nextafter remainder rhypot"),
+    **_table(BuiltinKind.FLOAT, 3, "fma norm3d rnorm3d"),
+    **_table(BuiltinKind.FLOAT, 4, "norm4d rnorm4d"),
     **_table(BuiltinKind.NUMERIC, 1, "abs"),
     **_table(BuiltinKind.NUMERIC, 2, "max min"),
 }

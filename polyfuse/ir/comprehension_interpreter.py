@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyfuse.errors import BoundsError
+from polyfuse.ir import special_functions
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition, Expr, IndexVar,
                                        Literal, Read, ReduceOp, ScalarRef, Select, SizeVar,
                                        Statement, Unary, UnaryOp)
@@ -39,10 +40,11 @@ FUNCTIONS = {
     "cbrt": np.cbrt, "tanh": np.tanh, "sinh": np.sinh, "cosh": np.cosh,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
     "erf": lambda x: _erf(x).astype(x.dtype), "erfc": lambda x: _erfc(x).astype(x.dtype),
-    "fabs": np.fabs, "floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc,
+    "fabs": np.fabs, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
     "atan": np.arctan, "fmax": np.fmax, "fmin": np.fmin, "pow": np.power, "atan2": np.arctan2,
     "fmod": np.fmod, "abs": np.abs, "max": np.maximum, "min": np.minimum,
+    **special_functions.FUNCTIONS,   # round (half away from zero), rint, and the rest of TC's
 }
 
 _BINARY = {

@@ -88,7 +88,11 @@ _OPS = {BinaryOp.ADD: "+", BinaryOp.SUB: "-", BinaryOp.MUL: "*", BinaryOp.DIV: "
 # builtin -> C function on double (float adds "f")
 _MATH = {name: name for name in "exp exp2 expm1 log log2 log10 log1p sqrt cbrt tanh sinh cosh erf "
          "erfc fabs floor ceil trunc sin cos tan asin acos atan fmax fmin pow atan2".split()}
-_MATH |= {"round": "rint", "abs": "fabs"}
+_MATH |= {name: name for name in "round rint acosh asinh atanh copysign cospi sinpi cyl_bessel_i0 "
+          "cyl_bessel_i1 erfinv erfcinv erfcx exp10 j0 j1 y0 y1 lgamma tgamma logb normcdf "
+          "normcdfinv rcbrt fdim hypot nextafter remainder rhypot fma norm3d rnorm3d norm4d "
+          "rnorm4d".split()}
+_MATH |= {"abs": "fabs", "fdivide": "fdivide"}  # fdividef; in double a plain division
 
 
 # C++ words a TC name may spell; such names (and ones in polyfuse's pf_ space) get a "_"
@@ -241,6 +245,8 @@ class ExprEmitter:
             return f"({one} / sqrt{f}({args[0]}))"
         if fn == "sigmoid":
             return f"({one} / ({one} + exp{f}(-{args[0]})))"
+        if fn == "fdivide" and double:
+            return f"({args[0]} / {args[1]})"
         if fn == "fmod":
             return f"fmod{f}({args[0]}, {args[1]})"
         if fn in _MATH:

@@ -17,7 +17,7 @@ from polyfuse.errors import CodegenError
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp, walk)
 from polyfuse.ir.types import DType
-from polyfuse.targets import llvm_math
+from polyfuse.targets import llvm_math, llvm_special
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -42,14 +42,30 @@ _FCMP = {BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">", BinaryOp.GE: ">=
 
 # builtin -> LLVM intrinsic (same for float and double)
 _INTRINSICS = {"sqrt": "llvm.sqrt", "fabs": "llvm.fabs", "floor": "llvm.floor", "ceil": "llvm.ceil",
-               "trunc": "llvm.trunc", "round": "llvm.roundeven", "fmax": "llvm.maxnum",
+               "trunc": "llvm.trunc", "round": "llvm.round", "rint": "llvm.roundeven",
+               "copysign": "llvm.copysign", "fma": "llvm.fma", "fmax": "llvm.maxnum",
                "fmin": "llvm.minnum", "pow": "llvm.pow", "exp2": "llvm.exp2", "log2": "llvm.log2",
                "log10": "llvm.log10", "sin": "llvm.sin", "cos": "llvm.cos", "exp": "llvm.exp",
                "log": "llvm.log"}
 # builtin -> libm function name for double (float adds an "f")
 _LIBM = {"cbrt": "cbrt", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan",
          "atan2": "atan2", "sinh": "sinh", "cosh": "cosh", "erfc": "erfc", "expm1": "expm1",
-         "log1p": "log1p", "fmod": "fmod", "tanh": "tanh", "erf": "erf"}
+         "log1p": "log1p", "fmod": "fmod", "tanh": "tanh", "erf": "erf", "j0": "j0", "j1": "j1",
+         "y0": "y0", "y1": "y1", "lgamma": "lgamma", "tgamma": "tgamma"}
+# on float32 these are llvm_special's vector code, on float64 libm's
+_LIBM_DOUBLE = {n: n for n in "acosh asinh atanh exp10 fdim hypot logb nextafter remainder".split()}
+
+
+def calls_libm(e: Call, *, scalable: bool = False) -> bool:
+    """Whether the call becomes a scalar libm call, which keeps its loop from vectorizing
+    (for ``scalable`` vectors, as SVE's are, or fixed-width ones)."""
+    if not e.dtype.is_float:
+        return False
+    if register_type(e.dtype) is F32 and e.fn in llvm_special.SUPPORTED:
+        return scalable and e.fn in llvm_special.NOT_SCALABLE
+    if register_type(e.dtype) is F32 and e.fn in llvm_math.SUPPORTED:
+        return False
+    return e.fn in _LIBM or (e.dtype is DType.FLOAT64 and e.fn in _LIBM_DOUBLE)
 
 
 class ExprEmitter:
@@ -180,6 +196,12 @@ class ExprEmitter:
         ty = register_type(dt)
         if ty is F32 and fn in llvm_math.SUPPORTED:
             return b.call(llvm_math.math_function(self.module, fn, 1), args)
+        if ty is F32 and fn in llvm_special.SUPPORTED:
+            return b.call(llvm_special.special_function(self.module, fn, 1), args)
+        if fn == "fdivide":
+            return b.fdiv(args[0], args[1])
+        if ty is F64 and fn in _LIBM_DOUBLE:
+            return b.call(self.libm(_LIBM_DOUBLE[fn], ty, len(args)), args)
         if fn in ("max", "min"):
             name = "llvm.maximum" if fn == "max" else "llvm.minimum"
             return b.call(self.intrinsic(name, ty, 2), args)
@@ -194,6 +216,10 @@ class ExprEmitter:
             return b.call(self.intrinsic(_INTRINSICS[fn], ty, len(args)), args)
         if fn in _LIBM:
             return b.call(self.libm(_LIBM[fn], ty, len(args)), args)
+        if fn in llvm_special.SUPPORTED:
+            raise CodegenError(f"builtin '{fn}' has only a float32 implementation on CPU targets "
+                               f"(it is one of CUDA's single-precision functions); cast its "
+                               f"argument to float")
         raise CodegenError(f"no code generator for builtin '{fn}' on {dt}")
 
 

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from polyfuse.ir.comprehension import Expr, IndexVar, Literal, Read, ScalarRef, walk
-from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
+from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef, walk
+from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
+                               map_body_exprs, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
-                                        f32_to_bf16, register_type, storage_type)
+                                        calls_libm, f32_to_bf16, register_type, storage_type)
 
 PARALLEL_FOR = "polyfuse_parallel_for_threads"
 _I8P = I8.as_pointer()
@@ -179,6 +180,8 @@ class KernelEmitter:
         props = [ir.MetaDataString(self.module, f"polyfuse.loop.{self.n_loops}")]
         m = self.module
         s = _fit_to_trip_count(s)
+        if s.vector > 1 and _calls_libm(s, self.scalable):   # asking would only print "loop not vectorized"
+            s = For(s.var, s.lo, s.hi, s.body, s.kind, s.step, 1, s.unroll)
         if s.vector > 1:
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.enable"), ir.Constant(I1, 1)]))
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.width"), ir.Constant(ir.IntType(32), s.vector)]))
@@ -241,6 +244,17 @@ class KernelEmitter:
         pfor = self.module.globals.get(PARALLEL_FOR) or ir.Function(
             self.module, ir.FunctionType(ir.VoidType(), [tramp.type, I64, _I8P, I64]), PARALLEL_FOR)
         b.call(pfor, [tramp, trips, b.bitcast(slot, _I8P), ir.Constant(I64, self.num_threads)])
+
+
+def _calls_libm(s: For, scalable: bool) -> bool:
+    found: list[Call] = []
+
+    def visit(e: Expr) -> Expr:
+        if isinstance(e, Call) and calls_libm(e, scalable=scalable):
+            found.append(e)
+        return e
+    map_body_exprs(s.body, visit)
+    return bool(found)
 
 
 def _fit_to_trip_count(s: For) -> For:

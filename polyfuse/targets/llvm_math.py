@@ -27,6 +27,7 @@ from polyfuse.errors import TargetError
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
 
 # 1.5 * 2^23: adding it to |v| < 2^22 rounds v to an integer held in the low
 # mantissa bits, which gives both the rounded float and its int32 value without
@@ -57,21 +58,25 @@ _ERF_LARGE = (-1.06777877e-1, -6.34846687e-1, -1.28717512e-1)
 
 
 def _type_suffix(ty: ir.Type) -> str:
-    """LLVM's overload suffix: ``f32`` or ``v8f32`` (llvmlite has none for vectors)."""
-    return f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
+    """LLVM's overload suffix: ``f32``, ``v8f32``, ``f64``... (llvmlite has none for vectors)."""
+    element = ty.element if isinstance(ty, ir.VectorType) else ty
+    name = "f64" if isinstance(element, ir.DoubleType) else "f32"
+    return f"v{ty.count}{name}" if isinstance(ty, ir.VectorType) else name
 
 
 class _Emit:
-    """Float32 arithmetic on one value type (``float`` or ``<w x float>``).
+    """Float arithmetic on one value type (``float``, ``<w x float>``, or their doubles).
 
-    Constants are splatted to the type, and integer views use the matching i32
+    Constants are splatted to the type, and integer views use the matching i32 (i64)
     type, so the algorithms below read the same for scalars and vectors.
     """
 
     def __init__(self, builder: ir.IRBuilder, ty: ir.Type) -> None:
         self.b = builder
         self.ty = ty
-        self.ity = ir.VectorType(_I32, ty.count) if isinstance(ty, ir.VectorType) else _I32
+        vector = isinstance(ty, ir.VectorType)
+        element = _I64 if isinstance(ty.element if vector else ty, ir.DoubleType) else _I32
+        self.ity = ir.VectorType(element, ty.count) if vector else element
         self.suffix = _type_suffix(ty)
 
     def f(self, value: float) -> ir.Constant:
@@ -277,17 +282,25 @@ def math_function(module: ir.Module, name: str, width: int) -> ir.Function:
     if name not in _BODIES:
         raise TargetError(f"no vector implementation of {name!r}; "
                           f"supported: {', '.join(sorted(SUPPORTED))}")
+    return define_function(module, name, _BODIES[name], width)
+
+
+def define_function(module: ir.Module, name: str, body: Callable[..., ir.Value],
+                    width: int, arity: int = 1) -> ir.Function:
+    """``polyfuse.math.<name>.<type>``: ``body(emit, *args)`` as an inlined function of
+    ``arity`` float arguments (see :func:`math_function`)."""
     if not isinstance(width, int) or width < 1:
         raise TargetError(f"vector width must be a positive integer, got {width!r}")
     ty = _F32 if width == 1 else ir.VectorType(_F32, width)
     symbol = f"polyfuse.math.{name}.{_type_suffix(ty)}"
     if symbol in module.globals:
         return module.globals[symbol]
-    fn = ir.Function(module, ir.FunctionType(ty, [ty]), symbol)
+    fn = ir.Function(module, ir.FunctionType(ty, [ty] * arity), symbol)
     fn.linkage = "internal"
     fn.attributes.add("alwaysinline")
     fn.attributes.add("nounwind")
-    fn.args[0].name = "x"
+    for arg, arg_name in zip(fn.args, "xyzw"):
+        arg.name = arg_name
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    builder.ret(_BODIES[name](_Emit(builder, ty), fn.args[0]))
+    builder.ret(body(_Emit(builder, ty), *fn.args))
     return fn

@@ -51,7 +51,72 @@ static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 static inline float pf_emulated_h2f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
 static inline unsigned short pf_emulated_f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; std::memcpy(&h, &x, 2); return h; }
+""" + r"""
+// CUDA's math functions that the host's libm lacks, computed in double
+static double pf_erfcinv(double c) {  // Newton's method on log erfc, monotone from the right
+  if (!(c >= 0 && c <= 2)) return NAN;
+  if (c == 0) return INFINITY;
+  if (c == 2) return -INFINITY;
+  double l = c > 1 ? 2 - c : c, y = std::sqrt(std::fmax(-std::log(l * (2 - l)), 0.0)), t = std::log(l);
+  for (int i = 0; i < 60; ++i) {
+    double e = std::erfc(y);
+    if (e <= 0) break;
+    y -= (std::log(e) - t) / (-M_2_SQRTPI * std::exp(-y * y) / e);
+  }
+  return c > 1 ? -y : y;
+}
+static double pf_erfinv(double x) {
+  double a = std::fabs(x), y = a / M_2_SQRTPI;
+  if (a > 0.5) return std::copysign(pf_erfcinv(1 - a), x);
+  for (int i = 0; i < 8; ++i) y -= (std::erf(y) - a) / (M_2_SQRTPI * std::exp(-y * y));
+  return std::copysign(y, x);
+}
+static double pf_erfcx(double x) {
+  if (x < 26) return std::exp(x * x) * std::erfc(x);
+  double v = 1 / (2 * x * x);
+  return (1 - v * (1 - 3 * v * (1 - 5 * v * (1 - 7 * v)))) / (x * std::sqrt(M_PI));
+}
+static double pf_sinpi(double x, bool cosine) {
+  double r = std::fmod(cosine ? std::fabs(x) : x, 2.0), n = std::rint(2 * r), s = r - n / 2;
+  double sn = std::sin(M_PI * s), cs = std::cos(M_PI * s);
+  int q = ((int)n % 4 + 4) % 4;
+  double v = cosine ? (q == 0 ? cs : q == 1 ? -sn : q == 2 ? -cs : sn)
+                    : (q == 0 ? sn : q == 1 ? cs : q == 2 ? -sn : -cs);
+  return v == 0 ? (cosine ? 0.0 : std::copysign(0.0, x)) : v;
+}
+static double pf_bessel_i(int n, double x) {
+  if (x != x) return x;
+  double a = std::fabs(x), v = a > 200 ? INFINITY : std::cyl_bessel_i((double)n, a);
+  return n == 1 ? std::copysign(v, x) : v;
+}
+static double pf_norm(double a, double b, double c = 0, double d = 0) {
+  if (std::isinf(a) || std::isinf(b) || std::isinf(c) || std::isinf(d)) return INFINITY;
+  return std::sqrt(a * a + b * b + c * c + d * d);
+}
+#define PF_BOTH(name, params, value) \
+  static inline double pf_emulated_##name params { return value; } \
+  static inline float pf_emulated_##name##f params { return (float)(value); }
+PF_BOTH(erfinv, (double x), pf_erfinv(x))
+PF_BOTH(erfcinv, (double x), pf_erfcinv(x))
+PF_BOTH(erfcx, (double x), pf_erfcx(x))
+PF_BOTH(normcdf, (double x), 0.5 * std::erfc(-x / M_SQRT2))
+PF_BOTH(normcdfinv, (double p), -M_SQRT2 * pf_erfcinv(2 * p))
+PF_BOTH(sinpi, (double x), pf_sinpi(x, false))
+PF_BOTH(cospi, (double x), pf_sinpi(x, true))
+PF_BOTH(cyl_bessel_i0, (double x), pf_bessel_i(0, x))
+PF_BOTH(cyl_bessel_i1, (double x), pf_bessel_i(1, x))
+PF_BOTH(rcbrt, (double x), 1 / std::cbrt(x))
+PF_BOTH(rhypot, (double x, double y), 1 / pf_norm(x, y))
+PF_BOTH(norm3d, (double x, double y, double z), pf_norm(x, y, z))
+PF_BOTH(rnorm3d, (double x, double y, double z), 1 / pf_norm(x, y, z))
+PF_BOTH(norm4d, (double x, double y, double z, double w), pf_norm(x, y, z, w))
+PF_BOTH(rnorm4d, (double x, double y, double z, double w), 1 / pf_norm(x, y, z, w))
+static inline float pf_emulated_fdividef(float x, float y) { return x / y; }
 """
+# CUDA's names for them, as macros so that no libm declaration can clash
+PRELUDE += "".join(f"#define {name}{f} pf_emulated_{name}{f}\n" for name in (
+    "erfinv erfcinv erfcx normcdf normcdfinv sinpi cospi cyl_bessel_i0 cyl_bessel_i1 rcbrt rhypot "
+    "norm3d rnorm3d norm4d rnorm4d").split() for f in ("", "f")) + "#define fdividef pf_emulated_fdividef\n"
 
 # a launch: every block in turn, the block's threads at once
 LAUNCHER = r"""

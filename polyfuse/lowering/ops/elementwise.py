@@ -157,7 +157,7 @@ def _isinf(ctx: OpContext) -> TCKernel:
 _UNARY = {
     "Neg": "-x", "Abs": "abs(x)", "Reciprocal": "1.0 / x", "Sqrt": "sqrt(x)", "Exp": "exp(x)",
     "Log": "log(x)", "Erf": "erf(x)", "Tanh": "tanh(x)", "Sigmoid": "sigmoid(x)",
-    "Floor": "floor(x)", "Ceil": "ceil(x)", "Round": "round(x)", "Sin": "sin(x)",
+    "Floor": "floor(x)", "Ceil": "ceil(x)", "Round": "rint(x)", "Sin": "sin(x)",
     "Cos": "cos(x)", "Tan": "tan(x)", "Asin": "asin(x)", "Acos": "acos(x)", "Atan": "atan(x)",
     "Sinh": "sinh(x)", "Cosh": "cosh(x)",
     "Asinh": "(x < 0 ? -1 : 1) * log(abs(x) + sqrt(x * x + 1))",

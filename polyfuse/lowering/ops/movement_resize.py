@@ -247,7 +247,7 @@ def _combine(dt: DType, read: str, weights: list[str], taps: list[str],
     value = access("A", idx)
     if dt.is_int:
         info = np.iinfo(dt.numpy)
-        value = f"min(max(round({value}), {f64(info.min)}), {f64(info.max)})"
+        value = f"min(max(rint({value}), {f64(info.min)}), {f64(info.max)})"
     return [tensor_param("A", (F64, out))], [
         statement("A", idx, f"float64({read}) * {product}", out, taps, "+=!"),
         statement("Y", idx, f"{dt}({value})", out)]

@@ -1,0 +1,272 @@
+"""TC's builtins (CUDA's single-precision math) on every target, against scipy/numpy/mpmath.
+
+All builtins are compiled into one kernel per target: row r of the input A holds the
+r-th argument row, and each output applies one builtin to its rows. Results are
+judged in ulps of float32 (adjacent floats are 1 apart, -0 == +0) against the
+float64 oracle rounded to float32; NaN must be NaN and infinities exact. Functions
+with zeros inside their domain also accept a small absolute error (``atol``).
+"""
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import mpmath
+import numpy as np
+import pytest
+import scipy.special as sp
+
+import polyfuse as pf
+from polyfuse.frontends.loop_ir import parse_kernel
+from polyfuse.frontends.tc import parse_definition
+from polyfuse.ir.loops_interpreter import interpret_kernel
+from polyfuse.runtime.arguments import bind_arguments
+from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.pipeline import schedule_definition
+from polyfuse.targets import llvm_special
+from tests.arm_tools import AARCH64, needs_arm_tools
+from tests.cuda.emulator import CXX
+from tests.cuda.test_emulated import emulated  # noqa: F401 (the emulated-device fixture)
+from tests.ir.test_roundtrip import assert_round_trip
+
+N = 2048
+F = np.float32
+EDGES = F([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e-45,
+           -1e-45, 1e-38, 3.4028235e38, -3.4028235e38, 8388607.5, 8388609.0, 16777217.0, 1e30])
+
+
+def _mix(rng, lo, hi, *, log=False, edges=EDGES):
+    """N points: dense uniform (or log-uniform magnitudes of both signs) in [lo, hi], then edges."""
+    n = N - len(edges)
+    if log:
+        dense = np.exp(rng.uniform(math.log(lo), math.log(hi), n)) * rng.choice([-1, 1], n)
+    else:
+        dense = rng.uniform(lo, hi, n)
+    return np.concatenate([dense, edges]).astype(F)
+
+
+def _mp(fn):
+    f = np.frompyfunc(lambda v: float(fn(mpmath.mpf(float(v)))) if math.isfinite(v) else math.nan, 1, 1)
+    return lambda x: f(x).astype(np.float64)
+
+
+def _fma(x, y, z):
+    """x y + z rounded once to float32 (mpmath: exact product, sum at 24 bits)."""
+    def one(a, b, c):
+        if not all(map(math.isfinite, (a, b, c))):
+            return a * b + c
+        return float(mpmath.fadd(mpmath.fmul(a, b, exact=True), c, prec=24, rounding="n"))
+    return np.frompyfunc(one, 3, 1)(x, y, z).astype(np.float64)
+
+
+def _norm(*xs):
+    out = np.sqrt(sum(x * x for x in xs))
+    return np.where(np.any([np.isinf(x) for x in xs], axis=0), np.inf, out)
+
+
+def _bessel_i(fn, odd):
+    def oracle(x):
+        out = fn(x)
+        return np.where(np.isinf(x), np.copysign(np.inf, x) if odd else np.inf, out)
+    return oracle
+
+
+def _c_at_inf(fn, at_inf, at_minus_inf):
+    """scipy's function with C's values at +-inf where scipy says otherwise (j0(inf) = 0)."""
+    return lambda x: np.where(x == np.inf, at_inf, np.where(x == -np.inf, at_minus_inf, fn(x)))
+
+
+def _fdim(x, y):
+    return np.where(x > y, x - y, np.where(np.isnan(x) | np.isnan(y), np.nan, 0.0))
+
+
+@dataclass
+class Spec:
+    oracle: object
+    args: object                      # rng -> list of float32 arrays
+    ulp: int = 2
+    atol: float = 0.0
+    by_target: dict = field(default_factory=dict)   # target -> (ulp, atol) where it differs
+
+
+def _one(lo, hi, **kw):
+    return lambda rng: [_mix(rng, lo, hi, **kw)]
+
+
+def _two(lo, hi, **kw):
+    return lambda rng: [_mix(rng, lo, hi, **kw), np.roll(_mix(rng, lo, hi, **kw), 7)]
+
+
+# libm's float32 Bessel and gamma functions (x86, aarch64, the emulator's host) are
+# judged like CUDA's documented bounds: absolute error near the zeros.
+LIBM = {t: (16, 2e-6) for t in ("x86", "aarch64", "cuda")}
+SPECS = {
+    "round": Spec(lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x), _one(-10, 10), 0),
+    "rint": Spec(np.rint, _one(-10, 10), 0),
+    "acosh": Spec(np.arccosh, lambda rng: [_mix(rng, 1.0, 1e6, log=True)]),
+    "asinh": Spec(np.arcsinh, _one(1e-30, 1e38, log=True)),
+    "atanh": Spec(np.arctanh, _one(-1.0, 1.0), 3),
+    "copysign": Spec(np.copysign, _two(-5, 5), 0),
+    "cospi": Spec(_mp(mpmath.cospi), _one(-1e3, 1e3), atol=1e-7),
+    "sinpi": Spec(_mp(mpmath.sinpi), _one(-1e3, 1e3), atol=1e-7),
+    "cyl_bessel_i0": Spec(_bessel_i(sp.i0, False), _one(-95, 95), 4),
+    "cyl_bessel_i1": Spec(_bessel_i(sp.i1, True), _one(-95, 95), 4),
+    "erfinv": Spec(sp.erfinv, lambda rng: [np.concatenate([
+        _mix(rng, -1, 1)[:N // 2], (1 - np.exp(rng.uniform(-16.6, 0, N // 2))).astype(F)])]),
+    "erfcinv": Spec(sp.erfcinv, lambda rng: [np.concatenate([
+        _mix(rng, 0, 2)[:N // 2], np.exp(rng.uniform(-103, 0, N // 2)).astype(F)])]),
+    "normcdfinv": Spec(sp.ndtri, lambda rng: [np.concatenate([
+        _mix(rng, 0, 1)[:N // 2], np.exp(rng.uniform(-103, 0, N // 2)).astype(F)])]),
+    "erfcx": Spec(sp.erfcx, lambda rng: [np.concatenate([
+        _mix(rng, -10, 30)[:N // 2], np.exp(rng.uniform(0, 70, N // 2)).astype(F)])], 4),
+    "exp10": Spec(sp.exp10, _one(-46, 39), 1),
+    "fdim": Spec(_fdim, _two(-5, 5), 0),
+    "fdivide": Spec(np.true_divide, _two(-5, 5), 0),
+    "fma": Spec(_fma, lambda rng: [_mix(rng, -5, 5), _mix(rng, -5, 5), np.roll(_mix(rng, -25, 25), 3)], 0),
+    "hypot": Spec(_norm, _two(1e-30, 1e38, log=True), 1),
+    "rhypot": Spec(lambda x, y: 1 / _norm(x, y), _two(1e-18, 1e18, log=True), 1),
+    "norm3d": Spec(_norm, lambda rng: [_mix(rng, -1e3, 1e3) for _ in range(3)], 1),
+    "rnorm3d": Spec(lambda *xs: 1 / _norm(*xs), lambda rng: [_mix(rng, -1e3, 1e3) for _ in range(3)], 1),
+    "norm4d": Spec(_norm, lambda rng: [_mix(rng, -1e3, 1e3) for _ in range(4)], 1),
+    "rnorm4d": Spec(lambda *xs: 1 / _norm(*xs), lambda rng: [_mix(rng, -1e3, 1e3) for _ in range(4)], 1),
+    "j0": Spec(_c_at_inf(sp.j0, 0.0, 0.0), _one(-100, 100), 4, 1e-7, LIBM),
+    "j1": Spec(_c_at_inf(sp.j1, 0.0, 0.0), _one(-100, 100), 4, 1e-7, LIBM),
+    "y0": Spec(_c_at_inf(sp.y0, 0.0, np.nan), _one(0, 100), 4, 1e-7, LIBM),
+    "y1": Spec(_c_at_inf(sp.y1, 0.0, np.nan), _one(0, 100), 4, 1e-7, LIBM),
+    "lgamma": Spec(_c_at_inf(sp.gammaln, np.inf, np.inf), _one(-50, 50), 2, 1e-7, LIBM),
+    "tgamma": Spec(sp.gamma, _one(-40, 36), 2, 0.0, LIBM),
+    "logb": Spec(lambda x: np.where(x == 0, -np.inf, np.floor(np.log2(np.abs(x)))),
+                 _one(1e-45, 3e38, log=True), 0),
+    "nextafter": Spec(lambda x, y: np.nextafter(F(x), F(y)).astype(np.float64), _two(-3, 3), 0),
+    "normcdf": Spec(sp.ndtr, _one(-14, 6), 4),
+    "rcbrt": Spec(lambda x: 1 / np.cbrt(x), _one(1e-45, 3e38, log=True), 1),
+    "remainder": Spec(np.vectorize(lambda x, y: math.remainder(x, y) if math.isfinite(x) and y != 0
+                                   and not math.isnan(y) else math.nan),
+                      lambda rng: [_mix(rng, -1e6, 1e6), _mix(rng, 1e-3, 50, log=True)], 0),
+}
+
+
+def _program():
+    """One kernel applying every builtin to its rows of A, the rows, and each builtin's rows."""
+    rng = np.random.default_rng(0)
+    rows, lines, outputs, slices = [], [], [], {}
+    for k, (name, spec) in enumerate(SPECS.items()):
+        args = spec.args(rng)
+        reads = ", ".join(f"A({len(rows) + j}, n)" for j in range(len(args)))
+        slices[name] = slice(len(rows), len(rows) + len(args))
+        rows += [np.resize(a, N) for a in args]
+        outputs.append(f"O{k}")
+        lines.append(f"  O{k}(n) = {name}({reads})")
+    source = f"def builtins(float(R, N) A) -> ({', '.join(outputs)}) {{\n" + "\n".join(lines) + "\n}"
+    return source, np.stack(rows), slices
+
+
+SOURCE, ROWS, SLICES = _program()
+
+
+def ulp_distance(got, want):
+    def ordered(v):
+        i = v.view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+    return np.abs(ordered(got) - ordered(want))
+
+
+def check(target, outputs):
+    failures = []
+    for (name, spec), got in zip(SPECS.items(), outputs):
+        args = ROWS[SLICES[name]].astype(np.float64)
+        with np.errstate(all="ignore"):
+            want = np.asarray(spec.oracle(*args), np.float64).astype(F)
+        ulp, atol = spec.by_target.get(target, (spec.ulp, spec.atol))
+        with np.errstate(invalid="ignore"):
+            bad_nan = np.isnan(got) != np.isnan(want)
+            bad_inf = (np.isinf(want) | np.isinf(got)) & (got != want) & ~np.isnan(want)
+            distance = np.where(np.isnan(want) | np.isinf(want), 0, ulp_distance(got, want))
+            close = np.abs(got.astype(np.float64) - want) <= atol
+        bad = bad_nan | bad_inf | ((distance > ulp) & ~close)
+        if bad.any():
+            k = np.flatnonzero(bad)[:3]
+            failures.append(f"{name}: {bad.sum()} bad, max {distance[~np.isnan(want)].max()} ulp; "
+                            f"args {args[:, k].T.tolist()} got {got[k]} want {want[k]}")
+    assert not failures, f"{target}:\n" + "\n".join(failures)
+
+
+def test_reference_interpreter_matches_the_oracles():
+    check("reference", pf.define(SOURCE).builtins(ROWS))
+
+
+def test_x86_matches_the_oracles_and_vectorizes(capfd):
+    kernel = pf.define(SOURCE, target="x86").builtins
+    outputs = kernel(ROWS)
+    assert capfd.readouterr().err == ""          # no "loop not vectorized" remarks
+    check("x86", outputs)
+
+
+@pytest.mark.parametrize("target", [AARCH64, pytest.param("aarch64+sve", marks=needs_arm_tools)])
+def test_aarch64_matches_the_oracles(target, capfd):
+    outputs = pf.define(SOURCE, target=target).builtins(ROWS)
+    assert capfd.readouterr().err == ""
+    check("aarch64", outputs)
+
+
+@pytest.mark.skipif(CXX is None, reason="the emulator needs a C++20 compiler")
+def test_cuda_c_matches_the_oracles_on_the_emulator(emulated):
+    kernel = pf.define(SOURCE, target="cuda").builtins
+    outputs = kernel(ROWS)
+    assert emulated.launches
+    check("cuda", outputs)
+
+
+def test_loop_ir_interpreter_matches_the_oracles_element_by_element():
+    """The loop-IR interpreter calls the same table one scalar at a time (0-d arrays)."""
+    d = parse_definition(SOURCE)
+    rows = ROWS[:, ::64].copy()            # every 64th point keeps the scalar loop short
+    bound = bind_arguments(d, (rows,))
+    got = interpret_kernel(schedule_definition(d, bound.sizes, MappingOptions()), bound.values)
+    want = pf.define(SOURCE).builtins(rows)
+    for k, name in enumerate(SPECS):
+        np.testing.assert_array_equal(got[f"O{k}"], want[k], err_msg=name)
+
+
+def test_every_builtin_round_trips_through_the_tc_and_loop_ir_texts():
+    assert_round_trip(SOURCE)
+    loops = pf.define(SOURCE, target="x86").builtins.specialize(ROWS).stages["loops"]
+    assert "norm4d(" in loops and "fma(" in loops
+    assert str(parse_kernel(loops)) == loops
+
+
+def test_loops_over_the_float32_algorithms_vectorize(capfd):
+    names = sorted(llvm_special.SUPPORTED)
+    arity = {name: SLICES[name].stop - SLICES[name].start for name in names}
+    lines = [f"  O{k}(n) = {name}({', '.join(['X(n)'] * arity[name])})" for k, name in enumerate(names)]
+    source = (f"def vec(float(N) X) -> ({', '.join(f'O{k}' for k in range(len(names)))}) {{\n"
+              + "\n".join(lines) + "\n}")
+    x = np.linspace(0.1, 0.9, 256, dtype=F)
+    kernel = pf.define(source, target="x86").vec.specialize(x)
+    llvm = kernel.stages["llvm_opt"]
+    assert re.search(r"<(4|8|16) x float>", llvm) and "vector.body" in llvm
+    assert not re.findall(r"call \S+ @(?!llvm\.)\w+\((?:float|double)", llvm), "no scalar libm calls"
+    assert capfd.readouterr().err == ""
+
+
+def test_wrong_arity_is_a_tc_error_naming_the_builtin():
+    with pytest.raises(pf.PolyfuseError, match="'norm4d' takes 4 arguments, got 3"):
+        pf.define("def f(float(N) X) -> (Y) { Y(n) = norm4d(X(n), X(n), X(n)) }")
+
+
+def test_round_is_half_away_from_zero_and_rint_half_to_even_everywhere():
+    x = F([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997, 8388609.0])
+    source = "def r(float(N) X) -> (R, E) { R(n) = round(X(n)) E(n) = rint(X(n)) }"
+    for target in ("reference", "x86"):
+        rounded, even = pf.define(source, target=target).r(x)
+        np.testing.assert_array_equal(rounded, [-3, -2, -1, 1, 2, 3, 0, 8388609], err_msg=target)
+        np.testing.assert_array_equal(even, np.rint(x), err_msg=target)
+
+
+def test_double_arguments_use_libm_or_say_the_algorithm_is_float32_only():
+    x = np.array([1.5, 3.0], np.float64)
+    got = pf.define("def f(double(N) X) -> (Y) { Y(n) = acosh(X(n)) + fdivide(X(n), 2.0) }",
+                    target="x86").f(x)
+    np.testing.assert_allclose(got, np.arccosh(x) + x / 2, rtol=1e-15)
+    with pytest.raises(pf.PolyfuseError, match="only a float32 implementation"):
+        pf.define("def f(double(N) X) -> (Y) { Y(n) = erfinv(X(n)) }", target="x86").f(x)
