@@ -17,7 +17,9 @@ Conventions the oracles follow (polyfuse's TC semantics):
   tests/runtime/test_inplace.py).
 * Temporaries are declared outputs and are returned too, in declared order.
 * float16/bfloat16 are storage types: arithmetic runs in float32, rounded on store.
-* Integer ``/`` and ``%`` floor (numpy ``//`` and ``%``); int32 sums wrap like C.
+* Integer ``/`` and ``%`` truncate toward zero as in C and CUDA (``np.trunc`` of the
+  quotient, ``np.fmod``); ``floordiv``/``floormod`` floor (numpy ``//`` and ``%``);
+  int32 sums wrap like C.
 
 The oracles compute floats in float64 and round to the output dtype at the end, so
 they are the exact answer; the tests compare with a tolerance. ``make_inputs`` only
@@ -638,8 +640,13 @@ def _int_ops_inputs(rng):
     return A, B
 
 
+def _tdiv(a, b):
+    """C's integer division: the quotient rounded toward zero."""
+    return np.trunc(np.asarray(a, f64) / b).astype(np.int32)
+
+
 def _int_ops(A, B):
-    return (A // 3, A % 3, A // B, A % B, np.maximum(A, B),
+    return (_tdiv(A, 3), np.fmod(A, 3), _tdiv(A, B), np.fmod(A, B), np.maximum(A, B),
             (np.abs(A) * 2 + np.minimum(A, B)).astype(np.int32))
 
 
@@ -865,6 +872,7 @@ def matvec(float(M,K) A, float(K) x) -> (y) {
     lambda A, x: _o32(_d(A) @ _d(x)),
 )
 
+
 def _shift_pad(I):
     O = np.zeros((I.shape[0] + 1, I.shape[1] + 2))
     O[1:, 2:] = _d(I)                              # h in 1:H+1, w in 2:W+2; row 0, cols 0-1 stay 0
@@ -902,6 +910,39 @@ def conv_grad_input(float(N) dO, float(K) Wt) -> (dI) {
     "conv_grad_input",
     lambda rng: (_u(rng, 9), _u(rng, 3)),
     _conv_grad_input,
+)
+
+
+def _negative_divmod_inputs(rng):
+    A = rng.integers(-20, 21, size=10).astype(np.int32)
+    B = (rng.integers(1, 6, size=10) * np.where(rng.random(10) < 0.5, -1, 1)).astype(np.int32)
+    A[:6], B[:6] = [-7, 7, -7, 7, -6, -1], [2, 2, -2, -2, 4, 3]
+    return A, B
+
+
+def _negative_divmod(A, B):
+    i = np.arange(2 * len(A) + 1)                  # (i - 5) / 2 + 2 in 0:N: i in 0:2N+1
+    return (_tdiv(A, B), np.fmod(A, B), A // B, A % B,
+            (_tdiv(A, -4) + np.fmod(A, -4)).astype(np.int32),
+            A[_tdiv(i - 5, 2) + 2], A[np.fmod(np.arange(len(A)) - 3, 3) + 2])
+
+
+_add(
+    "negative_divmod",
+    """
+def negative_divmod(int32(N) A, int32(N) B) -> (Q, R, FQ, FR, Ng, O, P) {
+    Q(i) = A(i) / B(i)                  # C: -7 / 2 == -3, -7 % 2 == -1
+    R(i) = A(i) % B(i)
+    FQ(i) = floordiv(A(i), B(i))        # -7 floordiv 2 == -4, floormod == 1
+    FR(i) = floormod(A(i), B(i))
+    Ng(i) = A(i) / -4 + A(i) % -4
+    O(i) = A((i - 5) / 2 + 2)           # i = 4 reads A(2): -1 / 2 == 0
+    P(i) = A((i - 3) % 3 + 2) where i in 0:N
+}
+""",
+    "negative_divmod",
+    _negative_divmod_inputs,
+    _negative_divmod,
 )
 
 # --------------------------------------------------------------------------- TC's special functions

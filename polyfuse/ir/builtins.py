@@ -41,4 +41,7 @@ BUILTINS: dict[str, Builtin] = {
     **_table(BuiltinKind.FLOAT, 4, "norm4d rnorm4d"),
     **_table(BuiltinKind.NUMERIC, 1, "abs"),
     **_table(BuiltinKind.NUMERIC, 2, "max min"),
+    # floor division and modulo (the divisor's sign), beside `/` and `%`, which truncate
+    # as in C: what ONNX lowerings and isl's floord need where a dividend may be negative
+    **_table(BuiltinKind.NUMERIC, 2, "floordiv floormod"),
 }

@@ -8,7 +8,8 @@ larger than :data:`MAX_BOX` elements are split into chunks. Semantics:
 * outputs start zero-filled (or from the arrays given for them); ``op=!`` first sets
   the written region to the identity;
 * 16-bit floats are stored as such but computed in float32;
-* integer ``/`` and ``%`` round toward minus infinity (numpy's ``//`` and ``%``);
+* integer ``/`` and ``%`` truncate toward zero as in C (``-7 / 2 == -3``, ``-7 % 2 == -1``),
+  ``floordiv`` and ``floormod`` round toward minus infinity; an integer divisor 0 gives 0;
 * in ``c ? a : b`` only the chosen side is read, so only its reads are bounds-checked;
   every other read outside its tensor raises :class:`BoundsError`.
 """
@@ -44,18 +45,26 @@ FUNCTIONS = {
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
     "atan": np.arctan, "fmax": np.fmax, "fmin": np.fmin, "pow": np.power, "atan2": np.arctan2,
     "fmod": np.fmod, "abs": np.abs, "max": np.maximum, "min": np.minimum,
+    "floordiv": lambda x, y: np.floor_divide(x, y) if np.asarray(x).dtype.kind in "iub" else np.floor(x / y),
+    "floormod": np.mod,
     **special_functions.FUNCTIONS,   # round (half away from zero), rint, and the rest of TC's
 }
 
 _BINARY = {
     BinaryOp.ADD: np.add, BinaryOp.SUB: np.subtract, BinaryOp.MUL: np.multiply,
-    BinaryOp.MOD: np.mod, BinaryOp.LT: np.less, BinaryOp.LE: np.less_equal,
+    BinaryOp.LT: np.less, BinaryOp.LE: np.less_equal,
     BinaryOp.GT: np.greater, BinaryOp.GE: np.greater_equal, BinaryOp.EQ: np.equal,
     BinaryOp.NE: np.not_equal, BinaryOp.AND: np.logical_and, BinaryOp.OR: np.logical_or,
 }
 
 _REDUCE = {ReduceOp.ADD: np.add, ReduceOp.MUL: np.multiply, ReduceOp.MAX: np.maximum,
            ReduceOp.MIN: np.minimum}
+
+
+def truncated_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Integer division rounding toward zero, as in C; a divisor 0 gives 0."""
+    q = np.floor_divide(x, y)
+    return np.where((np.fmod(x, y) != 0) & ((x < 0) != (y < 0)), q + 1, q)
 
 
 def identity(op: ReduceOp, dtype: DType) -> int | float | bool:
@@ -134,7 +143,9 @@ class _StatementEval:
             case Binary(op=op, lhs=a, rhs=b, dtype=dt):
                 x, y = self.eval(a, mask), self.eval(b, mask)
                 if op is BinaryOp.DIV:
-                    return np.floor_divide(x, y) if dt.is_int or dt.is_bool else np.true_divide(x, y)
+                    return truncated_div(x, y) if dt.is_int or dt.is_bool else np.true_divide(x, y)
+                if op is BinaryOp.MOD:  # C's remainder for integers; floats keep the divisor's sign
+                    return np.fmod(x, y) if dt.is_int or dt.is_bool else np.mod(x, y)
                 return _BINARY[op](x, y)
             case Select(cond=c, then=a, other=b):
                 cond = self.eval(c, mask)

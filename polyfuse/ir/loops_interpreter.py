@@ -20,7 +20,7 @@ from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, Stmt, S
 from polyfuse.ir.types import DType
 
 _ARITH = {BinaryOp.ADD: lambda a, b: a + b, BinaryOp.SUB: lambda a, b: a - b,
-          BinaryOp.MUL: lambda a, b: a * b, BinaryOp.MOD: lambda a, b: _mod(a, b) if b != 0 else 0 * a,
+          BinaryOp.MUL: lambda a, b: a * b, BinaryOp.MOD: lambda a, b: _mod(a, b) if b != 0 else 0 * a,  # floats; integers truncate
           BinaryOp.LT: lambda a, b: a < b, BinaryOp.LE: lambda a, b: a <= b,
           BinaryOp.GT: lambda a, b: a > b, BinaryOp.GE: lambda a, b: a >= b,
           BinaryOp.EQ: lambda a, b: a == b, BinaryOp.NE: lambda a, b: a != b}
@@ -34,6 +34,14 @@ def _wrap(v: int, dtype: np.dtype) -> int:
 def _mod(a, b):  # type: ignore[no-untyped-def]
     """Floored modulo; exact Python ints stay Python ints (uint64 values exceed int64)."""
     return a % b if isinstance(a, int) and isinstance(b, int) else np.mod(a, b)
+
+
+def _truncated_div(a: int, b: int) -> int:
+    """C's integer division, rounding toward zero; a divisor 0 gives 0."""
+    if b == 0:
+        return 0
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
 
 
 class _Interpreter:
@@ -89,8 +97,12 @@ class _Interpreter:
             case Binary(op=BinaryOp.DIV, lhs=a, rhs=b, dtype=dt):
                 x, y = self.eval(a), self.eval(b)
                 if dt.is_int or dt.is_bool:
-                    return x // y if y != 0 else 0
+                    return _truncated_div(int(x), int(y))
                 return np.true_divide(x, y)
+            case Binary(op=BinaryOp.MOD, lhs=a, rhs=b, dtype=dt) if dt.is_int or dt.is_bool:
+                x, y = int(self.eval(a)), int(self.eval(b))  # C's remainder: the dividend's sign
+                r = x - y * _truncated_div(x, y) if y != 0 else 0
+                return r % 2**64 if dt is DType.UINT64 else r
             case Binary(op=op, lhs=a, rhs=b, dtype=DType.UINT64):
                 return _ARITH[op](self.eval(a), self.eval(b)) % 2**64
             case Binary(op=op, lhs=a, rhs=b):

@@ -33,6 +33,10 @@ def to_sympy(e: Expr, names: Mapping[str, sympy.Expr] | None = None) -> sympy.Ex
             return -to_sympy(a, names)
         case Binary(op=op, lhs=a, rhs=b) if op in _SYMPY_BINARY:
             return _SYMPY_BINARY[op](to_sympy(a, names), to_sympy(b, names))
+        case Call(fn="floordiv", args=(a, b)):
+            return sympy.floor(to_sympy(a, names) / to_sympy(b, names))
+        case Call(fn="floormod", args=(a, b)):
+            return sympy.Mod(to_sympy(a, names), to_sympy(b, names))
         case Call(fn="min", args=args):
             return sympy.Min(*(to_sympy(a, names) for a in args))
         case Call(fn="max", args=args):
@@ -47,9 +51,41 @@ _SYMPY_BINARY = {
     BinaryOp.ADD: lambda a, b: a + b,
     BinaryOp.SUB: lambda a, b: a - b,
     BinaryOp.MUL: lambda a, b: a * b,
-    BinaryOp.DIV: lambda a, b: sympy.floor(a / b),
-    BinaryOp.MOD: lambda a, b: sympy.Mod(a, b),
+    BinaryOp.DIV: lambda a, b: TruncDiv(a, b),
+    BinaryOp.MOD: lambda a, b: TruncMod(a, b),
 }
+
+
+class TruncDiv(sympy.Function):
+    """C's integer division ``a / b``, rounding toward zero (a divisor 0 gives 0); it is
+    ``floor(a/b)`` once sympy knows the signs, and stays itself otherwise."""
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(0 if b == 0 else abs(int(a)) // abs(int(b))
+                                 * (1 if (a < 0) == (b < 0) else -1))
+        if b.is_positive and a.is_nonnegative:
+            return sympy.floor(a / b)
+        if b.is_positive and a.is_nonpositive:
+            return -sympy.floor(-a / b)
+        return None
+
+
+class TruncMod(sympy.Function):
+    """C's integer remainder ``a % b``, with the dividend's sign (a divisor 0 gives 0)."""
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(0) if b == 0 else a - b * TruncDiv(a, b)
+        if b.is_positive and a.is_nonnegative:
+            return sympy.Mod(a, b)
+        return None
 
 
 def _int(v: int) -> Literal:
@@ -110,8 +146,14 @@ def _from_sympy(x: sympy.Expr) -> Expr:
         for a in reversed(args[:-1]):  # min(a, min(b, c)): the builtins take two arguments
             out = Call(fn, (a, out), DType.INT64 if DType.INT64 in (a.dtype, out.dtype) else DType.INT32)
         return out
+    if isinstance(x, (TruncDiv, TruncMod)):
+        op = BinaryOp.DIV if isinstance(x, TruncDiv) else BinaryOp.MOD
+        return _binary(op, _from_sympy(x.args[0]), _from_sympy(x.args[1]))
     if isinstance(x, sympy.Mod):
-        return _binary(BinaryOp.MOD, _from_sympy(x.args[0]), _from_sympy(x.args[1]))
+        a, b = (_from_sympy(v) for v in x.args)
+        if x.args[0].is_nonnegative and x.args[1].is_positive:
+            return _binary(BinaryOp.MOD, a, b)  # C's `%` agrees
+        return _call("floormod", a, b)
     if isinstance(x, sympy.Pow) and x.exp.is_Integer and x.exp > 0:
         return _from_sympy(sympy.Mul(*([x.base] * int(x.exp)), evaluate=False))
     raise ValueError(f"cannot express {x} as a TC size expression")
@@ -124,7 +166,13 @@ def _floor_div(arg: sympy.Expr) -> Expr:
     num = sympy.expand(num)
     if den == 1:
         return _from_sympy(num)
-    return _binary(BinaryOp.DIV, _from_sympy(num), _int(int(den)))
+    if num.is_nonnegative:
+        return _binary(BinaryOp.DIV, _from_sympy(num), _int(int(den)))  # C's `/` agrees
+    return _call("floordiv", _from_sympy(num), _int(int(den)))
+
+
+def _call(fn: str, a: Expr, b: Expr) -> Expr:
+    return Call(fn, (a, b), DType.INT64 if DType.INT64 in (a.dtype, b.dtype) else DType.INT32)
 
 
 def canonical(e: Expr) -> Expr:

@@ -49,13 +49,20 @@ def _fold(op: BinaryOp, a: Expr, b: Expr) -> Expr:
     return Binary(op, a, b, dt)
 
 
+def _quotient(x: int, y: int) -> int:
+    """C's integer division, which truncates: what `/` means in the IR."""
+    return abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+
+
+# isl's pdiv_q, div, pdiv_r and zdiv_r (compared with 0) agree with C's truncating `/`
+# and `%`; only fdiv_q (floord) may see a negative dividend: it becomes floordiv
 _FOLD = {BinaryOp.ADD: lambda x, y: x + y, BinaryOp.SUB: lambda x, y: x - y,
-         BinaryOp.MUL: lambda x, y: x * y, BinaryOp.DIV: lambda x, y: x // y,
-         BinaryOp.MOD: lambda x, y: x % y}
+         BinaryOp.MUL: lambda x, y: x * y, BinaryOp.DIV: _quotient,
+         BinaryOp.MOD: lambda x, y: x - y * _quotient(x, y)}
 
 _OPS = {
     isl.ast_expr_op_type.add: BinaryOp.ADD, isl.ast_expr_op_type.sub: BinaryOp.SUB,
-    isl.ast_expr_op_type.mul: BinaryOp.MUL, isl.ast_expr_op_type.fdiv_q: BinaryOp.DIV,
+    isl.ast_expr_op_type.mul: BinaryOp.MUL,
     isl.ast_expr_op_type.pdiv_q: BinaryOp.DIV, isl.ast_expr_op_type.div: BinaryOp.DIV,
     isl.ast_expr_op_type.pdiv_r: BinaryOp.MOD, isl.ast_expr_op_type.zdiv_r: BinaryOp.MOD,
     isl.ast_expr_op_type.lt: BinaryOp.LT, isl.ast_expr_op_type.le: BinaryOp.LE,
@@ -95,6 +102,11 @@ class _Lowering:
             return out
         if op in (isl.ast_expr_op_type.select, isl.ast_expr_op_type.cond):
             return Select(args[0], args[1], args[2], _I64)
+        if op == isl.ast_expr_op_type.fdiv_q:
+            a, b = args
+            if isinstance(a, Literal) and isinstance(b, Literal):
+                return _int(int(a.value) // int(b.value))
+            return Call("floordiv", (a, b), _I64)
         if op in _OPS:
             return _fold(_OPS[op], args[0], args[1])
         raise ScheduleError(f"unsupported isl AST operation {op}")

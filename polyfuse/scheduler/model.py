@@ -47,6 +47,8 @@ def isl_expr(e: Expr, names: dict[str, str]) -> str:
             x = isl_expr(a, names)
             q = f"max(floor({x} / {int(d)}), min(ceil({x} / {int(d)}), 0))"
             return q if e.op is BinaryOp.DIV else f"({x} - {int(d)} * {q})"
+        case Call(fn="min" | "max", args=(a, b)) if e.dtype.is_int:
+            return f"{e.fn}({isl_expr(a, names)}, {isl_expr(b, names)})"
         case Call(fn="floordiv", args=(a, Literal(value=d))) if int(d) > 0:
             return f"floor({isl_expr(a, names)} / {int(d)})"
         case Call(fn="floormod", args=(a, Literal(value=d))) if int(d) > 0:

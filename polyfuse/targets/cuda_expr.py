@@ -3,8 +3,8 @@
 The same semantics as the LLVM emitter: every integer is a ``long long`` (narrowed only
 when stored or cast), bool is ``bool``, float16 and bfloat16 are computed as float and
 stored as 16-bit patterns (converted with PTX ``cvt`` and round-to-nearest-even bit
-arithmetic, so no CUDA header is needed). Integer division and modulo floor and give
-0 for a zero divisor (uint64, whose bits a ``long long`` holds, divides, compares and
+arithmetic, so no CUDA header is needed). Integer division and modulo truncate as in C
+(``floordiv`` and ``floormod`` floor) and give 0 for a zero divisor (uint64, whose bits a ``long long`` holds, divides, compares and
 converts unsigned); float ``max``/``min`` propagate NaN; ``c ? a : b`` reads only the
 chosen side. Float literals are written in hexadecimal, so they are exact.
 """
@@ -32,11 +32,15 @@ HELPERS: dict[str, str] = {
   if (f != f) return (unsigned short)((u | 0x00400000u) >> 16);
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }""",
     "pf_div": """__device__ __forceinline__ long long pf_div(long long x, long long y) {
+  return y == 0 ? 0 : y == -1 ? -x : x / y; }""",
+    "pf_mod": """__device__ __forceinline__ long long pf_mod(long long x, long long y) {
+  return (y == 0 || y == -1) ? 0 : x % y; }""",
+    "pf_floordiv": """__device__ __forceinline__ long long pf_floordiv(long long x, long long y) {
   if (y == 0) return 0;
   if (y == -1) return -x;
   long long q = x / y, r = x % y;
   return (r != 0 && ((r < 0) != (y < 0))) ? q - 1 : q; }""",
-    "pf_mod": """__device__ __forceinline__ long long pf_mod(long long x, long long y) {
+    "pf_floormod": """__device__ __forceinline__ long long pf_floormod(long long x, long long y) {
   if (y == 0 || y == -1) return 0;
   long long r = x % y;
   return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r; }""",
@@ -229,12 +233,13 @@ class ExprEmitter:
         args = [self.emit(a) for a in e.args]
         fn = e.fn
         if e.dtype.is_bool or e.dtype.is_int:  # on 0/1 or 64-bit integers
-            if fn not in ("max", "min", "abs"):
+            if fn not in ("max", "min", "abs", "floordiv", "floormod"):
                 raise CodegenError(f"builtin '{fn}' has no integer form")
             wide = [f"(long long){a}" if x.dtype.is_bool else a for a, x in zip(args, e.args)]
             if e.dtype is DType.UINT64:  # bit patterns of unsigned values
-                return args[0] if fn == "abs" else f"pf_u{fn}({', '.join(args)})"
-            value = f"pf_i{fn}({', '.join(wide)})"
+                unsigned = {"floordiv": "div", "floormod": "mod"}.get(fn, fn)
+                return args[0] if fn == "abs" else f"pf_u{unsigned}({', '.join(args)})"
+            value = f"pf_{fn if fn.startswith('floor') else 'i' + fn}({', '.join(wide)})"
             return f"({value} != 0)" if e.dtype.is_bool else value
         double = e.dtype is DType.FLOAT64
         f = "" if double else "f"
@@ -249,6 +254,10 @@ class ExprEmitter:
             return f"({args[0]} / {args[1]})"
         if fn == "fmod":
             return f"fmod{f}({args[0]}, {args[1]})"
+        if fn == "floordiv":
+            return f"floor{f}({args[0]} / {args[1]})"
+        if fn == "floormod":
+            return f"pf_fmod{f}({args[0]}, {args[1]})"
         if fn in _MATH:
             return f"{_MATH[fn]}{f}({', '.join(args)})"
         raise CodegenError(f"no CUDA code generator for builtin '{fn}' on {e.dtype}")

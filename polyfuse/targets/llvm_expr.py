@@ -183,7 +183,7 @@ class ExprEmitter:
         if op in (BinaryOp.DIV, BinaryOp.MOD) and operand is DType.UINT64:
             return _uint_divmod(x, y, op is BinaryOp.DIV, b)
         if op in (BinaryOp.DIV, BinaryOp.MOD):
-            return _int_divmod(x, y, op is BinaryOp.DIV, b)
+            return _int_divmod(x, y, op is BinaryOp.DIV, b, floor=False)
         return {BinaryOp.ADD: b.add, BinaryOp.SUB: b.sub, BinaryOp.MUL: b.mul}[op](x, y)
 
     def call(self, e: Call, b: ir.IRBuilder) -> ir.Value:
@@ -207,6 +207,10 @@ class ExprEmitter:
             return b.call(self.intrinsic(name, ty, 2), args)
         if fn == "abs":
             return b.call(self.intrinsic("llvm.fabs", ty, 1), args)
+        if fn == "floordiv":
+            return b.call(self.intrinsic("llvm.floor", ty, 1), [b.fdiv(args[0], args[1])])
+        if fn == "floormod":
+            return _float_mod(args[0], args[1], b)
         if fn == "rsqrt":
             return b.fdiv(ir.Constant(ty, 1.0), b.call(self.intrinsic("llvm.sqrt", ty, 1), args))
         if fn == "sigmoid":
@@ -246,11 +250,18 @@ def bf16_to_f32(x: ir.Value, b: ir.IRBuilder) -> ir.Value:
     return b.bitcast(b.shl(b.zext(x, I32), ir.Constant(I32, 16)), F32)
 
 
-def _int_divmod(x: ir.Value, y: ir.Value, quotient: bool, b: ir.IRBuilder) -> ir.Value:
+def _int_divmod(x: ir.Value, y: ir.Value, quotient: bool, b: ir.IRBuilder, *,
+                floor: bool) -> ir.Value:
+    """C's truncating ``/`` and ``%``, or with ``floor`` floordiv and floormod; a divisor 0
+    gives 0 and -1 gives ``-x`` and 0 (no trap on INT64_MIN / -1)."""
     zero, one = ir.Constant(I64, 0), ir.Constant(I64, 1)
     bad = b.or_(b.icmp_signed("==", y, zero), b.icmp_signed("==", y, ir.Constant(I64, -1)))
     safe = b.select(bad, one, y)   # no trap on /0 or on INT64_MIN / -1
     q, r = b.sdiv(x, safe), b.srem(x, safe)
+    if not floor:
+        if quotient:
+            return b.select(b.icmp_signed("==", y, zero), zero, b.select(bad, b.sub(zero, x), q))
+        return b.select(bad, zero, r)
     adjust = b.and_(b.icmp_signed("!=", r, zero),
                     b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
     if quotient:
@@ -298,4 +309,8 @@ def _int_call(fn: str, args: list[ir.Value], b: ir.IRBuilder, *, unsigned: bool 
     if fn == "abs":
         return b.select(b.icmp_signed("<", args[0], ir.Constant(I64, 0)),
                         b.sub(ir.Constant(I64, 0), args[0]), args[0])
+    if fn in ("floordiv", "floormod") and unsigned:
+        return _uint_divmod(args[0], args[1], fn == "floordiv", b)
+    if fn in ("floordiv", "floormod"):
+        return _int_divmod(args[0], args[1], fn == "floordiv", b, floor=True)
     raise CodegenError(f"builtin '{fn}' has no integer form")

@@ -23,15 +23,23 @@ CASES = [
      {"m": "0:M", "n": "0:N", "k": "0:K"}, {"C": ("M", "N")}),
     ("def f(float(N,C,H,W) I, float(M,C,KH,KW) W1) -> (O) {"
      " O(n,m,h,w) +=! I(n,c,2*h+kh,2*w+kw) * W1(m,c,kh,kw) }",
-     {"n": "0:N", "m": "0:M", "h": "0:(H - KH) / 2 + 1", "w": "0:(W - KW) / 2 + 1",
+     {"n": "0:N", "m": "0:M", "h": "0:floordiv(H - KH, 2) + 1", "w": "0:floordiv(W - KW, 2) + 1",
       "c": "0:C", "kh": "0:KH", "kw": "0:KW"},
-     {"O": ("N", "M", "(H - KH) / 2 + 1", "(W - KW) / 2 + 1")}),
+     {"O": ("N", "M", "floordiv(H - KH, 2) + 1", "floordiv(W - KW, 2) + 1")}),
     ("def f(float(N) I) -> (O) { O(i) = I(i-1) + I(i) + I(i+1) }",
      {"i": "1:N - 1"}, {"O": ("N - 1",)}),
     ("def f(float(H) I) -> (O) { O(h) max=! I(3*h + kh) where kh in 0:4 }",
-     {"h": "0:(H - 4) / 3 + 1", "kh": "0:4"}, {"O": ("(H - 4) / 3 + 1",)}),
+     {"h": "0:floordiv(H - 4, 3) + 1", "kh": "0:4"}, {"O": ("floordiv(H - 4, 3) + 1",)}),
     ("def f(float(N) I) -> (O) { O(i) = I(i / 2) }",
      {"i": "0:2 * N"}, {"O": ("2 * N",)}),
+    # '/' truncates as in C: i in 2:2N+3 keeps (i - 3) / 2 in 0:N (i = 2 gives -1 / 2 == 0)
+    ("def f(float(N) I) -> (O) { O(i) = I((i - 3) / 2) }",
+     {"i": "2:2 * N + 3"}, {"O": ("2 * N + 3",)}),
+    # a reduction index is not floored at 0: k = -1 reads I(-1 / 2) == I(0)
+    ("def f(float(N) I) -> (O) { O(i) +=! I(k / 2) where i in 0:1 }",
+     {"i": "0:1", "k": "-1:2 * N"}, {"O": ("1",)}),
+    ("def f(float(N) I) -> (O) { O(i) = I(i / 2 - 1) }",
+     {"i": "2:2 * N + 2"}, {"O": ("2 * N + 2",)}),
     ("def f(float(N) I) -> (O) { O(i) = I(N - 1 - i) }",
      {"i": "0:N"}, {"O": ("N",)}),
     ("def f(float(N) I) -> (O) { O(i) = I(-i + 3) }",
@@ -96,3 +104,23 @@ def test_inferred_range_runs_in_bounds_and_shrinks_output():
     out = mod.f(x)
     assert out.shape == ((14 - 4) // 3 + 1,)
     np.testing.assert_array_equal(out, [x[3 * h:3 * h + 4].max() for h in range(out.shape[0])])
+
+
+@pytest.mark.parametrize("target", ["reference", "x86"])
+def test_truncating_division_range_runs_in_bounds(target):
+    import numpy as np
+    mod = pf.define("def f(float(N) I) -> (O) { O(i) = I((i - 3) / 2) }", target=target)
+    x = np.arange(1, 5, dtype=np.float32)
+    out = mod.f(x)
+    i = np.arange(2, 2 * 4 + 3)
+    want = np.zeros(2 * 4 + 3, np.float32)
+    want[i] = x[np.trunc((i - 3) / 2).astype(int)]   # i = 2 reads I(0): -1 / 2 == 0
+    np.testing.assert_array_equal(out, want)
+
+
+def test_strided_window_wider_than_input_gives_an_empty_output():
+    import numpy as np
+    # floordiv(H - 3, 2) + 1 is 0 for H = 2; C's '/' would give 1 and read out of bounds
+    mod = pf.define("def f(float(H) I) -> (O) { O(h) +=! I(2*h + kh) where kh in 0:3 }")
+    assert mod.f(np.ones(2, np.float32)).shape == (0,)
+    np.testing.assert_array_equal(mod.f(np.arange(5, dtype=np.float32)), [3.0, 9.0])

@@ -63,11 +63,19 @@ def test_only_the_chosen_side_of_a_select_is_read():
     np.testing.assert_array_equal(out, np.concatenate([a, b]))
 
 
-def test_integer_division_and_modulo_round_down():
+def test_integer_division_and_modulo_truncate_as_in_c():
     x = np.array([-7, -1, 0, 5, 7], np.int32)
     q, r = run("def d(int32(N) X) -> (Q, R) { Q(i) = X(i) / 2\n R(i) = X(i) % 3 }", x)
-    np.testing.assert_array_equal(q, x // 2)
-    np.testing.assert_array_equal(r, x % 3)
+    np.testing.assert_array_equal(q, [-3, 0, 0, 2, 3])   # np.trunc(x / 2)
+    np.testing.assert_array_equal(r, np.fmod(x, 3))      # [-1, -1, 0, 2, 1]
+    assert q.dtype == np.int32
+
+
+def test_floordiv_and_floormod_round_down():
+    x = np.array([-7, -1, 0, 5, 7], np.int32)
+    q, r = run("def d(int32(N) X) -> (Q, R) { Q(i) = floordiv(X(i), 2)\n R(i) = floormod(X(i), -3) }", x)
+    np.testing.assert_array_equal(q, [-4, -1, 0, 2, 3])
+    np.testing.assert_array_equal(r, [-1, -1, 0, -1, -2])  # the divisor's sign
     assert q.dtype == np.int32
 
 

@@ -2,8 +2,9 @@
 
 As TC specifies it: ranges fixed by ``where`` clauses come first; then, round by round,
 every index that is the only unknown of some access dimension gets the intersection of
-the ranges those dimensions allow (other indices at their extremes, integer division
-rounding down: ``I(2*h + kh)`` with ``kh in 0:KH`` gives ``h in 0:(H - KH)/2 + 1``).
+the ranges those dimensions allow (other indices at their extremes, the bound of a
+multiple rounding down: ``I(2*h + kh)`` with ``kh in 0:KH`` gives
+``h in 0:floordiv(H - KH, 2) + 1``; an index ``I(i / 2)`` divides as C does, toward zero).
 Indices left over are ambiguous (they only meet other unknowns) or unconstrained.
 All bound arithmetic is exact, in sympy.
 """
@@ -18,7 +19,7 @@ import sympy
 from polyfuse.errors import RangeInferenceError, SourceLocation
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Cast, Expr, IndexVar, Literal, Read,
                                        SizeVar, Unary, UnaryOp, walk)
-from polyfuse.ir.symbolic import size_symbol, to_sympy
+from polyfuse.ir.symbolic import TruncDiv, size_symbol, to_sympy
 
 Interval = tuple[sympy.Expr, sympy.Expr]  # inclusive [min, max]
 
@@ -73,8 +74,8 @@ def interval(e: Expr, known: Mapping[str, Interval]) -> Interval | None:
                 return None
             return (c * r[0], c * r[1]) if c >= 0 else (c * r[1], c * r[0])
         case Binary(op=BinaryOp.DIV, lhs=a, rhs=Literal(value=d)) if int(d) > 0:
-            r = interval(a, known)
-            return None if r is None else (sympy.floor(r[0] / int(d)), sympy.floor(r[1] / int(d)))
+            r = interval(a, known)  # truncation is monotone in the dividend
+            return None if r is None else (TruncDiv(r[0], int(d)), TruncDiv(r[1], int(d)))
     return None
 
 
@@ -121,8 +122,13 @@ def solve(e: Expr, x: str, lo: sympy.Expr, hi: sympy.Expr,
                 return solve(other, x, sympy.ceiling(lo / c), sympy.floor(hi / c), known)
             return solve(other, x, sympy.ceiling(hi / c), sympy.floor(lo / c), known)
         case Binary(op=BinaryOp.DIV, lhs=a, rhs=Literal(value=d)) if int(d) > 0:
+            # a / d truncates, so the quotient 0 comes from -(d-1)..d-1: a reaches d - 1
+            # past hi * d when hi >= 0 and d - 1 below lo * d when lo <= 0 (min/max pick
+            # the case for integer bounds of unknown sign)
             d = int(d)
-            return solve(a, x, lo * d, hi * d + d - 1, known)
+            below = sympy.Min(d - 1, sympy.Max(0, (d - 1) * (1 - lo)))
+            above = sympy.Min(d - 1, sympy.Max(0, (d - 1) * (hi + 1)))
+            return solve(a, x, lo * d - below, hi * d + above, known)
     return None
 
 

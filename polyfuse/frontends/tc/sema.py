@@ -89,7 +89,7 @@ class DefinitionAnalyzer:
         scope = self.scope()
         e = ExprAnalyzer(scope, self.source).analyze(node).expr
         bad = next((n for n in walk(e) if not isinstance(n, _SIZE_NODES)
-                    or isinstance(n, Call) and n.fn not in ("min", "max")), None)
+                    or isinstance(n, Call) and n.fn not in ("min", "max", "floordiv", "floormod")), None)
         if bad is not None or not e.dtype.is_int:
             loc = getattr(bad, "loc", None) or node.loc
             raise self.error("expected an integer expression of sizes and constants", loc)

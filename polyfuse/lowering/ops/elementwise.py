@@ -93,10 +93,8 @@ def _arithmetic(ctx: OpContext) -> TCKernel:
 
 @register("Div")
 def _div(ctx: OpContext) -> TCKernel:
-    dt = ctx.dtype(0)
-    # ONNX integer division truncates toward zero; TC's '/' floors
-    expr = "a % b != 0 && (a < 0) != (b < 0) ? a / b + 1 : a / b" if dt.is_int else "a / b"
-    return elementwise(ctx, expr, dt, AB, trailing=legacy_trailing(ctx))
+    # ONNX integer division truncates toward zero (onnxruntime), as TC's '/' does
+    return elementwise(ctx, "a / b", ctx.dtype(0), AB, trailing=legacy_trailing(ctx))
 
 
 @register("Pow")
@@ -116,8 +114,8 @@ def _mod(ctx: OpContext) -> TCKernel:
     if dt.is_float:
         expr = "r" if c_fmod else "r != 0 && (r < 0) != (b < 0) ? r + b : r"
         return elementwise(ctx, expr, dt, AB, lets={"r": "fmod(a, b)"})
-    expr = "r != 0 && (r < 0) != (a < 0) ? r - b : r" if c_fmod else "r"
-    return elementwise(ctx, expr, dt, AB, lets={"r": "a % b"})
+    # TC's integer '%' is C's (the dividend's sign); floormod takes the divisor's
+    return elementwise(ctx, "a % b" if c_fmod else "floormod(a, b)", dt, AB)
 
 
 # --- comparisons and logic ------------------------------------------------------------------

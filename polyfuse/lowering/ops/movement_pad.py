@@ -33,11 +33,11 @@ def _folded(mode: str, index: str, begin: int, size: int, let: str) -> tuple[str
     if mode == "edge":
         return f"min(max({s}, 0), {size - 1})", []
     if mode == "wrap":
-        return f"({s}) % {size}", []
+        return f"floormod({s}, {size})", []  # s may be negative: the divisor's sign
     if size == 1:  # reflect
         return "0", []
     period = 2 * (size - 1)
-    return f"({let} < {size} ? {let} : {period} - {let})", [f"{let} = ({s}) % {period}"]
+    return f"({let} < {size} ? {let} : {period} - {let})", [f"{let} = floormod({s}, {period})"]
 
 
 @register("Pad")

@@ -134,9 +134,9 @@ def _count(a: WindowAxis, o: str, lo: int, hi: int) -> int | str:
     if len(counts) == 1:
         return counts.pop()
 
-    def ceil_text(bound: int) -> str:  # TC's integer '/' rounds down
+    def ceil_text(bound: int) -> str:  # num may be negative: floordiv, not '/' (truncates)
         num = affine([(o, -a.stride)], bound + a.pad + d - 1)
-        return f"({num})" if d == 1 else f"({num}) / {d}"
+        return f"({num})" if d == 1 else f"floordiv({num}, {d})"
 
     hi_text = str(a.kernel) if min(end) == a.kernel else f"min({a.kernel}, {ceil_text(hi)})"
     lo_text = "0" if max(begin) == 0 else f"max(0, {ceil_text(lo)})"
