@@ -17,7 +17,7 @@ from polyfuse.errors import CodegenError
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp, walk)
 from polyfuse.ir.types import DType
-from polyfuse.targets import llvm_math, llvm_special
+from polyfuse.targets import llvm_gamma, llvm_math, llvm_special
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -51,9 +51,12 @@ _INTRINSICS = {"sqrt": "llvm.sqrt", "fabs": "llvm.fabs", "floor": "llvm.floor", 
 _LIBM = {"cbrt": "cbrt", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan",
          "atan2": "atan2", "sinh": "sinh", "cosh": "cosh", "erfc": "erfc", "expm1": "expm1",
          "log1p": "log1p", "fmod": "fmod", "tanh": "tanh", "erf": "erf", "j0": "j0", "j1": "j1",
-         "y0": "y0", "y1": "y1", "lgamma": "lgamma", "tgamma": "tgamma"}
-# on float32 these are llvm_special's vector code, on float64 libm's
-_LIBM_DOUBLE = {n: n for n in "acosh asinh atanh exp10 fdim hypot logb nextafter remainder".split()}
+         "y0": "y0", "y1": "y1"}
+# float32 builtins emitted as inlined straight-line code, so that their loops vectorize
+VECTOR_BODIES = {**llvm_special.BODIES, **llvm_gamma.BODIES}
+# on float32 these are VECTOR_BODIES, on float64 libm's
+_LIBM_DOUBLE = {n: n for n in "acosh asinh atanh exp10 fdim hypot logb nextafter remainder lgamma "
+                "tgamma".split()}
 
 
 def calls_libm(e: Call, *, scalable: bool = False) -> bool:
@@ -61,7 +64,7 @@ def calls_libm(e: Call, *, scalable: bool = False) -> bool:
     (for ``scalable`` vectors, as SVE's are, or fixed-width ones)."""
     if not e.dtype.is_float:
         return False
-    if register_type(e.dtype) is F32 and e.fn in llvm_special.SUPPORTED:
+    if register_type(e.dtype) is F32 and e.fn in VECTOR_BODIES:
         return scalable and e.fn in llvm_special.NOT_SCALABLE
     if register_type(e.dtype) is F32 and e.fn in llvm_math.SUPPORTED:
         return False
@@ -196,8 +199,9 @@ class ExprEmitter:
         ty = register_type(dt)
         if ty is F32 and fn in llvm_math.SUPPORTED:
             return b.call(llvm_math.math_function(self.module, fn, 1), args)
-        if ty is F32 and fn in llvm_special.SUPPORTED:
-            return b.call(llvm_special.special_function(self.module, fn, 1), args)
+        if ty is F32 and fn in VECTOR_BODIES:
+            arity, body = VECTOR_BODIES[fn]
+            return b.call(llvm_math.define_function(self.module, fn, body, 1, arity), args)
         if fn == "fdivide":
             return b.fdiv(args[0], args[1])
         if ty is F64 and fn in _LIBM_DOUBLE:
@@ -220,7 +224,7 @@ class ExprEmitter:
             return b.call(self.intrinsic(_INTRINSICS[fn], ty, len(args)), args)
         if fn in _LIBM:
             return b.call(self.libm(_LIBM[fn], ty, len(args)), args)
-        if fn in llvm_special.SUPPORTED:
+        if fn in VECTOR_BODIES:
             raise CodegenError(f"builtin '{fn}' has only a float32 implementation on CPU targets "
                                f"(it is one of CUDA's single-precision functions); cast its "
                                f"argument to float")

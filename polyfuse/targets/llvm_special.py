@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from polyfuse.targets.llvm_math import _EXP2_POLY, _Emit, _exp, _log, _log1p, define_function
+from polyfuse.targets.llvm_math import _EXP2_POLY, _Emit, _exp, _log, _log1p
 
 _LN2 = math.log(2.0)
 
@@ -352,7 +352,7 @@ def _bessel_i(order: int) -> Callable[[_Emit, ir.Value], ir.Value]:
     return body
 
 
-_BODIES: dict[str, tuple[int, Callable[..., ir.Value]]] = {
+BODIES: dict[str, tuple[int, Callable[..., ir.Value]]] = {
     "exp10": (1, _exp10), "acosh": (1, _acosh), "asinh": (1, _asinh), "atanh": (1, _atanh),
     "sinpi": (1, _sinpi), "cospi": (1, _cospi), "rcbrt": (1, _rcbrt), "logb": (1, _logb),
     "erfinv": (1, _erfinv), "erfcinv": (1, _erfcinv), "normcdfinv": (1, _normcdfinv),
@@ -362,13 +362,5 @@ _BODIES: dict[str, tuple[int, Callable[..., ir.Value]]] = {
     "rnorm3d": (3, _norm(True)), "norm4d": (4, _norm(False)), "rnorm4d": (4, _norm(True)),
 }
 
-SUPPORTED: frozenset[str] = frozenset(_BODIES)
 # frem (fmod) has no scalable-vector form: SVE loops over these stay scalar
 NOT_SCALABLE: frozenset[str] = frozenset({"remainder"})
-
-
-def special_function(module: ir.Module, name: str, width: int) -> ir.Function:
-    """The float32 function ``name`` (one of :data:`SUPPORTED`) on ``<width x float>``,
-    emitted once into ``module`` like :func:`polyfuse.targets.llvm_math.math_function`."""
-    arity, body = _BODIES[name]
-    return define_function(module, name, body, width, arity)
