@@ -336,11 +336,12 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr]) -> Expr:
     if kids:
         new = tuple(map_expr(c, fn) for c in kids)
         if new != kids:
-            e = _with_children(e, new)
+            e = with_children(e, new)
     return fn(e)
 
 
-def _with_children(e: Expr, new: tuple[Expr, ...]) -> Expr:
+def with_children(e: Expr, new: tuple[Expr, ...]) -> Expr:
+    """``e`` with its children (in :func:`children` order) replaced by ``new``."""
     match e:
         case Read():
             return replace(e, indices=new)

@@ -33,7 +33,7 @@ import islpy as isl
 from polyfuse.errors import AccessRangeError, ScheduleError, SourceLocation
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition, Expr, IndexVar,
                                        Literal, Read, Select, SizeVar, Statement, Unary, UnaryOp,
-                                       walk)
+                                       children, walk, with_children)
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.scheduler.model import _bound_constraints, _NotAffine, isl_expr
 
@@ -79,7 +79,7 @@ def check_accesses(d: Definition, sizes: Mapping[str, int]) -> Definition:
     or write outside a tensor for these ``sizes``.
     """
     checker = _Checker(d, dict(sizes))
-    statements = tuple(checker.statement(k, st) for k, st in enumerate(d.statements))
+    statements = tuple(checker.statement(st) for st in d.statements)
     return d if statements == d.statements else replace(d, statements=statements)
 
 
@@ -89,7 +89,7 @@ class _Checker:
         self.sizes = sizes
         self.ctx = isl.Context()
 
-    def statement(self, k: int, st: Statement) -> Statement:
+    def statement(self, st: Statement) -> Statement:
         its = st.indices + st.reduction_indices
         names = {s: str(v) for s, v in self.sizes.items()} | {n: f"t{j}" for j, n in enumerate(its)}
         tup = f"S[{', '.join(f't{j}' for j in range(len(its)))}]"
@@ -173,13 +173,8 @@ class _Rewrite:
             case Read():
                 r = replace(e, indices=tuple(self.expr(i, path) for i in e.indices))
                 return replace(r, checked=self.checked(r, path))
-            case Unary(operand=a) | Cast(operand=a):
-                return replace(e, operand=self.expr(a, path))
-            case Binary(lhs=a, rhs=b):
-                return replace(e, lhs=self.expr(a, path), rhs=self.expr(b, path))
-            case Call(args=args):
-                return replace(e, args=tuple(self.expr(a, path) for a in args))
-        return e
+        kids = children(e)
+        return with_children(e, tuple(self.expr(c, path) for c in kids)) if kids else e
 
     def checked(self, r: Read, path: _Path) -> tuple[int, ...]:
         shape = tuple(evaluate_int(s, self.checker.sizes) for s in self.checker.d.tensor(r.tensor).shape)
