@@ -137,6 +137,11 @@ class UnsupportedOpError(PolyfuseError):
     """A model uses ops (or op features) polyfuse cannot compile; lists every one."""
 
 
+class SizeLimitError(PolyfuseError, MemoryError):
+    """A tensor (or a model's activation arena) would take more memory than polyfuse
+    allows; the message names it, its shape and bytes, the limit and how to change it."""
+
+
 class ScheduleError(PolyfuseError):
     """The scheduler cannot model or schedule a kernel (e.g. a non-affine range bound)."""
 
