@@ -4,7 +4,7 @@ from polyfuse.driver import compile, define, einsum
 from polyfuse.errors import (AccessRangeError, ArgumentError, BoundsError, CodegenError, DeviceError, DTypeError,
                              FrontendError,
                              GraphSyntaxError, IRVerificationError, ModelError, OptionError, PolyfuseError,
-                             RangeInferenceError, ScheduleError, ShapeError, TargetError,
+                             RangeInferenceError, ScheduleError, ShapeError, SizeLimitError, TargetError,
                              TCSemanticError, TCSyntaxError, UnsupportedOpError, WeightError)
 from polyfuse.runtime.kernel import Kernel, KernelModule, SpecializedKernel
 from polyfuse.targets import Target
