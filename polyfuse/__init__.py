@@ -16,5 +16,5 @@ __all__ = [
     "PolyfuseError", "FrontendError", "TCSyntaxError", "TCSemanticError", "RangeInferenceError",
     "IRVerificationError", "ArgumentError", "ShapeError", "DTypeError", "BoundsError",
     "AccessRangeError", "TargetError", "DeviceError", "ModelError", "UnsupportedOpError", "ScheduleError", "CodegenError",
-    "GraphSyntaxError", "WeightError", "OptionError", "__version__",
+    "GraphSyntaxError", "WeightError", "OptionError", "SizeLimitError", "__version__",
 ]
