@@ -1,0 +1,61 @@
+"""The fuzzer (tests/fuzz/run.py) in a child process per front end: malformed and random
+TC, random and damaged ONNX models, right and wrong arguments. Every case must give the
+reference's answer or raise a polyfuse error; a raw exception, a wrong answer or a
+signal fails the test, which prints the case.
+
+The default run takes a bounded slice with fixed seeds in CI (other seeds elsewhere);
+``python -m pytest -m slow -s tests/fuzz`` runs 10,000 cases per front end
+(``POLYFUSE_FUZZ_CASES`` to change) and prints the counts."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SLICE = {"tc": 200, "onnx": 40, "feeds": 200}
+SEED = 0 if os.environ.get("CI") else random.randrange(2**16)
+
+
+def fuzz(front: str, count: int, seed: int, tmp_path: Path, timeout: float) -> dict:
+    case_file = tmp_path / f"{front}-case.txt"
+    env = dict(os.environ, POLYFUSE_FUZZ_CASE_FILE=str(case_file))
+    child = subprocess.run([sys.executable, "-m", "tests.fuzz.run", front, str(count),
+                            "--seed", str(seed)], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=timeout)
+    where = f"{front} fuzzing, seed {seed}"
+    if child.returncode < 0:
+        pytest.fail(f"{where}: the child process died of signal {-child.returncode} on this "
+                    f"case:\n{case_file.read_text()[:4000]}\n{child.stderr[-3000:]}")
+    assert child.returncode == 0, f"{where}: exit {child.returncode}\n{child.stderr[-4000:]}"
+    summary = json.loads(child.stdout.strip().splitlines()[-1])
+    assert child.stderr == "", f"{where}: the cases wrote to stderr:\n{child.stderr[-3000:]}"
+    counts = summary["counts"]
+    assert sum(counts.values()) == count, counts
+    defects = [d for d in summary["defects"] if d["outcome"] in ("raw", "wrong")]
+    shown = "\n\n".join(f"{d['outcome']}: {d['error']}\n{d['case']}\n{d['traceback']}"
+                        for d in defects[:3])
+    assert counts["raw"] == 0 and counts["wrong"] == 0, f"{where}: {counts}\n\n{shown}"
+    return summary
+
+
+@pytest.mark.parametrize("front", sorted(SLICE))
+def test_fuzz_slice(front, tmp_path):
+    summary = fuzz(front, SLICE[front], SEED, tmp_path, timeout=600)
+    # the slice must reach compiled code, not only the parsers' refusals
+    assert summary["counts"]["ok"] >= SLICE[front] // 10, summary["counts"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("front", sorted(SLICE))
+def test_fuzz_long(front, tmp_path):
+    count = int(os.environ.get("POLYFUSE_FUZZ_CASES", "10000"))
+    summary = fuzz(front, count, int(os.environ.get("POLYFUSE_FUZZ_SEED", SEED)), tmp_path,
+                   timeout=6 * 3600)
+    print(f"\n{front}: {count} cases, seed {SEED}: {summary['counts']}\n"
+          f"refusals: {summary['refusals']}\n"
+          f"lenient examples: {[d['error'][:200] for d in summary['defects'] if d['outcome'] == 'lenient']}")
