@@ -296,8 +296,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_records(args: argparse.Namespace) -> int:
-    if not Path(args.file).exists():
-        raise CliError(f"no records file '{args.file}'")
+    if not Path(args.file).is_file():
+        raise CliError(f"no records file '{args.file}'"
+                       + (" (it is a directory)" if Path(args.file).is_dir() else ""))
     records = db.load(args.file)
     if args.action == "show":
         print(f"{'workload':<20} {'task':<40} {'ms':>10} {'error':<14} options")

@@ -15,7 +15,7 @@ from polyfuse.frontends.tc import parse
 from polyfuse.ir.types import DType
 from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
 from polyfuse.runtime.model import CompiledModel
-from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.targets import Target
 
 
@@ -32,6 +32,7 @@ def define(source: str, *, target: str | Target = "reference",
     """
     if not isinstance(source, str):
         raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
+    options = check_options(options, "define()")
     tgt = Target.parse(target)
     check_target(tgt)
     module = parse(source)
@@ -52,6 +53,7 @@ def compile(model: Any, *, target: str | Target = "reference",
     from polyfuse.frontends.onnx import to_graph
     from polyfuse.lowering.graph_passes import PassManager
     from polyfuse.lowering.ops import OPS
+    options = check_options(options, "compile()")
     tgt = Target.parse(target)
     check_target(tgt)
     passes = PassManager(verify=True, keep=True)

@@ -61,7 +61,7 @@ from polyfuse.runtime import cache
 from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
 from polyfuse.scheduler.model import initial_outputs
-from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.options import MappingOptions, number
 from polyfuse.targets import Target
 
 
@@ -102,10 +102,12 @@ class MeasureConfig:
     inject_faults: Mapping[MappingOptions, Fault] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if min(self.number, self.repeat, self.jobs) < 1 or self.warmup < 0:
-            raise OptionError("number, repeat and jobs must be >= 1, warmup >= 0")
-        if min(self.build_timeout, self.run_timeout) <= 0:
-            raise OptionError("timeouts must be > 0 seconds")
+        for name, low in (("number", 1), ("repeat", 1), ("warmup", 0), ("jobs", 1), ("seed", 0)):
+            object.__setattr__(self, name, number("MeasureConfig", name, getattr(self, name), low=low))
+        for name, low in (("build_timeout", 1e-3), ("run_timeout", 1e-3), ("cutoff", 0.0),
+                          ("rtol", 0.0), ("atol", 0.0)):
+            object.__setattr__(self, name, number("MeasureConfig", name, getattr(self, name), float,
+                                                  low=low))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ repeat in seconds, an error code (``none`` for a valid measurement) and a timest
 
 Writes are atomic per line: each :func:`append` is one ``write`` of whole lines to a
 file opened for appending, under an exclusive ``flock``, so two tuners can append to
-one file. Reading skips a corrupted or foreign line with a warning; it is never fatal.
+one file. Reading skips corrupted or foreign lines with one warning; it is never fatal.
 
 :class:`Records` answers what compilation asks: the best valid options for a task,
 from an exact record, or else from the nearest shapes of the same kernel (what
@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.autotune.task import Task
-from polyfuse.errors import ArgumentError
+from polyfuse.errors import ArgumentError, OptionError
 from polyfuse.scheduler.options import MappingOptions
 
 SCHEMA_VERSION = 1
+SKIPPED_SHOWN = 5     # skipped lines a warning lists
 log = logging.getLogger("polyfuse.autotune")
 
 
@@ -87,16 +88,55 @@ class Record:
                 "timestamp": self.timestamp, "chosen": self.chosen}
 
     @staticmethod
-    def from_json(j: dict[str, Any]) -> Record:
-        """The record ``j`` holds; ValueError (or KeyError, TypeError) when it is not one."""
+    def from_json(j: Any) -> Record:
+        """The record ``j`` holds; :class:`BadRecord` when it is not one (another schema,
+        a missing field, a field of the wrong type, bad mapping options). Unknown keys
+        are ignored: a later polyfuse may add fields."""
+        if not isinstance(j, dict):
+            raise BadRecord(f"a JSON {type(j).__name__}, not an object")
         if j.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"schema {j.get('schema')!r}, expected {SCHEMA_VERSION}")
-        return Record(str(j["workload_key"]), str(j["family_key"]), str(j["target"]),
-                      str(j["entry"]), tuple(tuple(int(d) for d in s) for s in j["shapes"]),
-                      tuple(str(d) for d in j["dtypes"]), MappingOptions.from_json(j["options"]),
-                      tuple(float(c) for c in j["costs"]), str(j["error"]), str(j.get("message", "")),
-                      float(j["timestamp"]), str(j["version"]), str(j.get("name", "")),
-                      bool(j.get("chosen", False)))
+            raise BadRecord(f"schema {j.get('schema')!r}, expected {SCHEMA_VERSION}")
+        try:
+            options = MappingOptions.from_json(_field(j, "options", dict))
+        except OptionError as err:
+            raise BadRecord(str(err)) from None
+        return Record(_field(j, "workload_key", str), _field(j, "family_key", str),
+                      _field(j, "target", str), _field(j, "entry", str),
+                      tuple(_numbers(s, int, "shapes") for s in _field(j, "shapes", list)),
+                      tuple(_field(j, "dtypes", list, str)), options,
+                      _numbers(_field(j, "costs", list), float, "costs"), _field(j, "error", str),
+                      _field(j, "message", str, default=""), float(_field(j, "timestamp", float)),
+                      _field(j, "version", str), _field(j, "name", str, default=""),
+                      _field(j, "chosen", bool, default=False))
+
+
+class BadRecord(ValueError):
+    """A line of a records file that is not a record (never escapes :func:`load`)."""
+
+
+_MISSING = object()
+
+
+def _field(j: dict[str, Any], key: str, kind: type, item: type | None = None,
+           default: Any = _MISSING) -> Any:
+    """``j[key]``, checked to be a ``kind`` (of ``item`` elements, for a list)."""
+    value = j.get(key, default)
+    if value is _MISSING:
+        raise BadRecord(f"no field '{key}'")
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float \
+        else isinstance(value, kind)
+    if not ok or (item is not None and not all(isinstance(v, item) for v in value)):
+        raise BadRecord(f"field '{key}' is {value!r:.60}, not a {kind.__name__}")
+    return value
+
+
+def _numbers(values: Any, kind: type, key: str) -> tuple:
+    """A list of JSON numbers of ``kind`` (int: integers only) as a tuple."""
+    allowed = (int,) if kind is int else (int, float)
+    if not isinstance(values, list) or not all(
+            isinstance(v, allowed) and not isinstance(v, bool) for v in values):
+        raise BadRecord(f"field '{key}' holds {values!r:.60}, not a list of numbers")
+    return tuple(kind(v) for v in values)
 
 
 def append(path: str | os.PathLike, records: Iterable[Record]) -> None:
@@ -115,17 +155,25 @@ def append(path: str | os.PathLike, records: Iterable[Record]) -> None:
 
 
 def load(path: str | os.PathLike) -> list[Record]:
-    """Every record of the file, skipping (with a warning) lines that are not records."""
+    """Every record of the file; lines that are not records are skipped, with one
+    :class:`RecordsWarning` for the file that lists the first few."""
     records: list[Record] = []
+    skipped: list[str] = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 records.append(Record.from_json(json.loads(line)))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
-                warnings.warn(f"{path}:{lineno}: skipped a line that is not a polyfuse tuning "
-                              f"record ({type(err).__name__}: {err})", RecordsWarning, stacklevel=2)
+            except (ValueError, RecursionError) as err:   # BadRecord, bad JSON, nesting too deep
+                skipped.append(f"{path}:{lineno}: {type(err).__name__}: {str(err):.200}")
+    if skipped:
+        shown = "; ".join(skipped[:SKIPPED_SHOWN])
+        more = f"; and {len(skipped) - SKIPPED_SHOWN} more" if len(skipped) > SKIPPED_SHOWN else ""
+        warnings.warn(f"{path}: skipped {len(skipped)} line{'s' if len(skipped) > 1 else ''} that "
+                      f"{'are' if len(skipped) > 1 else 'is'} not polyfuse tuning records ({shown}{more}); "
+                      f"the {len(records)} valid records are used (`polyfuse records distill` writes "
+                      "a clean file)", RecordsWarning, stacklevel=2)
     return records
 
 
@@ -162,10 +210,17 @@ class Records:
     def open(path: str | os.PathLike | Records | None) -> Records | None:
         if path is None or isinstance(path, Records):
             return path
+        if not isinstance(path, (str, os.PathLike)):
+            raise OptionError(f"tuning_records must be the path of a records file (`polyfuse tune` "
+                              f"writes one) or a Records, got {type(path).__name__}")
         p = Path(path)
-        if not p.exists():
-            raise ArgumentError(f"no tuning records file at '{p}'")
-        return Records(load(p))
+        if not p.is_file():
+            raise ArgumentError(f"no tuning records file at '{p}'"
+                                + (" (it is a directory)" if p.is_dir() else ""))
+        try:
+            return Records(load(p))
+        except OSError as err:
+            raise ArgumentError(f"cannot read the tuning records file '{p}': {err.strerror}") from None
 
     def lookup(self, task: Task) -> Record | None:
         """The best valid record of ``task``, or of the same kernel at the nearest shapes."""

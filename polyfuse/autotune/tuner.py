@@ -19,7 +19,7 @@ from polyfuse.autotune.search import GeneticSearch, RandomSearch, Search
 from polyfuse.autotune.space import SearchSpace
 from polyfuse.autotune.task import Task
 from polyfuse.errors import OptionError
-from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.options import MappingOptions, number
 from polyfuse.targets import Target
 
 
@@ -39,6 +39,19 @@ class TuneConfig:
     timeout: float = 10.0          # seconds a candidate may run
     build_timeout: float = 60.0
     batch: int = 0                 # candidates per round; 0: the population size
+
+    def __post_init__(self) -> None:
+        for name, low, meaning in (("trials", 1, ""), ("seed", 0, ""), ("jobs", 0, "0: all cores"),
+                                   ("number", 1, ""), ("repeat", 1, ""),
+                                   ("batch", 0, "0: the population size")):
+            object.__setattr__(self, name, number("TuneConfig", name, getattr(self, name),
+                                                  low=low, meaning=meaning))
+        for name in ("timeout", "build_timeout"):
+            object.__setattr__(self, name, number("TuneConfig", name, getattr(self, name), float,
+                                                  low=1e-3, meaning="seconds"))
+        if self.strategy not in ("genetic", "random"):
+            raise OptionError(f"TuneConfig: unknown search strategy {self.strategy!r}; use "
+                              "'genetic' or 'random'")
 
     def measure_config(self) -> MeasureConfig:
         kwargs = {"jobs": self.jobs} if self.jobs > 0 else {}

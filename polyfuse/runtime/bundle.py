@@ -164,7 +164,7 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
     if target.name not in ("x86", "aarch64"):
         raise TargetError(f"bundles are built for x86 or aarch64, not {target}; compile the "
                           "model with target='x86' or target='aarch64'")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _RESERVED or name.startswith("polyfuse_"):
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _RESERVED or name.startswith("polyfuse_"):
         raise ArgumentError(f"a bundle's name is a C identifier (it names the entry point) other "
                             f"than main, a C keyword or polyfuse_*; got {name!r}")
     plan = model.plan_for(shapes)

@@ -29,7 +29,7 @@ from polyfuse.runtime import outputs as given_outputs
 from polyfuse.runtime.arguments import BoundArguments, bind_arguments
 from polyfuse.scheduler.model import initial_outputs, skipped_inits
 from polyfuse.scheduler.bounds import check_accesses
-from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.targets import Target
 
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
@@ -161,7 +161,7 @@ class Kernel:
         self.definition = definition
         self.target = target
         self.source = source
-        self.options = options
+        self.options = check_options(options, "Kernel()")
         self.records = records      # tuning records: options per shape when none are given
         self._cache: dict[tuple, SpecializedKernel] = {}
         # positional calls whose argument types, shapes and dtypes were checked before

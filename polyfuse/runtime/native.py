@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from polyfuse.scheduler.options import THREADS_MAX, number
+
 try:
     from polyfuse import _native  # type: ignore[attr-defined]
 except ImportError as e:  # pragma: no cover - only when the package was not built
@@ -85,12 +87,14 @@ large enough for what the calls touch: nothing is checked here (callers plan the
 
 
 def set_num_threads(n: int) -> None:
-    """Resize the thread pool (1 to 4096 threads); not from inside a parallel region.
+    """Resize the thread pool (1 to 4096 threads; else an
+    :class:`~polyfuse.errors.OptionError`); not from inside a parallel region.
 
     Waits for a region running in another thread to finish; the new threads start
     with the next region.
     """
-    _native.set_num_threads(operator.index(n))
+    _native.set_num_threads(number("set_num_threads()", "n", n, low=1, high=THREADS_MAX,
+                                   meaning="threads, the caller's included"))
 
 
 def get_num_threads() -> int:

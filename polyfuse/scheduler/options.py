@@ -13,6 +13,14 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import numpy as np
+
+from polyfuse.errors import OptionError
+
+LOOP_FACTOR_MAX = 64       # unroll, unroll-and-jam and vector factors (code size grows with them)
+THREADS_MAX = 4096         # the native thread pool's largest size
+INT_MAX = 2**31 - 1        # sizes and counts the generated code holds in 32-bit fields
+
 
 class Fusion(enum.Enum):
     """How eagerly isl fuses statements into shared loops."""
@@ -47,18 +55,16 @@ class MappingOptions:
                                        # partial per thread, then a tree in shared memory)
 
     def __post_init__(self) -> None:
-        if any(t < 0 for t in self.tile_sizes + self.register_tile):
-            raise ValueError(f"tile sizes must be >= 0, got {self.tile_sizes} {self.register_tile}")
-        for order in (self.tile_order, self.point_order):
+        for f in fields(self):
+            object.__setattr__(self, f.name, _checked(f.name, getattr(self, f.name)))
+        for name in ("tile_order", "point_order"):
+            order = getattr(self, name)
             if order and sorted(order) != list(range(len(order))):
-                raise ValueError(f"loop orders must be permutations, got {order}")
-        if min(self.vector_width, self.unroll, self.unroll_jam) < 1 or self.num_threads < 0:
-            raise ValueError("vector_width, unroll and unroll_jam must be >= 1, num_threads >= 0")
+                raise OptionError(f"MappingOptions: {name} must be a permutation of 0..n-1 "
+                                  f"(e.g. (1, 0)), got {order}")
         if len(self.block) > 3 or any(b < 1 for b in self.block) or math.prod(self.block) > 1024:
-            raise ValueError(f"block must be 1 to 3 thread counts >= 1 with a product of at most "
-                             f"1024, got {self.block}")
-        if self.grid < 0 or self.shared_memory_bytes < 0:
-            raise ValueError("grid and shared_memory_bytes must be >= 0")
+            raise OptionError(f"MappingOptions: block must be 1 to 3 thread counts >= 1 with a "
+                              f"product of at most 1024, got {self.block}")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (enums by value, tuples as lists)."""
@@ -67,20 +73,85 @@ class MappingOptions:
 
     @staticmethod
     def from_json(j: dict[str, Any]) -> MappingOptions:
-        """The options :meth:`to_json` wrote; unknown keys are refused (ValueError)."""
-        known = {f.name: f for f in fields(MappingOptions)}
-        unknown = sorted(set(j) - set(known))
+        """The options :meth:`to_json` wrote; unknown keys and bad values raise
+        :class:`~polyfuse.errors.OptionError`."""
+        if not isinstance(j, dict):
+            raise OptionError(f"mapping options must be a JSON object of field: value, "
+                              f"got {type(j).__name__}")
+        unknown = sorted(set(j) - set(_FIELDS))
         if unknown:
-            raise ValueError(f"unknown mapping options {unknown}")
-        values: dict[str, Any] = {}
-        for k, v in j.items():
-            default = getattr(MappingOptions(), k)
-            if isinstance(default, Fusion):
-                values[k] = Fusion(v)
-            elif isinstance(default, tuple):
-                values[k] = tuple(int(x) for x in v)
-            elif isinstance(default, bool):
-                values[k] = bool(v)
-            else:
-                values[k] = int(v)
-        return MappingOptions(**values)
+            raise OptionError(f"unknown mapping options {unknown}; known: {', '.join(_FIELDS)}")
+        return MappingOptions(**j)
+
+
+_FIELDS = {f.name: f.default for f in fields(MappingOptions)}
+
+
+# integer fields (and the elements of tuple fields): lowest, highest, what the ends mean
+_RANGES: dict[str, tuple[int, int, str]] = {
+    "tile_sizes": (0, INT_MAX, "0: do not tile that loop"),
+    "register_tile": (0, INT_MAX, "0: no register tile"),
+    "tile_order": (0, 16, "a permutation"), "point_order": (0, 16, "a permutation"),
+    "unroll_jam": (1, LOOP_FACTOR_MAX, "1: none"), "unroll": (1, LOOP_FACTOR_MAX, "1: none"),
+    "vector_width": (1, LOOP_FACTOR_MAX, "1: scalar"), "parallel": (0, 1, "0: sequential"),
+    "num_threads": (0, THREADS_MAX, "0: the runtime's default"),
+    "block": (1, 1024, "threads"), "grid": (0, INT_MAX, "0: one block per tile"),
+    "shared_memory_bytes": (0, INT_MAX, "0: the device's"),
+}
+
+
+def _checked(name: str, value: Any) -> Any:
+    """``value`` as field ``name`` holds it: lists become tuples, numpy integers ints,
+    fusion names the :class:`Fusion` member; anything else of the wrong kind is refused."""
+    default = _FIELDS[name]
+    if isinstance(default, Fusion):
+        return _fusion(name, value)
+    if isinstance(default, bool):
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        raise OptionError(f"MappingOptions: {name} must be True or False, got {value!r}")
+    low, high, meaning = _RANGES[name]
+    if isinstance(default, tuple):
+        if not isinstance(value, (tuple, list)):
+            raise OptionError(f"MappingOptions: {name} must be a tuple of integers, e.g. (32, 32), "
+                              f"got {value!r}")
+        return tuple(number("MappingOptions", f"{name}[{k}]", v, low=low, high=high, meaning=meaning)
+                     for k, v in enumerate(value))
+    return number("MappingOptions", name, value, low=low, high=high, meaning=meaning)
+
+
+def number(owner: str, name: str, value: Any, kind: type = int, *, low: float | None = None,
+           high: float | None = None, meaning: str = "") -> Any:
+    """``value`` of setting ``name`` of ``owner`` as a ``kind`` (int, or float: any real
+    number but NaN) within ``[low, high]``, else an :class:`~polyfuse.errors.OptionError`
+    that says what is allowed (``meaning``: what the special values mean)."""
+    reals = (int, float, np.integer, np.floating) if kind is float else (int, np.integer)
+    limits = (f" from {low} to {high}" if high is not None else f" >= {low}") if low is not None else ""
+    allowed = f"{'an integer' if kind is int else 'a number'}{limits}" + (f" ({meaning})" if meaning else "")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, reals) or value != value:
+        raise OptionError(f"{owner}: {name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise OptionError(f"{owner}: {name} must be {allowed}, got {value!r}")
+    return kind(value)
+
+
+def _fusion(name: str, value: Any) -> Fusion:
+    if isinstance(value, Fusion):
+        return value
+    if isinstance(value, str):
+        for member in Fusion:
+            if value.lower() in (member.value, member.name.lower()):
+                return member
+    allowed = ", ".join(f"'{m.value}'" for m in Fusion)
+    raise OptionError(f"MappingOptions: {name} must be a Fusion or one of {allowed}, got {value!r}")
+
+
+def check_options(options: object, where: str) -> MappingOptions | None:
+    """``options`` given to a public entry (``where``, e.g. ``define()``): a
+    :class:`MappingOptions` or None, else an :class:`~polyfuse.errors.OptionError`."""
+    if options is None or isinstance(options, MappingOptions):
+        return options
+    hint = " (unpack it: MappingOptions(**options))" if isinstance(options, dict) else ""
+    raise OptionError(f"{where}: options= takes a polyfuse.scheduler.options.MappingOptions, e.g. "
+                      f"options=MappingOptions(tile_sizes=(32, 32)), or None for the heuristic "
+                      f"schedule; got {type(options).__name__}{hint}")
