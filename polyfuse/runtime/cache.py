@@ -2,10 +2,17 @@
 
 A kernel is keyed by everything its code depends on: the canonical text of the
 definition, the sizes, the target (with the host CPU and its features), the mapping
-options, the polyfuse version and a hash of polyfuse's sources. An entry is two files under the cache directory:
-``<key>.o`` (the object code) and ``<key>.json`` (buffer layout and stage texts).
+options, the polyfuse version and a hash of polyfuse's sources. An entry is two files
+under the cache directory: ``<key>.o`` (the object code) and ``<key>.json`` (a line with
+the SHA-256 of both files' contents, then the buffer layout and stage texts as JSON).
 Both are written to a temporary name and renamed, so concurrent processes never see
-half an entry; an unreadable entry is ignored and rebuilt.
+half a file. An entry whose digest does not match (a truncated, emptied or overwritten
+file, or the two files of different writers), or that does not parse, is ignored and
+rebuilt: object code is checked before it is ever handed to the linker.
+
+In one process, kernels are fetched and compiled one at a time (LLVM's and isl's
+contexts are shared by every kernel and are not safe to use from two threads at once);
+a kernel already in memory is returned without waiting.
 
 The directory is ``$POLYFUSE_CACHE_DIR`` if set (empty or ``0`` turns the disk cache
 off), else ``$XDG_CACHE_HOME/polyfuse`` or ``~/.cache/polyfuse``.
@@ -18,13 +25,15 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-FORMAT = 2
+FORMAT = 3
+_LOCK = threading.RLock()   # compiling and loading, one kernel at a time (see above)
 
 
 def cache_dir() -> Path | None:
@@ -56,15 +65,23 @@ def kernel_key(*parts: str) -> str:
 
 
 def load(key: str) -> tuple[bytes, dict[str, Any]] | None:
+    """The object code and metadata stored under ``key``, or None when there is no
+    entry or it is damaged (its digest does not match or its metadata does not parse)."""
     root = cache_dir()
     if root is None:
         return None
     try:
-        meta = json.loads((root / f"{key}.json").read_text())
+        digest, _, text = (root / f"{key}.json").read_bytes().partition(b"\n")
         obj = (root / f"{key}.o").read_bytes()
-    except (OSError, ValueError):
+    except OSError:
         return None
-    if meta.get("format") != FORMAT or len(obj) != meta.get("object_bytes"):
+    if digest != _digest(obj, text):
+        return None
+    try:
+        meta = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         return None
     return obj, meta
 
@@ -74,13 +91,21 @@ def store(key: str, obj: bytes, meta: dict[str, Any]) -> None:
     root = cache_dir()
     if root is None:
         return
-    meta = {**meta, "format": FORMAT, "object_bytes": len(obj)}
+    text = json.dumps({**meta, "format": FORMAT}).encode()
     try:
         root.mkdir(parents=True, exist_ok=True)
         _atomic_write(root / f"{key}.o", obj)
-        _atomic_write(root / f"{key}.json", json.dumps(meta).encode())
+        _atomic_write(root / f"{key}.json", _digest(obj, text) + b"\n" + text)
     except OSError:
         pass
+
+
+def _digest(obj: bytes, text: bytes) -> bytes:
+    h = hashlib.sha256()
+    for part in (obj, text):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest().encode()
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -100,15 +125,13 @@ def fetch(key: str, memory: dict[str, T], stats: dict[str, int],
     (``from_disk(object, meta)``), else ``compile()`` (which stores it); ``stats`` counts
     where kernels came from (``memory``, ``disk``, ``compiled``)."""
     found = memory.get(key)
-    if found is not None:
-        stats["memory"] += 1
-        return found
-    hit = load(key)
-    if hit is not None:
-        found = from_disk(*hit)
-        stats["disk"] += 1
-    else:
-        found = compile()
-        stats["compiled"] += 1
-    memory[key] = found
+    if found is None:
+        with _LOCK:
+            found = memory.get(key)   # another thread may have made it while this one waited
+            if found is None:
+                hit = load(key)
+                found = memory[key] = from_disk(*hit) if hit is not None else compile()
+                stats["disk" if hit is not None else "compiled"] += 1
+                return found
+    stats["memory"] += 1
     return found
