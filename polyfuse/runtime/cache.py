@@ -10,6 +10,10 @@ half a file. An entry whose digest does not match (a truncated, emptied or overw
 file, or the two files of different writers), or that does not parse, is ignored and
 rebuilt: object code is checked before it is ever handed to the linker.
 
+Other files of the cache (programs linked for an emulator, under ``bin/``) keep a
+SHA-256 of their contents beside them (:func:`checked_file`) and are rebuilt when it
+does not match.
+
 In one process, kernels are fetched and compiled one at a time (LLVM's and isl's
 contexts are shared by every kernel and are not safe to use from two threads at once);
 a kernel already in memory is returned without waiting.
@@ -106,6 +110,28 @@ def _digest(obj: bytes, text: bytes) -> bytes:
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return h.hexdigest().encode()
+
+
+def checked_file(path: Path, make: Callable[[Path], None]) -> Path:
+    """``path``, a file of the cache that is not a kernel entry (a linked program):
+    made by ``make(partial)`` when it is missing, or when its contents no longer match
+    the digest kept beside it (``<path>.sha256``)."""
+    digest = path.with_name(path.name + ".sha256")
+    try:
+        if digest.read_bytes() == hashlib.sha256(path.read_bytes()).hexdigest().encode():
+            return path
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    make(partial)
+    data = partial.read_bytes()
+    os.replace(partial, path)
+    try:
+        _atomic_write(digest, hashlib.sha256(data).hexdigest().encode())
+    except OSError:
+        pass   # rebuilt next time
+    return path
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -122,13 +122,12 @@ class CrossProgram:
             folder = cache.cache_dir()
             folder = folder / "bin" if folder is not None else self._dir
             path = folder / f"{self.target.name}-{digest.hexdigest()[:32]}"
-            if not path.exists():
-                folder.mkdir(parents=True, exist_ok=True)
+
+            def link(partial: Path) -> None:
                 obj = self._dir / "program.o"
                 obj.write_bytes(self.object)
-                partial = path.with_suffix(f".{os.getpid()}.tmp")
                 compile_c(cc, [str(RUNNER), str(obj)], partial, self.target)
-                os.replace(partial, path)
+            cache.checked_file(path, link)   # rebuilt when missing or damaged
             (self._dir / "weights.bin").write_bytes(self.weights)
             self._executable = path
         return self._executable

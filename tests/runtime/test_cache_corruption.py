@@ -4,9 +4,11 @@ is loaded and the kernel is recompiled: right answers, no crash, and a valid ent
 The corrupted caches are loaded in a child process, so a signal (a bad object handed
 to the linker) fails the test instead of killing pytest."""
 
+import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,6 +16,7 @@ import textwrap
 import numpy as np
 
 from polyfuse.runtime import cache
+from tests.arm_tools import needs_arm_tools
 
 # For each cache directory given: load the kernel with nothing in memory (the disk entry
 # as it is), check the answer, then again with nothing in memory (what the first load left).
@@ -108,3 +111,49 @@ def test_a_cache_directory_that_is_a_file_is_skipped(tmp_path, monkeypatch):
     cache.store("k", b"obj", {})
     assert cache.load("k") is None
     assert blocker.read_text() == "x"
+
+
+CROSS_CHILD = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    import polyfuse as pf
+    from polyfuse.runtime import cpu
+    sys.path.insert(0, os.path.dirname(sys.argv[1]))
+    from test_concurrency import mlp, W1, B1, W2
+    x = np.random.default_rng(5).standard_normal((3, 16)).astype(np.float32)
+    for folder in sys.argv[2:]:
+        os.environ["POLYFUSE_CACHE_DIR"] = folder
+        cpu._COMPILED.clear()
+        y = pf.compile(mlp(), target="aarch64").run({"x": x})["y"]
+        np.testing.assert_allclose(y, np.maximum(x @ W1 + B1, 0) @ W2, rtol=1e-4, atol=1e-4)
+    print("ok")
+""")
+
+
+@needs_arm_tools
+def test_a_damaged_program_linked_for_the_emulator_is_rebuilt(tmp_path):
+    """Code for aarch64 runs here as a program under qemu, kept in the cache's bin/."""
+    def run(*folders):
+        out = subprocess.run([sys.executable, "-c", CROSS_CHILD, __file__, *map(str, folders)],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    pristine = tmp_path / "pristine"
+    run(pristine)
+    files = sorted(str(p.relative_to(pristine)) for p in pristine.rglob("*") if p.is_file())
+    assert any(f.startswith("bin/") for f in files) and any(f.endswith(".sha256") for f in files)
+    folders = []
+    for name in files:
+        data = (pristine / name).read_bytes()
+        for how in ("truncated", "random"):
+            folder = tmp_path / f"{name.replace('/', '_')}-{how}"
+            shutil.copytree(pristine, folder)
+            (folder / name).write_bytes(corruptions(data)[how])
+            folders.append(folder)
+    run(*folders)
+    for folder in folders:   # valid again: kernel entries as before, programs with their digest
+        for f in files:
+            if f.startswith("bin/") and not f.endswith(".sha256"):
+                digest = (folder / f"{f}.sha256").read_text()
+                assert digest == hashlib.sha256((folder / f).read_bytes()).hexdigest(), (folder, f)
+            elif not f.startswith("bin/"):
+                assert (folder / f).read_bytes() == (pristine / f).read_bytes(), (folder, f)
