@@ -256,7 +256,16 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
         raise CliError(f"cannot read inputs from '{path}': {err}") from None
 
 
+def _scalar(feeds: dict[str, np.ndarray], name: str, inputs: str) -> Any:
+    if feeds[name].size != 1:
+        raise CliError(f"{inputs}: '{name}' is a scalar parameter; give it as a 0-d array "
+                       f"(np.savez(..., {name}=np.float32(2))), got shape {list(feeds[name].shape)}")
+    return feeds[name].item()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.repeat < 0:
+        raise CliError(f"--repeat is a number of timed runs (>= 0), got {args.repeat}")
     path = Path(args.file)
     kind = _kind(path)
     feeds = _load_npz(args.inputs)
@@ -266,7 +275,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         missing = [p.name for p in d.params if p.name not in feeds]
         if missing:
             raise CliError(f"{args.inputs} lacks {missing} (it holds {sorted(feeds)})")
-        values = [feeds[p.name] if isinstance(p, TensorDecl) else feeds[p.name].item() for p in d.params]
+        values = [feeds[p.name] if isinstance(p, TensorDecl) else _scalar(feeds, p.name, args.inputs)
+                  for p in d.params]
 
         def call() -> dict[str, np.ndarray]:
             out = kernel(*values)

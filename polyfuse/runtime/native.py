@@ -93,8 +93,8 @@ def set_num_threads(n: int) -> None:
     Waits for a region running in another thread to finish; the new threads start
     with the next region.
     """
-    _native.set_num_threads(number("set_num_threads()", "n", n, low=1, high=THREADS_MAX,
-                                   meaning="threads, the caller's included"))
+    _native.set_num_threads(number("set_num_threads()", "the number of threads", n, low=1,
+                                   high=THREADS_MAX, meaning="the caller's included"))
 
 
 def get_num_threads() -> int:

@@ -1,8 +1,9 @@
 """Every file of the disk cache, truncated, emptied or overwritten, is detected when it
 is loaded and the kernel is recompiled: right answers, no crash, and a valid entry after.
 
-The corrupted caches are loaded in a child process, so a signal (a bad object handed
-to the linker) fails the test instead of killing pytest."""
+Each scenario runs in one child process (:func:`scenario`), so a signal (a bad object
+handed to the linker) fails the test instead of killing pytest, and every load in it
+uses the same cache keys."""
 
 import hashlib
 import json
@@ -11,80 +12,120 @@ import random
 import shutil
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import numpy as np
 
 from polyfuse.runtime import cache
 from tests.arm_tools import needs_arm_tools
 
-# For each cache directory given: load the kernel with nothing in memory (the disk entry
-# as it is), check the answer, then again with nothing in memory (what the first load left).
-CHILD = textwrap.dedent("""
-    import json, os, sys
-    import numpy as np
-    import polyfuse as pf
-    from polyfuse.runtime import cpu
-    SRC = "def affine(float(N,K) X, float(K) W) -> (Y) { Y(n) +=! X(n,k) * W(k) + 1.0 }"
-    x = np.arange(35, dtype=np.float32).reshape(7, 5) / 7
-    w = np.linspace(-1, 1, 5, dtype=np.float32)
-    report = {}
-    for folder in sys.argv[1:]:
-        os.environ["POLYFUSE_CACHE_DIR"] = folder
-        sources = []
-        for _ in range(2):
-            cpu._COMPILED.clear()
-            before = dict(cpu.STATS)
-            got = pf.define(SRC, target="host").affine(x, w)
-            np.testing.assert_allclose(got, x @ w + 5, rtol=1e-5)
-            sources.append(next(k for k in ("compiled", "disk") if cpu.STATS[k] > before[k]))
-        report[folder] = sources
-    print(json.dumps(report))
-""")
+ROOT = Path(__file__).resolve().parents[2]
+AFFINE = "def affine(float(N,K) X, float(K) W) -> (Y) { Y(n) +=! X(n,k) * W(k) + 1.0 }"
 
 
-def child(*folders):
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-    out = subprocess.run([sys.executable, "-c", CHILD, *map(str, folders)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, f"child died ({out.returncode}):\n{out.stderr[-3000:]}"
-    assert out.stderr == "", out.stderr      # compiling and loading stay quiet
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def corruptions(data: bytes) -> dict[str, bytes]:
+def corruptions(data: bytes, hows: tuple[str, ...] | None = None) -> dict[str, bytes]:
     rng = random.Random(len(data))
     flipped = bytearray(data)
-    flipped[len(data) // 2] ^= 0x40
-    return {
+    if flipped:
+        flipped[len(data) // 2] ^= 0x40
+    found = {
         "truncated": data[: len(data) // 2],
         "empty": b"",
         "random": rng.randbytes(len(data)),            # same size: only a digest tells
         "random-longer": rng.randbytes(len(data) + 4096),
         "one-byte-flipped": bytes(flipped),
-        "elf-header-kept": data[:64] + rng.randbytes(len(data) - 64),
+        "header-kept": data[:64] + rng.randbytes(max(0, len(data) - 64)),
     }
+    return {k: v for k, v in found.items() if hows is None or k in hows}
+
+
+def _run_affine() -> None:
+    import polyfuse as pf
+    x = np.arange(35, dtype=np.float32).reshape(7, 5) / 7
+    w = np.linspace(-1, 1, 5, dtype=np.float32)
+    np.testing.assert_allclose(pf.define(AFFINE, target="host").affine(x, w), x @ w + 5, rtol=1e-5)
+
+
+def _run_aarch64_model() -> None:
+    import polyfuse as pf
+    from tests.runtime.test_concurrency import B1, W1, W2, mlp
+    x = np.random.default_rng(5).standard_normal((3, 16)).astype(np.float32)
+    y = pf.compile(mlp(), target="aarch64").run({"x": x})["y"]
+    np.testing.assert_allclose(y, np.maximum(x @ W1 + B1, 0) @ W2, rtol=1e-4, atol=1e-4)
+
+
+WORKLOADS = {"affine": (_run_affine, None), "aarch64_model": (_run_aarch64_model, ("truncated", "random"))}
+
+
+def scenario(folder: str, workload: str) -> dict:
+    """In a child: fill a cache, then for every file of it and every kind of damage, load
+    from a copy with that file damaged, twice (the damaged entry, then what the first load
+    left); where each load's kernels came from, and the files that differ after."""
+    from polyfuse.runtime import cpu
+    run, hows = WORKLOADS[workload]
+
+    def load(where: Path) -> str:
+        os.environ["POLYFUSE_CACHE_DIR"] = str(where)
+        cpu._COMPILED.clear()
+        before = dict(cpu.STATS)
+        run()
+        return ",".join(sorted(k for k in ("compiled", "disk") if cpu.STATS[k] > before[k]))
+
+    pristine = Path(folder) / "pristine"
+    report: dict = {"pristine": [load(pristine), load(pristine)], "damaged": {}, "differ": []}
+    files = sorted(str(p.relative_to(pristine)) for p in pristine.rglob("*") if p.is_file())
+    report["files"] = files
+    for name in files:
+        for how, data in corruptions((pristine / name).read_bytes(), hows).items():
+            copy = Path(folder) / f"{name.replace('/', '_')}-{how}"
+            shutil.copytree(pristine, copy)
+            (copy / name).write_bytes(data)
+            report["damaged"][f"{name} {how}"] = [load(copy), load(copy)]
+            report["differ"] += [f"{copy.name}: {f}" for f in files if not _same(copy, pristine, f)]
+    return report
+
+
+def _same(copy: Path, pristine: Path, name: str) -> bool:
+    """The file is as in the pristine cache (a linked program: matches its digest)."""
+    if name.startswith("bin/") and not name.endswith(".sha256"):
+        digest = (copy / f"{name}.sha256").read_text()
+        return digest == hashlib.sha256((copy / name).read_bytes()).hexdigest()
+    return (copy / name).read_bytes() == (pristine / name).read_bytes()
+
+
+def in_child(tmp_path, workload):
+    code = ("import json, sys; from tests.runtime.test_cache_corruption import scenario; "
+            "print(json.dumps(scenario(sys.argv[1], sys.argv[2])))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path), workload], cwd=ROOT,
+                         env={**os.environ, "PYTHONFAULTHANDLER": "1"}, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, f"child died ({out.returncode}):\n{out.stderr[-3000:]}"
+    assert out.stderr == "", out.stderr      # compiling and loading stay quiet
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_every_corrupted_file_is_detected_and_recompiled(tmp_path):
-    pristine = tmp_path / "pristine"
-    assert child(pristine) == {str(pristine): ["compiled", "disk"]}
-    files = sorted(p.name for p in pristine.iterdir())
-    assert {os.path.splitext(f)[1] for f in files} == {".o", ".json"}
-    folders = []
-    for name in files:
-        for how, data in corruptions((pristine / name).read_bytes()).items():
-            folder = tmp_path / f"{name}-{how}"
-            folder.mkdir()
-            for f in files:
-                (folder / f).write_bytes(data if f == name else (pristine / f).read_bytes())
-            folders.append(folder)
-    report = child(*folders)
-    assert report == {str(f): ["compiled", "disk"] for f in folders}
-    for folder in folders:   # the rebuilt entry is the pristine one again, and it is valid
-        assert sorted(p.name for p in folder.iterdir()) == files
-        for f in files:
-            assert (folder / f).read_bytes() == (pristine / f).read_bytes(), (folder, f)
+    report = in_child(tmp_path, "affine")
+    assert report["pristine"] == ["compiled", "disk"]
+    assert {os.path.splitext(f)[1] for f in report["files"]} == {".o", ".json"}
+    assert len(report["damaged"]) == 6 * len(report["files"])
+    assert all(v == ["compiled", "disk"] for v in report["damaged"].values()), report["damaged"]
+    assert report["differ"] == []
+
+
+@needs_arm_tools
+def test_a_damaged_program_linked_for_the_emulator_is_rebuilt(tmp_path):
+    """Code for aarch64 runs here as a program under qemu, kept in the cache's bin/."""
+    report = in_child(tmp_path, "aarch64_model")
+    files = report["files"]
+    assert any(f.startswith("bin/") for f in files) and any(f.endswith(".sha256") for f in files)
+    assert report["pristine"] == ["compiled", "disk"]
+    assert len(report["damaged"]) == 2 * len(files)
+    for what, (first, second) in report["damaged"].items():
+        # that kernel is recompiled (the others load), a damaged program relinked
+        assert first == ("disk" if what.startswith("bin/") else "compiled,disk"), what
+        assert second == "disk", what
+    assert report["differ"] == []
 
 
 def test_an_entry_with_a_wrong_digest_or_format_is_not_loaded(tmp_path, monkeypatch):
@@ -111,49 +152,3 @@ def test_a_cache_directory_that_is_a_file_is_skipped(tmp_path, monkeypatch):
     cache.store("k", b"obj", {})
     assert cache.load("k") is None
     assert blocker.read_text() == "x"
-
-
-CROSS_CHILD = textwrap.dedent("""
-    import json, os, sys
-    import numpy as np
-    import polyfuse as pf
-    from polyfuse.runtime import cpu
-    sys.path.insert(0, os.path.dirname(sys.argv[1]))
-    from test_concurrency import mlp, W1, B1, W2
-    x = np.random.default_rng(5).standard_normal((3, 16)).astype(np.float32)
-    for folder in sys.argv[2:]:
-        os.environ["POLYFUSE_CACHE_DIR"] = folder
-        cpu._COMPILED.clear()
-        y = pf.compile(mlp(), target="aarch64").run({"x": x})["y"]
-        np.testing.assert_allclose(y, np.maximum(x @ W1 + B1, 0) @ W2, rtol=1e-4, atol=1e-4)
-    print("ok")
-""")
-
-
-@needs_arm_tools
-def test_a_damaged_program_linked_for_the_emulator_is_rebuilt(tmp_path):
-    """Code for aarch64 runs here as a program under qemu, kept in the cache's bin/."""
-    def run(*folders):
-        out = subprocess.run([sys.executable, "-c", CROSS_CHILD, __file__, *map(str, folders)],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
-    pristine = tmp_path / "pristine"
-    run(pristine)
-    files = sorted(str(p.relative_to(pristine)) for p in pristine.rglob("*") if p.is_file())
-    assert any(f.startswith("bin/") for f in files) and any(f.endswith(".sha256") for f in files)
-    folders = []
-    for name in files:
-        data = (pristine / name).read_bytes()
-        for how in ("truncated", "random"):
-            folder = tmp_path / f"{name.replace('/', '_')}-{how}"
-            shutil.copytree(pristine, folder)
-            (folder / name).write_bytes(corruptions(data)[how])
-            folders.append(folder)
-    run(*folders)
-    for folder in folders:   # valid again: kernel entries as before, programs with their digest
-        for f in files:
-            if f.startswith("bin/") and not f.endswith(".sha256"):
-                digest = (folder / f"{f}.sha256").read_text()
-                assert digest == hashlib.sha256((folder / f).read_bytes()).hexdigest(), (folder, f)
-            elif not f.startswith("bin/"):
-                assert (folder / f).read_bytes() == (pristine / f).read_bytes(), (folder, f)
