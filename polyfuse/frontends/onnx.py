@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from polyfuse.errors import ModelError, UnsupportedOpError
+from polyfuse.errors import DTypeError, ModelError, UnsupportedOpError
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
 from polyfuse.ir.types import DType
 
@@ -56,6 +56,11 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
     return proto
 
 
+# dim_params exporters write for "unknown", not for a size shared by several dimensions
+# (paddle2onnx writes dim_value -1 instead, which is read the same way)
+UNKNOWN_DIM_PARAMS = frozenset({"", "?", "-1", "None", "unk"})
+
+
 def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
     t = vi.type.tensor_type
     dt = dtype_of(t.elem_type)
@@ -65,7 +70,12 @@ def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
                                  "does not support")
     dims: list[int | str] = []
     for k, d in enumerate(t.shape.dim):
-        dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{vi.name}_dim{k}"))
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(d.dim_value)
+        elif d.HasField("dim_param") and d.dim_param.strip() not in UNKNOWN_DIM_PARAMS:
+            dims.append(d.dim_param)
+        else:  # unknown: each such dimension is its own size, as onnxruntime reads it
+            dims.append(f"{vi.name}_dim{k}")
     return TensorType(dt, tuple(dims))
 
 
@@ -120,6 +130,9 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
             continue
         nodes.append(Node(n.op_type, name, tuple(n.input), tuple(n.output),
                           tuple((a.name, _attr(a)) for a in n.attribute)))
+    for c in constants:
+        if DType.from_numpy(c.array.dtype) not in _DTYPES.values():
+            unsupported.setdefault(f"constants of element type {c.array.dtype}", []).append(c.name)
     if unsupported:
         listing = "; ".join(f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
                             for op, names in sorted(unsupported.items()))
@@ -136,6 +149,8 @@ def _inferred_types(proto: onnx.ModelProto, known: set[str]) -> tuple[Value, ...
     """The types onnx's shape inference gives the model's intermediate values (those it
     could infer completely); none if inference fails (polyfuse infers shapes itself when
     it lowers each node for concrete input shapes)."""
+    if any(_crashes_inference(n) for n in proto.graph.node):
+        return ()
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - onnx raises many kinds; the types are optional
@@ -149,3 +164,64 @@ def _inferred_types(proto: onnx.ModelProto, known: set[str]) -> tuple[Value, ...
             continue
         values.append(Value(vi.name, _type_of(vi)))
     return tuple(values)
+
+
+def _crashes_inference(node: onnx.NodeProto) -> bool:
+    """Whether onnx's shape inference (C++, in this process) is known to crash on
+    ``node``: a GatherND with negative batch_dims is read out of bounds (a segfault)."""
+    return node.op_type == "GatherND" and any(a.name == "batch_dims" and a.i < 0
+                                              for a in node.attribute)
+
+
+def _type_str(dt: DType) -> str:
+    """The name ONNX schemas give a tensor of ``dt``: ``tensor(float)``."""
+    return f"tensor({onnx.TensorProto.DataType.Name(onnx_dtype(dt)).lower()})"
+
+
+_FROM_TYPE_STR = {_type_str(dt): dt for dt in _DTYPES.values()}
+
+
+def check_signature(node: Node, types: list[TensorType | None], opset: int) -> None:
+    """``node``'s inputs against its op's ONNX schema at ``opset``: how many, that the
+    required ones are given, and each one's dtype (inputs sharing a type parameter share
+    one dtype). Ops without a schema, and graphs of no known opset (0), are left to the
+    lowerings."""
+    if opset < 1:
+        return
+    try:
+        schema = onnx.defs.get_schema(node.op, opset, "")
+    except onnx.defs.SchemaError:
+        return
+    where = f"node '{node.name}' ({node.op}-{schema.since_version})"
+    formals = list(schema.inputs)
+    count = len(node.inputs)
+    if not schema.min_input <= count <= schema.max_input:
+        most = "or more" if schema.max_input > 1 << 20 else f"to {schema.max_input}"
+        raise ModelError(f"{where} has {count} inputs; it takes {schema.min_input} {most} "
+                         f"({', '.join(f.name for f in formals)})")
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    first: dict[str, tuple[int, DType]] = {}
+    Option = onnx.defs.OpSchema.FormalParameterOption
+    for k, name in enumerate(node.inputs):
+        if not formals:
+            break
+        f = formals[min(k, len(formals) - 1)]
+        if k >= len(formals) and f.option != Option.Variadic:
+            break
+        t = types[k] if k < len(types) else None
+        if not name or t is None:
+            if f.option == Option.Single and not name:
+                raise ModelError(f"{where} lacks its required input {k} ('{f.name}'); give it "
+                                 "a value")
+            continue
+        ok = allowed.get(f.type_str, [f.type_str])
+        if _type_str(t.dtype) not in ok:
+            names = sorted(str(_FROM_TYPE_STR[x]) for x in ok if x in _FROM_TYPE_STR)
+            raise DTypeError(f"{where}: input {k} ('{name}', {f.name}) is {t.dtype}; it takes "
+                             f"{', '.join(names) or 'no type polyfuse supports'} (insert a Cast)")
+        if f.type_str in allowed and (f.option != Option.Variadic or f.is_homogeneous):
+            j, dt = first.setdefault(f.type_str, (k, t.dtype))
+            if dt is not t.dtype:
+                raise DTypeError(f"{where}: input {k} ('{name}') is {t.dtype} but input {j} "
+                                 f"('{node.inputs[j]}') is {dt}; inputs of type {f.type_str} "
+                                 "must have one dtype (insert a Cast)")
