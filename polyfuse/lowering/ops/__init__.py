@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import UnsupportedOpError
+from polyfuse.errors import ModelError, UnsupportedOpError
+from polyfuse.frontends.onnx import check_signature
 from polyfuse.ir.graph import Node, TensorType
 from polyfuse.ir.types import DType
 
@@ -73,14 +74,64 @@ class OpContext:
         return self.node.attr(key, default)
 
     def shape(self, i: int) -> tuple[int, ...]:
-        t = self.types[i]
-        assert t is not None
-        return tuple(int(d) for d in t.shape)
+        return tuple(int(d) for d in self.type(i).shape)
 
     def dtype(self, i: int) -> DType:
-        t = self.types[i]
-        assert t is not None
-        return t.dtype
+        return self.type(i).dtype
+
+    def type(self, i: int) -> TensorType:
+        t = self.types[i] if i < len(self.types) else None
+        if t is None:
+            raise self.malformed(f"input {i} is missing; this op needs it (the node has "
+                                 f"{len(self.node.inputs)} inputs)")
+        return t
+
+    def rank(self, i: int, *allowed: int, least: int = 0) -> int:
+        """The rank of input ``i``, which must be one of ``allowed`` (if given) and at
+        least ``least``."""
+        r = len(self.type(i).shape)
+        if allowed and r not in allowed or r < least:
+            want = " or ".join(map(str, allowed)) if allowed else f"at least {least}"
+            raise self.malformed(f"input {i} has rank {r} (shape {self.shape(i)}); it must have "
+                                 f"rank {want}")
+        return r
+
+    def axis(self, value: Any, rank: int, what: str = "axis") -> int:
+        """An ONNX axis (negative counts from the end) checked to be in [-rank, rank)."""
+        if value is None:
+            raise self.malformed(f"the {what} attribute is required")
+        try:
+            a = int(value)
+        except (TypeError, ValueError):
+            raise self.malformed(f"{what} must be an int, got {value!r}") from None
+        if not -rank <= a < rank:
+            allowed = f"in [{-rank}, {rank - 1}]" if rank else "absent (the input is a scalar)"
+            raise self.malformed(f"{what} {a} is out of range for rank {rank}; it must be {allowed}")
+        return a + rank if a < 0 else a
+
+    def axes(self, values: Any, rank: int, what: str = "axes") -> list[int]:
+        """ONNX axes, each checked by :meth:`axis`, none repeated."""
+        axes = [self.axis(a, rank, what) for a in np.atleast_1d(np.asarray(values)).reshape(-1)]
+        if len(set(axes)) != len(axes):
+            raise self.malformed(f"{what} {list(np.asarray(values).reshape(-1))} name an axis "
+                                 "twice; each may appear once")
+        return axes
+
+    def ints(self, value: Any, what: str, count: int | None = None, least: int | None = None) -> list[int]:
+        """An ints attribute (or constant input) with ``count`` entries, each >= ``least``."""
+        try:
+            out = [int(v) for v in np.asarray(value).reshape(-1)]
+        except (TypeError, ValueError):
+            raise self.malformed(f"{what} must be ints, got {value!r}") from None
+        if count is not None and len(out) != count:
+            raise self.malformed(f"{what} {out} has {len(out)} entries; it must have {count}")
+        if least is not None and any(v < least for v in out):
+            raise self.malformed(f"{what} {out} must all be >= {least}")
+        return out
+
+    def malformed(self, why: str) -> ModelError:
+        """The error of a node whose attributes or inputs break the op's definition."""
+        return ModelError(f"node '{self.node.name}' ({self.node.op}): {why}")
 
     def has(self, i: int) -> bool:
         return i < len(self.types) and self.types[i] is not None
@@ -101,6 +152,18 @@ Lowering = Callable[[OpContext], Lowered]
 OPS: dict[str, Lowering] = {}
 
 
+def lower(ctx: OpContext) -> Lowered:
+    """The node lowered by its op's lowering, after the checks every op shares: its
+    inputs against the op's ONNX schema (count, dtypes) and their ranks against the
+    indices a TC text can name."""
+    check_signature(ctx.node, ctx.types, ctx.opset)
+    for i, t in enumerate(ctx.types):
+        if t is not None and len(t.shape) > MAX_RANK:
+            raise ctx.unsupported(f"input {i} has rank {len(t.shape)}; polyfuse supports "
+                                  f"tensors of rank at most {MAX_RANK}")
+    return OPS[ctx.node.op](ctx)
+
+
 def register(*ops: str) -> Callable[[Lowering], Lowering]:
     def add(fn: Lowering) -> Lowering:
         for op in ops:
@@ -112,10 +175,14 @@ def register(*ops: str) -> Callable[[Lowering], Lowering]:
 # --- helpers for writing TC -------------------------------------------------------------
 
 INDEX = [f"i{k}" for k in range(16)]
+MAX_RANK = len(INDEX) - 1   # one index name spare, for ops adding a dimension (OneHot)
 
 
 def tensor_param(name: str, t: TensorType | tuple[DType, Sequence[int]]) -> str:
     dtype, shape = (t.dtype, t.shape) if isinstance(t, TensorType) else t
+    if len(shape) > MAX_RANK:
+        raise UnsupportedOpError(f"a tensor of rank {len(shape)} (shape {tuple(shape)}); polyfuse "
+                                 f"supports tensors of rank at most {MAX_RANK}")
     return f"{dtype}({', '.join(str(int(d)) for d in shape)}) {name}"
 
 
@@ -160,6 +227,18 @@ def literal(value: float | int | bool, dtype: DType) -> str:
 
 def onnx_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
+
+
+def balanced(terms: Sequence[str], combine: Callable[[str, str], str], chain: int = 16) -> str:
+    """``terms`` combined left to right, or as a balanced tree when there are more than
+    ``chain`` of them (so a node with hundreds of inputs stays a shallow expression)."""
+    if len(terms) <= chain:
+        expr = terms[0]
+        for t in terms[1:]:
+            expr = combine(expr, t)
+        return expr
+    half = len(terms) // 2
+    return combine(balanced(terms[:half], combine, chain), balanced(terms[half:], combine, chain))
 
 
 def _load_library() -> None:

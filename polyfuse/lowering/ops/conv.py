@@ -85,13 +85,13 @@ class WindowAxis:
         return replace(self, size=self.span, pad=0, pad_end=0)
 
 
-def int_list(ctx: OpContext, name: str, n: int, default: int) -> list[int]:
+def int_list(ctx: OpContext, name: str, n: int, default: int, least: int | None = None) -> list[int]:
     value = ctx.attr(name)
-    if value is None or len(value) == 0:
+    if value is None or np.size(value) == 0:
         return [default] * n
-    if len(value) != n:
-        raise ctx.unsupported(f"attribute '{name}' has {len(value)} values, expected {n}")
-    return [int(v) for v in value]
+    if np.size(value) != n:
+        raise ctx.unsupported(f"attribute '{name}' has {np.size(value)} values, expected {n}")
+    return ctx.ints(value, name, n, least)
 
 
 def auto_pad(ctx: OpContext) -> str:
@@ -111,13 +111,15 @@ def window_axes(ctx: OpContext, kernel: Sequence[int], *,
                 ceil_mode: bool = False) -> list[WindowAxis]:
     """The axes of input 0's spatial dimensions under the node's ``strides``,
     ``dilations``, ``pads`` and ``auto_pad`` (ONNX's output-size rules)."""
+    ctx.rank(0, least=3)
     spatial = ctx.shape(0)[2:]
     n = len(spatial)
     if len(kernel) != n:
         raise ctx.unsupported(f"kernel_shape {tuple(kernel)} does not match {n} spatial dimensions")
-    strides = int_list(ctx, "strides", n, 1)
-    dilations = int_list(ctx, "dilations", n, 1)
-    pads = int_list(ctx, "pads", 2 * n, 0)
+    ctx.ints(kernel, "kernel_shape", n, least=1)
+    strides = int_list(ctx, "strides", n, 1, least=1)
+    dilations = int_list(ctx, "dilations", n, 1, least=1)
+    pads = int_list(ctx, "pads", 2 * n, 0, least=0)
     mode = auto_pad(ctx)
     axes = []
     for i, (size, k, s, d) in enumerate(zip(spatial, kernel, strides, dilations)):
@@ -148,14 +150,24 @@ def _channels(ctx: OpContext, channels: int, per_group: int, groups: int) -> Non
                               f"group(s) of {per_group}")
 
 
+def _bias(ctx: OpContext, channels: int) -> None:
+    if ctx.has(2) and ctx.shape(2) != (channels,):
+        raise ctx.malformed(f"the bias has shape {ctx.shape(2)}; it needs one value for each "
+                            f"of the {channels} output channels")
+
+
 def _group_of(m: str, per_group: int) -> str:
     """The group of output channel ``m`` when each group has ``per_group`` outputs."""
     return m if per_group == 1 else f"({m} / {per_group})"
 
 
 def _kernel_shape(ctx: OpContext) -> list[int]:
+    ctx.rank(0, least=3)
     w = ctx.shape(1)
-    kernel = [int(k) for k in (ctx.attr("kernel_shape") or w[2:])]
+    if len(w) != len(ctx.shape(0)):
+        raise ctx.malformed(f"the weights have shape {w}, rank {len(w)}; they need the rank of "
+                            f"the input {ctx.shape(0)}")
+    kernel = ctx.ints(ctx.attr("kernel_shape") or w[2:], "kernel_shape")
     if tuple(kernel) != tuple(w[2:]):
         raise ctx.unsupported(f"kernel_shape {tuple(kernel)} differs from the weights' {w[2:]}")
     return kernel
@@ -208,10 +220,11 @@ def _pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = Fal
 @register("Conv")
 def _conv(ctx: OpContext) -> TCKernel:
     x, w = ctx.shape(0), ctx.shape(1)
-    groups = int(ctx.attr("group", 1))
+    groups = ctx.ints(ctx.attr("group", 1), "group", 1, least=1)[0]
     axes = window_axes(ctx, _kernel_shape(ctx))
     m_out, c_group = w[0], w[1]
     _channels(ctx, x[1], c_group, groups)
+    _bias(ctx, m_out)
     if m_out % groups:
         raise ctx.unsupported(f"{m_out} output channels do not split into {groups} groups")
     o = [f"o{i}" for i in range(len(axes))]
@@ -346,10 +359,10 @@ def transposed_axes(ctx: OpContext, kernel: Sequence[int]) -> list[TransposedAxi
     """ConvTranspose's output sizes and leading pads (``output_shape`` wins over ``pads``)."""
     spatial = ctx.shape(0)[2:]
     n = len(spatial)
-    strides = int_list(ctx, "strides", n, 1)
-    dilations = int_list(ctx, "dilations", n, 1)
-    pads = int_list(ctx, "pads", 2 * n, 0)
-    extra = int_list(ctx, "output_padding", n, 0)
+    strides = int_list(ctx, "strides", n, 1, least=1)
+    dilations = int_list(ctx, "dilations", n, 1, least=1)
+    pads = int_list(ctx, "pads", 2 * n, 0, least=0)
+    extra = int_list(ctx, "output_padding", n, 0, least=0)
     mode = auto_pad(ctx)
     shape = ctx.attr("output_shape")
     axes = []
@@ -373,10 +386,11 @@ def transposed_axes(ctx: OpContext, kernel: Sequence[int]) -> list[TransposedAxi
 @register("ConvTranspose")
 def _conv_transpose(ctx: OpContext) -> TCKernel:
     x, w = ctx.shape(0), ctx.shape(1)
-    groups = int(ctx.attr("group", 1))
+    groups = ctx.ints(ctx.attr("group", 1), "group", 1, least=1)[0]
     axes = transposed_axes(ctx, _kernel_shape(ctx))
-    c_group, m_group = x[1] // max(groups, 1), w[1]
+    c_group, m_group = x[1] // groups, w[1]
     _channels(ctx, x[1], c_group, groups)
+    _bias(ctx, m_group * groups)
     if w[0] != x[1]:
         raise ctx.unsupported(f"weights of shape {w} do not match {x[1]} input channels")
     o = [f"o{i}" for i in range(len(axes))]

@@ -16,8 +16,9 @@ import numpy as np
 
 from polyfuse.frontends.onnx import dtype_of
 from polyfuse.ir.types import DType
-from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, View, access, broadcast_indices,
-                                   broadcast_shape, literal, register, tensor_param)
+from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, View, access, balanced,
+                                   broadcast_indices, broadcast_shape, literal, register,
+                                   tensor_param)
 
 X = {"x": 0}               # operands of a unary op
 AB = {"a": 0, "b": 1}      # operands of a binary op
@@ -188,10 +189,7 @@ def _max_min(ctx: OpContext) -> TCKernel | View:
     if len(operands) == 1:
         return identity(ctx)
     fn = ctx.node.op.lower()  # max/min propagate NaN, as numpy's maximum/minimum
-    names = list(operands)
-    expr = names[0]
-    for name in names[1:]:
-        expr = f"{fn}({expr}, {name})"
+    expr = balanced(list(operands), lambda a, b: f"{fn}({a}, {b})")
     return elementwise(ctx, expr, ctx.dtype(0), operands)
 
 
@@ -200,7 +198,7 @@ def _sum_mean(ctx: OpContext) -> TCKernel | View:
     operands = _variadic(ctx)
     if len(operands) == 1:
         return identity(ctx)
-    expr = " + ".join(operands)
+    expr = balanced(list(operands), lambda a, b: f"({a} + {b})")
     if ctx.node.op == "Mean":
         expr = f"({expr}) / {number(len(operands), ctx.dtype(0))}"
     return elementwise(ctx, expr, ctx.dtype(0), operands)

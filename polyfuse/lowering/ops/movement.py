@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast_indices,
-                                   broadcast_shape, onnx_axis, register, tensor_param)
+                                   broadcast_shape, register, tensor_param)
 
 
 def definition(params: Sequence[str], outputs: Sequence[str], statements: Sequence[str]) -> str:
@@ -54,7 +56,9 @@ def one_input(ctx: OpContext, out: Sequence[int], rhs: str,
 def _transpose(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
     rank = len(shape)
-    perm = [onnx_axis(int(p), rank) for p in ctx.attr("perm", tuple(reversed(range(rank))))]
+    perm = ctx.axes(ctx.attr("perm", tuple(reversed(range(rank)))), rank, "perm")
+    if len(perm) != rank:
+        raise ctx.malformed(f"perm {perm} must list each of the {rank} axes of shape {shape} once")
     out = [shape[p] for p in perm]
     src = [""] * rank
     for d, p in enumerate(perm):
@@ -65,9 +69,15 @@ def _transpose(ctx: OpContext) -> TCKernel:
 @register("Concat")
 def _concat(ctx: OpContext) -> TCKernel:
     positions = [i for i in range(len(ctx.types)) if ctx.has(i)]
+    if not positions:
+        raise ctx.malformed("it has no inputs; give it one or more")
     shapes = [ctx.shape(i) for i in positions]
     rank = len(shapes[0])
-    axis = onnx_axis(int(ctx.attr("axis")), rank)
+    axis = ctx.axis(ctx.attr("axis"), rank)
+    for i, s in zip(positions, shapes):
+        if len(s) != rank or any(a != b for d, (a, b) in enumerate(zip(s, shapes[0])) if d != axis):
+            raise ctx.malformed(f"input {i} has shape {s} but input {positions[0]} has shape "
+                                f"{shapes[0]}; all must agree except along axis {axis}")
     out = list(shapes[0])
     out[axis] = sum(s[axis] for s in shapes)
     # inputs empty along the axis contribute nothing (keep one so the def has a statement)
@@ -90,10 +100,12 @@ def _concat(ctx: OpContext) -> TCKernel:
 def _split_sizes(ctx: OpContext, dim: int) -> list[int]:
     count = len(ctx.node.outputs)
     if ctx.has(1):
-        return [int(s) for s in ctx.const(1, "split sizes")]
+        return ctx.ints(ctx.const(1, "split sizes"), "split sizes")
     if ctx.attr("split") is not None:
-        return [int(s) for s in ctx.attr("split")]
+        return ctx.ints(ctx.attr("split"), "split")
     parts = int(ctx.attr("num_outputs", count))
+    if parts < 1:
+        raise ctx.malformed(f"num_outputs {parts} must be at least 1")
     size = -(-dim // parts)  # ceil: the last part is the smaller one
     return [min(size, max(0, dim - k * size)) for k in range(parts)]
 
@@ -102,9 +114,9 @@ def _split_sizes(ctx: OpContext, dim: int) -> list[int]:
 def _split(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
     rank = len(shape)
-    axis = onnx_axis(int(ctx.attr("axis", 0)), rank)
+    axis = ctx.axis(ctx.attr("axis", 0), rank)
     sizes = _split_sizes(ctx, shape[axis])
-    if sum(sizes) != shape[axis] or len(sizes) != len(ctx.node.outputs):
+    if any(s < 0 for s in sizes) or sum(sizes) != shape[axis] or len(sizes) != len(ctx.node.outputs):
         raise ctx.unsupported(f"split sizes {sizes} do not cut dimension {axis} of {shape} "
                               f"into {len(ctx.node.outputs)} outputs")
     outputs, lines, start = [], [], 0
@@ -123,11 +135,11 @@ def _split(ctx: OpContext) -> TCKernel:
 def _slice_args(ctx: OpContext) -> tuple[list[int], list[int], list[int] | None, list[int] | None]:
     if ctx.opset < 10:  # Slice-1: attributes, no steps
         axes = ctx.attr("axes")
-        return ([int(s) for s in ctx.attr("starts")], [int(e) for e in ctx.attr("ends")],
-                None if axes is None else [int(a) for a in axes], None)
+        return (ctx.ints(ctx.attr("starts"), "starts"), ctx.ints(ctx.attr("ends"), "ends"),
+                None if axes is None else ctx.ints(axes, "axes"), None)
 
     def ints(i: int, what: str) -> list[int] | None:
-        return [int(v) for v in ctx.const(i, what)] if ctx.has(i) else None
+        return ctx.ints(ctx.const(i, what), what) if ctx.has(i) else None
     return (ints(1, "starts") or [], ints(2, "ends") or [], ints(3, "axes"), ints(4, "steps"))
 
 
@@ -136,11 +148,13 @@ def _slice(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
     rank = len(shape)
     starts, ends, axes, steps = _slice_args(ctx)
-    axes = axes if axes is not None else list(range(len(starts)))
+    axes = ctx.axes(axes, rank) if axes is not None else list(range(len(starts)))
     steps = steps if steps is not None else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps) or len(starts) > rank:
+        raise ctx.malformed(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must "
+                            f"have one entry per sliced axis (at most {rank}, the input's rank)")
     out, src = list(shape), list(INDEX[:rank])
     for a, start, end, step in zip(axes, starts, ends, steps):
-        a = onnx_axis(a, rank)
         if step == 0:
             raise ctx.unsupported("a slice step is 0")
         # Python's slice clamps exactly as ONNX specifies, negative steps included
@@ -153,7 +167,9 @@ def _slice(ctx: OpContext) -> TCKernel:
 @register("Expand")
 def _expand(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
-    target = [int(d) for d in ctx.const(1, "shape")]
+    target = ctx.ints(ctx.const(1, "shape"), "the shape", least=0)
+    if np.asarray(ctx.values[1]).ndim != 1:
+        raise ctx.malformed("the shape must be a 1-d tensor of sizes")
     out = broadcast_shape(shape, target)
     return one_input(ctx, out, access("X", broadcast_indices(shape, out)))
 
@@ -161,9 +177,7 @@ def _expand(ctx: OpContext) -> TCKernel:
 @register("Tile")
 def _tile(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
-    repeats = [int(r) for r in ctx.const(1, "repeats")]
-    if len(repeats) != len(shape) or any(r < 0 for r in repeats):
-        raise ctx.unsupported(f"repeats {repeats} do not fit shape {shape}")
+    repeats = ctx.ints(ctx.const(1, "repeats"), "repeats", len(shape), least=0)
     out = [d * r for d, r in zip(shape, repeats)]
     src = [i if r == 1 else f"{i} % {d}" for i, d, r in zip(INDEX, shape, repeats)]
     return one_input(ctx, out, access("X", src))
@@ -173,12 +187,17 @@ def _blocks(ctx: OpContext) -> tuple[tuple[int, ...], int, str]:
     shape = ctx.shape(0)
     if len(shape) != 4:
         raise ctx.unsupported(f"expects a 4-d input (N, C, H, W), got shape {shape}")
-    return shape, int(ctx.attr("blocksize")), str(ctx.attr("mode", "DCR"))
+    block, mode = ctx.ints(ctx.attr("blocksize"), "blocksize", 1, least=1)[0], str(ctx.attr("mode", "DCR"))
+    if mode not in ("DCR", "CRD"):
+        raise ctx.malformed(f"mode '{mode}' must be DCR or CRD")
+    return shape, block, mode
 
 
 @register("DepthToSpace")
 def _depth_to_space(ctx: OpContext) -> TCKernel:
     (n, c, h, w), b, mode = _blocks(ctx)
+    if c % (b * b):
+        raise ctx.malformed(f"{c} channels do not divide by blocksize² = {b * b}")
     depth = c // (b * b)
     out = [n, depth, h * b, w * b]
     if mode == "DCR":
@@ -191,6 +210,8 @@ def _depth_to_space(ctx: OpContext) -> TCKernel:
 @register("SpaceToDepth")
 def _space_to_depth(ctx: OpContext) -> TCKernel:
     (n, c, h, w), b, mode = _blocks(ctx)
+    if h % b or w % b:
+        raise ctx.malformed(f"height {h} and width {w} must divide by blocksize {b}")
     out = [n, c * b * b, h // b, w // b]
     if mode == "DCR":   # output channel (bh * b + bw) * C + c
         channel, bh, bw = f"i1 % {c}", f"i1 / {c} / {b}", f"i1 / {c} % {b}"

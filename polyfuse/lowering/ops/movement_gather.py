@@ -4,8 +4,7 @@ read is normalized in place: ``I < 0 ? I + n : I``."""
 
 from __future__ import annotations
 
-from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, onnx_axis, register,
-                                   tensor_param)
+from polyfuse.lowering.ops import INDEX, OpContext, TCKernel, access, register, tensor_param
 from polyfuse.lowering.ops.movement import definition, parameter, statement
 
 
@@ -23,7 +22,7 @@ def _kernel(ctx: OpContext, out: list[int], rhs: str) -> TCKernel:
 @register("Gather")
 def _gather(ctx: OpContext) -> TCKernel:
     data, ind = ctx.shape(0), ctx.shape(1)
-    axis = onnx_axis(int(ctx.attr("axis", 0)), len(data))
+    axis = ctx.axis(ctx.attr("axis", 0), len(data))
     q = len(ind)
     out = list(data[:axis]) + list(ind) + list(data[axis + 1:])
     read = access("I", INDEX[axis:axis + q])
@@ -36,7 +35,10 @@ def _gather(ctx: OpContext) -> TCKernel:
 def _gather_elements(ctx: OpContext) -> TCKernel:
     data, ind = ctx.shape(0), ctx.shape(1)
     rank = len(data)
-    axis = onnx_axis(int(ctx.attr("axis", 0)), rank)
+    axis = ctx.axis(ctx.attr("axis", 0), rank)
+    if len(ind) != rank:
+        raise ctx.malformed(f"the indices have shape {ind} and the data {data}; they must have "
+                            "the same rank")
     src = list(INDEX[:rank])
     src[axis] = normalized(access("I", INDEX[:rank]), data[axis])
     return _kernel(ctx, list(ind), access("X", src))
@@ -45,7 +47,13 @@ def _gather_elements(ctx: OpContext) -> TCKernel:
 @register("GatherND")
 def _gather_nd(ctx: OpContext) -> TCKernel:
     data, ind = ctx.shape(0), ctx.shape(1)
-    batch = int(ctx.attr("batch_dims", 0))
+    batch = ctx.ints(ctx.attr("batch_dims", 0), "batch_dims", 1, least=0)[0]
+    if not ind or batch >= min(len(data), len(ind)) or not 1 <= ind[-1] <= len(data) - batch \
+            or ind[:batch] != data[:batch]:
+        raise ctx.malformed(f"indices of shape {ind} cannot index data of shape {data} with "
+                            f"batch_dims {batch}: the indices need rank >= 1 and batch_dims < "
+                            "both ranks, the batch dimensions must agree, and the last index "
+                            "dimension must be between 1 and the data's rank minus batch_dims")
     depth = ind[-1]
     lead = list(INDEX[:len(ind) - 1])      # indices of the index tuples
     rest = list(INDEX[len(lead):len(lead) + len(data) - batch - depth])

@@ -9,8 +9,7 @@ import numpy as np
 
 from polyfuse.frontends.onnx import dtype_of
 from polyfuse.ir.types import DType
-from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, literal, onnx_axis,
-                                   register, tensor_param)
+from polyfuse.lowering.ops import INDEX, OpContext, TCKernel, access, literal, register, tensor_param
 from polyfuse.lowering.ops.movement import definition, one_input, parameter, statement
 from polyfuse.lowering.ops.movement_gather import normalized
 
@@ -30,17 +29,26 @@ def _generated(dt: DType, shape: list[int], rhs: str) -> TCKernel:
 
 @register("ConstantOfShape")
 def _constant_of_shape(ctx: OpContext) -> TCKernel:
-    shape = [int(d) for d in ctx.const(0, "shape")]
+    if np.asarray(ctx.const(0, "shape")).ndim != 1:
+        raise ctx.malformed("the shape must be a 1-d tensor of sizes")
+    shape = ctx.ints(ctx.const(0, "shape"), "the shape", least=0)
     value = ctx.attr("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
+    if value.size != 1:
+        raise ctx.malformed(f"the value attribute has {value.size} elements; it must have one")
     dt = _dtype(ctx, value)
     return _generated(dt, shape, literal(value.reshape(-1)[0].item(), dt))
 
 
 @register("Range")
 def _range(ctx: OpContext) -> TCKernel:
-    start, limit, delta = (ctx.const(i, what).reshape(-1)[0]
-                           for i, what in enumerate(("start", "limit", "delta")))
+    for i, what in enumerate(("start", "limit", "delta")):
+        if ctx.const(i, what).size != 1:
+            raise ctx.malformed(f"{what} (input {i}) must be a scalar, got shape {ctx.shape(i)}")
+    start, limit, delta = (ctx.const(i, "").reshape(-1)[0] for i in range(3))
+    if delta == 0 or not all(np.isfinite(v) for v in (start, limit, delta)):
+        raise ctx.malformed(f"Range({start}, {limit}, {delta}) has no finite length: delta must "
+                            "not be 0 and all three must be finite")
     dt = ctx.dtype(0)
     if dt.is_int:
         count = max(-(-(int(limit) - int(start)) // int(delta)), 0)
@@ -67,7 +75,7 @@ def _eye_like(ctx: OpContext) -> TCKernel:
 @register("Trilu")
 def _trilu(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
-    rank = len(shape)
+    rank = ctx.rank(0, least=2)
     k = int(ctx.const(1, "diagonal offset k").reshape(-1)[0]) if ctx.has(1) else 0
     row, col = INDEX[rank - 2], INDEX[rank - 1]
     keep = f"{col} - {row} >= {k}" if int(ctx.attr("upper", 1)) else f"{col} - {row} <= {k}"
@@ -78,9 +86,14 @@ def _trilu(ctx: OpContext) -> TCKernel:
 @register("OneHot")
 def _one_hot(ctx: OpContext) -> TCKernel:
     ind = ctx.shape(0)
-    depth = int(ctx.const(1, "depth").reshape(-1)[0])
+    depths = ctx.const(1, "depth").reshape(-1)
+    if depths.size != 1 or not np.isfinite(depths[0]) or int(depths[0]) < 1:
+        raise ctx.malformed(f"depth {depths.tolist()} must be one positive number")
+    depth = int(depths[0])
+    if ctx.const(2, "values").size != 2:
+        raise ctx.malformed(f"values must hold two elements (off, on), got shape {ctx.shape(2)}")
     rank = len(ind) + 1
-    axis = onnx_axis(int(ctx.attr("axis", -1)), rank)
+    axis = ctx.axis(ctx.attr("axis", -1), rank)
     out = list(ind[:axis]) + [depth] + list(ind[axis:])
     at = [i for k, i in enumerate(INDEX[:rank]) if k != axis]
     index = normalized(access("I", at), depth)

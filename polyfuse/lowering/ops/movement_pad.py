@@ -4,22 +4,21 @@ into range (edge: clamp; wrap: ``s mod n``; reflect: ``s mod 2(n-1)`` mirrored).
 
 from __future__ import annotations
 
-from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, literal, onnx_axis,
-                                   register, tensor_param)
+from polyfuse.lowering.ops import INDEX, OpContext, TCKernel, access, literal, register, tensor_param
 from polyfuse.lowering.ops.movement import definition, parameter, offset, statement
 
 
 def _pads(ctx: OpContext, rank: int) -> list[tuple[int, int]]:
     """(begin, end) per dimension; negative values crop."""
     if ctx.opset < 11:
-        pads = [int(p) for p in ctx.attr("pads")]
+        pads = ctx.ints(ctx.attr("pads"), "pads")
         axes = list(range(rank))
     else:
-        pads = [int(p) for p in ctx.const(1, "pads")]
-        axes = ([onnx_axis(int(a), rank) for a in ctx.const(3, "axes")] if ctx.has(3)
-                else list(range(rank)))
+        pads = ctx.ints(ctx.const(1, "pads"), "pads")
+        axes = ctx.axes(ctx.const(3, "axes"), rank) if ctx.has(3) else list(range(rank))
     if len(pads) != 2 * len(axes):
-        raise ctx.unsupported(f"{len(pads)} pads for {len(axes)} axes")
+        raise ctx.malformed(f"{len(pads)} pads for {len(axes)} axes; give a begin and an end "
+                            "pad for each padded axis")
     out = [(0, 0)] * rank
     for k, a in enumerate(axes):
         out[a] = (pads[k], pads[k + len(axes)])

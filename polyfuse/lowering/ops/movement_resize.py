@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyfuse.ir.types import DType
-from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, literal, onnx_axis,
+from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, literal,
                                    register, tensor_param)
 from polyfuse.lowering.ops.movement import definition, parameter, statement
 
@@ -80,7 +80,15 @@ def _axes(ctx: OpContext, transform: str) -> list[_Axis]:
     scales = _given(ctx, 1 if legacy else 2, "scales")
     sizes = None if legacy else _given(ctx, 3, "sizes")
     given = ctx.attr("axes")
-    axes = list(range(rank)) if given is None else [onnx_axis(int(a), rank) for a in given]
+    axes = list(range(rank)) if given is None else ctx.axes(given, rank)
+    for values, what in ((sizes, "sizes"), (scales, "scales")):
+        if values is not None and values.size != len(axes):
+            raise ctx.malformed(f"{what} {values.reshape(-1).tolist()} must have one entry per "
+                                f"resized axis ({len(axes)})")
+    if sizes is not None and (sizes < 0).any():
+        raise ctx.malformed(f"sizes {sizes.tolist()} must be >= 0")
+    if scales is not None and not (np.isfinite(scales) & (scales > 0)).all():
+        raise ctx.malformed(f"scales {scales.tolist()} must be finite and > 0")
     if sizes is not None:
         out = list(shape)
         for k, a in enumerate(axes):

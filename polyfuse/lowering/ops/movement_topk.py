@@ -10,8 +10,7 @@ as ONNX requires; the work is quadratic in the length of the axis.
 from __future__ import annotations
 
 from polyfuse.ir.types import DType
-from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, onnx_axis, register,
-                                   tensor_param)
+from polyfuse.lowering.ops import INDEX, OpContext, TCKernel, access, register, tensor_param
 from polyfuse.lowering.ops.movement import definition, parameter
 
 
@@ -19,8 +18,8 @@ from polyfuse.lowering.ops.movement import definition, parameter
 def _top_k(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
     rank = len(shape)
-    axis = onnx_axis(int(ctx.attr("axis", -1)), rank)
-    k = int(ctx.const(1, "k").reshape(-1)[0]) if ctx.has(1) else int(ctx.attr("k"))
+    axis = ctx.axis(ctx.attr("axis", -1), rank)
+    k = ctx.ints(ctx.const(1, "k") if ctx.has(1) else ctx.attr("k"), "k", 1)[0]
     if not 0 <= k <= shape[axis]:
         raise ctx.unsupported(f"k = {k} is outside 0..{shape[axis]} (dimension {axis} of {shape})")
     before = ">" if int(ctx.attr("largest", 1)) else "<"

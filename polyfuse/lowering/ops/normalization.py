@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast_indices,
-                                   literal, onnx_axis, register, tensor_param)
+                                   literal, register, tensor_param)
 from polyfuse.lowering.ops.reductions import Reduced, tc_kernel
 
 # ONNX TensorProto element types a stash_type attribute may name
@@ -108,7 +108,7 @@ def _instance_norm(ctx: OpContext) -> TCKernel:
 @register("LayerNormalization")
 def _layer_norm(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
-    axis = onnx_axis(int(ctx.attr("axis", -1)), len(shape))
+    axis = ctx.axis(ctx.attr("axis", -1), len(shape))
     acc = _stash(ctx)
     red = Reduced(len(shape), tuple(range(axis, len(shape))), True)
     full = INDEX[:len(shape)]
@@ -136,7 +136,7 @@ def _layer_norm(ctx: OpContext) -> TCKernel:
 @register("GroupNormalization")
 def _group_norm(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
-    groups = int(ctx.attr("num_groups"))
+    groups = ctx.ints(ctx.attr("num_groups"), "num_groups", 1)[0]
     if len(shape) < 2 or groups <= 0 or shape[1] % groups:
         raise ctx.unsupported(f"{shape[1] if len(shape) > 1 else 0} channels do not split "
                               f"into {groups} groups")
@@ -163,7 +163,8 @@ def _group_norm(ctx: OpContext) -> TCKernel:
 @register("LRN")
 def _lrn(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
-    size = int(ctx.attr("size"))
+    ctx.rank(0, least=2)
+    size = ctx.ints(ctx.attr("size"), "size", 1, least=1)[0]
     alpha, beta = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75))
     bias = float(ctx.attr("bias", 1.0))
     acc = dt.compute

@@ -52,10 +52,12 @@ def _pool_axes(ctx: OpContext) -> list[WindowAxis]:
     kernel = ctx.attr("kernel_shape")
     if kernel is None:
         raise ctx.unsupported("the kernel_shape attribute is required")
-    return window_axes(ctx, [int(k) for k in kernel], ceil_mode=bool(ctx.attr("ceil_mode", 0)))
+    return window_axes(ctx, ctx.ints(kernel, "kernel_shape"),
+                       ceil_mode=bool(ctx.attr("ceil_mode", 0)))
 
 
 def _global_axes(ctx: OpContext) -> list[WindowAxis]:
+    ctx.rank(0, least=2)
     return [WindowAxis(s, s, 1, 1, 0, 0, 1) for s in ctx.shape(0)[2:]]
 
 

@@ -13,11 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from polyfuse.ir.types import DType
-from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, literal, onnx_axis,
-                                   register, tensor_param)
+from polyfuse.lowering.ops import INDEX, OpContext, TCKernel, access, literal, register, tensor_param
 
 
 @dataclass(frozen=True)
@@ -72,13 +69,10 @@ def _reduced_axes(ctx: OpContext, rank: int) -> tuple[int, ...]:
         raw = ctx.const(1, "axes")
     else:
         raw = ctx.attr("axes")
-    values = [] if raw is None else [int(a) for a in np.atleast_1d(np.asarray(raw))]
+    values = [] if raw is None else ctx.ints(raw, "axes")
     if not values:
         return () if int(ctx.attr("noop_with_empty_axes", 0)) else tuple(range(rank))
-    axes = sorted(onnx_axis(a, rank) for a in values)
-    if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
-        raise ctx.unsupported(f"axes {values} are invalid for a rank-{rank} input")
-    return tuple(axes)
+    return tuple(sorted(ctx.axes(values, rank)))
 
 
 # op -> (reduction operator, input element from {x}, result from the reduction {y})
@@ -158,7 +152,7 @@ def _extreme(ctx: OpContext, red: Reduced, shape: Sequence[int], *, largest: boo
 @register("ArgMax", "ArgMin")
 def _arg(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
-    axis = onnx_axis(int(ctx.attr("axis", 0)), len(shape))
+    axis = ctx.axis(ctx.attr("axis", 0), len(shape))
     red = Reduced(len(shape), (axis,), bool(ctx.attr("keepdims", 1)))
     lines = _extreme(ctx, red, shape, largest=ctx.node.op == "ArgMax",
                      last=bool(ctx.attr("select_last_index", 0)))
@@ -171,8 +165,8 @@ def _softmax_axes(ctx: OpContext, rank: int) -> tuple[int, ...]:
     """Opset 13 normalizes along ``axis``; earlier opsets over the input coerced to 2-D
     at ``axis`` (every dimension from ``axis`` on)."""
     if ctx.opset >= 13:
-        return (onnx_axis(int(ctx.attr("axis", -1)), rank),)
-    return tuple(range(onnx_axis(int(ctx.attr("axis", 1)), rank), rank))
+        return (ctx.axis(ctx.attr("axis", -1), rank),)
+    return tuple(range(ctx.axis(ctx.attr("axis", 1), rank), rank))
 
 
 @register("Softmax", "LogSoftmax")
@@ -225,9 +219,7 @@ def _hardmax(ctx: OpContext) -> TCKernel:
 @register("CumSum")
 def _cumsum(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
-    axis = onnx_axis(int(np.asarray(ctx.const(1, "axis")).reshape(-1)[0]), len(shape))
-    if not 0 <= axis < len(shape):
-        raise ctx.unsupported(f"axis is out of range for a rank-{len(shape)} input")
+    axis = ctx.axis(ctx.ints(ctx.const(1, "axis"), "axis", 1)[0], len(shape))
     exclusive, reverse = bool(ctx.attr("exclusive", 0)), bool(ctx.attr("reverse", 0))
     full = INDEX[:len(shape)]
     source = [("j" if d == axis else i) for d, i in enumerate(full)]

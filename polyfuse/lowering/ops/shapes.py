@@ -6,17 +6,20 @@ import math
 
 import numpy as np
 
-from polyfuse.lowering.ops import Folded, OpContext, View, onnx_axis, register
+from polyfuse.lowering.ops import Folded, OpContext, View, register
 
 
 @register("Reshape")
 def _reshape(ctx: OpContext) -> View:
     if ctx.has(1):
-        shape = [int(d) for d in ctx.const(1, "target shape")]
+        shape = ctx.ints(ctx.const(1, "target shape"), "the target shape", least=-1)
     else:  # Reshape-1 took the shape as an attribute
-        shape = [int(d) for d in ctx.attr("shape", ())]
+        shape = ctx.ints(ctx.attr("shape", ()), "the target shape", least=-1)
     src = ctx.shape(0)
     allow_zero = int(ctx.attr("allowzero", 0))
+    if not allow_zero and any(d == 0 for d in shape[len(src):]):
+        raise ctx.malformed(f"target shape {tuple(shape)} copies (0) a dimension input shape "
+                            f"{src} does not have")
     out = [src[k] if d == 0 and not allow_zero else d for k, d in enumerate(shape)]
     if out.count(-1) > 1:
         raise ctx.unsupported(f"target shape {tuple(shape)} has more than one -1")
@@ -31,16 +34,20 @@ def _reshape(ctx: OpContext) -> View:
 @register("Flatten")
 def _flatten(ctx: OpContext) -> View:
     src = ctx.shape(0)
-    axis = onnx_axis(int(ctx.attr("axis", 1)), len(src))
+    axis = ctx.ints(ctx.attr("axis", 1), "axis", 1)[0]
+    if not -len(src) <= axis <= len(src):   # the rank itself is allowed: (prod, 1)
+        raise ctx.malformed(f"axis {axis} is out of range for rank {len(src)}; it must be in "
+                            f"[{-len(src)}, {len(src)}]")
+    axis += len(src) if axis < 0 else 0
     return View(0, (math.prod(src[:axis]), math.prod(src[axis:])))
 
 
 def _axes(ctx: OpContext) -> list[int] | None:
     """The ``axes`` of Squeeze/Unsqueeze: an input from opset 13, an attribute before."""
     if ctx.has(1):
-        return [int(a) for a in np.atleast_1d(ctx.const(1, "axes"))]
+        return ctx.ints(ctx.const(1, "axes"), "axes")
     axes = ctx.attr("axes")
-    return None if axes is None else [int(a) for a in np.atleast_1d(axes)]
+    return None if axes is None else ctx.ints(axes, "axes")
 
 
 @register("Squeeze")
@@ -49,7 +56,7 @@ def _squeeze(ctx: OpContext) -> View:
     axes = _axes(ctx)
     if axes is None:
         return View(0, tuple(d for d in src if d != 1))
-    drop = {onnx_axis(a, len(src)) for a in axes}
+    drop = set(ctx.axes(axes, len(src)))
     if any(src[a] != 1 for a in drop):
         raise ctx.unsupported(f"cannot squeeze axes {sorted(drop)} of shape {src}: "
                               "only dimensions of size 1 can be removed")
@@ -63,9 +70,7 @@ def _unsqueeze(ctx: OpContext) -> View:
     if axes is None:
         raise ctx.unsupported("Unsqueeze needs axes")
     rank = len(src) + len(axes)
-    ones = {onnx_axis(a, rank) for a in axes}
-    if len(ones) != len(axes):
-        raise ctx.unsupported(f"repeated axes {axes}")
+    ones = set(ctx.axes(axes, rank))
     rest = iter(src)
     return View(0, tuple(1 if k in ones else next(rest) for k in range(rank)))
 
