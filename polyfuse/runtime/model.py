@@ -21,14 +21,14 @@ from polyfuse.errors import ArgumentError, BoundsError, DTypeError, ShapeError
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
-from polyfuse.ir.graph import Graph, Node, TensorType, Value
+from polyfuse.ir.graph import Graph, Node, TensorType, Value, check_bytes, check_tensor_size
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.bind_sizes import bind_sizes
 from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.fusion import describe_groups
 from polyfuse.lowering.graph_passes import PassManager
-from polyfuse.lowering.ops import OPS, Folded, NeedsValue, OpContext, TCKernel, View
+from polyfuse.lowering.ops import Folded, NeedsValue, OpContext, TCKernel, View, lower
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import bind_arguments, placeholder
 from polyfuse.runtime.device_arrays import as_device_array, is_device_array
@@ -86,6 +86,8 @@ class _Plan:
                 for node in unit:
                     self.node(node)
         self.memory = plan_memory(self.steps, self.types, outputs)
+        check_bytes(f"the activation arena of graph '{g.name}' for input shapes {shapes} would take",
+                    self.memory.arena_bytes)
         self.program = _program(self)
 
     def context(self, node: Node) -> OpContext:
@@ -93,15 +95,34 @@ class _Plan:
                          [self.consts.get(i) if i else None for i in node.inputs],
                          self.model.graph.opset)
 
+    def define(self, what: str, name: str, t: TensorType) -> None:
+        """Record the type of value ``name`` (defined by ``what``, a node or group) once its
+        size is known to fit in memory."""
+        check_tensor_size(f"value '{name}' of {what}", t.dtype, tuple(int(d) for d in t.shape))
+        self.types[name] = t
+
+    def check_declared(self, what: str, d: Definition, names: list[str], outs: list[str]) -> None:
+        """The sizes a TC definition declares for its outputs (values ``outs``, then
+        temporaries) fit in memory: checked before anything is allocated."""
+        sizes = bind_arguments(d, [self._placeholder(n) for n in names]).sizes
+        for k, t in enumerate(bind_sizes(d, sizes).outputs):
+            try:
+                shape = tuple(evaluate_int(e, {}) for e in t.shape)
+            except ValueError:
+                continue    # sized by range inference: checked once specialized
+            name = f"value '{outs[k]}'" if k < len(outs) else f"temporary '{t.name}'"
+            check_tensor_size(f"{name} of {what}", t.dtype, shape)
+
     def node(self, node: Node) -> None:
-        lowered = OPS[node.op](self.context(node))
+        lowered = lower(self.context(node))
+        what = f"node '{node.name}' ({node.op})"
         if isinstance(lowered, Folded):
             for name, array in zip(node.outputs, lowered.arrays):
                 self.consts[name] = array
-                self.types[name] = _type(array)
+                self.define(what, name, _type(array))
         elif isinstance(lowered, View):
             src = node.inputs[lowered.input]
-            self.types[node.outputs[0]] = TensorType(self.types[src].dtype, lowered.shape)
+            self.define(what, node.outputs[0], TensorType(self.types[src].dtype, lowered.shape))
             if src in self.consts:
                 self.consts[node.outputs[0]] = self.consts[src].reshape(lowered.shape)
             else:
@@ -111,14 +132,15 @@ class _Plan:
             d = parse(lowered.source).definitions[0]
             names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
             outs = [node.outputs[i] for i in lowered.outputs]
+            self.check_declared(what, d, names, outs)
             if all(n in self.consts for n in names):  # fold at compile time with the interpreter
                 bound = bind_arguments(d, [self.consts[n] for n in names])
                 results = interpret(d, bound.values, bound.sizes)
                 for name, t in zip(outs, d.outputs):
                     self.consts[name] = results[t.name]
-                    self.types[name] = _type(results[t.name])
+                    self.define(what, name, _type(results[t.name]))
                 return
-            self.kernel(node.name, d, lowered.source, names, outs)
+            self.kernel(what, node.name, d, lowered.source, names, outs)
 
     def _placeholder(self, value: str) -> np.ndarray:
         t = self.types[value]
@@ -132,16 +154,14 @@ class _Plan:
             self.types[name] = _type(array)
         return names
 
-    def kernel(self, label: str, d: Definition, source: str, names: list[str],
+    def kernel(self, what: str, label: str, d: Definition, source: str, names: list[str],
                outs: list[str]) -> None:
         kernel = Kernel(d, self.model.target, source, self.model.options, self.model.records)
         arrays = [self._placeholder(n) for n in names]
         spec = kernel.specialize(*arrays)
-        for name, t, shape in zip(outs, d.outputs, spec.output_shapes):
-            self.types[name] = TensorType(t.dtype, shape)
         temps = tuple(f"{label}#{t.name}" for t in d.outputs[len(outs):])
-        for name, t, shape in zip(temps, d.outputs[len(outs):], spec.output_shapes[len(outs):]):
-            self.types[name] = TensorType(t.dtype, shape)
+        for name, t, shape in zip(outs + list(temps), d.outputs, spec.output_shapes):
+            self.define(what, name, TensorType(t.dtype, shape))
         params = [p.name for p in d.params]
         results = [t.name for t in d.outputs[:len(outs)]]
         task = None if d.scalars else Task.of(d, arrays, str(self.model.target), label)
@@ -157,7 +177,7 @@ class _Plan:
         not lower to a kernel or the first one reads only constants (it folds)."""
         members: list[Member] = []
         for node in unit:
-            lowered = OPS[node.op](self.context(node))
+            lowered = lower(self.context(node))
             if not isinstance(lowered, TCKernel):
                 return False
             d = parse(lowered.source).definitions[0]
@@ -168,11 +188,12 @@ class _Plan:
             bound = bind_sizes(d, sizes)
             outs = tuple(node.outputs[i] for i in lowered.outputs)
             for name, t in zip(outs, bound.outputs):
-                self.types[name] = TensorType(t.dtype, tuple(evaluate_int(e, {}) for e in t.shape))
+                self.define(f"node '{node.name}' ({node.op})", name,
+                            TensorType(t.dtype, tuple(evaluate_int(e, {}) for e in t.shape)))
             members.append(Member(bound, tuple(names), outs))
         label = f"{unit[0].group}[{' '.join(n.name for n in unit)}]"
         composed = compose("fused", members, exported)
-        self.kernel(label, composed.definition, str(composed.definition),
+        self.kernel(f"fusion group {label}", label, composed.definition, str(composed.definition),
                     list(composed.params), list(composed.outputs))
         return True
 
@@ -246,6 +267,18 @@ def _view(src: str, dst: str, shape: tuple[int, ...]) -> Any:
     return run
 
 
+def _shape_arg(name: str, shape: Any, symbolic: bool = False) -> tuple:
+    """A shape given for input ``name``: a sequence of sizes (ints >= 0; with
+    ``symbolic``, dimension names left unbound too)."""
+    ok = (str,) if symbolic else ()
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__") or not all(
+            isinstance(d, ok) or isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+            and d >= 0 for d in shape):
+        raise ShapeError(f"the shape of input '{name}' must be a tuple of sizes (ints >= 0), "
+                         f"got {shape!r}")
+    return tuple(d if isinstance(d, str) else int(d) for d in shape)
+
+
 def _type(array: np.ndarray) -> TensorType:
     dt = DType.from_numpy(array.dtype)
     if dt is None:
@@ -266,7 +299,10 @@ class CompiledModel:
         self.options = options
         self._plans: dict[tuple, _Plan] = {}
         self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
-        self.input_shapes = dict(input_shapes or {})
+        if input_shapes is not None and not isinstance(input_shapes, Mapping):
+            raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
+                             f"{type(input_shapes).__name__}; the inputs are {self._signature()}")
+        self.input_shapes = {n: _shape_arg(n, s, symbolic=True) for n, s in (input_shapes or {}).items()}
         if self.input_shapes:
             self._check_shapes(self.input_shapes)
             self._plan({v.name: tuple(self.input_shapes.get(v.name, v.type.shape)) for v in graph.inputs})
@@ -293,6 +329,25 @@ class CompiledModel:
             self._check_shapes(shapes)
             plan = self._plans[key] = _Plan(self, shapes, values)
         return plan
+
+    def _signature(self) -> str:
+        """The inputs as a user passes them: ``'x' float32 (N, 3, 224, 224), ...``."""
+        return ", ".join(f"'{v.name}' {v.type.dtype} {v.type.shape}"
+                         for v in self.graph.inputs) or "none"
+
+    def _all_shapes(self, shapes: Mapping[str, Any], what: str) -> dict[str, tuple[int, ...]]:
+        """``shapes`` checked to give one shape (a tuple of sizes) to every input."""
+        if not isinstance(shapes, Mapping):
+            raise ArgumentError(f"{what} takes a dict {{name: shape}}, got {type(shapes).__name__}")
+        names = [v.name for v in self.graph.inputs]
+        missing = [n for n in names if n not in shapes]
+        unknown = sorted(str(n) for n in shapes if n not in names)
+        if missing or unknown:
+            raise ArgumentError(f"{what} needs the shape of every input and only those: "
+                                + (f"missing {missing}; " if missing else "")
+                                + (f"unknown {unknown}; " if unknown else "")
+                                + f"the inputs are {self._signature()}")
+        return {n: _shape_arg(n, shapes[n]) for n in names}
 
     def _check_shapes(self, shapes: Mapping[str, tuple]) -> None:
         """Shapes agree with the declared inputs: names, ranks, fixed dimensions, and one
@@ -344,7 +399,7 @@ class CompiledModel:
     def tasks(self, **shapes: tuple[int, ...]) -> list[Task]:
         """Every kernel of the model as a tuning task, for these input shapes (those given
         to ``compile`` or of the latest call when none are given here)."""
-        plan = self._plan({v.name: tuple(shapes[v.name]) for v in self.graph.inputs}) if shapes \
+        plan = self._plan(self._all_shapes(shapes, "tasks")) if shapes \
             else self._latest_plan("tasks")
         return [st.task for st in plan.steps if st.task is not None]
 
@@ -372,10 +427,7 @@ class CompiledModel:
         ``compile`` or of the latest run."""
         if not shapes:
             return self._latest_plan("a bundle")
-        missing = [v.name for v in self.graph.inputs if v.name not in shapes]
-        if missing:
-            raise ArgumentError(f"give the shape of every input; missing {missing}")
-        return self._plan({v.name: tuple(shapes[v.name]) for v in self.graph.inputs})
+        return self._plan(self._all_shapes(shapes, "plan_for"))
 
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""
@@ -383,7 +435,7 @@ class CompiledModel:
         if missing:
             raise ArgumentError(f"memory_plan needs the shape of every input; missing {missing}, "
                                 f"e.g. memory_plan({missing[0]}=(1, 3, 224, 224))")
-        return self._plan({v.name: tuple(shapes[v.name]) for v in self.graph.inputs}).memory
+        return self._plan(self._all_shapes(shapes, "memory_plan")).memory
 
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         plan, env = self._prepare(feed)
@@ -398,6 +450,8 @@ class CompiledModel:
         """Each kernel's median seconds over ``repeat`` runs of ``feed`` (after one
         warm-up run), in the order they run: ``(label, seconds)``; a label names the node,
         or the fusion group and its nodes."""
+        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+            raise ArgumentError(f"profile's repeat must be a positive int, got {repeat!r}")
         plan, env = self._prepare(feed)
         samples: list[list[float]] = []
         for _ in range(repeat + 1):
@@ -420,12 +474,17 @@ class CompiledModel:
         """The plan for ``feed`` and the checked inputs (numpy arrays; on the cuda target
         also arrays in GPU memory, used in place)."""
         expected = {v.name: v for v in self.graph.inputs}
-        unknown = sorted(set(feed) - set(expected))
-        missing = sorted(set(expected) - set(feed))
+        if not isinstance(feed, Mapping):
+            raise ArgumentError(f"run takes a dict {{input name: array}}, got {type(feed).__name__}; "
+                                f"the inputs are {self._signature()} (model(*arrays) takes them "
+                                "in that order)")
+        unknown = sorted(str(n) for n in feed if n not in expected)
+        missing = [n for n in expected if n not in feed]
         if unknown or missing:
-            raise ArgumentError(f"model inputs are {sorted(expected)}; "
+            raise ArgumentError("the feed must give every model input and only those: "
                                 + (f"unknown: {unknown} " if unknown else "")
-                                + (f"missing: {missing}" if missing else ""))
+                                + (f"missing: {missing} " if missing else "")
+                                + f"(the inputs are {self._signature()})")
         env: dict[str, Any] = {}
         shapes: dict[str, tuple[int, ...]] = {}
         on_gpu = self.target.name == "cuda"
@@ -440,12 +499,16 @@ class CompiledModel:
                 shape, dtype = a.shape, a.dtype
             else:
                 kinds = "a numpy array or a CUDA array (torch, CuPy)" if on_gpu else "a numpy array"
-                raise ArgumentError(f"input '{name}' must be {kinds}, got {type(a).__name__}")
+                raise ArgumentError(f"input '{name}' must be {kinds}, got {type(a).__name__}; pass "
+                                    f"np.asarray(x, dtype=np.{v.type.dtype.numpy.name}) of shape "
+                                    f"{v.type.shape}")
             if dtype != v.type.dtype.numpy:
-                raise DTypeError(f"input '{name}' must be {v.type.dtype}, got {dtype}")
+                raise DTypeError(f"input '{name}' must be {v.type.dtype}, got {dtype}; convert it "
+                                 f"with .astype(np.{v.type.dtype.numpy.name})")
             if len(shape) != v.type.rank or any(isinstance(d, int) and d != e
                                                 for d, e in zip(v.type.shape, shape)):
-                raise ShapeError(f"input '{name}' must have shape {v.type.shape}, got {tuple(shape)}")
+                raise ShapeError(f"input '{name}' must have shape {v.type.shape}, got {tuple(shape)}"
+                                 f" (names are sizes bound by the call; rank {v.type.rank})")
             env[name] = a
             shapes[name] = tuple(int(d) for d in shape)
         while True:
@@ -462,10 +525,16 @@ class CompiledModel:
                 self._value_inputs.add(name)
         return plan, env
 
-    def __call__(self, *arrays: Any) -> tuple[np.ndarray, ...] | np.ndarray:
-        if len(arrays) != len(self.graph.inputs):
+    def __call__(self, *arrays: Any, **named: Any) -> tuple[np.ndarray, ...] | np.ndarray:
+        """The outputs for the inputs in order (or all by name); one output alone, several
+        as a tuple in the model's order."""
+        if named and arrays:
+            raise ArgumentError("pass the inputs either all in order or all by name, not both; "
+                                f"the inputs are {self._signature()}")
+        if not named and len(arrays) != len(self.graph.inputs):
             raise ArgumentError(f"the model takes {len(self.graph.inputs)} inputs "
-                                f"({', '.join(v.name for v in self.graph.inputs)}), got {len(arrays)}")
-        out = self.run(dict(zip((v.name for v in self.graph.inputs), arrays)))
+                                f"({', '.join(v.name for v in self.graph.inputs)}), got "
+                                f"{len(arrays)}; they are {self._signature()}")
+        out = self.run(named or dict(zip((v.name for v in self.graph.inputs), arrays)))
         values = tuple(out.values())
         return values[0] if len(values) == 1 else values
