@@ -9,7 +9,10 @@ the group are its outputs; everything else is a temporary.
 statements reading it, as Halide's ``compute_inline`` does, when that costs no work:
 the producer is a plain ``=`` over the whole tensor with no reduction, each reader is
 one too (never a reduction, whose inner loop would then repeat the producer's work),
-and the producer is read once or is a handful of nodes. A conv's channels-last
+and the producer is read once or is a handful of nodes; and the reader's expression stays
+within :data:`~polyfuse.ir.limits.MAX_EXPR_DEPTH` (a long chain of elementwise ops
+then keeps a temporary every so often instead of one expression too deep for the later
+stages to walk). A conv's channels-last
 accumulator, its bias, a batch norm, a ReLU and a residual add so become one statement
 ``Y(n, m, h, w) = max(T(n, h, w, m) + B(m) + R(n, m, h, w), 0)``.
 """
@@ -21,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import (Call, Cast, Definition, Expr, IndexVar, Literal, Read,
                                        ReduceOp, Select, Statement, TensorDecl, map_expr, walk)
+from polyfuse.ir.limits import MAX_EXPR_DEPTH, expr_depth
 from polyfuse.ir.verify import verify_definition
 
 CHEAP_NODES = 4   # a producer read more than once is inlined only up to this size
@@ -94,8 +98,11 @@ def inline_pointwise(d: Definition, keep: set[str]) -> Definition:
             readers = _inlinable(statements, k, keep, d)
             if readers is None:
                 continue
-            for r in readers:
-                statements[r] = replace(statements[r], rhs=_substitute(statements[r].rhs, s))
+            inlined = {r: _substitute(statements[r].rhs, s) for r in readers}
+            if any(expr_depth(e) > MAX_EXPR_DEPTH for e in inlined.values()):
+                continue
+            for r, rhs in inlined.items():
+                statements[r] = replace(statements[r], rhs=rhs)
             del statements[k]
             changed = True
             break

@@ -84,7 +84,8 @@ def _batch_norm_scale(g: Graph, bn: Node) -> tuple[np.ndarray, np.ndarray] | Non
     if bn.attr("training_mode", 0) or any(bn.outputs[1:]) or len(bn.inputs) != 5:
         return None
     params = [g.constant(i) for i in bn.inputs[1:]]
-    if any(p is None or p.array.ndim != 1 for p in params):
+    if any(p is None or p.array.ndim != 1 or p.array.shape != params[0].array.shape  # type: ignore[union-attr]
+           for p in params):
         return None
     scale, bias, mean, var = (p.array.astype(np.float64) for p in params)  # type: ignore[union-attr]
     s = scale / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
@@ -112,11 +113,12 @@ def fold_batch_norms(g: Graph) -> Graph:
         s, t = folded
         bias_name = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else ""
         if n.op == "Conv":
-            if len(s) != w.shape[0]:
+            if w.ndim < 1 or len(s) != w.shape[0]:
                 continue
             new_w = w * s.reshape(-1, *[1] * (w.ndim - 1))
         else:
-            if n.attr("transA", 0) or w.ndim != 2 or float(n.attr("alpha", 1.0)) != 1.0:
+            if n.attr("transA", 0) or w.ndim != 2 or float(n.attr("alpha", 1.0)) != 1.0 \
+                    or len(s) != w.shape[0 if n.attr("transB", 0) else 1]:
                 continue
             new_w = w * (s[:, None] if n.attr("transB", 0) else s[None, :])
             if bias_name and float(n.attr("beta", 1.0)) != 1.0:
@@ -138,6 +140,15 @@ def fold_batch_norms(g: Graph) -> Graph:
     return eliminate_dead_nodes(replace(g, nodes=nodes, constants=tuple(constants.values())))
 
 
+def _permutation(perm: object) -> bool:
+    """Whether a perm attribute is a permutation of 0..n-1 (what the rewrites assume; the
+    op's lowering reports any other)."""
+    try:
+        return sorted(int(p) for p in perm) == list(range(len(perm)))  # type: ignore[union-attr, arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
 def simplify_movement(g: Graph) -> Graph:
     """Transposes and reshapes: ``Transpose(Transpose(x))`` becomes one transpose (none if
     the permutations cancel), ``Reshape(Reshape(x))`` one reshape to the last shape (when
@@ -149,12 +160,13 @@ def simplify_movement(g: Graph) -> Graph:
     for n in g.nodes:
         n = replace(n, inputs=tuple(rename.get(i, i) for i in n.inputs))
         src = producer.get(n.inputs[0]) if n.inputs and n.inputs[0] else None
-        if n.op == "Identity" and n.outputs[0] not in outputs:
+        if n.op == "Identity" and n.inputs and n.outputs and n.outputs[0] not in outputs:
             rename[n.outputs[0]] = n.inputs[0]
             continue
-        if n.op == "Transpose" and n.attr("perm") is not None:
+        if n.op == "Transpose" and _permutation(n.attr("perm")):
             perm = tuple(int(p) for p in n.attr("perm"))
-            if src is not None and src.op == "Transpose" and src.attr("perm") is not None:
+            if src is not None and src.op == "Transpose" and _permutation(src.attr("perm")) \
+                    and len(src.attr("perm")) == len(perm):
                 inner = tuple(int(p) for p in src.attr("perm"))
                 perm = tuple(inner[p] for p in perm)
                 n = replace(n, inputs=src.inputs, attrs=tuple((k, perm if k == "perm" else v)
