@@ -67,10 +67,14 @@ BUILDERS: dict[str, Builder] = {
 
 
 def check_target(target: Target) -> None:
+    """Refuse a target polyfuse cannot compile for, or a CPU or feature LLVM does not know."""
     if target.name not in BUILDERS:
         raise TargetError(
             f"target '{target.name}' has no code generator in this version of polyfuse yet; "
             f"available: {', '.join(BUILDERS)}")
+    if target.cpu or target.features:   # names LLVM must know (x86 and aarch64)
+        from polyfuse.targets.cpu import target_machine
+        target_machine(target)
 
 
 @dataclass(frozen=True)

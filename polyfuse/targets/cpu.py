@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import functools
+import os
+import re
+import sys
+import tempfile
 from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
 
-from polyfuse.errors import CodegenError
+from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
 from polyfuse.targets.target import Target
@@ -28,8 +32,34 @@ def target_machine(target: Target) -> llvm.TargetMachine:
     _initialize()
     cpu, features = _cpu_and_features(target)
     triple = target.triple or llvm.get_default_triple()
+    if target.cpu or target.features:
+        _check_names(triple, cpu, features, str(target))
     return llvm.Target.from_triple(triple).create_target_machine(
         cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
+
+
+@functools.cache
+def _check_names(triple: str, cpu: str, features: str, spec: str) -> None:
+    """Refuse a CPU or feature LLVM does not know: it would say so on stderr, ignore
+    it, and may then abort the process. LLVM has no API that lists them, so a target
+    machine is made once with stderr caught to see what LLVM says."""
+    with tempfile.TemporaryFile() as caught:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(caught.fileno(), 2)
+            llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        said = caught.read().decode(errors="replace")
+    unknown = sorted(set(re.findall(r"'([^']*)' is not a recognized (?:processor|feature)", said)))
+    if unknown:
+        raise TargetError(f"target '{spec}': LLVM does not know {', '.join(map(repr, unknown))} "
+                          f"for {triple.split('-')[0]}; name a CPU such as 'x86:skylake' or "
+                          "'aarch64:neoverse-n1' and features such as '+avx2' or '+sve', or use "
+                          "'host' for this machine")
 
 
 def _cpu_and_features(target: Target) -> tuple[str, str]:
