@@ -8,6 +8,7 @@ first candidate, so the speedup over it is always known.
 from __future__ import annotations
 
 import math
+import os
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
@@ -78,6 +79,16 @@ def make_search(task: Task, config: TuneConfig) -> Search:
     raise OptionError(f"unknown search strategy '{config.strategy}'; use genetic or random")
 
 
+def _check_output(output: object) -> None:
+    """The records file to append to: a path that is not a directory."""
+    if not isinstance(output, (str, os.PathLike)):
+        raise OptionError(f"tune(): output is the path of the records file to append to, "
+                          f"got {type(output).__name__}")
+    if Path(output).is_dir():
+        raise OptionError(f"tune(): output '{output}' is a directory; give the path of a records "
+                          "file (e.g. tune.jsonl) to append to")
+
+
 def _check_measurable(task: Task) -> None:
     """Tuning times code on this machine: refuse targets whose code runs here only under
     an emulator (its times say nothing of the real CPU)."""
@@ -96,6 +107,7 @@ def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
     """Measure up to ``config.trials`` candidates of ``task``, appending a record per trial
     to ``output``. ``previous`` records (of this or nearby shapes) seed the search."""
     config = config or TuneConfig()
+    _check_output(output)
     _check_measurable(task)
     search = make_search(task, config)
     default = search.space.default()

@@ -1,4 +1,4 @@
-"""Mapping options and other settings refuse bad values with an OptionError that names
+"""Mapping options and the thread pool's size refuse bad values with an OptionError that names
 the field, the value and what is allowed; the obvious spellings are converted."""
 
 import json
@@ -7,9 +7,6 @@ import numpy as np
 import pytest
 
 import polyfuse as pf
-from polyfuse.autotune.measure import MeasureConfig
-from polyfuse.autotune.records import Records
-from polyfuse.autotune.tuner import TuneConfig
 from polyfuse.runtime import native
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
@@ -86,38 +83,6 @@ def test_good_options_still_compile_and_run():
     x = np.arange(19, dtype=np.float32)
     mod = pf.define(SQ, target="host", options=MappingOptions(tile_sizes=[8], unroll=2, fusion="min"))
     np.testing.assert_array_equal(mod.sq(x), x * x)
-
-
-@pytest.mark.parametrize("bad", [5, ["a.jsonl"], 2.0])
-def test_tuning_records_of_the_wrong_type(bad):
-    with pytest.raises(pf.OptionError, match="tuning_records must be the path of a records file"):
-        pf.define(SQ, tuning_records=bad)
-
-
-def test_tuning_records_that_are_a_directory(tmp_path):
-    with pytest.raises(pf.ArgumentError, match="is a directory"):
-        Records.open(tmp_path)
-
-
-@pytest.mark.parametrize("bad, words", [
-    ({"trials": -1}, ["trials", ">= 1"]), ({"trials": "8"}, ["trials", "str"]),
-    ({"timeout": float("nan")}, ["timeout", "nan"]), ({"jobs": -2}, ["jobs", "0: all cores"]),
-    ({"strategy": "annealing"}, ["annealing", "'genetic' or 'random'"]),
-    ({"repeat": 0}, ["repeat"]), ({"batch": 1.5}, ["batch"]),
-])
-def test_tune_config_refuses_nonsense(bad, words):
-    with pytest.raises(pf.OptionError) as err:
-        TuneConfig(**bad)
-    for w in words:
-        assert w in str(err.value)
-
-
-@pytest.mark.parametrize("bad", [{"number": "5"}, {"run_timeout": None}, {"rtol": -1.0},
-                                 {"seed": -3}, {"jobs": 2.0}])
-def test_measure_config_refuses_nonsense(bad):
-    name = next(iter(bad))
-    with pytest.raises(pf.OptionError, match=f"MeasureConfig: {name} must be"):
-        MeasureConfig(**bad)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 5000, "4", 2.0, True, 2**70])
