@@ -112,17 +112,21 @@ def _digest(obj: bytes, text: bytes) -> bytes:
     return h.hexdigest().encode()
 
 
-def checked_file(path: Path, make: Callable[[Path], None]) -> Path:
+def checked_file(path: Path, make: Callable[[Path], None], spare: Path) -> Path:
     """``path``, a file of the cache that is not a kernel entry (a linked program):
     made by ``make(partial)`` when it is missing, or when its contents no longer match
-    the digest kept beside it (``<path>.sha256``)."""
+    the digest kept beside it (``<path>.sha256``). Where the cache cannot be written,
+    the file is made in the folder ``spare`` instead (and that path returned)."""
     digest = path.with_name(path.name + ".sha256")
     try:
         if digest.read_bytes() == hashlib.sha256(path.read_bytes()).hexdigest().encode():
             return path
     except OSError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path, digest = spare / path.name, spare / digest.name
     partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     make(partial)
     data = partial.read_bytes()

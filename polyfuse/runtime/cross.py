@@ -127,7 +127,7 @@ class CrossProgram:
                 obj = self._dir / "program.o"
                 obj.write_bytes(self.object)
                 compile_c(cc, [str(RUNNER), str(obj)], partial, self.target)
-            cache.checked_file(path, link)   # rebuilt when missing or damaged
+            path = cache.checked_file(path, link, self._dir)   # rebuilt when missing or damaged
             (self._dir / "weights.bin").write_bytes(self.weights)
             self._executable = path
         return self._executable

@@ -152,3 +152,14 @@ def test_a_cache_directory_that_is_a_file_is_skipped(tmp_path, monkeypatch):
     cache.store("k", b"obj", {})
     assert cache.load("k") is None
     assert blocker.read_text() == "x"
+
+
+@needs_arm_tools
+def test_a_program_for_the_emulator_runs_when_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    from polyfuse.runtime import cpu
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(cpu, "_COMPILED", {})
+    _run_aarch64_model()
+    assert blocker.read_text() == "x"
