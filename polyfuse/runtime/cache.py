@@ -125,7 +125,10 @@ def checked_file(path: Path, make: Callable[[Path], None], spare: Path) -> Path:
         pass
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path.parent, os.W_OK)
     except OSError:
+        writable = False
+    if not writable:
         path, digest = spare / path.name, spare / digest.name
     partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     make(partial)
