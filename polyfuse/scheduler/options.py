@@ -4,6 +4,11 @@ One frozen, hashable dataclass; the autotuner searches over it, so every field c
 the generated code. The CPU targets read the fields up to ``num_threads``; the CUDA
 target reads ``fusion``, ``tile_sizes``, ``tile_order``, ``point_order``, ``unroll``,
 ``reorder_reductions``, ``fix_sizes`` and the GPU fields after ``num_threads``.
+
+Every field is checked when options are made: lists become tuples, numpy integers
+ints and fusion names :class:`Fusion` members; any other value of the wrong type or
+out of range is an :class:`~polyfuse.errors.OptionError` naming the field, the value
+and what is allowed. :func:`number` checks the numeric settings of other parts the same way.
 """
 
 from __future__ import annotations
