@@ -104,7 +104,10 @@ class _Plan:
     def check_declared(self, what: str, d: Definition, names: list[str], outs: list[str]) -> None:
         """The sizes a TC definition declares for its outputs (values ``outs``, then
         temporaries) fit in memory: checked before anything is allocated."""
-        sizes = bind_arguments(d, [self._placeholder(n) for n in names]).sizes
+        try:
+            sizes = bind_arguments(d, [self._placeholder(n) for n in names]).sizes
+        except ShapeError as err:   # the node's inputs disagree (e.g. an einsum's sizes)
+            raise ShapeError(f"{what}: {err}") from None
         for k, t in enumerate(bind_sizes(d, sizes).outputs):
             try:
                 shape = tuple(evaluate_int(e, {}) for e in t.shape)

@@ -98,6 +98,17 @@ BAD_ATTRIBUTES = {
                                          2: np.array([0, 1], np.float32)}, r"depth \[-2\]"),
     "range_delta": ("Range", [], {}, {0: np.array(0, np.int64), 1: np.array(5, np.int64),
                                       2: np.array(0, np.int64)}, r"delta must not be 0"),
+    "keepdims_not_a_flag": ("ReduceSum", [(4, 2)], {"keepdims": 7}, {},
+                            r"attribute keepdims is 7; it must be 0 or 1"),
+    "matmul_inner": ("MatMul", [(4, 2), (3, 5)], {}, {}, r"A's last dimension \(2\) must equal"),
+    "gemm_inner": ("Gemm", [(4, 2), (4, 5)], {"transA": 0}, {}, r"inner dimensions differ"),
+    "lp_pool_p": ("LpPool", [(1, 1, 4, 4)], {"kernel_shape": [2, 2], "p": 0}, {},
+                  r"p = 0.0 must be a positive finite number"),
+    "einsum_rank": ("Einsum", [(4, 2), (2,)], {"equation": "ij,jk->ik"}, {},
+                    r"operand 1 has subscripts 'jk'"),
+    "batch_norm_params": ("BatchNormalization", [(2, 3, 4)],
+                          {}, {k: np.ones(4 if k == 3 else 3, np.float32) for k in range(1, 5)},
+                          r"input 3 has shape \(4,\); it must have shape \(3,\)"),
     "resize_scales": ("Resize", [(1, 1, 2, 2)], {},
                       {1: np.zeros(0, np.float32), 2: np.array([1, 1, -2, 2], np.float32)},
                       r"scales .* must be finite and > 0"),
@@ -111,6 +122,11 @@ def test_a_bad_attribute_is_a_model_error_naming_the_node(case):
     with pytest.raises(pf.ModelError, match=message) as err:
         run(m, feed)
     assert f"node 'n' ({op}" in str(err.value)
+
+
+def test_empty_squeeze_axes_remove_every_size_1_dimension_as_onnxruntime_does():
+    m, feed = one_node("Squeeze", [(2, 1, 3, 1)], constants={1: np.zeros(0, np.int64)})
+    assert_matches_onnxruntime(m, feed, target="reference")
 
 
 def test_inputs_sharing_a_type_must_share_a_dtype():

@@ -129,6 +129,14 @@ class OpContext:
             raise self.malformed(f"{what} {out} must all be >= {least}")
         return out
 
+    def flag(self, key: str, default: int) -> bool:
+        """A 0/1 attribute (keepdims, transA, ...); any other value is refused, since
+        runtimes read it differently (as != 0 or as == 1)."""
+        value = self.attr(key, default)
+        if value not in (0, 1) or isinstance(value, float):
+            raise self.malformed(f"attribute {key} is {value!r}; it must be 0 or 1")
+        return bool(value)
+
     def malformed(self, why: str) -> ModelError:
         """The error of a node whose attributes or inputs break the op's definition."""
         return ModelError(f"node '{self.node.name}' ({self.node.op}): {why}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from polyfuse.errors import ArgumentError
 from polyfuse.frontends.einsum import einsum_source
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast_indices,
                                    View, broadcast_shape, register, tensor_param)
@@ -9,10 +10,15 @@ from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast
 
 @register("MatMul")
 def _matmul(ctx: OpContext) -> TCKernel:
+    ctx.rank(0, least=1)
+    ctx.rank(1, least=1)
     a, b = ctx.shape(0), ctx.shape(1)
     dt = ctx.dtype(0)
     a2 = (1,) + a if len(a) == 1 else a    # numpy: promote vectors, drop the dimension later
     b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ctx.malformed(f"shapes {a} and {b} do not multiply: A's last dimension ({a2[-1]}) "
+                            f"must equal B's {'only' if len(b) == 1 else 'second-to-last'} ({b2[-2]})")
     batch = broadcast_shape(a2[:-2], b2[:-2])
     nb = len(batch)
     m, n = INDEX[nb], INDEX[nb + 1]
@@ -34,7 +40,12 @@ def _matmul(ctx: OpContext) -> TCKernel:
 @register("Gemm")
 def _gemm(ctx: OpContext) -> TCKernel:
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
-    ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
+    ta, tb = int(ctx.flag("transA", 0)), int(ctx.flag("transB", 0))
+    ctx.rank(0, 2)
+    ctx.rank(1, 2)
+    if ctx.shape(0)[0 if ta else 1] != ctx.shape(1)[1 if tb else 0]:
+        raise ctx.malformed(f"A {ctx.shape(0)} (transA={ta}) and B {ctx.shape(1)} (transB={tb}) "
+                            "do not multiply: their inner dimensions differ")
     dt = ctx.dtype(0)
     a = "A(k, m)" if ta else "A(m, k)"
     b = "B(n, k)" if tb else "B(k, n)"
@@ -46,6 +57,9 @@ def _gemm(ctx: OpContext) -> TCKernel:
         lines.append(f"  Y(m, n) = Y(m, n) * {dt}({alpha!r})")
     inputs: tuple[int, ...] = (0, 1)
     if ctx.has(2) and beta != 0.0:
+        if broadcast_shape(ctx.shape(2), (m_ext, n_ext)) != (m_ext, n_ext):
+            raise ctx.malformed(f"C has shape {ctx.shape(2)}, which does not broadcast to the "
+                                f"result's {(m_ext, n_ext)}")
         params.append(tensor_param("C", ctx.types[2]))  # type: ignore[arg-type]
         c = access("C", broadcast_indices(ctx.shape(2), (m_ext, n_ext), ["m", "n"]))
         scale = "" if beta == 1.0 else f" * {dt}({beta!r})"
@@ -61,9 +75,13 @@ def _einsum(ctx: OpContext) -> TCKernel | View:
     if equation is None:
         raise ctx.unsupported("the equation attribute is required")
     terms, _, output = str(equation).replace(" ", "").partition("->")
-    if "," not in terms and terms == output and "." not in terms and len(set(terms)) == len(terms):
+    if "," not in terms and terms == output and "." not in terms and len(set(terms)) == len(terms) \
+            and len(terms) == len(ctx.shape(0)):
         return View(0, ctx.shape(0))  # the identity: no statement (none at all for scalars)
     positions = tuple(range(len(ctx.types)))
-    source = einsum_source(str(equation), [ctx.dtype(i) for i in positions],
-                           [len(ctx.shape(i)) for i in positions])
+    try:
+        source = einsum_source(str(equation), [ctx.dtype(i) for i in positions],
+                               [len(ctx.shape(i)) for i in positions])
+    except ArgumentError as err:   # the equation does not fit the inputs
+        raise ctx.malformed(str(err)) from None
     return TCKernel(source, positions)

@@ -36,9 +36,9 @@ def _gather_elements(ctx: OpContext) -> TCKernel:
     data, ind = ctx.shape(0), ctx.shape(1)
     rank = len(data)
     axis = ctx.axis(ctx.attr("axis", 0), rank)
-    if len(ind) != rank:
+    if len(ind) != rank or any(i > d for k, (i, d) in enumerate(zip(ind, data)) if k != axis):
         raise ctx.malformed(f"the indices have shape {ind} and the data {data}; they must have "
-                            "the same rank")
+                            f"the same rank and no larger size outside axis {axis}")
     src = list(INDEX[:rank])
     src[axis] = normalized(access("I", INDEX[:rank]), data[axis])
     return _kernel(ctx, list(ind), access("X", src))

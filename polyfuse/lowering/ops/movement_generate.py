@@ -76,9 +76,9 @@ def _eye_like(ctx: OpContext) -> TCKernel:
 def _trilu(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
     rank = ctx.rank(0, least=2)
-    k = int(ctx.const(1, "diagonal offset k").reshape(-1)[0]) if ctx.has(1) else 0
+    k = ctx.ints(ctx.const(1, "diagonal offset k"), "k", 1)[0] if ctx.has(1) else 0
     row, col = INDEX[rank - 2], INDEX[rank - 1]
-    keep = f"{col} - {row} >= {k}" if int(ctx.attr("upper", 1)) else f"{col} - {row} <= {k}"
+    keep = f"{col} - {row} >= {k}" if ctx.flag("upper", 1) else f"{col} - {row} <= {k}"
     rhs = f"{keep} ? {access('X', INDEX[:rank])} : {literal(0, ctx.dtype(0))}"
     return one_input(ctx, shape, rhs)
 

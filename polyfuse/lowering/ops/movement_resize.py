@@ -108,7 +108,10 @@ def _axes(ctx: OpContext, transform: str) -> list[_Axis]:
     else:
         raise ctx.unsupported("needs scales or sizes")
     roi = None if legacy or not ctx.has(1) else ctx.values[1]  # read at run time if need be
-    roi = None if roi is None or roi.size == 0 else roi
+    roi = None if roi is None or roi.size == 0 else roi.reshape(-1)
+    if roi is not None and roi.size != 2 * len(axes):
+        raise ctx.malformed(f"roi {roi.tolist()} must have a start and an end for each resized "
+                            f"axis ({2 * len(axes)} values)")
     result = []
     for k, a in enumerate(axes):
         bounds = (k, k + len(axes))

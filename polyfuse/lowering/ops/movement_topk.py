@@ -22,7 +22,7 @@ def _top_k(ctx: OpContext) -> TCKernel:
     k = ctx.ints(ctx.const(1, "k") if ctx.has(1) else ctx.attr("k"), "k", 1)[0]
     if not 0 <= k <= shape[axis]:
         raise ctx.unsupported(f"k = {k} is outside 0..{shape[axis]} (dimension {axis} of {shape})")
-    before = ">" if int(ctx.attr("largest", 1)) else "<"
+    before = ">" if ctx.flag("largest", 1) else "<"
 
     def at(i: str) -> list[str]:
         idx = list(INDEX[:rank])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast_indices,
-                                   literal, register, tensor_param)
+                                   broadcast_shape, literal, register, tensor_param)
 from polyfuse.lowering.ops.reductions import Reduced, tc_kernel
 
 # ONNX TensorProto element types a stash_type attribute may name
@@ -24,6 +24,14 @@ def _stash(ctx: OpContext) -> DType:
     if code not in _STASH:
         raise ctx.unsupported(f"stash_type {code} is not a floating-point type")
     return _STASH[code].compute
+
+
+def _check_params(ctx: OpContext, inputs: Sequence[int], shape: Sequence[int], what: str) -> None:
+    """Inputs ``inputs`` (scale, bias, statistics), where given, have ``shape``."""
+    for i in inputs:
+        if ctx.has(i) and ctx.shape(i) != tuple(shape):
+            raise ctx.malformed(f"input {i} has shape {ctx.shape(i)}; it must have shape "
+                                f"{tuple(shape)} ({what})")
 
 
 def moments(x: str, lhs: Sequence[str], count: int, eps: float, acc: DType,
@@ -63,6 +71,7 @@ def _batch_norm(ctx: OpContext) -> TCKernel:
     acc = dt.compute
     full = INDEX[:len(shape)]
     # before opset 9, spatial=0 gives the statistics a value per element of (C, D1, ...)
+    _check_params(ctx, range(1, 5), shape[1:1 + max(1, len(ctx.shape(1)))], "one value per channel")
     p = [INDEX[1 + k] for k in range(len(ctx.shape(1)))]
     params = [tensor_param(n, ctx.types[k]) for k, n in  # type: ignore[arg-type]
               enumerate(("X", "Scale", "B", "RunMean", "RunVar"))]
@@ -92,6 +101,8 @@ def _batch_norm(ctx: OpContext) -> TCKernel:
 @register("InstanceNormalization")
 def _instance_norm(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
+    ctx.rank(0, least=2)
+    _check_params(ctx, (1, 2), shape[1:2], "one value per channel")
     acc = dt.compute
     red = Reduced(len(shape), tuple(range(2, len(shape))), False)
     full = INDEX[:len(shape)]
@@ -109,6 +120,10 @@ def _instance_norm(ctx: OpContext) -> TCKernel:
 def _layer_norm(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
     axis = ctx.axis(ctx.attr("axis", -1), len(shape))
+    for i in (1, 2):
+        if ctx.has(i) and broadcast_shape(ctx.shape(i), shape[axis:]) != shape[axis:]:
+            raise ctx.malformed(f"input {i} has shape {ctx.shape(i)}, which does not broadcast "
+                                f"to the normalized dimensions {shape[axis:]}")
     acc = _stash(ctx)
     red = Reduced(len(shape), tuple(range(axis, len(shape))), True)
     full = INDEX[:len(shape)]
@@ -141,6 +156,8 @@ def _group_norm(ctx: OpContext) -> TCKernel:
         raise ctx.unsupported(f"{shape[1] if len(shape) > 1 else 0} channels do not split "
                               f"into {groups} groups")
     per = shape[1] // groups
+    _check_params(ctx, (1, 2), (shape[1] if ctx.opset >= 21 else groups,),
+                  "one value per channel" if ctx.opset >= 21 else "one value per group")
     acc = _stash(ctx) if ctx.opset >= 21 else dt.compute
     rest = [f"r{d}" for d in range(2, len(shape))]
     x = access("X", ["i0", f"g * {per} + c", *rest])

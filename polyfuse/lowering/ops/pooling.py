@@ -53,7 +53,7 @@ def _pool_axes(ctx: OpContext) -> list[WindowAxis]:
     if kernel is None:
         raise ctx.unsupported("the kernel_shape attribute is required")
     return window_axes(ctx, ctx.ints(kernel, "kernel_shape"),
-                       ceil_mode=bool(ctx.attr("ceil_mode", 0)))
+                       ceil_mode=ctx.flag("ceil_mode", 0))
 
 
 def _global_axes(ctx: OpContext) -> list[WindowAxis]:
@@ -164,7 +164,7 @@ def _average_pool(ctx: OpContext, axes: list[WindowAxis], *, include_pad: bool) 
 
 @register("AveragePool")
 def _average(ctx: OpContext) -> TCKernel:
-    return _average_pool(ctx, _pool_axes(ctx), include_pad=bool(ctx.attr("count_include_pad", 0)))
+    return _average_pool(ctx, _pool_axes(ctx), include_pad=ctx.flag("count_include_pad", 0))
 
 
 @register("GlobalAveragePool")
@@ -174,6 +174,8 @@ def _global_average(ctx: OpContext) -> TCKernel:
 
 def _lp_pool(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:
     p = float(ctx.attr("p", 2))
+    if not p > 0 or p == float("inf"):
+        raise ctx.malformed(f"p = {p} must be a positive finite number")
     win = _Window(ctx, axes)
     x = win.read()
     power = {1.0: f"fabs({x})", 2.0: f"{x} * {x}"}.get(p, f"pow(fabs({x}), {p!r})")

@@ -71,7 +71,7 @@ def _reduced_axes(ctx: OpContext, rank: int) -> tuple[int, ...]:
         raw = ctx.attr("axes")
     values = [] if raw is None else ctx.ints(raw, "axes")
     if not values:
-        return () if int(ctx.attr("noop_with_empty_axes", 0)) else tuple(range(rank))
+        return () if ctx.flag("noop_with_empty_axes", 0) else tuple(range(rank))
     return tuple(sorted(ctx.axes(values, rank)))
 
 
@@ -92,7 +92,7 @@ _REDUCE = {
 @register(*_REDUCE)
 def _reduce(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
-    red = Reduced(len(shape), _reduced_axes(ctx, len(shape)), bool(ctx.attr("keepdims", 1)))
+    red = Reduced(len(shape), _reduced_axes(ctx, len(shape)), ctx.flag("keepdims", 1))
     op, element, finish = _REDUCE[ctx.node.op]
     # 16-bit floats accumulate in float32; integer means divide in float64 and truncate;
     # booleans (max: any, min: all) reduce as 0/1 in int32, which every target supports
@@ -119,7 +119,7 @@ def _reduce(ctx: OpContext) -> TCKernel:
 @register("ReduceLogSumExp")
 def _reduce_log_sum_exp(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
-    red = Reduced(len(shape), _reduced_axes(ctx, len(shape)), bool(ctx.attr("keepdims", 1)))
+    red = Reduced(len(shape), _reduced_axes(ctx, len(shape)), ctx.flag("keepdims", 1))
     acc = dt.compute if dt.is_float else DType.FLOAT64
     x, y, m, s = access("X", red.reduction), access("Y", red.lhs), access("M", red.lhs), \
         access("S", red.lhs)
@@ -153,9 +153,9 @@ def _extreme(ctx: OpContext, red: Reduced, shape: Sequence[int], *, largest: boo
 def _arg(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
     axis = ctx.axis(ctx.attr("axis", 0), len(shape))
-    red = Reduced(len(shape), (axis,), bool(ctx.attr("keepdims", 1)))
+    red = Reduced(len(shape), (axis,), ctx.flag("keepdims", 1))
     lines = _extreme(ctx, red, shape, largest=ctx.node.op == "ArgMax",
-                     last=bool(ctx.attr("select_last_index", 0)))
+                     last=ctx.flag("select_last_index", 0))
     out_shape = red.shape(shape)
     outputs = [tensor_param("A", (DType.INT64, out_shape)), tensor_param("M", (dt, out_shape))]
     return tc_kernel([tensor_param("X", (dt, shape))], outputs, lines, (0,))
@@ -220,7 +220,7 @@ def _hardmax(ctx: OpContext) -> TCKernel:
 def _cumsum(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
     axis = ctx.axis(ctx.ints(ctx.const(1, "axis"), "axis", 1)[0], len(shape))
-    exclusive, reverse = bool(ctx.attr("exclusive", 0)), bool(ctx.attr("reverse", 0))
+    exclusive, reverse = ctx.flag("exclusive", 0), ctx.flag("reverse", 0)
     full = INDEX[:len(shape)]
     source = [("j" if d == axis else i) for d, i in enumerate(full)]
     compare = (">" if reverse else "<") + ("" if exclusive else "=")

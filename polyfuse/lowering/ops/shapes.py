@@ -16,7 +16,7 @@ def _reshape(ctx: OpContext) -> View:
     else:  # Reshape-1 took the shape as an attribute
         shape = ctx.ints(ctx.attr("shape", ()), "the target shape", least=-1)
     src = ctx.shape(0)
-    allow_zero = int(ctx.attr("allowzero", 0))
+    allow_zero = ctx.flag("allowzero", 0)
     if not allow_zero and any(d == 0 for d in shape[len(src):]):
         raise ctx.malformed(f"target shape {tuple(shape)} copies (0) a dimension input shape "
                             f"{src} does not have")
@@ -44,10 +44,11 @@ def _flatten(ctx: OpContext) -> View:
 
 def _axes(ctx: OpContext) -> list[int] | None:
     """The ``axes`` of Squeeze/Unsqueeze: an input from opset 13, an attribute before."""
-    if ctx.has(1):
-        return ctx.ints(ctx.const(1, "axes"), "axes")
-    axes = ctx.attr("axes")
-    return None if axes is None else ctx.ints(axes, "axes")
+    axes = ctx.const(1, "axes") if ctx.has(1) else ctx.attr("axes")
+    if axes is not None and np.ndim(axes) > 1:
+        raise ctx.malformed(f"axes must be a list of ints, got shape {np.shape(axes)}")
+    # empty axes mean none given, as onnxruntime reads them (Squeeze: every size-1 dimension)
+    return None if axes is None or np.size(axes) == 0 else ctx.ints(axes, "axes")
 
 
 @register("Squeeze")
