@@ -10,6 +10,13 @@ returns one of:
 * :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...).
 
 Kernels whose inputs are all constants are evaluated at compile time (folding).
+
+Every node goes through :func:`lower`, which first checks its inputs against the op's
+ONNX schema. Lowerings check attributes against the input ranks and shapes with
+:meth:`OpContext.axis`, ``axes``, ``ints``, ``rank`` and ``flag``: a malformed node is a
+:class:`~polyfuse.errors.ModelError` (``ctx.malformed``), a valid one polyfuse cannot
+compile an :class:`~polyfuse.errors.UnsupportedOpError` (``ctx.unsupported``); both name
+the node and say what is allowed.
 """
 
 from __future__ import annotations
@@ -133,7 +140,7 @@ class OpContext:
         """A 0/1 attribute (keepdims, transA, ...); any other value is refused, since
         runtimes read it differently (as != 0 or as == 1)."""
         value = self.attr(key, default)
-        if value not in (0, 1) or isinstance(value, float):
+        if not (isinstance(value, (int, np.integer)) and value in (0, 1)):
             raise self.malformed(f"attribute {key} is {value!r}; it must be 0 or 1")
         return bool(value)
 
@@ -146,7 +153,9 @@ class OpContext:
 
     def const(self, i: int, what: str) -> np.ndarray:
         """The value of input ``i``, which the lowering needs at compile time."""
-        if not self.has(i) or self.values[i] is None:
+        if not self.has(i):
+            raise self.malformed(f"its {what} (input {i}) is missing; give it")
+        if self.values[i] is None:
             raise NeedsValue(
                 f"node '{self.node.name}' ({self.node.op}) needs its {what} (input {i}) to be a "
                 "constant or computable from shapes at compile time", self.node.inputs[i])
