@@ -151,6 +151,7 @@ def _inferred_types(proto: onnx.ModelProto, known: set[str]) -> tuple[Value, ...
     it lowers each node for concrete input shapes)."""
     if any(_crashes_inference(n) for n in proto.graph.node):
         return ()
+    proto = _without_negative_dims(proto)
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - onnx raises many kinds; the types are optional
@@ -171,6 +172,24 @@ def _crashes_inference(node: onnx.NodeProto) -> bool:
     ``node``: a GatherND with negative batch_dims is read out of bounds (a segfault)."""
     return node.op_type == "GatherND" and any(a.name == "batch_dims" and a.i < 0
                                               for a in node.attribute)
+
+
+def _without_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto``, or a copy whose negative dim_values (exporters' "unknown") are unknown
+    dims: onnx's shape inference aborts the process on some of them (a Slice)."""
+    g = proto.graph
+    values = list(g.input) + list(g.output) + list(g.value_info)
+    if not any(d.HasField("dim_value") and d.dim_value < 0
+               for v in values for d in v.type.tensor_type.shape.dim):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    g = copy.graph
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        for d in v.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()
+    return copy
 
 
 def _type_str(dt: DType) -> str:

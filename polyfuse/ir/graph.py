@@ -56,7 +56,8 @@ MAX_TENSOR_BYTES_VARIABLE = "POLYFUSE_MAX_TENSOR_BYTES"
 def max_tensor_bytes() -> int:
     """The most bytes one tensor, or one model's activation arena, may take: the
     environment variable ``POLYFUSE_MAX_TENSOR_BYTES`` if set, else half of this
-    machine's physical memory (more could not be held while anything else runs)."""
+    machine's physical memory or of the process's address-space limit (ulimit -v),
+    whichever is less (more could not be held while anything else runs)."""
     text = os.environ.get(MAX_TENSOR_BYTES_VARIABLE, "").strip()
     if text:
         try:
@@ -65,9 +66,17 @@ def max_tensor_bytes() -> int:
             raise ShapeError(f"{MAX_TENSOR_BYTES_VARIABLE}={text!r} is not a number of bytes; "
                              "set it to e.g. 8e9 or unset it") from None
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # no sysconf: assume a 16 GiB machine
-        return 8 << 30
+        memory = 16 << 30
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            memory = min(memory, soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return memory // 2
 
 
 def check_tensor_size(what: str, dtype: DType, shape: tuple[int, ...]) -> None:
@@ -89,8 +98,8 @@ def check_bytes(what: str, nbytes: int) -> None:
         raise SizeLimitError(f"{what} {nbytes} bytes ({nbytes / 2**30:.1f} GiB), over the limit of "
                              f"{limit} bytes ({limit / 2**30:.1f} GiB) per tensor; "
                              f"set the environment variable {MAX_TENSOR_BYTES_VARIABLE} to raise "
-                             "it (the default is half of this machine's memory), or feed smaller "
-                             "sizes")
+                             "it (the default is half of this machine's memory or address-space "
+                             "limit), or feed smaller sizes")
 
 
 @dataclass(frozen=True, slots=True)

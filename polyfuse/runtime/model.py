@@ -17,7 +17,7 @@ import numpy as np
 
 from polyfuse.autotune.records import Records
 from polyfuse.autotune.task import Task
-from polyfuse.errors import ArgumentError, BoundsError, DTypeError, ShapeError
+from polyfuse.errors import ArgumentError, BoundsError, DTypeError, ModelError, ShapeError
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
@@ -85,6 +85,11 @@ class _Plan:
             if len(unit) == 1 or not self.fused(unit, exported):
                 for node in unit:
                     self.node(node)
+        for v in g.outputs:   # onnxruntime refuses such a model too
+            if v.name in self.types and self.types[v.name].dtype is not v.type.dtype:
+                raise ModelError(f"graph output '{v.name}' is declared {v.type.dtype}, but the model "
+                                 f"computes it as {self.types[v.name].dtype}; correct the output's "
+                                 "element type in the model")
         self.memory = plan_memory(self.steps, self.types, outputs)
         check_bytes(f"the activation arena of graph '{g.name}' for input shapes {shapes} would take",
                     self.memory.arena_bytes)

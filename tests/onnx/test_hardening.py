@@ -2,6 +2,9 @@
 sizes, wrong feeds, exporters' unknown dimensions and very long graphs all end in a
 polyfuse error that names the node (or run as onnxruntime runs them)."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -286,6 +289,52 @@ def test_unknown_dims_are_each_their_own_size(shape, feed_shape):
               [value("x", shape)], [value("y", [])])
     feed = {"x": np.random.default_rng(0).standard_normal(feed_shape).astype(np.float32)}
     assert_matches_onnxruntime(m, feed, rtol=1e-4, atol=1e-4)
+
+
+CRASHES_ONNX_INFERENCE = """
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+import polyfuse as pf
+
+def ints(name, v):
+    return numpy_helper.from_array(np.array(v, np.int64), name)
+
+def model(node, x, inits):
+    g = helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+# a Slice of a dim_value -1 dimension: onnx's shape inference aborts on it
+m = model(helper.make_node("Slice", ["x", "s", "e", "a"], ["y"]),
+          helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 4]),
+          [ints("s", [3]), ints("e", [4]), ints("a", [-2])])
+x = np.arange(20, dtype=np.float32).reshape(5, 4)
+np.testing.assert_array_equal(pf.compile(m, target="reference").run({"x": x})["y"], x[3:4])
+# a GatherND with negative batch_dims: onnx's shape inference segfaults on it
+m = model(helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-1),
+          helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2]), [ints("i", [[0]])])
+try:
+    pf.compile(m, target="reference").run({"x": x[:4, :2]})
+except pf.ModelError as err:
+    assert "batch_dims [-1] must all be >= 0" in str(err), err
+else:
+    raise AssertionError("no error")
+print("survived")
+"""
+
+
+def test_models_that_crash_onnx_shape_inference_get_polyfuse_answers():
+    # in a child: a regression would abort the process, not just fail the test
+    child = subprocess.run([sys.executable, "-c", CRASHES_ONNX_INFERENCE], capture_output=True,
+                           text=True, timeout=300)
+    assert child.returncode == 0 and child.stdout.strip() == "survived", child.stderr[-2000:]
+
+
+def test_a_graph_output_declared_with_another_dtype_is_a_model_error():
+    m = model([helper.make_node("Relu", ["x"], ["y"], name="act")], [value("x", [2])],
+              [value("y", [2], TensorProto.DOUBLE)])
+    with pytest.raises(pf.ModelError, match=r"graph output 'y' is declared float64, but the model "
+                                            r"computes it as float32"):
+        run(m, {"x": np.ones(2, np.float32)})
 
 
 def test_dims_with_neither_value_nor_name_are_independent():
