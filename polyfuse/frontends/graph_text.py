@@ -34,6 +34,7 @@ import numpy as np
 from polyfuse.errors import FrontendError, GraphSyntaxError, SourceLocation, WeightError
 from polyfuse.ir.graph import (NAME_PATTERN, PREFIXED_NAME_PATTERN, Constant, Graph, Node,
                                TensorType, Value)
+from polyfuse.ir.limits import MAX_NEST_DEPTH
 from polyfuse.ir.types import DType
 
 
@@ -111,6 +112,7 @@ class _Parser:
         self.text, self.weights, self.filename = text, weights, filename
         self.tokens = _tokenize(text, filename)
         self.pos = 0
+        self.lists = 0  # attribute lists open around the current token
 
     # --- tokens ---
     @property
@@ -263,7 +265,13 @@ class _Parser:
             return self.string()
         if self.at("["):
             self.advance()
-            return tuple(self.comma_list("]", self.attr))
+            self.lists += 1
+            if self.lists > MAX_NEST_DEPTH:
+                raise self.error(f"attribute lists are nested more than {MAX_NEST_DEPTH} deep", tok,
+                                 hint="an ONNX attribute is a value or a list of values")
+            items = tuple(self.comma_list("]", self.attr))
+            self.lists -= 1
+            return items
         if self.at("tensor"):
             self.advance()
             self.expect("<")

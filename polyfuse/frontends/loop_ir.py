@@ -15,6 +15,7 @@ from polyfuse.ir.builtins import BUILTINS
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarDecl, ScalarRef, Select, Unary,
                                        UnaryOp)
+from polyfuse.ir.limits import MAX_NEST_DEPTH
 from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt,
                                Store)
 from polyfuse.ir.types import DType
@@ -35,6 +36,7 @@ class _LoopParser(Parser):
         self.buffers: dict[str, Buffer] = {}
         self.scalars: dict[str, DType] = {}
         self.locals: dict[str, DType] = {}
+        self.blocks = 0  # blocks open around the current token
 
     def word(self, text: str) -> bool:
         return self.tok.text == text and self.tok.kind in (Kind.IDENT, Kind.KEYWORD)
@@ -87,11 +89,17 @@ class _LoopParser(Parser):
         return LoopKernel(name, tuple(buffers), tuple(scalars), body)
 
     def block(self) -> tuple[Stmt, ...]:
-        self.expect("{")
+        opening = self.expect("{")
+        self.blocks += 1
+        if self.blocks > MAX_NEST_DEPTH + 1:  # the kernel's body, then loops and conditionals
+            raise TCSyntaxError(f"loops and conditionals are nested more than {MAX_NEST_DEPTH} "
+                                "deep", opening.loc, self.source,
+                                hint="a loop kernel's text nests at most that many blocks")
         out = []
         while not self.at("}"):
             out.append(self.statement())
         self.expect("}")
+        self.blocks -= 1
         return tuple(out)
 
     def statement(self) -> Stmt:

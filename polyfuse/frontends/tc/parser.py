@@ -18,11 +18,13 @@ from __future__ import annotations
 from polyfuse.errors import TCSyntaxError
 from polyfuse.frontends.tc import ast
 from polyfuse.frontends.tc.lexer import Kind, Token, tokenize
+from polyfuse.ir.limits import MAX_EXPR_DEPTH
 
 ASSIGN_OPS = frozenset({"=", "+=", "*=", "max=", "min=", "+=!", "*=!", "max=!", "min=!"})
 
 # binary precedence levels, loosest first
 _LEVELS = [("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%")]
+_LEVEL = {op: level for level, ops in enumerate(_LEVELS) for op in ops}
 
 
 class Parser:
@@ -30,6 +32,7 @@ class Parser:
         self.source = source
         self.tokens = tokenize(source)
         self.pos = 0
+        self.nesting = 0  # expression levels open above the current token
 
     # --- token helpers ---
     @property
@@ -190,55 +193,103 @@ class Parser:
                          f"found {self.tok.describe()}")
 
     # --- expressions ---
+    # Every stage after the parser walks expressions recursively, so the nesting depth
+    # (each operator, call, branch and parenthesis one level) is bounded here, as the
+    # tree is built: ``self.nesting`` levels are open above the current token, and a
+    # node of depth d under them makes the expression at least nesting + d deep. Binary
+    # operators are parsed by precedence climbing and prefix operators in a loop, so one
+    # level costs at most three Python frames and the limit comes long before the stack's.
+
     def expr(self) -> ast.Node:
-        cond = self.binary(0)
-        if not self.at("?"):
-            return cond
-        self.advance()
-        then = self.expr()
-        self.expect(":", " in the conditional expression")
-        other = self.expr()
-        return ast.Ternary(cond, then, other, cond.loc)
+        return self._expr()[0]
 
     def binary(self, level: int) -> ast.Node:
-        if level == len(_LEVELS):
-            return self.unary()
-        lhs = self.binary(level + 1)
-        while self.tok.kind is Kind.OP and self.tok.text in _LEVELS[level]:
+        """An expression with no conditional, of operators at ``level`` or tighter."""
+        return self._binary(level)[0]
+
+    def _expr(self) -> tuple[ast.Node, int]:
+        cond, depth = self._binary(0)
+        if not self.at("?"):
+            return cond, depth
+        question = self.advance()
+        self._descend(question)
+        then, then_depth = self._expr()
+        self.expect(":", " in the conditional expression")
+        other, other_depth = self._expr()
+        self.nesting -= 1
+        depth = self._deeper(1 + max(depth, then_depth, other_depth), question)
+        return ast.Ternary(cond, then, other, cond.loc), depth
+
+    def _binary(self, level: int) -> tuple[ast.Node, int]:
+        lhs, depth = self._operand()
+        while self.tok.kind is Kind.OP and _LEVEL.get(self.tok.text, -1) >= level:
             op = self.advance()
-            rhs = self.binary(level + 1)
+            self._descend(op)
+            rhs, rhs_depth = self._binary(_LEVEL[op.text] + 1)
+            self.nesting -= 1
             lhs = ast.BinaryExpr(op.text, lhs, rhs, lhs.loc)
-        return lhs
+            depth = self._deeper(1 + max(depth, rhs_depth), op)
+        return lhs, depth
 
-    def unary(self) -> ast.Node:
-        if self.tok.kind is Kind.OP and self.tok.text in ("-", "!", "+"):
-            op = self.advance()
-            operand = self.unary()
-            return operand if op.text == "+" else ast.UnaryExpr(op.text, operand, op.loc)
-        return self.primary()
+    def _operand(self) -> tuple[ast.Node, int]:
+        """A primary expression under any number of prefix operators (``-``, ``!``, ``+``)."""
+        prefix = []
+        while self.tok.kind is Kind.OP and self.tok.text in ("-", "!", "+"):
+            prefix.append(self.advance())
+            self._descend(prefix[-1])
+        node, depth = self._primary()
+        for op in reversed(prefix):
+            self.nesting -= 1
+            node = node if op.text == "+" else ast.UnaryExpr(op.text, node, op.loc)
+            depth += 1
+        return node, depth
 
-    def primary(self) -> ast.Node:
+    def _primary(self) -> tuple[ast.Node, int]:
         tok = self.tok
         if tok.kind is Kind.INT:
             self.advance()
-            return ast.Number(int(tok.text), tok.loc)
+            return ast.Number(int(tok.text), tok.loc), 1
         if tok.kind is Kind.FLOAT:
             self.advance()
-            return ast.Number(float(tok.text), tok.loc)
+            return ast.Number(float(tok.text), tok.loc), 1
         if tok.kind is Kind.IDENT:
             self.advance()
             if not self.at("("):
-                return ast.Name(tok.text, tok.loc)
+                return ast.Name(tok.text, tok.loc), 1
             self.advance()
-            args = self.comma_list(")", self.expr)
+            self._descend(tok)
+            args = []
+            if not self.at(")"):
+                args.append(self._expr())
+                while self.at(","):
+                    self.advance()
+                    args.append(self._expr())
             self.expect(")", f" to close '{tok.text}('")
-            return ast.Apply(tok.text, tuple(args), tok.loc)
+            self.nesting -= 1
+            return (ast.Apply(tok.text, tuple(a for a, _ in args), tok.loc),
+                    1 + max((d for _, d in args), default=0))
         if self.at("("):
-            self.advance()
-            inner = self.expr()
+            self._descend(self.advance())
+            inner, depth = self._expr()
             self.expect(")")
-            return inner
+            self.nesting -= 1
+            return inner, depth + 1
         raise self.error(f"expected an expression, found {tok.describe()}")
+
+    def _descend(self, tok: Token) -> None:
+        """Open one level below ``tok`` (an operand, the arguments, a parenthesis)."""
+        self.nesting += 1
+        self._deeper(1, tok)
+
+    def _deeper(self, depth: int, tok: Token) -> int:
+        """``depth``, checked: a node that deep under the open levels fits the limit."""
+        if self.nesting + depth > MAX_EXPR_DEPTH:
+            raise TCSyntaxError(
+                f"the expression is nested more than {MAX_EXPR_DEPTH} levels deep (operators, "
+                "calls, conditionals and parentheses count one level each)", tok.loc, self.source,
+                hint="split it: compute a part into a temporary output in an earlier statement, "
+                     "or sum many terms with a reduction over an index (+=!) instead of a chain of '+'")
+        return depth
 
 
 def parse_ast(source: str) -> tuple[ast.DefAST, ...]:

@@ -17,6 +17,7 @@ from polyfuse.frontends.tc.ranges import Access, access_shape, index_names, infe
 from polyfuse.ir.comprehension import (Binary, Call, Definition, Equivalent, Expr, IndexVar,
                                        Literal, Range, Read, ReduceOp, ScalarDecl, SizeVar,
                                        Statement, TensorDecl, Unary, walk)
+from polyfuse.ir.limits import MAX_EXPR_DEPTH, MAX_EXPR_NODES, expr_depth, expr_size
 from polyfuse.ir.symbolic import canonical, from_sympy, to_sympy
 from polyfuse.ir.types import DType
 
@@ -142,17 +143,18 @@ class DefinitionAnalyzer:
         analyzer = ExprAnalyzer(scope, self.source)
         fixed, exists = self.where(st, scope, analyzer)
         rhs = analyzer.analyze(st.rhs)
+        self.check_limits(st, rhs.expr)
         self.check_indices(st, op, rhs.expr, scope)
         ranges = self.ranges(st, rhs.expr, exists, fixed, scope)
         statement = self.finish(st, info, op, init, rhs, ranges)
         if st.equivalent is None:
             return statement
-        return replace(statement, equivalent=self.equivalent(st.equivalent, analyzer, ranges))
+        return replace(statement, equivalent=self.equivalent(st, st.equivalent, analyzer, ranges))
 
-    def equivalent(self, node: ast.Apply, analyzer: ExprAnalyzer,
+    def equivalent(self, st: ast.StatementAST, node: ast.Apply, analyzer: ExprAnalyzer,
                    ranges: tuple[Range, ...]) -> Equivalent:
         """The ``<=>`` note, its arguments checked in the statement's scope (as TC does)."""
-        args = tuple(analyzer.analyze(a).expr for a in node.args)
+        args = tuple(self.check_limits(st, analyzer.analyze(a).expr, a) for a in node.args)
         known = {r.index for r in ranges}
         for n in (n for a in args for n in walk(a)):
             if isinstance(n, IndexVar) and n.name not in known:
@@ -174,7 +176,7 @@ class DefinitionAnalyzer:
                     raise self.error(f"'{w.name.id}' is already defined", w.name.loc)
                 scope.lets[w.name.id] = analyzer.analyze(w.value)
             else:
-                access = analyzer.analyze(w.access).expr
+                access = self.check_limits(st, analyzer.analyze(w.access).expr, w.access)
                 if not isinstance(access, Read):
                     raise self.error("'exists' takes a tensor access such as A(i, j)", w.access.loc)
                 exists.append(access)
@@ -227,8 +229,23 @@ class DefinitionAnalyzer:
             by_index = {r.index: r for r in ranges}
             info.shape = tuple(by_index[i.id].hi for i in st.indices)
         info.written = True
+        value = self.check_limits(st, cast(rhs.expr, info.dtype))
         return Statement(st.tensor.id, tuple(i.id for i in st.indices), op, init,
-                         cast(rhs.expr, info.dtype), ranges, st.tensor.loc)
+                         value, ranges, st.tensor.loc)
+
+    def check_limits(self, st: ast.StatementAST, e: Expr, node: ast.Node | None = None) -> Expr:
+        """``e`` if it fits the limits of depth and size: the parser bounds the text, but
+        a binding is copied into every use and an implicit conversion adds a level."""
+        depth, size = expr_depth(e), expr_size(e)
+        if depth > MAX_EXPR_DEPTH or size > MAX_EXPR_NODES:
+            what = (f"{depth} levels deep, more than {MAX_EXPR_DEPTH}" if depth > MAX_EXPR_DEPTH
+                    else f"{size} nodes, more than {MAX_EXPR_NODES}")
+            raise self.error(
+                f"with its 'where' bindings substituted and its implicit conversions, the "
+                f"expression of '{st.tensor.id}' is {what}", (node or st.rhs).loc,
+                hint="compute a part into a temporary output in an earlier statement: a "
+                     "'where x = ...' binding is copied into every place that uses it")
+        return e
 
 
 def analyze_definition(node: ast.DefAST, source: str) -> Definition:

@@ -1,0 +1,159 @@
+"""Hostile TC input gets polyfuse errors: expressions nested past the limit, sizes that
+divide by zero, integer division by zero in data, scalar arguments out of range."""
+
+import numpy as np
+import pytest
+
+import polyfuse as pf
+from polyfuse.frontends.graph_text import parse_graph
+from polyfuse.frontends.loop_ir import parse_kernel
+from polyfuse.frontends.tc import parse
+from polyfuse.ir.comprehension import format_definition
+from polyfuse.ir.limits import MAX_EXPR_DEPTH, MAX_EXPR_NODES, MAX_NEST_DEPTH
+from polyfuse.ir.loops_interpreter import interpret_kernel
+from polyfuse.runtime.arguments import bind_arguments
+from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.pipeline import schedule_definition
+from tests.arm_tools import AARCH64
+
+A = np.array([-3, -2, -1, 0, 1, 2, 3, 4], np.float32)
+
+
+def _ternary_oracle(a: np.ndarray, levels: int) -> np.ndarray:
+    out = a.copy()
+    for k in reversed(range(levels)):
+        out = np.where(a < k, np.float32(k), out)
+    return out
+
+
+# Each shape at syntax depth d (every operator, call, branch and parenthesis one level):
+# its text on the right of ``B(i) =`` and numpy's answer.
+SHAPES = {
+    "sum": (lambda d: " + ".join(["A(i)"] * (d - 1)), lambda d: A * (d - 1)),
+    "parens": (lambda d: "(" * (d - 2) + "A(i)" + ")" * (d - 2), lambda d: A),
+    "unary": (lambda d: "-" * (d - 2) + "A(i)", lambda d: A * (-1) ** (d - 2)),
+    "calls": (lambda d: "fabs(" * (d - 2) + "A(i)" + ")" * (d - 2), lambda d: np.abs(A)),
+    "ternary": (lambda d: "".join(f"A(i) < {k} ? {k} : " for k in range(d - 3)) + "A(i)",
+                lambda d: _ternary_oracle(A, d - 3)),
+    "index": (lambda d: "A(i" + " * 1" * (d % 2) + " + 1 - 1" * ((d - 2) // 2) + ")", lambda d: A),
+}
+
+
+def program(shape: str, depth: int) -> str:
+    return f"def f(float(N) A) -> (B) {{\n  B(i) = {SHAPES[shape][0](depth)}\n}}"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("target", ["reference", "host", AARCH64])
+def test_the_deepest_expressions_allowed_run_on_every_target(shape, target):
+    got = pf.define(program(shape, MAX_EXPR_DEPTH), target=target).f(A)
+    np.testing.assert_array_equal(got, SHAPES[shape][1](MAX_EXPR_DEPTH))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_deepest_expressions_allowed_print_parse_back_and_interpret(shape):
+    source = program(shape, MAX_EXPR_DEPTH)
+    module = parse(source)
+    assert parse(str(module)) == module
+    d = module["f"]
+    assert format_definition(d) in str(module)
+    bound = bind_arguments(d, (A,))
+    kernel = schedule_definition(d, bound.sizes, MappingOptions())
+    assert parse_kernel(str(kernel)) == kernel
+    np.testing.assert_array_equal(interpret_kernel(kernel, bound.values)["B"],
+                                  SHAPES[shape][1](MAX_EXPR_DEPTH))
+    stages = pf.define(source, target="host").f.specialize(A).stages
+    assert str(parse_kernel(stages["loops"])) == stages["loops"]
+    assert "B(i) =" in stages["comprehension"] and "B(i) =" in stages["specialized"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_deepest_expressions_allowed_compile_for_cuda(shape):
+    spec = pf.define(program(shape, MAX_EXPR_DEPTH), target="cuda").f.specialize(A)
+    assert "__global__" in spec.stages["cuda"] and ".entry" in spec.stages["ptx"]
+
+
+DEEPER = [(shape, depth) for shape in SHAPES for depth in (MAX_EXPR_DEPTH + 1, MAX_EXPR_DEPTH + 2, 1000)]
+DEEPER += [(shape, 100_000) for shape in ("parens", "unary")]  # the others lex slowly
+
+
+@pytest.mark.parametrize("shape, depth", DEEPER)
+def test_deeper_expressions_are_refused_at_the_token_that_passes_the_limit(shape, depth):
+    source = program(shape, depth)
+    with pytest.raises(pf.TCSyntaxError, match=f"nested more than {MAX_EXPR_DEPTH} levels") as err:
+        parse(source)
+    e = err.value
+    assert e.line == 2 and len("  B(i) = ") < e.col <= len(source.splitlines()[1])
+    assert "hint: split it" in str(e) and "^" in str(e)
+
+
+
+def test_bindings_substituted_past_the_depth_limit_are_refused_where_they_are_used():
+    chain = SHAPES["sum"][0](150)
+    source = f"def f(float(N) A) -> (B) {{\n  B(i) = x + x where x = {chain}\n}}"
+    assert parse(source)["f"].statements[0].rhs  # 151 deep: allowed
+    deep = source.replace("x + x where", "x + x + x + x + x + x + x + x + x + x + x + x where")
+    deep = deep.replace("B(i) = ", "B(i) = " + "x + " * 50)
+    with pytest.raises(pf.TCSemanticError, match="expression of 'B' is 211 levels deep, more than "
+                       f"{MAX_EXPR_DEPTH}") as err:
+        parse(deep)
+    assert (err.value.line, err.value.col) == (2, 10) and "temporary output" in str(err.value)
+
+
+def test_bindings_that_double_the_tree_are_refused_by_its_size_at_once():
+    lets = ", ".join(f"x{k + 1} = x{k} + x{k}" for k in range(60))
+    source = f"def f(float(N) A) -> (B) {{\n  B(i) = x60 where x0 = A(i), {lets}\n}}"
+    with pytest.raises(pf.TCSemanticError, match=f"is {3 * 2 ** 60 - 1} nodes, more than {MAX_EXPR_NODES}"):
+        parse(source)
+    small = source.replace("B(i) = x60", "B(i) = x10")
+    np.testing.assert_array_equal(pf.define(small).f(A), A * 2 ** 10)
+
+
+def loop_kernel(blocks: int, expr: str = "A(0)") -> str:
+    opens = "".join(f"{'  ' * (k + 1)}for c{k} in 0:1 {{\n" for k in range(blocks))
+    closes = "".join(f"{'  ' * k}}}\n" for k in reversed(range(blocks + 1)))
+    return (f"kernel f(in float32(4) A, out float32(4) B) {{\n{opens}"
+            f"{'  ' * (blocks + 1)}B(0) = {expr.replace('A(i)', 'A(0)')}\n{closes}").rstrip("\n")
+
+
+def test_loop_ir_text_nested_to_the_limits_parses_back_and_runs():
+    text = loop_kernel(MAX_NEST_DEPTH, SHAPES["sum"][0](MAX_EXPR_DEPTH))
+    kernel = parse_kernel(text)
+    assert str(kernel) == text
+    got = interpret_kernel(kernel, {"A": A})["B"]
+    assert got[0] == A[0] * (MAX_EXPR_DEPTH - 1)
+
+
+@pytest.mark.parametrize("blocks", [MAX_NEST_DEPTH + 1, 1000])
+def test_loop_ir_text_nested_deeper_is_refused(blocks):
+    with pytest.raises(pf.TCSyntaxError, match=f"nested more than {MAX_NEST_DEPTH} deep") as err:
+        parse_kernel(loop_kernel(blocks))
+    assert err.value.line == MAX_NEST_DEPTH + 2 and "{" in str(err.value).splitlines()[1]
+
+
+@pytest.mark.parametrize("shape", ["sum", "parens", "calls"])
+@pytest.mark.parametrize("depth", [MAX_EXPR_DEPTH + 1, 10_000])
+def test_loop_ir_expressions_nested_deeper_are_refused(shape, depth):
+    with pytest.raises(pf.TCSyntaxError, match=f"nested more than {MAX_EXPR_DEPTH} levels"):
+        parse_kernel(loop_kernel(1, SHAPES[shape][0](depth)))
+
+
+def graph_with_attribute(lists: int) -> str:
+    return ("graph g(%x: float32[2]) -> (%y: float32[2]) {\n"
+            f"  %y = Op(%x, a={'[' * lists}1{']' * lists})  # n\n}}")
+
+
+def test_graph_text_attributes_nested_to_the_limit_parse_back():
+    g = parse_graph(graph_with_attribute(MAX_NEST_DEPTH))
+    value = g.nodes[0].attrs[0][1]
+    for _ in range(MAX_NEST_DEPTH):
+        assert isinstance(value, tuple) and len(value) == 1
+        value = value[0]
+    assert value == 1 and str(g) == graph_with_attribute(MAX_NEST_DEPTH)
+
+
+@pytest.mark.parametrize("lists", [MAX_NEST_DEPTH + 1, 10_000])
+def test_graph_text_attributes_nested_deeper_are_refused(lists):
+    with pytest.raises(pf.GraphSyntaxError, match=f"nested more than {MAX_NEST_DEPTH} deep") as err:
+        parse_graph(graph_with_attribute(lists))
+    assert (err.value.line, err.value.col) == (2, len("  %y = Op(%x, a=") + MAX_NEST_DEPTH + 1)
