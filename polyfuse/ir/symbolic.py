@@ -12,7 +12,9 @@ from collections.abc import Mapping
 
 import sympy
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, SizeVar, Unary, UnaryOp
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, Literal, SizeVar, Unary, UnaryOp,
+                                       walk)
+from polyfuse.ir.limits import expr_depth
 from polyfuse.ir.types import DType
 
 
@@ -64,9 +66,10 @@ class TruncDiv(sympy.Function):
 
     @classmethod
     def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if b == 0:
+            return sympy.Integer(0)
         if a.is_Integer and b.is_Integer:
-            return sympy.Integer(0 if b == 0 else abs(int(a)) // abs(int(b))
-                                 * (1 if (a < 0) == (b < 0) else -1))
+            return sympy.Integer(abs(int(a)) // abs(int(b)) * (1 if (a < 0) == (b < 0) else -1))
         if b.is_positive and a.is_nonnegative:
             return sympy.floor(a / b)
         if b.is_positive and a.is_nonpositive:
@@ -81,8 +84,10 @@ class TruncMod(sympy.Function):
 
     @classmethod
     def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if b == 0:
+            return sympy.Integer(0)
         if a.is_Integer and b.is_Integer:
-            return sympy.Integer(0) if b == 0 else a - b * TruncDiv(a, b)
+            return a - b * TruncDiv(a, b)
         if b.is_positive and a.is_nonnegative:
             return sympy.Mod(a, b)
         return None
@@ -178,6 +183,21 @@ def _call(fn: str, a: Expr, b: Expr) -> Expr:
 def canonical(e: Expr) -> Expr:
     """``e`` in sympy's normal form (constants folded, terms ordered)."""
     return from_sympy(to_sympy(e))
+
+
+def zero_divisor(e: Expr, sizes: Mapping[str, int]) -> Expr | None:
+    """A divisor in the size expression ``e`` (of ``/``, ``%``, ``floordiv``, ``floormod``)
+    that is 0 for ``sizes``, if one is. Sizes are positive to sympy, so such a division
+    means nothing (``N % M`` is sympy's ``Mod(N, M)``, which raises for M = 0); inner
+    divisors are evaluated first, so evaluating an outer one never divides by 0."""
+    divisors = [n.rhs if isinstance(n, Binary) else n.args[1] for n in walk(e)
+                if isinstance(n, Binary) and n.op in (BinaryOp.DIV, BinaryOp.MOD)
+                or isinstance(n, Call) and n.fn in ("floordiv", "floormod")]
+    for divisor in sorted(divisors, key=expr_depth):
+        value = to_sympy(divisor).subs({size_symbol(k): v for k, v in sizes.items()})
+        if value == 0:
+            return divisor
+    return None
 
 
 def evaluate_int(e: Expr, sizes: Mapping[str, int]) -> int:

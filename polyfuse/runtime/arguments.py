@@ -6,13 +6,15 @@ silent casts) and size agreement across arguments are all checked here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from polyfuse.errors import ArgumentError, DTypeError, ShapeError
-from polyfuse.ir.comprehension import Definition, Literal, ScalarDecl, SizeVar, TensorDecl
+from polyfuse.ir.comprehension import Definition, Literal, ScalarDecl, SizeVar, TensorDecl, walk
+from polyfuse.ir.symbolic import zero_divisor
 from polyfuse.ir.types import DType
 from polyfuse.runtime.device_arrays import DeviceArray, as_device_array
 
@@ -81,7 +83,26 @@ def bind_arguments(d: Definition, args: Sequence[object],
                 raise ShapeError(f"{d.name}: {where} must be {expr.value}, got {extent} "
                                  f"(shape {array.shape})")
         values[p.name] = array
+    _check_divisors(d, sizes, origin)
     return BoundArguments(values, sizes)
+
+
+def _check_divisors(d: Definition, sizes: dict[str, int], origin: dict[str, str]) -> None:
+    """No output shape or statement range divides by a size expression that is 0 here."""
+    bounds = [(f"the size of output '{t.name}'", e) for t in d.outputs for e in t.shape]
+    bounds += [(f"the range of '{r.index}' in the statement writing '{s.tensor}'", e)
+               for s in d.statements for r in s.ranges for e in (r.lo, r.hi)]
+    for where, e in bounds:
+        divisor = zero_divisor(e, sizes)
+        if divisor is None:
+            continue
+        zeros = [f"{n.name} = 0 from {origin[n.name]}" for n in walk(divisor)
+                 if isinstance(n, SizeVar) and sizes.get(n.name) == 0]
+        fix = ("pass arguments with at least one element along it" if zeros else
+               "pass arguments whose sizes make it nonzero")
+        raise ShapeError(f"{d.name}: {where} is {e}, which divides by {divisor} = 0 for these "
+                         f"arguments ({'; '.join(zeros) or 'sizes ' + str(sizes)}); a size a shape "
+                         f"or range divides by must be nonzero: {fix}")
 
 
 def _tensor(d: Definition, p: TensorDecl, v: object) -> np.ndarray | DeviceArray:
@@ -110,17 +131,65 @@ def _numpy_name(dt: DType) -> str:
     return "ml_dtypes.bfloat16" if dt is DType.BFLOAT16 else f"np.{dt.numpy.name}"
 
 
+def check_scalars(d: Definition, values: dict[str, object]) -> dict[str, object]:
+    """``values`` with each scalar parameter's value checked and converted to its dtype:
+    what a call whose tensors were checked before (the same kinds of arguments) still
+    needs, since a scalar's value can be out of range where the last one was not."""
+    for p in d.scalars:
+        values[p.name] = _scalar(d, p, values[p.name])
+    return values
+
+
 def _scalar(d: Definition, p: ScalarDecl, v: object) -> object:
-    kind = np.asarray(v).dtype.kind if isinstance(v, (np.generic, np.ndarray)) else None
-    if isinstance(v, np.ndarray) and v.ndim != 0:
-        raise ArgumentError(f"{d.name}: argument '{p.name}' is a scalar {p.dtype}, got an array "
-                            f"of shape {v.shape}")
-    ok_kinds = "fiub" if p.dtype.is_float else "iub" if p.dtype.is_int else "b"
-    py_ok = (float, int) if p.dtype.is_float else int if p.dtype.is_int else bool
-    if kind is None and not isinstance(v, py_ok) or kind is not None and kind not in ok_kinds:
-        got = np.asarray(v).dtype if kind else type(v).__name__
-        raise DTypeError(f"{d.name}: argument '{p.name}' must be a {p.dtype} scalar, got {got}")
-    return p.dtype.numpy.type(v)
+    """``v`` as a numpy scalar of ``p``'s dtype: a Python or numpy bool, int or float (or a
+    0-d array) of a kind the dtype holds, whose value it holds (no wrapping, no overflow
+    to infinity); bools only for bool parameters."""
+    what = f"{d.name}: argument '{p.name}'"
+    if isinstance(v, np.ndarray) and v.ndim != 0 or not isinstance(v, (np.generic, np.ndarray)) \
+            and hasattr(v, "shape") and tuple(getattr(v, "shape")) != ():
+        raise ArgumentError(f"{what} is a scalar {p.dtype}, got an array of shape "
+                            f"{tuple(getattr(v, 'shape'))}; pass one value, e.g. a Python number")
+    if isinstance(v, (np.generic, np.ndarray)):
+        kind, got = v.dtype.kind, str(v.dtype)
+        v = v.item() if v.dtype.kind in "biuf" else v
+    else:
+        kind = "b" if isinstance(v, bool) else "i" if isinstance(v, int) else \
+            "f" if isinstance(v, float) else None
+        got = type(v).__name__
+    ok_kinds = "b" if p.dtype.is_bool else "iuf" if p.dtype.is_float else "iu"
+    if kind is None or kind not in ok_kinds:
+        hint = ("True or False" if p.dtype.is_bool else "a float, e.g. float(x)" if p.dtype.is_float
+                else "an int, e.g. int(x)")
+        raise DTypeError(f"{what} must be {'an' if str(p.dtype)[0] in 'aeiou' else 'a'} {p.dtype} "
+                         f"scalar, got {got}; pass {hint}")
+    if p.dtype.is_bool:
+        return np.bool_(v)
+    if p.dtype.is_int:
+        info = np.iinfo(p.dtype.numpy)
+        if not info.min <= v <= info.max:
+            raise ArgumentError(f"{what} is {_shown(v)}, outside the range of {p.dtype} "
+                                f"[{info.min}, {info.max}]; pass a value in range, or declare "
+                                "the parameter with a wider type")
+        return p.dtype.numpy.type(v)
+    try:
+        value = float(v)
+    except OverflowError:  # an int beyond float64
+        value = math.inf
+    with np.errstate(over="ignore"):
+        converted = p.dtype.numpy.type(value)
+    if math.isinf(converted) and (math.isfinite(value) or kind in "iu"):
+        limit = float(np.finfo(p.dtype.numpy).max)
+        raise ArgumentError(f"{what} is {_shown(v)}, beyond the range of {p.dtype} (±{limit:.6g}): "
+                            "it would become infinite; pass a smaller value, or declare the "
+                            "parameter with a wider type")
+    return converted
+
+
+def _shown(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    text = str(v)
+    return text if len(text) <= 40 else f"an integer of {len(text.lstrip('-'))} digits"
 
 
 def abi_scalar(value: object) -> object:

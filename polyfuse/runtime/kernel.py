@@ -26,7 +26,7 @@ from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.lowering.bind_sizes import bind_sizes
 from polyfuse.runtime import outputs as given_outputs
-from polyfuse.runtime.arguments import BoundArguments, bind_arguments
+from polyfuse.runtime.arguments import BoundArguments, bind_arguments, check_scalars
 from polyfuse.scheduler.model import initial_outputs, skipped_inits
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.options import MappingOptions, check_options
@@ -187,7 +187,8 @@ class Kernel:
             key = _call_signature(args)
             kernel = self._checked.get(key)
             if kernel is not None:  # the fast path: same kinds of arguments as an earlier call
-                return _results(self.definition, kernel.run(dict(zip(self._names, args))))
+                values = check_scalars(self.definition, dict(zip(self._names, args)))
+                return _results(self.definition, kernel.run(values))
         out = _take_out(self.definition, kwargs)
         if out is None and self._needs_out:
             _refuse_without_out(self.definition)

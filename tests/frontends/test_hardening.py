@@ -157,3 +157,81 @@ def test_graph_text_attributes_nested_deeper_are_refused(lists):
     with pytest.raises(pf.GraphSyntaxError, match=f"nested more than {MAX_NEST_DEPTH} deep") as err:
         parse_graph(graph_with_attribute(lists))
     assert (err.value.line, err.value.col) == (2, len("  %y = Op(%x, a=") + MAX_NEST_DEPTH + 1)
+
+
+E = np.ones(0, np.float32)  # binds M to 0
+DIVIDING_RANGES = {
+    "mod": ("def f(float(N) A, float(M) C) -> (B) { B(i) = A(i) where i in 0:N % M }",
+            lambda n, m: n % m),
+    "floormod": ("def f(float(N) A, float(M) C) -> (B) { B(i) = A(i) where i in 0:floormod(N, M) }",
+                 lambda n, m: n % m),
+    "nested": ("def f(float(N) A, float(M) C, float(K) D) -> (B) {\n"
+               "  B(i) = A(i) where i in 0:N - N % (K % M)\n}", lambda n, m: n - n % (3 % m)),
+}
+
+
+@pytest.mark.parametrize("case", DIVIDING_RANGES)
+@pytest.mark.parametrize("target", ["reference", "host", AARCH64])
+def test_a_range_that_divides_by_a_zero_size_is_a_shape_error(case, target):
+    source, size = DIVIDING_RANGES[case]
+    f = pf.define(source, target=target).f
+    extra = (np.ones(3, np.float32),) if "float(K)" in source else ()
+    for m in (2, 4) if target == "reference" else ():  # isl takes no N % M bound (ScheduleError)
+        got = f(A, np.ones(m, np.float32), *extra)
+        np.testing.assert_array_equal(got, A[:size(len(A), m)])
+    if extra:  # K % M == 0 without a zero size: refused before the scheduler sees it
+        with pytest.raises(pf.ShapeError, match=r"divides by K % M = 0 for these arguments \(sizes "):
+            f(A, np.ones(3, np.float32), *extra)
+    with pytest.raises(pf.ShapeError, match=r"divides by M = 0 for these arguments \(M = 0 from "
+                       r"dimension 0 of 'C' \(shape \(0,\)\)\); a size a shape or range divides "
+                       "by must be nonzero"):
+        f(A, E, *extra)
+
+
+@pytest.mark.parametrize("target", ["reference", "host", AARCH64])
+def test_a_size_divided_by_a_literal_zero_is_zero_as_every_integer_division_by_zero(target):
+    got = pf.define("def f(float(N) A) -> (B) { B(i) = A(i) where i in 0:N % 0 + N / 0 }",
+                    target=target).f(A)
+    assert got.shape == (0,)
+
+
+DIVIDE = """def f(T(N) A, T(N) C) -> (Q, R, FQ, FR) {
+  Q(i) = A(i) / C(i)
+  R(i) = A(i) % C(i)
+  FQ(i) = floordiv(A(i), C(i))
+  FR(i) = floormod(A(i), C(i))
+}"""
+
+
+def _divisions_oracle(a: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, ...]:
+    """x / 0 == x % 0 == 0 (as TVM and Halide define it); otherwise C's truncation and
+    the floored forms, computed exactly and stored with the wrap of the type."""
+    def each(fn):  # noqa: ANN001
+        exact = [0 if y == 0 else fn(int(x), int(y)) for x, y in zip(a, c)]
+        return np.array(exact, np.int64).astype(a.dtype)
+    trunc = lambda x, y: abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)  # noqa: E731
+    return (each(trunc), each(lambda x, y: x - y * trunc(x, y)), each(lambda x, y: x // y),
+            each(lambda x, y: x % y))
+
+
+DIVIDENDS = {"int32": ([7, -7, 0, 2**31 - 1, -2**31, -2**31, 5, -9], [0, 0, 0, 0, 0, -1, 2, 4]),
+             "int64": ([7, -7, 0, 2**62, -2**62, 1, 5, -9], [0, 0, 0, 0, 0, -1, -2, 4]),
+             "int8": ([7, -7, 0, 127, -128, -128, 5, -9], [0, 0, 0, 0, 0, -1, 2, 4]),
+             "uint8": ([7, 255, 0, 128, 1, 200, 5, 9], [0, 0, 0, 0, 3, 7, 2, 4])}
+
+
+@pytest.mark.parametrize("dtype", DIVIDENDS)
+@pytest.mark.parametrize("target", ["reference", "host", AARCH64, "loops"])
+def test_integer_division_of_data_by_zero_gives_zero_on_every_target(dtype, target):
+    source = DIVIDE.replace("T(N)", f"{dtype}(N)")
+    a, c = (np.array(v, dtype) for v in DIVIDENDS[dtype])
+    want = _divisions_oracle(a, c)
+    if target == "loops":
+        d = parse(source)["f"]
+        bound = bind_arguments(d, (a, c))
+        out = interpret_kernel(schedule_definition(d, bound.sizes, MappingOptions()), bound.values)
+        got = tuple(out[n] for n in ("Q", "R", "FQ", "FR"))
+    else:
+        got = pf.define(source, target=target).f(a, c)
+    for name, g, w in zip(("/", "%", "floordiv", "floormod"), got, want):
+        np.testing.assert_array_equal(g, w, err_msg=name)
