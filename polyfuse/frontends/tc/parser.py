@@ -232,30 +232,22 @@ class Parser:
         return lhs, depth
 
     def _operand(self) -> tuple[ast.Node, int]:
-        """A primary expression under any number of prefix operators (``-``, ``!``, ``+``)."""
+        """A literal, name, call or parenthesized expression under any number of prefix
+        operators (``-``, ``!``, ``+``); one function, so a level costs one frame here."""
         prefix = []
         while self.tok.kind is Kind.OP and self.tok.text in ("-", "!", "+"):
             prefix.append(self.advance())
             self._descend(prefix[-1])
-        node, depth = self._primary()
-        for op in reversed(prefix):
-            self.nesting -= 1
-            node = node if op.text == "+" else ast.UnaryExpr(op.text, node, op.loc)
-            depth += 1
-        return node, depth
-
-    def _primary(self) -> tuple[ast.Node, int]:
         tok = self.tok
-        if tok.kind is Kind.INT:
+        if tok.kind in (Kind.INT, Kind.FLOAT):
             self.advance()
-            return ast.Number(int(tok.text), tok.loc), 1
-        if tok.kind is Kind.FLOAT:
+            node, depth = ast.Number(int(tok.text) if tok.kind is Kind.INT else float(tok.text),
+                                     tok.loc), 1
+        elif tok.kind is Kind.IDENT and self.peek().text != "(":
             self.advance()
-            return ast.Number(float(tok.text), tok.loc), 1
-        if tok.kind is Kind.IDENT:
+            node, depth = ast.Name(tok.text, tok.loc), 1
+        elif tok.kind is Kind.IDENT:
             self.advance()
-            if not self.at("("):
-                return ast.Name(tok.text, tok.loc), 1
             self.advance()
             self._descend(tok)
             args = []
@@ -266,15 +258,21 @@ class Parser:
                     args.append(self._expr())
             self.expect(")", f" to close '{tok.text}('")
             self.nesting -= 1
-            return (ast.Apply(tok.text, tuple(a for a, _ in args), tok.loc),
-                    1 + max((d for _, d in args), default=0))
-        if self.at("("):
+            node = ast.Apply(tok.text, tuple(a for a, _ in args), tok.loc)
+            depth = 1 + max((d for _, d in args), default=0)
+        elif self.at("("):
             self._descend(self.advance())
-            inner, depth = self._expr()
+            node, depth = self._expr()
             self.expect(")")
             self.nesting -= 1
-            return inner, depth + 1
-        raise self.error(f"expected an expression, found {tok.describe()}")
+            depth += 1
+        else:
+            raise self.error(f"expected an expression, found {tok.describe()}")
+        for op in reversed(prefix):
+            self.nesting -= 1
+            node = node if op.text == "+" else ast.UnaryExpr(op.text, node, op.loc)
+            depth += 1
+        return node, depth
 
     def _descend(self, tok: Token) -> None:
         """Open one level below ``tok`` (an operand, the arguments, a parenthesis)."""
