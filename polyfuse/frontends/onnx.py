@@ -3,6 +3,9 @@
 Loads a path, bytes or ``ModelProto`` (external-data weights included), runs onnx's
 checker, turns initializers and ``Constant`` nodes into constants, and refuses a
 model with ops polyfuse cannot lower, naming every such op and its nodes at once.
+Dimensions exporters mark unknown (``dim_value -1``, ``'?'``, an empty name or none)
+are each their own size, as onnxruntime reads them. :func:`check_signature` holds a
+node's inputs to its op's schema (count, required inputs, dtypes) when it is lowered.
 """
 
 from __future__ import annotations
