@@ -201,6 +201,20 @@ def test_sizes_computed_from_data_are_checked(op, constants):
         run(m, feed)
 
 
+@pytest.mark.parametrize("op, shapes, constants", [
+    ("Range", [], {0: np.array(0, np.int64), 1: np.array(1 << 40, np.int64),
+                   2: np.array(1, np.int64)}),
+    ("Resize", [(1, 1, 2, 2)], {1: np.zeros(0, np.float32),
+                                2: np.array([1, 1, 1 << 20, 1 << 20], np.float32)}),
+    ("OneHot", [], {0: np.arange(1 << 10, dtype=np.int64), 1: np.array(1 << 30, np.int64),
+                    2: np.array([0, 1], np.float32)}),
+], ids=["range", "resize", "one_hot"])
+def test_generated_sizes_are_checked(op, shapes, constants):
+    m, feed = one_node(op, shapes, constants=constants)
+    with pytest.raises(pf.SizeLimitError, match=rf"value 'y0' of node 'n' \({op}\) would have shape"):
+        run(m, feed)
+
+
 def test_the_size_limit_is_set_by_an_environment_variable(monkeypatch):
     m, feed = one_node("Relu", [(16, 16)])
     monkeypatch.setenv("POLYFUSE_MAX_TENSOR_BYTES", "1000")
