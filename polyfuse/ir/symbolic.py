@@ -35,10 +35,11 @@ def to_sympy(e: Expr, names: Mapping[str, sympy.Expr] | None = None) -> sympy.Ex
             return -to_sympy(a, names)
         case Binary(op=op, lhs=a, rhs=b) if op in _SYMPY_BINARY:
             return _SYMPY_BINARY[op](to_sympy(a, names), to_sympy(b, names))
-        case Call(fn="floordiv", args=(a, b)):
-            return sympy.floor(to_sympy(a, names) / to_sympy(b, names))
-        case Call(fn="floormod", args=(a, b)):
-            return sympy.Mod(to_sympy(a, names), to_sympy(b, names))
+        case Call(fn="floordiv" | "floormod" as fn, args=(a, b)):
+            x, y = to_sympy(a, names), to_sympy(b, names)
+            if y == 0:  # as every integer division by 0 in TC
+                return sympy.Integer(0)
+            return sympy.floor(x / y) if fn == "floordiv" else sympy.Mod(x, y)
         case Call(fn="min", args=args):
             return sympy.Min(*(to_sympy(a, names) for a in args))
         case Call(fn="max", args=args):
