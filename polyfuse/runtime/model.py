@@ -8,6 +8,7 @@ compiled for the target. ``run`` checks the feed, then runs the plan.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -306,6 +307,7 @@ class CompiledModel:
         self.target = target
         self.options = options
         self._plans: dict[tuple, _Plan] = {}
+        self._planning = threading.Lock()  # threads calling at a new shape plan it once
         self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
@@ -334,8 +336,11 @@ class CompiledModel:
                tuple((n, v.tobytes()) for n, v in sorted(values.items())))
         plan = self._plans.get(key)
         if plan is None:
-            self._check_shapes(shapes)
-            plan = self._plans[key] = _Plan(self, shapes, values)
+            with self._planning:
+                plan = self._plans.get(key)
+                if plan is None:
+                    self._check_shapes(shapes)
+                    plan = self._plans[key] = _Plan(self, shapes, values)
         return plan
 
     def _signature(self) -> str:
