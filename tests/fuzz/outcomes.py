@@ -40,7 +40,8 @@ class Tally:
         if outcome in ("raw", "wrong", "lenient") and error is not None:
             frames = traceback.extract_tb(error.__traceback__)
             where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-            key = (outcome, type(error).__name__, where)
+            key = (outcome, type(error).__name__, where,
+                   str(error)[:80] if outcome == "lenient" else "")
             if key not in self.seen and len(self.defects) < 20:
                 self.seen.add(key)
                 self.defects.append({"outcome": outcome, "error": f"{type(error).__name__}: "
