@@ -7,12 +7,14 @@ from polyfuse.errors import (AccessRangeError, ArgumentError, BoundsError, Codeg
                              RangeInferenceError, ScheduleError, ShapeError, SizeLimitError, TargetError,
                              TCSemanticError, TCSyntaxError, UnsupportedOpError, WeightError)
 from polyfuse.runtime.kernel import Kernel, KernelModule, SpecializedKernel
+from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.targets import Target
 
 __version__ = "0.1.0"
 
 __all__ = [
     "compile", "define", "einsum", "Target", "Kernel", "KernelModule", "SpecializedKernel",
+    "MappingOptions", "Fusion",
     "PolyfuseError", "FrontendError", "TCSyntaxError", "TCSemanticError", "RangeInferenceError",
     "IRVerificationError", "ArgumentError", "ShapeError", "DTypeError", "BoundsError",
     "AccessRangeError", "TargetError", "DeviceError", "ModelError", "UnsupportedOpError", "ScheduleError", "CodegenError",
