@@ -61,13 +61,27 @@ class FrontendError(PolyfuseError):
         if self.loc is not None and self.source is not None:
             text = self.source.splitlines()
             if 1 <= self.loc.line <= len(text):
-                src = text[self.loc.line - 1].expandtabs(1)
+                src, col = _window(text[self.loc.line - 1].expandtabs(1), self.loc.col)
                 lines.append("    " + src)
-                width = max(1, min(self.loc.length, len(src) - self.loc.col + 1))
-                lines.append("    " + " " * (self.loc.col - 1) + "^" + "~" * (width - 1))
+                width = max(1, min(self.loc.length, len(src) - col + 1, _WINDOW))
+                lines.append("    " + " " * (col - 1) + "^" + "~" * (width - 1))
         if self.hint:
             lines.append(f"hint: {self.hint}")
         return "\n".join(lines)
+
+
+_WINDOW = 72  # characters of a long source line shown on each side of the caret
+
+
+def _window(line: str, col: int) -> tuple[str, int]:
+    """A long line cut to the part around ``col`` (``...`` where cut), and the column of
+    ``col`` in it."""
+    if len(line) <= 2 * _WINDOW + 8:
+        return line, col
+    start = max(0, col - 1 - _WINDOW)
+    end = min(len(line), col - 1 + _WINDOW)
+    head = "..." if start else ""
+    return head + line[start:end] + ("..." if end < len(line) else ""), col - start + len(head)
 
 
 class TCSyntaxError(FrontendError):

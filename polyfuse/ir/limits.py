@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 from polyfuse.ir.comprehension import Expr, children
 
-MAX_EXPR_DEPTH = 200
-"""The deepest expression tree a statement may hold (``a + a + ... + a`` with 200 terms,
-or 200 nested parentheses or calls)."""
+MAX_EXPR_DEPTH = 128
+"""The deepest expression tree a statement may hold (``a + a + ... + a`` with 127 terms,
+or 126 nested parentheses or calls). The deepest stage takes about four Python frames a
+level, so a caller already 400 frames deep still has room under Python's default limit of
+1,000."""
 
 
 MAX_NEST_DEPTH = 64

@@ -50,6 +50,19 @@ def test_the_deepest_expressions_allowed_run_on_every_target(shape, target):
     np.testing.assert_array_equal(got, SHAPES[shape][1](MAX_EXPR_DEPTH))
 
 
+def _called_from_deep(frames: int, run):
+    """``run()`` with ``frames`` Python frames already on the stack (a caller deep in a
+    framework, a notebook, a test runner)."""
+    return run() if frames == 0 else _called_from_deep(frames - 1, run)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_deepest_expressions_allowed_compile_under_a_deep_caller(shape):
+    source = program(shape, MAX_EXPR_DEPTH)
+    got = _called_from_deep(400, lambda: pf.define(source, target="host").f(A))
+    np.testing.assert_array_equal(got, SHAPES[shape][1](MAX_EXPR_DEPTH))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_deepest_expressions_allowed_print_parse_back_and_interpret(shape):
     source = program(shape, MAX_EXPR_DEPTH)
@@ -89,12 +102,12 @@ def test_deeper_expressions_are_refused_at_the_token_that_passes_the_limit(shape
 
 
 def test_bindings_substituted_past_the_depth_limit_are_refused_where_they_are_used():
-    chain = SHAPES["sum"][0](150)
+    chain = SHAPES["sum"][0](MAX_EXPR_DEPTH - 50)
     source = f"def f(float(N) A) -> (B) {{\n  B(i) = x + x where x = {chain}\n}}"
-    assert parse(source)["f"].statements[0].rhs  # 151 deep: allowed
+    assert parse(source)["f"].statements[0].rhs  # MAX_EXPR_DEPTH - 49 deep: allowed
     deep = source.replace("x + x where", "x + x + x + x + x + x + x + x + x + x + x + x where")
     deep = deep.replace("B(i) = ", "B(i) = " + "x + " * 50)
-    with pytest.raises(pf.TCSemanticError, match="expression of 'B' is 211 levels deep, more than "
+    with pytest.raises(pf.TCSemanticError, match=f"expression of 'B' is {MAX_EXPR_DEPTH + 11} levels deep, more than "
                        f"{MAX_EXPR_DEPTH}") as err:
         parse(deep)
     assert (err.value.line, err.value.col) == (2, 10) and "temporary output" in str(err.value)
@@ -236,3 +249,14 @@ def test_integer_division_of_data_by_zero_gives_zero_on_every_target(dtype, targ
         got = pf.define(source, target=target).f(a, c)
     for name, g, w in zip(("/", "%", "floordiv", "floormod"), got, want):
         np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def test_an_error_in_a_very_long_line_shows_the_part_around_the_caret():
+    source = "def f(float(N) A) -> (B) { B(i) = " + " + ".join(["A(i)"] * 100_000) + " }"
+    with pytest.raises(pf.TCSyntaxError) as err:
+        pf.define(source)
+    text, line, caret = str(err.value).splitlines()[:3]
+    assert len(str(err.value)) < 1000 and line.startswith("    ...") and line.endswith("...")
+    col = err.value.col
+    # the caret stands under the same character as in the full line
+    assert line[caret.index("^")] == source[col - 1]
