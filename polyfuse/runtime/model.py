@@ -32,7 +32,7 @@ from polyfuse.lowering.graph_passes import PassManager
 from polyfuse.lowering.ops import Folded, NeedsValue, OpContext, TCKernel, View, lower
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import bind_arguments, placeholder
-from polyfuse.runtime.device_arrays import as_device_array, is_device_array
+from polyfuse.runtime.feeds import all_shapes, check_feed, check_shapes, positional_feed, shape_arg, signature
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
 from polyfuse.runtime.program import CONSTANT, MemoryPlan, ProgramLayout, plan_memory
 from polyfuse.scheduler.options import MappingOptions
@@ -276,18 +276,6 @@ def _view(src: str, dst: str, shape: tuple[int, ...]) -> Any:
     return run
 
 
-def _shape_arg(name: str, shape: Any, symbolic: bool = False) -> tuple:
-    """A shape given for input ``name``: a sequence of sizes (ints >= 0; with
-    ``symbolic``, dimension names left unbound too)."""
-    ok = (str,) if symbolic else ()
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__") or not all(
-            isinstance(d, ok) or isinstance(d, (int, np.integer)) and not isinstance(d, bool)
-            and d >= 0 for d in shape):
-        raise ShapeError(f"the shape of input '{name}' must be a tuple of sizes (ints >= 0), "
-                         f"got {shape!r}")
-    return tuple(d if isinstance(d, str) else int(d) for d in shape)
-
-
 def _type(array: np.ndarray) -> TensorType:
     dt = DType.from_numpy(array.dtype)
     if dt is None:
@@ -311,10 +299,10 @@ class CompiledModel:
         self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
-                             f"{type(input_shapes).__name__}; the inputs are {self._signature()}")
-        self.input_shapes = {n: _shape_arg(n, s, symbolic=True) for n, s in (input_shapes or {}).items()}
+                             f"{type(input_shapes).__name__}; the inputs are {signature(self.graph.inputs)}")
+        self.input_shapes = {n: shape_arg(n, s, symbolic=True) for n, s in (input_shapes or {}).items()}
         if self.input_shapes:
-            self._check_shapes(self.input_shapes)
+            check_shapes(self.graph.inputs, self.input_shapes)
             self._plan({v.name: tuple(self.input_shapes.get(v.name, v.type.shape)) for v in graph.inputs})
 
     @property
@@ -339,52 +327,9 @@ class CompiledModel:
             with self._planning:
                 plan = self._plans.get(key)
                 if plan is None:
-                    self._check_shapes(shapes)
+                    check_shapes(self.graph.inputs, shapes)
                     plan = self._plans[key] = _Plan(self, shapes, values)
         return plan
-
-    def _signature(self) -> str:
-        """The inputs as a user passes them: ``'x' float32 (N, 3, 224, 224), ...``."""
-        return ", ".join(f"'{v.name}' {v.type.dtype} {v.type.shape}"
-                         for v in self.graph.inputs) or "none"
-
-    def _all_shapes(self, shapes: Mapping[str, Any], what: str) -> dict[str, tuple[int, ...]]:
-        """``shapes`` checked to give one shape (a tuple of sizes) to every input."""
-        if not isinstance(shapes, Mapping):
-            raise ArgumentError(f"{what} takes a dict {{name: shape}}, got {type(shapes).__name__}")
-        names = [v.name for v in self.graph.inputs]
-        missing = [n for n in names if n not in shapes]
-        unknown = sorted(str(n) for n in shapes if n not in names)
-        if missing or unknown:
-            raise ArgumentError(f"{what} needs the shape of every input and only those: "
-                                + (f"missing {missing}; " if missing else "")
-                                + (f"unknown {unknown}; " if unknown else "")
-                                + f"the inputs are {self._signature()}")
-        return {n: _shape_arg(n, shapes[n]) for n in names}
-
-    def _check_shapes(self, shapes: Mapping[str, tuple]) -> None:
-        """Shapes agree with the declared inputs: names, ranks, fixed dimensions, and one
-        size for each symbolic dimension across all inputs."""
-        expected = {v.name: v for v in self.graph.inputs}
-        unknown = sorted(set(shapes) - set(expected))
-        if unknown:
-            raise ShapeError(f"input_shapes names {unknown}, which the model does not have; "
-                             f"its inputs are {sorted(expected)}")
-        symbols: dict[str, tuple[str, int]] = {}
-        for name, shape in shapes.items():
-            declared = expected[name].type.shape
-            if len(shape) != len(declared):
-                raise ShapeError(f"input '{name}' has rank {len(declared)} (shape "
-                                 f"{list(declared)}), got shape {tuple(shape)}")
-            for k, (d, e) in enumerate(zip(declared, shape)):
-                if isinstance(d, int) and isinstance(e, int) and d != e:
-                    raise ShapeError(f"dimension {k} of input '{name}' is {d} in the model, "
-                                     f"got {e} (shape {tuple(shape)})")
-                if isinstance(d, str) and isinstance(e, int):
-                    first = symbols.setdefault(d, (name, e))
-                    if first[1] != e:
-                        raise ShapeError(f"dimension '{d}' is {first[1]} in input '{first[0]}' "
-                                         f"but {e} in input '{name}'; it must have one size")
 
     def dump(self, stage: str) -> str:
         """The text of one stage of compilation: the graph after a pass (``input``,
@@ -412,7 +357,7 @@ class CompiledModel:
     def tasks(self, **shapes: tuple[int, ...]) -> list[Task]:
         """Every kernel of the model as a tuning task, for these input shapes (those given
         to ``compile`` or of the latest call when none are given here)."""
-        plan = self._plan(self._all_shapes(shapes, "tasks")) if shapes \
+        plan = self._plan(all_shapes(self.graph.inputs, shapes, "tasks")) if shapes \
             else self._latest_plan("tasks")
         return [st.task for st in plan.steps if st.task is not None]
 
@@ -440,7 +385,7 @@ class CompiledModel:
         ``compile`` or of the latest run."""
         if not shapes:
             return self._latest_plan("a bundle")
-        return self._plan(self._all_shapes(shapes, "plan_for"))
+        return self._plan(all_shapes(self.graph.inputs, shapes, "plan_for"))
 
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""
@@ -448,7 +393,7 @@ class CompiledModel:
         if missing:
             raise ArgumentError(f"memory_plan needs the shape of every input; missing {missing}, "
                                 f"e.g. memory_plan({missing[0]}=(1, 3, 224, 224))")
-        return self._plan(self._all_shapes(shapes, "memory_plan")).memory
+        return self._plan(all_shapes(self.graph.inputs, shapes, "memory_plan")).memory
 
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         plan, env = self._prepare(feed)
@@ -486,44 +431,7 @@ class CompiledModel:
     def _prepare(self, feed: Mapping[str, Any]) -> tuple[_Plan, dict[str, Any]]:
         """The plan for ``feed`` and the checked inputs (numpy arrays; on the cuda target
         also arrays in GPU memory, used in place)."""
-        expected = {v.name: v for v in self.graph.inputs}
-        if not isinstance(feed, Mapping):
-            raise ArgumentError(f"run takes a dict {{input name: array}}, got {type(feed).__name__}; "
-                                f"the inputs are {self._signature()} (model(*arrays) takes them "
-                                "in that order)")
-        unknown = sorted(str(n) for n in feed if n not in expected)
-        missing = [n for n in expected if n not in feed]
-        if unknown or missing:
-            raise ArgumentError("the feed must give every model input and only those: "
-                                + (f"unknown: {unknown} " if unknown else "")
-                                + (f"missing: {missing} " if missing else "")
-                                + f"(the inputs are {self._signature()})")
-        env: dict[str, Any] = {}
-        shapes: dict[str, tuple[int, ...]] = {}
-        on_gpu = self.target.name == "cuda"
-        for name, v in expected.items():
-            a = feed[name]
-            if on_gpu and not isinstance(a, (np.ndarray, np.generic)) and is_device_array(a):
-                view = as_device_array(a)   # torch, CuPy, ...: used in place on the GPU
-                assert view is not None
-                shape, dtype = view.shape, view.dtype
-            elif isinstance(a, (np.ndarray, np.generic)):
-                a = np.asarray(a, order="C")  # keeps 0-d arrays 0-d
-                shape, dtype = a.shape, a.dtype
-            else:
-                kinds = "a numpy array or a CUDA array (torch, CuPy)" if on_gpu else "a numpy array"
-                raise ArgumentError(f"input '{name}' must be {kinds}, got {type(a).__name__}; pass "
-                                    f"np.asarray(x, dtype=np.{v.type.dtype.numpy.name}) of shape "
-                                    f"{v.type.shape}")
-            if dtype != v.type.dtype.numpy:
-                raise DTypeError(f"input '{name}' must be {v.type.dtype}, got {dtype}; convert it "
-                                 f"with .astype(np.{v.type.dtype.numpy.name})")
-            if len(shape) != v.type.rank or any(isinstance(d, int) and d != e
-                                                for d, e in zip(v.type.shape, shape)):
-                raise ShapeError(f"input '{name}' must have shape {v.type.shape}, got {tuple(shape)}"
-                                 f" (names are sizes bound by the call; rank {v.type.rank})")
-            env[name] = a
-            shapes[name] = tuple(int(d) for d in shape)
+        env, shapes = check_feed(self.graph.inputs, feed, on_gpu=self.target.name == "cuda")
         while True:
             values = {n: a for n, a in env.items() if isinstance(a, np.ndarray)
                       and a.size <= VALUE_INPUT_MAX and (a.dtype.kind in "iu" or n in self._value_inputs)}
@@ -541,13 +449,6 @@ class CompiledModel:
     def __call__(self, *arrays: Any, **named: Any) -> tuple[np.ndarray, ...] | np.ndarray:
         """The outputs for the inputs in order (or all by name); one output alone, several
         as a tuple in the model's order."""
-        if named and arrays:
-            raise ArgumentError("pass the inputs either all in order or all by name, not both; "
-                                f"the inputs are {self._signature()}")
-        if not named and len(arrays) != len(self.graph.inputs):
-            raise ArgumentError(f"the model takes {len(self.graph.inputs)} inputs "
-                                f"({', '.join(v.name for v in self.graph.inputs)}), got "
-                                f"{len(arrays)}; they are {self._signature()}")
-        out = self.run(named or dict(zip((v.name for v in self.graph.inputs), arrays)))
+        out = self.run(positional_feed(self.graph.inputs, arrays, named))
         values = tuple(out.values())
         return values[0] if len(values) == 1 else values
