@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import overload
 
 from polyfuse.ir.comprehension import (Binary, Call, Cast, Expr, Literal, ScalarDecl, Select,
                                        Unary, UnaryOp, format_expr, map_expr)
@@ -135,31 +136,79 @@ class LoopKernel:
         return format_kernel(self)
 
 
+StmtRewrite = Callable[[Stmt], "Stmt | tuple[Stmt, ...] | None"]
+"""A rewrite of one statement: a statement or several to put in its place, or None to
+keep it."""
+
+
+@overload
+def rewrite(node: LoopKernel, *, pre: StmtRewrite | None = None,
+            post: StmtRewrite | None = None) -> LoopKernel: ...
+
+
+@overload
+def rewrite(node: tuple[Stmt, ...], *, pre: StmtRewrite | None = None,
+            post: StmtRewrite | None = None) -> tuple[Stmt, ...]: ...
+
+
+def rewrite(node: LoopKernel | tuple[Stmt, ...], *, pre: StmtRewrite | None = None,
+            post: StmtRewrite | None = None) -> LoopKernel | tuple[Stmt, ...]:
+    """Rewrite the statements of a kernel or a body, like TVM's ``ir_transform``.
+
+    ``pre`` sees each statement before its children: a result other than None takes its
+    place (a tuple splices several, ``()`` drops it) and is not walked further. Otherwise
+    the loop body or both branches are rewritten, then ``post`` sees the statement with
+    its children rewritten. A statement type defined elsewhere (the GPU IR's) is a leaf.
+    The walk recurses once per nesting level, which MAX_NEST_DEPTH bounds.
+    """
+    if isinstance(node, LoopKernel):
+        return replace(node, body=_rewrite_body(node.body, pre, post))
+    return _rewrite_body(node, pre, post)
+
+
+def _rewrite_body(body: tuple[Stmt, ...], pre: StmtRewrite | None,
+                  post: StmtRewrite | None) -> tuple[Stmt, ...]:
+    out: list[Stmt] = []
+    for s in body:
+        new = pre(s) if pre is not None else None
+        if new is None:
+            if isinstance(s, For):
+                s = replace(s, body=_rewrite_body(s.body, pre, post))
+            elif isinstance(s, If):
+                s = replace(s, then=_rewrite_body(s.then, pre, post),
+                            other=_rewrite_body(s.other, pre, post))
+            new = post(s) if post is not None else None
+            new = s if new is None else new
+        if isinstance(new, tuple):
+            out += new
+        else:
+            out.append(new)
+    return tuple(out)
+
+
 def map_kernel_exprs(kernel: LoopKernel, fn: Callable[[Expr], Expr]) -> LoopKernel:
     """Apply ``map_expr(·, fn)`` to every expression of a kernel."""
     return replace(kernel, body=map_body_exprs(kernel.body, fn))
 
 
 def map_body_exprs(body: tuple[Stmt, ...], fn: Callable[[Expr], Expr]) -> tuple[Stmt, ...]:
-    """Apply ``map_expr(·, fn)`` to every expression of statements; a statement type
-    defined elsewhere (the GPU IR's) maps its own through ``map_exprs(fn)``."""
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, For):
-            s = replace(s, lo=map_expr(s.lo, fn), hi=map_expr(s.hi, fn),
-                        body=map_body_exprs(s.body, fn))
-        elif isinstance(s, If):
-            s = replace(s, cond=map_expr(s.cond, fn), then=map_body_exprs(s.then, fn),
-                        other=map_body_exprs(s.other, fn))
-        elif isinstance(s, Store):
-            s = replace(s, indices=tuple(map_expr(i, fn) for i in s.indices),
-                        value=map_expr(s.value, fn))
-        elif isinstance(s, Assign):
-            s = replace(s, value=map_expr(s.value, fn))
-        else:
-            s = s.map_exprs(fn)  # type: ignore[attr-defined]
-        out.append(s)
-    return tuple(out)
+    """Apply ``map_expr(·, fn)`` to every expression of statements."""
+    return rewrite(body, post=lambda s: map_stmt_exprs(s, fn))
+
+
+def map_stmt_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> Stmt:
+    """``s`` with ``map_expr(·, fn)`` applied to its own expressions (a loop's bounds, not
+    its body's); a statement type defined elsewhere (the GPU IR's) maps its own, body
+    included, through ``map_exprs(fn)``."""
+    if isinstance(s, For):
+        return replace(s, lo=map_expr(s.lo, fn), hi=map_expr(s.hi, fn))
+    if isinstance(s, If):
+        return replace(s, cond=map_expr(s.cond, fn))
+    if isinstance(s, Store):
+        return replace(s, indices=tuple(map_expr(i, fn) for i in s.indices), value=map_expr(s.value, fn))
+    if isinstance(s, Assign):
+        return replace(s, value=map_expr(s.value, fn))
+    return s.map_exprs(fn)  # type: ignore[attr-defined, no-any-return]
 
 
 def widen_ints(e: Expr) -> Expr:
@@ -180,14 +229,7 @@ def widen_ints(e: Expr) -> Expr:
 
 def map_loops(body: tuple[Stmt, ...], fn: Callable[[For], For]) -> tuple[Stmt, ...]:
     """Apply ``fn`` to every loop of ``body``, innermost first (its body already mapped)."""
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, For):
-            s = fn(replace(s, body=map_loops(s.body, fn)))
-        elif isinstance(s, If):
-            s = replace(s, then=map_loops(s.then, fn), other=map_loops(s.other, fn))
-        out.append(s)
-    return tuple(out)
+    return rewrite(body, post=lambda s: fn(s) if isinstance(s, For) else None)
 
 
 def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:

@@ -18,7 +18,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, L
                                        ReduceOp, Select, SizeVar, map_expr, walk)
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
-                               Stmt, Store, map_kernel_exprs, map_loops, walk_stmts,
+                               Stmt, Store, map_kernel_exprs, map_loops, rewrite, walk_stmts,
                                widen_ints)
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
@@ -215,15 +215,8 @@ def _trips(loop: For) -> int:
 
 def _parallelize(body: tuple[Stmt, ...], var: str) -> tuple[Stmt, ...]:
     """Make the outermost loops over ``var`` parallel."""
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, For):
-            s = replace(s, kind=LoopKind.PARALLEL) if s.var == var else \
-                replace(s, body=_parallelize(s.body, var))
-        elif isinstance(s, If):
-            s = replace(s, then=_parallelize(s.then, var), other=_parallelize(s.other, var))
-        out.append(s)
-    return tuple(out)
+    return rewrite(body, pre=lambda s: replace(s, kind=LoopKind.PARALLEL)
+                   if isinstance(s, For) and s.var == var else None)
 
 
 _GPU_MARKS = {GPU_BLOCK_MARK: LoopKind.BLOCK, GPU_THREAD_MARK: LoopKind.THREAD}
@@ -243,19 +236,8 @@ def _combine(op: ReduceOp, old: Expr, value: Expr, dtype: DType) -> Expr:
 
 
 def _annotate_innermost(body: tuple[Stmt, ...], options: MappingOptions) -> tuple[Stmt, ...]:
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, For):
-            inner = _annotate_innermost(s.body, options)
-            innermost = not any(isinstance(c, (For, If)) for c in s.body)
-            s = replace(s, body=inner)
-            if innermost:
-                s = replace(s, vector=options.vector_width, unroll=options.unroll)
-        elif isinstance(s, If):
-            s = replace(s, then=_annotate_innermost(s.then, options),
-                        other=_annotate_innermost(s.other, options))
-        out.append(s)
-    return tuple(out)
+    return map_loops(body, lambda s: s if any(isinstance(c, (For, If)) for c in s.body)
+                     else replace(s, vector=options.vector_width, unroll=options.unroll))
 
 
 def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],

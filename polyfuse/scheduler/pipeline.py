@@ -3,22 +3,49 @@ loop kernel (CPUs) or GPU kernel (CUDA)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.gpu import GpuKernel
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.ir.loops_verify import verify_kernel
-from polyfuse.lowering.promote_accumulators import promote_accumulators
-from polyfuse.lowering.unroll_jam import unroll_and_jam
 from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
+from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, Pass, promote_accumulators,
+                                            unroll_and_jam)
 from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
+
+
+def cpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
+    """The loop passes of a CPU kernel, in order."""
+    return (Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
+            promote_accumulators)
+
+
+def gpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
+    """The loop passes of a GPU kernel before it is mapped onto launches."""
+    return (promote_accumulators,) if options.use_private_memory else ()
+
+
+def run_loop_passes(kernel: LoopKernel, passes: Sequence[LoopPass],
+                    stages: dict[str, str] | None) -> LoopKernel:
+    """Run ``passes`` on ``kernel``, verified after each; ``stages`` (if given) receives
+    the loop IR as lowered (``loops:lower_schedule``), after each pass
+    (``loops:<pass name>``) and at the end (``loops``, what the target gets)."""
+    verify_kernel(kernel)
+    manager = LoopPassManager(passes, verify=True, keep=stages is not None,
+                              input_name="lower_schedule")
+    kernel = manager.run(kernel)
+    if stages is not None:
+        stages.update((f"loops:{name}", text) for name, text in manager.dumps)
+        stages["loops"] = str(kernel)
+    return kernel
 
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
@@ -31,13 +58,10 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes)
-    kernel = lower_schedule(model, schedule, sizes, options)
-    kernel = promote_accumulators(unroll_and_jam(kernel, options.unroll_jam))
-    verify_kernel(kernel)
     if stages is not None:
         stages["schedule"] = str(schedule)
-        stages["loops"] = str(kernel)
-    return kernel
+    kernel = lower_schedule(model, schedule, sizes, options)
+    return run_loop_passes(kernel, cpu_loop_passes(options), stages)
 
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
@@ -49,16 +73,14 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes, gpu=True)
+    if stages is not None:
+        stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, replace(options, vector_width=1))
-    if options.use_private_memory:
-        kernel = promote_accumulators(kernel)
-    verify_kernel(kernel)
+    kernel = run_loop_passes(kernel, gpu_loop_passes(options), stages)
     gpu = map_to_gpu(kernel, options, limits)
     if options.use_shared_memory:
         gpu = promote_to_shared(gpu, shared_budget(options, limits))
     gpu = place_barriers(gpu)
     if stages is not None:
-        stages["schedule"] = str(schedule)
-        stages["loops"] = str(kernel)
         stages["gpu"] = str(gpu)
     return gpu

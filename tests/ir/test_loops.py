@@ -11,7 +11,7 @@ from polyfuse.frontends.tc import parse, parse_definition
 from polyfuse.ir.loops import For
 from polyfuse.ir.loops_interpreter import interpret_kernel
 from polyfuse.ir.loops_verify import verify_kernel
-from polyfuse.lowering.unroll_jam import unroll_and_jam
+from polyfuse.scheduler.loop_passes.unroll_and_jam import unroll_and_jam
 from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition

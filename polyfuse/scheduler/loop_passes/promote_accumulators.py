@@ -14,30 +14,15 @@ longer loads and stores memory on every step.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from polyfuse.ir.comprehension import Expr, IndexVar, LocalRef, Read, map_expr, walk
-from polyfuse.ir.loops import Assign, For, If, LoopKernel, LoopKind, Stmt, Store
+from polyfuse.ir.loops import Assign, For, LoopKernel, LoopKind, Stmt, Store, rewrite, walk_stmts
 
 
 def promote_accumulators(kernel: LoopKernel) -> LoopKernel:
+    """Keep each accumulation of a loop nest into one fixed element in a local
+    (``acc1``, ``acc2``, ... in the order the nests come)."""
     counter = [0]
-
-    def visit(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-        out: list[Stmt] = []
-        for s in body:
-            if isinstance(s, For):
-                promoted = _promote(s, counter)
-                if promoted is not None:
-                    out += promoted
-                    continue
-                s = replace(s, body=visit(s.body))
-            elif isinstance(s, If):
-                s = replace(s, then=visit(s.then), other=visit(s.other))
-            out.append(s)
-        return tuple(out)
-
-    return replace(kernel, body=visit(kernel.body))
+    return rewrite(kernel, pre=lambda s: _promote(s, counter) if isinstance(s, For) else None)
 
 
 def _nest(loop: For) -> tuple[list[str], Store] | None:
@@ -53,12 +38,12 @@ def _nest(loop: For) -> tuple[list[str], Store] | None:
     return (names, node) if isinstance(node, Store) else None
 
 
-def _promote(loop: For, counter: list[int]) -> list[Stmt] | None:
+def _promote(loop: For, counter: list[int]) -> tuple[Stmt, ...] | None:
     found = _nest(loop)
     if found is None:
         return None
     names, store = found
-    if any(s.kind is not LoopKind.SERIAL for s in _loops(loop)):
+    if any(isinstance(s, For) and s.kind is not LoopKind.SERIAL for s in walk_stmts((loop,))):
         return None
     uses = {n.name for i in store.indices for n in walk(i) if isinstance(n, IndexVar)}
     if uses & set(names):
@@ -73,17 +58,6 @@ def _promote(loop: For, counter: list[int]) -> list[Stmt] | None:
     def swap(e: Expr) -> Expr:
         return acc if isinstance(e, Read) and e.tensor == store.buffer and e.indices == store.indices else e
 
-    update: Stmt = Assign(acc.name, map_expr(store.value, swap))
-    nest = _rebuild(loop, update)
-    return [Assign(acc.name, target), nest, Store(store.buffer, store.indices, acc)]
-
-
-def _loops(loop: For) -> list[For]:
-    inner = loop.body[0] if len(loop.body) == 1 and isinstance(loop.body[0], For) else None
-    return [loop] + (_loops(inner) if inner is not None else [])
-
-
-def _rebuild(loop: For, innermost: Stmt) -> For:
-    if len(loop.body) == 1 and isinstance(loop.body[0], For):
-        return replace(loop, body=(_rebuild(loop.body[0], innermost),))
-    return replace(loop, body=(innermost,))
+    update = Assign(acc.name, map_expr(store.value, swap))
+    nest = rewrite((loop,), post=lambda s: update if s is store else None)
+    return (Assign(acc.name, target), *nest, Store(store.buffer, store.indices, acc))

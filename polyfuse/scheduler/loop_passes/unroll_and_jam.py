@@ -10,29 +10,20 @@ iterations of ``i`` and ``j`` is legal.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, map_expr, walk
-from polyfuse.ir.loops import Assign, For, If, LoopKernel, Stmt, Store
+from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, walk
+from polyfuse.ir.loops import For, If, LoopKernel, Stmt, map_body_exprs, rewrite
 from polyfuse.ir.types import DType
 
 
 def unroll_and_jam(kernel: LoopKernel, factor: int) -> LoopKernel:
+    """Jam ``factor`` copies of each loop right around an innermost loop, where its trip
+    count allows; other loops are left alone."""
     if factor <= 1:
         return kernel
-    return replace(kernel, body=_visit(kernel.body, factor))
-
-
-def _visit(body: tuple[Stmt, ...], factor: int) -> tuple[Stmt, ...]:
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, For):
-            jammed = _jam(s, factor)
-            s = jammed if jammed is not None else replace(s, body=_visit(s.body, factor))
-        elif isinstance(s, If):
-            s = replace(s, then=_visit(s.then, factor), other=_visit(s.other, factor))
-        out.append(s)
-    return tuple(out)
+    return rewrite(kernel, pre=lambda s: _jam(s, factor) if isinstance(s, For) else None)
 
 
 def _constant(e: Expr) -> int | None:
@@ -55,16 +46,9 @@ def _jam(outer: For, factor: int) -> For | None:
     for u in range(factor):
         shifted = Binary(BinaryOp.ADD, IndexVar(outer.var), Literal(u * outer.step, DType.INT64),
                          DType.INT64) if u else IndexVar(outer.var)
-        copies += [_substitute(s, outer.var, shifted) for s in inner.body]
+        copies += map_body_exprs(inner.body, _substitution(outer.var, shifted))
     return replace(outer, step=outer.step * factor, body=(replace(inner, body=tuple(copies)),))
 
 
-def _substitute(s: Stmt, var: str, value: Expr) -> Stmt:
-    def fn(e: Expr) -> Expr:
-        return value if isinstance(e, IndexVar) and e.name == var else e
-
-    if isinstance(s, Store):
-        return replace(s, indices=tuple(map_expr(i, fn) for i in s.indices), value=map_expr(s.value, fn))
-    if isinstance(s, Assign):
-        return replace(s, value=map_expr(s.value, fn))
-    raise TypeError(f"cannot jam {type(s).__name__}")
+def _substitution(var: str, value: Expr) -> Callable[[Expr], Expr]:
+    return lambda e: value if isinstance(e, IndexVar) and e.name == var else e

@@ -1,0 +1,34 @@
+"""Loop-IR passes: pure functions loop kernel -> loop kernel, one per module, run by the
+scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lowered.
+
+* :func:`unroll_and_jam` (``unroll_and_jam.py``): register blocking of the loop right
+  around the innermost one;
+* :func:`promote_accumulators` (``promote_accumulators.py``): reductions kept in locals.
+
+Each pass walks the kernel with :func:`polyfuse.ir.loops.rewrite`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+from polyfuse.ir.loops import LoopKernel
+from polyfuse.ir.loops_verify import verify_kernel
+from polyfuse.ir.passes import Pass, PassManager
+from polyfuse.scheduler.loop_passes.promote_accumulators import promote_accumulators
+from polyfuse.scheduler.loop_passes.unroll_and_jam import unroll_and_jam
+
+LoopPass = Callable[[LoopKernel], LoopKernel]
+
+__all__ = ["LoopPass", "LoopPassManager", "Pass", "promote_accumulators", "unroll_and_jam"]
+
+
+class LoopPassManager(PassManager[LoopKernel]):
+    """Runs loop passes, verifying the kernel after each with ``verify_kernel``."""
+
+    level: ClassVar[str] = "loop"
+    unit: ClassVar[str] = "kernel"
+
+    def check(self, ir: LoopKernel) -> None:
+        verify_kernel(ir)

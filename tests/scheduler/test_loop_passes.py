@@ -1,0 +1,194 @@
+"""Loop-IR passes, filecheck style: a kernel's text goes through one pass, the result
+prints as the expected text, parses back to an equal kernel, and computes what numpy
+does (with the loop interpreter)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import polyfuse as pf
+from polyfuse.errors import IRVerificationError
+from polyfuse.frontends.loop_ir import parse_kernel
+from polyfuse.frontends.tc import parse_definition
+from polyfuse.ir.loops import For, LoopKernel, Store, map_loops, rewrite
+from polyfuse.ir.loops_interpreter import interpret_kernel
+from polyfuse.ir.passes import Pass
+from polyfuse.scheduler.gpu_heuristics import default_gpu_options
+from polyfuse.scheduler.gpu_mapping import DeviceLimits
+from polyfuse.scheduler.loop_passes import LoopPassManager, promote_accumulators, unroll_and_jam
+from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.pipeline import schedule_definition, schedule_gpu_definition
+
+RNG = np.random.default_rng(7)
+A = RNG.standard_normal((4, 3)).astype(np.float32)
+B = RNG.standard_normal((3, 6)).astype(np.float32)
+
+MM = """kernel mm(in float32(4, 3) A, in float32(3, 6) B, out float32(4, 6) C) {
+  for c0 in 0:4 {
+    for c1 in 0:6 {
+      for c2 in 0:3 {
+        C(c0, c1) = C(c0, c1) + A(c0, c2) * B(c2, c1)
+      }
+    }
+  }
+}"""
+
+MM_JAMMED_3 = """kernel mm(in float32(4, 3) A, in float32(3, 6) B, out float32(4, 6) C) {
+  for c0 in 0:4 {
+    for c1 in 0:6 step 3 {
+      for c2 in 0:3 {
+        C(c0, c1) = C(c0, c1) + A(c0, c2) * B(c2, c1)
+        C(c0, c1 + 1) = C(c0, c1 + 1) + A(c0, c2) * B(c2, c1 + 1)
+        C(c0, c1 + 2) = C(c0, c1 + 2) + A(c0, c2) * B(c2, c1 + 2)
+      }
+    }
+  }
+}"""
+
+ROWSUM = """kernel rowsum(in float32(4, 3) A, out float32(4) O) {
+  for c0 in 0:4 {
+    for c1 in 0:3 {
+      O(c0) = O(c0) + A(c0, c1)
+    }
+  }
+}"""
+
+ROWSUM_PROMOTED = """kernel rowsum(in float32(4, 3) A, out float32(4) O) {
+  for c0 in 0:4 {
+    let acc1 = O(c0)
+    for c1 in 0:3 {
+      let acc1 = acc1 + A(c0, c1)
+    }
+    O(c0) = acc1
+  }
+}"""
+
+
+def check(kernel: LoopKernel, expected: str) -> None:
+    """``kernel`` prints as ``expected`` and parses back to itself."""
+    assert str(kernel) == expected
+    assert parse_kernel(expected) == kernel
+
+
+def test_unroll_and_jam_jams_copies_of_the_loop_around_the_innermost():
+    out = unroll_and_jam(parse_kernel(MM), 3)
+    check(out, MM_JAMMED_3)
+    np.testing.assert_allclose(interpret_kernel(out, {"A": A, "B": B})["C"], A @ B, rtol=1e-5)
+
+
+@pytest.mark.parametrize("factor", [1, 4])   # 1: no jam; 4 does not divide 6 trips
+def test_unroll_and_jam_leaves_loops_it_cannot_jam(factor):
+    check(unroll_and_jam(parse_kernel(MM), factor), MM)
+
+
+def test_promote_accumulators_keeps_the_sum_in_a_local():
+    out = promote_accumulators(parse_kernel(ROWSUM))
+    check(out, ROWSUM_PROMOTED)
+    np.testing.assert_allclose(interpret_kernel(out, {"A": A})["O"], A.sum(axis=1), rtol=1e-6)
+
+
+SUMS = """kernel sums(in float32(4, 3) A, out float32(4) O, out float32(4, 3) P) {
+  for c0 in 0:4 {
+    for c1 in 0:3 {
+      P(c0, c1) = A(c0, c1)
+    }
+    for c1 in 0:3 {
+      O(c0) = O(c0) + A(c0, c1)
+    }
+    for c1 in 0:3 {
+      O(c0) = O(c0) * A(c0, c1)
+    }
+  }
+}"""
+
+SUMS_PROMOTED = """kernel sums(in float32(4, 3) A, out float32(4) O, out float32(4, 3) P) {
+  for c0 in 0:4 {
+    for c1 in 0:3 {
+      P(c0, c1) = A(c0, c1)
+    }
+    let acc1 = O(c0)
+    for c1 in 0:3 {
+      let acc1 = acc1 + A(c0, c1)
+    }
+    O(c0) = acc1
+    let acc2 = O(c0)
+    for c1 in 0:3 {
+      let acc2 = acc2 * A(c0, c1)
+    }
+    O(c0) = acc2
+  }
+}"""
+
+
+def test_promote_accumulators_numbers_accumulators_in_order_and_skips_what_it_cannot_keep():
+    out = promote_accumulators(parse_kernel(SUMS))
+    check(out, SUMS_PROMOTED)   # P's store moves with c1: not an accumulation
+    got = interpret_kernel(out, {"A": A})
+    np.testing.assert_allclose(got["O"], A.sum(axis=1) * A.prod(axis=1), rtol=1e-5)
+    np.testing.assert_array_equal(got["P"], A)
+    parallel = parse_kernel(ROWSUM.replace("for c1", "parallel for c1"))
+    assert promote_accumulators(parallel) == parallel
+
+
+def test_the_pipeline_keeps_the_loops_after_each_named_pass():
+    d = parse_definition("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    stages: dict[str, str] = {}
+    kernel = schedule_definition(d, {"M": 4, "K": 3, "N": 6}, MappingOptions(unroll_jam=3), stages)
+    names = [s for s in stages if s.startswith("loops")]
+    assert names == ["loops:lower_schedule", "loops:unroll_and_jam", "loops:promote_accumulators", "loops"]
+    assert stages["loops:lower_schedule"] == MM and stages["loops:unroll_and_jam"] == MM_JAMMED_3
+    assert stages["loops"] == stages["loops:promote_accumulators"] == str(kernel)
+    for name in names:
+        got = interpret_kernel(parse_kernel(stages[name]), {"A": A, "B": B})["C"]
+        np.testing.assert_allclose(got, A @ B, rtol=1e-5, err_msg=name)
+
+
+def test_a_specialized_kernel_shows_the_loops_after_each_pass():
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    spec = pf.define("def rowsum(float(M,K) A) -> (O) { O(m) +=! A(m,k) }", target="x86") \
+        .rowsum.specialize(x)
+    lowered, promoted = spec.stages["loops:lower_schedule"], spec.stages["loops:promote_accumulators"]
+    assert "let acc" not in lowered and "let acc1 = acc1 + A(c0, c1)" in promoted
+    assert spec.stages["loops"] == promoted
+    for text in (lowered, promoted):
+        assert str(parse_kernel(text)) == text
+
+
+def test_gpu_kernels_keep_the_loops_before_mapping():
+    d = parse_definition("def rowsum(float(M,K) A) -> (O) { O(m) +=! A(m,k) }")
+    sizes = {"M": 64, "K": 32}
+    options = default_gpu_options(d, sizes)
+    for private in (True, False):
+        stages: dict[str, str] = {}
+        schedule_gpu_definition(d, sizes, replace(options, use_private_memory=private),
+                                DeviceLimits(), stages)
+        passes = ["loops:promote_accumulators"] if private else []
+        assert [s for s in stages if s.startswith("loops")] == ["loops:lower_schedule", *passes, "loops"]
+        assert ("let acc1" in stages["loops"]) is private
+
+
+def test_rewrite_splices_drops_and_maps_after_the_children():
+    k = parse_kernel(ROWSUM)
+    store = k.body[0].body[0].body[0]
+    doubled = rewrite(k, pre=lambda s: (s, s) if isinstance(s, Store) else None)
+    assert str(doubled).count("O(c0) = O(c0) + A(c0, c1)") == 2
+    assert rewrite(k, pre=lambda s: () if s == store else None).body[0].body[0].body == ()
+    seen: list[str] = []
+    rewrite(k, post=lambda s: seen.append(s.var if isinstance(s, For) else "store"))
+    assert seen == ["store", "c1", "c0"]
+    assert map_loops(k.body, lambda f: replace(f, unroll=2)) == rewrite(
+        k.body, post=lambda s: replace(s, unroll=2) if isinstance(s, For) else None)
+
+
+def test_the_loop_pass_manager_verifies_and_names_the_pass_that_broke_a_kernel():
+    def drop_outer_loop(k: LoopKernel) -> LoopKernel:
+        return replace(k, body=k.body[0].body)
+
+    manager = LoopPassManager([Pass("jam", lambda k: unroll_and_jam(k, 2)), drop_outer_loop], verify=True)
+    with pytest.raises(IRVerificationError, match="in loop pass 'drop_outer_loop' on kernel 'mm'"):
+        manager.run(parse_kernel(MM))
+    keep = LoopPassManager([Pass("jam", lambda k: unroll_and_jam(k, 3))], keep=True)
+    assert keep.run(parse_kernel(MM)) == parse_kernel(MM_JAMMED_3)
+    assert keep.dumps == [("input", MM), ("jam", MM_JAMMED_3)]
+    assert [name for name, _ in keep.times] == ["jam"]
