@@ -11,9 +11,12 @@ import polyfuse as pf
 from polyfuse.errors import IRVerificationError
 from polyfuse.frontends.loop_ir import parse_kernel
 from polyfuse.frontends.tc import parse_definition
+from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, Literal, Read
+from polyfuse.ir.limits import MAX_NEST_DEPTH
 from polyfuse.ir.loops import For, LoopKernel, Store, map_loops, rewrite
 from polyfuse.ir.loops_interpreter import interpret_kernel
 from polyfuse.ir.passes import Pass
+from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
 from polyfuse.scheduler.gpu_mapping import DeviceLimits
 from polyfuse.scheduler.loop_passes import LoopPassManager, promote_accumulators, unroll_and_jam
@@ -192,3 +195,20 @@ def test_the_loop_pass_manager_verifies_and_names_the_pass_that_broke_a_kernel()
     assert keep.run(parse_kernel(MM)) == parse_kernel(MM_JAMMED_3)
     assert keep.dumps == [("input", MM), ("jam", MM_JAMMED_3)]
     assert [name for name, _ in keep.times] == ["jam"]
+
+
+def test_the_passes_walk_the_deepest_nest_a_kernel_may_have_from_a_deep_caller():
+    i64, f32 = DType.INT64, DType.FLOAT32
+    base = parse_kernel(ROWSUM)
+    acc = Read("O", (IndexVar("c0"),), f32)
+    body: tuple = (Store("O", (IndexVar("c0"),), Binary(BinaryOp.ADD, acc, Literal(1.0, f32), f32)),)
+    for depth in range(MAX_NEST_DEPTH - 1, 0, -1):
+        body = (For(f"d{depth}", Literal(0, i64), Literal(1, i64), body),)
+    kernel = replace(base, body=(For("c0", Literal(0, i64), Literal(4, i64), body),))
+
+    def deep(n: int) -> LoopKernel:
+        return deep(n - 1) if n else promote_accumulators(unroll_and_jam(kernel, 2))
+
+    out = deep(400)
+    assert "let acc1 = acc1 + 1.0" in str(out) and parse_kernel(str(out)) == out
+    np.testing.assert_array_equal(interpret_kernel(out, {"A": A})["O"], np.ones(4, np.float32))
