@@ -110,7 +110,7 @@ def load_tasks(args: argparse.Namespace) -> list[Task]:
     """The tuning tasks of FILE: its definition at --input-shapes, or a model's kernels."""
     path = Path(args.file)
     shapes = parse_shapes(args.input_shapes)
-    target = pf.Target.parse(args.target).name
+    target = pf.Target.parse(args.target)   # with its :CPU and +features: records name them
     if _kind(path) == "tc":
         _, d = _tc_definition(args)
         return [Task.of(d, _input_placeholders(d, shapes), target)]
@@ -240,7 +240,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             raise CliError("give --input-shapes for the model's symbolic input dimensions to "
                            "write its kernels") from None
         written = "graph, fusion groups, kernels, loops"
-        if model.target.name in ("x86", "aarch64"):
+        if model.target.backend.bundles:
             from polyfuse.runtime.bundle import write_bundle
             files = write_bundle(model, out, args.name, threads=args.threads)
             written = f"the bundle {' '.join(f.name for f in files)}; {written}"

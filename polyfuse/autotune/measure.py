@@ -62,7 +62,6 @@ from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
 from polyfuse.scheduler.model import initial_outputs
 from polyfuse.scheduler.options import MappingOptions, number
-from polyfuse.targets import Target
 
 
 class ErrorCode(enum.Enum):
@@ -327,7 +326,7 @@ def _child(conn: Connection, task: Task, options: MappingOptions, config: Measur
     os.environ["POLYFUSE_CACHE_DIR"] = cache_dir  # the forkserver's may be older
     start = time.perf_counter()
     try:
-        kernel = Kernel(task.definition, Target.parse(task.target), task.source, options)
+        kernel = Kernel(task.definition, task.target, task.source, options)
         specialized = kernel.specialize(*task.placeholders())
     except Exception as err:
         conn.send(("failed", f"{type(err).__name__}: {err}", time.perf_counter() - start))

@@ -1,6 +1,7 @@
 """The tuning records database: append-only JSON lines, one per trial.
 
-Each line holds the schema version, polyfuse's version, the target, the task (its
+Each line holds the schema version, polyfuse's version, the target (its spec, as
+``str(target)`` writes it: ``x86``, ``x86:skylake-avx512``, ``aarch64+sve``), the task (its
 workload and family keys, entry, shapes, dtypes), the mapping options, the cost of each
 repeat in seconds, an error code (``none`` for a valid measurement) and a timestamp.
 
@@ -11,6 +12,15 @@ one file. Reading skips corrupted or foreign lines with one warning; it is never
 :class:`Records` answers what compilation asks: the best valid options for a task,
 from an exact record, or else from the nearest shapes of the same kernel (what
 Tensor Comprehensions did with tuned options across sizes), said at debug level.
+
+Targets are compared as :class:`~polyfuse.targets.Target` objects (name, CPU, features),
+as TVM's autotvm dispatches its history: first the records of the task's very target
+(``x86:skylake-avx512`` records for ``x86:skylake-avx512`` only; ``host`` is the same
+target as its spec, ``x86`` on this machine), and only when that target has no record of
+the kernel at any shape, those of another target of the same backend (``x86`` records for
+``x86:znver5``, ``aarch64`` ones for ``aarch64+sve``), said at debug level: options tuned
+for another CPU of one instruction set are valid there, if maybe slower. Records of
+another backend never apply.
 """
 
 from __future__ import annotations
@@ -28,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.autotune.task import Task
-from polyfuse.errors import ArgumentError, OptionError
+from polyfuse.errors import ArgumentError, OptionError, TargetError
 from polyfuse.scheduler.options import MappingOptions
+from polyfuse.targets import Target
 
 SCHEMA_VERSION = 1
 SKIPPED_SHOWN = 5     # skipped lines a warning lists
@@ -49,7 +60,7 @@ def _version() -> str:
 class Record:
     workload_key: str
     family_key: str
-    target: str
+    target: Target
     entry: str
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
@@ -80,7 +91,7 @@ class Record:
         return min(self.costs) if self.ok else math.inf
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA_VERSION, "version": self.version, "target": self.target,
+        return {"schema": SCHEMA_VERSION, "version": self.version, "target": str(self.target),
                 "workload_key": self.workload_key, "family_key": self.family_key,
                 "entry": self.entry, "name": self.name, "shapes": [list(s) for s in self.shapes],
                 "dtypes": list(self.dtypes), "options": self.options.to_json(),
@@ -98,10 +109,11 @@ class Record:
             raise BadRecord(f"schema {j.get('schema')!r}, expected {SCHEMA_VERSION}")
         try:
             options = MappingOptions.from_json(_field(j, "options", dict))
-        except OptionError as err:
+            target = Target.parse(_field(j, "target", str))   # a bare name in older files
+        except (OptionError, TargetError) as err:
             raise BadRecord(str(err)) from None
         return Record(_field(j, "workload_key", str), _field(j, "family_key", str),
-                      _field(j, "target", str), _field(j, "entry", str),
+                      target, _field(j, "entry", str),
                       tuple(_numbers(s, int, "shapes") for s in _field(j, "shapes", list)),
                       tuple(_field(j, "dtypes", list, str)), options,
                       _numbers(_field(j, "costs", list), float, "costs"), _field(j, "error", str),
@@ -177,19 +189,19 @@ def load(path: str | os.PathLike) -> list[Record]:
     return records
 
 
-def best_per_workload(records: Iterable[Record]) -> dict[tuple[str, str], Record]:
+def best_per_workload(records: Iterable[Record]) -> dict[tuple[str, Target], Record]:
     """The best valid record of each (workload, target): a tuner's final pick (its
     ``chosen`` trials; the latest pick wins), else the options with the lowest median
     over their trials, so a lucky measurement does not outrank options measured again."""
-    trials: dict[tuple[str, str, MappingOptions], list[Record]] = {}
-    chosen: dict[tuple[str, str], Record] = {}
+    trials: dict[tuple[str, Target, MappingOptions], list[Record]] = {}
+    chosen: dict[tuple[str, Target], Record] = {}
     for r in records:
         if r.ok:
             trials.setdefault((r.workload_key, r.target, r.options), []).append(r)
             key = (r.workload_key, r.target)
             if r.chosen and (key not in chosen or r.timestamp >= chosen[key].timestamp):
                 chosen[key] = r
-    best: dict[tuple[str, str], tuple[float, Record]] = {}
+    best: dict[tuple[str, Target], tuple[float, Record]] = {}
     for (key, target, _), rs in trials.items():
         costs = sorted(r.cost for r in rs)
         cost = costs[(len(costs) - 1) // 2]   # the lower median
@@ -223,13 +235,27 @@ class Records:
             raise ArgumentError(f"cannot read the tuning records file '{p}': {err.strerror}") from None
 
     def lookup(self, task: Task) -> Record | None:
-        """The best valid record of ``task``, or of the same kernel at the nearest shapes."""
-        exact = self.best.get((task.workload_key, task.target))
-        if exact is not None:
-            log.debug("tuning records: %s uses options measured at %.3g ms", task, exact.cost * 1e3)
-            return exact
+        """The best valid record of ``task``, or of the same kernel at the nearest shapes:
+        of the task's own target if it has any, else of another target of its backend
+        (see the module docstring)."""
+        found = self._lookup(task, [task.target])
+        if found is None:
+            kin = sorted({t for _, t in self.best if t.name == task.target.name} - {task.target}, key=str)
+            found = self._lookup(task, kin)
+            if found is not None:
+                log.debug("tuning records: none for %s; using those tuned for %s",
+                          task.target, found.target)
+        return found
+
+    def _lookup(self, task: Task, targets: list[Target]) -> Record | None:
+        """The best record of ``task`` for one of ``targets``, or of its nearest shapes."""
+        exact = [r for t in targets if (r := self.best.get((task.workload_key, t))) is not None]
+        if exact:
+            best = min(exact, key=lambda r: r.cost)
+            log.debug("tuning records: %s uses options measured at %.3g ms", task, best.cost * 1e3)
+            return best
         family = [r for r in self.best.values()
-                  if r.family_key == task.family_key and r.target == task.target
+                  if r.family_key == task.family_key and r.target in targets
                   and len(r.shapes) == len(task.shapes)]
         if not family:
             return None

@@ -30,7 +30,7 @@ The heuristic's options (:meth:`SearchSpace.default`) are valid by definition: t
 what the compiler does untuned, and the search starts from them (they may break a rule,
 e.g. 6 register rows in a 64-row tile; :meth:`SearchSpace.violations` says which).
 
-For the cuda target (:meth:`SearchSpace.for_task` with ``task.target == "cuda"``) the
+For a GPU target (:meth:`SearchSpace.for_task` of a task whose target runs on the GPU: cuda) the
 genes are the GPU's: tile sizes and orders as above (the tile loops go to blocks, the
 point loops to threads, the innermost to x), threads per block (``BLOCKS``), unroll,
 fusion, shared-memory and register promotion on or off, reductions across a block's
@@ -59,6 +59,7 @@ from polyfuse.ir.comprehension import Definition, IndexVar, Read, walk
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
 from polyfuse.scheduler.heuristics import default_options, element_bits, extent, heaviest, single_valued
 from polyfuse.scheduler.options import Fusion, MappingOptions
+from polyfuse.targets import Device
 
 ROWS = (1, 2, 4, 6, 7, 8)      # register tile rows (6 and 7 where they divide the extent)
 VECTORS = (1, 2, 3, 4)         # register tile columns, in SIMD vectors
@@ -134,7 +135,7 @@ class SearchSpace:
         ``vector_bits`` bits (what the heuristic gets too)."""
         d, sizes = task.definition, task.sizes
         nest = LoopNest.of(d, sizes)
-        if task.target == "cuda":
+        if task.target.backend.device is Device.GPU:
             heuristic = default_gpu_options(d, sizes)
             return SearchSpace(task, nest, (), _gpu_candidates(nest, heuristic), heuristic)
         width = max(1, vector_bits // nest.element_bits)

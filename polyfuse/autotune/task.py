@@ -7,6 +7,9 @@ compiled ONNX model (one per fusion group). Their keys name them in the records:
   records with this key measured exactly this kernel;
 * ``family_key``: the same text with every number erased: the same kernel at other
   sizes, whose best options are a starting point when no exact record exists.
+
+A task's ``target`` is a :class:`~polyfuse.targets.Target` with its CPU and features
+(``x86:skylake-avx512``, ``aarch64+sve``); a spec string given instead is parsed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from polyfuse.errors import ArgumentError
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import Definition
 from polyfuse.runtime.arguments import bind_arguments, placeholder
+from polyfuse.targets import Target
 
 
 def _hash(text: str) -> str:
@@ -34,11 +38,14 @@ class Task:
     entry: str
     shapes: tuple[tuple[int, ...], ...]      # of the tensor parameters, in order
     dtypes: tuple[str, ...]                  # their numpy dtype names
-    target: str = "x86"
+    target: Target = Target.parse("x86")    # a spec such as "aarch64+sve" is parsed
     name: str = ""                           # for display (e.g. a fusion group's label)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target", Target.parse(self.target))
+
     @staticmethod
-    def of(definition: Definition, arrays: list[np.ndarray], target: str = "x86",
+    def of(definition: Definition, arrays: list[np.ndarray], target: Target | str = "x86",
            name: str = "") -> Task:
         """The task of ``definition`` called with arrays of these shapes and dtypes."""
         return Task(str(definition), definition.name, tuple(tuple(int(d) for d in a.shape) for a in arrays),

@@ -92,13 +92,11 @@ def _check_output(output: object) -> None:
 def _check_measurable(task: Task) -> None:
     """Tuning times code on this machine: refuse targets whose code runs here only under
     an emulator (its times say nothing of the real CPU)."""
-    target = Target.parse(task.target)
-    if target.name in ("x86", "aarch64"):
-        from polyfuse.targets.cpu import runs_natively
-        if not runs_natively(target):
-            raise OptionError(f"tuning measures kernels on this machine, where {target} code runs "
-                              "only under an emulator whose times say nothing of that CPU; tune "
-                              f"on a {target.name} machine and bring its records here")
+    target = task.target
+    if target.backend.emulated(target):
+        raise OptionError(f"tuning measures kernels on this machine, where {target} code runs "
+                          "only under an emulator whose times say nothing of that CPU; tune "
+                          f"on a {target.name} machine and bring its records here")
 
 
 def tune(task: Task, output: str | Path, config: TuneConfig | None = None, *,
@@ -189,8 +187,8 @@ def _progress(task: Task, total: int):  # type: ignore[no-untyped-def]
     return tqdm(total=total, desc=(task.name or task.entry)[:30], unit="trial", leave=False)
 
 
-def _vector_bits(target: str) -> int:
-    if target in ("x86", "aarch64"):
+def _vector_bits(target: Target) -> int:
+    if target.backend.cpus:
         from polyfuse.targets.cpu import vector_bits
-        return vector_bits(Target.parse(target))
+        return vector_bits(target)
     return 128

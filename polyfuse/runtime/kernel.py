@@ -30,7 +30,7 @@ from polyfuse.runtime.arguments import BoundArguments, bind_arguments, check_sca
 from polyfuse.scheduler.model import initial_outputs, skipped_inits
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.options import MappingOptions, check_options
-from polyfuse.targets import Target
+from polyfuse.targets import BACKENDS, Codegen, Device, Target
 
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
 
@@ -57,13 +57,15 @@ def _build_cuda(d: Definition, sizes: Mapping[str, int], target: Target,
     return cuda.build(d, sizes, target, options, stages)
 
 
-# target name -> builder(definition, sizes, target, options, stages to fill) -> executable
-BUILDERS: dict[str, Builder] = {
-    "reference": _build_reference,
-    "x86": _build_cpu,
-    "cuda": _build_cuda,
-    "aarch64": _build_cpu,
+# what builds a kernel for each code generator of the backend registry
+CODEGEN_BUILDERS: dict[Codegen, Builder] = {
+    Codegen.INTERPRETER: _build_reference,
+    Codegen.LLVM: _build_cpu,
+    Codegen.CUDA: _build_cuda,
 }
+
+# target name -> builder(definition, sizes, target, options, stages to fill) -> executable
+BUILDERS: dict[str, Builder] = {name: CODEGEN_BUILDERS[b.codegen] for name, b in BACKENDS.items()}
 
 
 def check_target(target: Target) -> None:
@@ -72,7 +74,7 @@ def check_target(target: Target) -> None:
         raise TargetError(
             f"target '{target.name}' has no code generator in this version of polyfuse yet; "
             f"available: {', '.join(BUILDERS)}")
-    if target.cpu or target.features:   # names LLVM must know (x86 and aarch64)
+    if target.cpu or target.features:   # names LLVM must know (the CPU backends')
         from polyfuse.targets.cpu import target_machine
         target_machine(target)
 
@@ -108,7 +110,7 @@ class SpecializedKernel:
         """Run on ``bound`` writing into the arrays of ``out`` (checked first); returns them."""
         d = self.definition
         given = given_outputs.bind_outputs(d, self.output_shapes, out, bound.values,
-                                           device=self.target.name == "cuda")
+                                           device=self.target.backend.device is Device.GPU)
         # a covering '+=!' compiles without its init (the definition it was built from says)
         source = self.unbound if self.unbound is not None else d
         started = {source.statements[k].tensor for k in skipped_inits(source)}
@@ -213,7 +215,7 @@ class Kernel:
             options = self.options
             if options is None and self.records is not None and not self.definition.scalars:
                 arrays = [bound.values[t.name] for t in self.definition.inputs]
-                options = self.records.options(Task.of(self.definition, arrays, self.target.name))
+                options = self.records.options(Task.of(self.definition, arrays, self.target))
             kernel = self._cache[key] = self._build(bound.sizes, options)
         return kernel
 

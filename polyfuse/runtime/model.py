@@ -36,7 +36,7 @@ from polyfuse.runtime.feeds import all_shapes, check_feed, check_shapes, positio
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel
 from polyfuse.runtime.program import CONSTANT, MemoryPlan, ProgramLayout, plan_memory
 from polyfuse.scheduler.options import MappingOptions
-from polyfuse.targets import Target
+from polyfuse.targets import Device, Target
 
 
 @dataclass
@@ -173,7 +173,7 @@ class _Plan:
             self.define(what, name, TensorType(t.dtype, shape))
         params = [p.name for p in d.params]
         results = [t.name for t in d.outputs[:len(outs)]]
-        task = None if d.scalars else Task.of(d, arrays, str(self.model.target), label)
+        task = None if d.scalars else Task.of(d, arrays, self.model.target, label)
 
         def run(env: dict[str, np.ndarray]) -> None:
             produced = spec.run({p: env[n] for p, n in zip(params, names)})
@@ -258,10 +258,10 @@ def _program(plan: _Plan) -> Any:
     program run under an emulator, a program on the GPU, or None (each step runs by
     itself)."""
     target = plan.model.target
-    if target.name == "cuda":
+    if target.backend.device is Device.GPU:
         from polyfuse.runtime.cuda import CudaProgram
         return CudaProgram(ProgramLayout.of(plan))
-    if target.name not in ("x86", "aarch64"):
+    if not target.backend.cpus:
         return None
     from polyfuse.runtime import cross
     from polyfuse.targets.cpu import runs_natively
@@ -431,7 +431,7 @@ class CompiledModel:
     def _prepare(self, feed: Mapping[str, Any]) -> tuple[_Plan, dict[str, Any]]:
         """The plan for ``feed`` and the checked inputs (numpy arrays; on the cuda target
         also arrays in GPU memory, used in place)."""
-        env, shapes = check_feed(self.graph.inputs, feed, on_gpu=self.target.name == "cuda")
+        env, shapes = check_feed(self.graph.inputs, feed, on_gpu=self.target.backend.device is Device.GPU)
         while True:
             values = {n: a for n, a in env.items() if isinstance(a, np.ndarray)
                       and a.size <= VALUE_INPUT_MAX and (a.dtype.kind in "iu" or n in self._value_inputs)}

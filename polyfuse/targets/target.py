@@ -14,15 +14,11 @@ import platform
 from dataclasses import dataclass
 
 from polyfuse.errors import TargetError
+from polyfuse.targets.backends import BACKENDS, Backend
 
-NAMES = ("reference", "x86", "aarch64", "cuda", "host")
+NAMES = (*BACKENDS, "host")
 
-TRIPLES = {"x86": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu",
-           "cuda": "nvptx64-nvidia-cuda"}
-
-# aarch64 CPUs: the default, and the one that "+sve" picks when no CPU is named
-AARCH64_CPU = "neoverse-n1"
-AARCH64_SVE_CPU = "a64fx"
+TRIPLES = {b.name: b.triple for b in BACKENDS.values() if b.triple}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,17 +42,29 @@ class Target:
                               f"got {type(spec).__name__}")
         head, *features = spec.split("+")
         name, _, cpu = head.partition(":")
-        if name not in NAMES or not all(features) or (cpu or features) and name not in ("x86", "aarch64"):
+        backend = BACKENDS.get(host_name() if name == "host" and not (cpu or features) else name)
+        if backend is None or not all(features) or (cpu or features) and not backend.cpus:
             raise TargetError(f"unknown target {spec!r}; choose one of {', '.join(NAMES)}, "
-                              "optionally with :CPU and +FEATURE for x86 and aarch64 "
+                              "optionally with :CPU and +FEATURE for "
+                              f"{' and '.join(b.name for b in BACKENDS.values() if b.cpus)} "
                               "(e.g. 'aarch64+sve', 'aarch64:cortex-a72')")
         if name == "host":    # this machine's CPU and features, whatever they are
-            host = host_name()
-            return Target(host, TRIPLES[host])
-        if name == "aarch64":
-            cpu = cpu or (AARCH64_SVE_CPU if "sve" in features else AARCH64_CPU)
-            features = ["neon", *(f for f in features if f != "neon")]
-        return Target(name, TRIPLES.get(name, ""), cpu, tuple(features))
+            return Target(backend.name, backend.triple)
+        # one spelling per target (records match targets by it): the features always on
+        # first, then the others sorted, each once
+        features = [*backend.features, *sorted(set(features) - set(backend.features))]
+        if backend.default_cpu:   # a spec without a CPU means a named one, not this machine's
+            cpu = cpu or backend.cpu_for(tuple(features))
+        return Target(name, backend.triple, cpu, tuple(features))
+
+    @property
+    def backend(self) -> Backend:
+        """What builds and runs this target's code (see :mod:`polyfuse.targets.backends`)."""
+        try:
+            return BACKENDS[self.name]
+        except KeyError:
+            raise TargetError(f"target '{self.name}' has no code generator in this version of "
+                              f"polyfuse; available: {', '.join(BACKENDS)}") from None
 
     @property
     def llvm_features(self) -> str:
@@ -66,14 +74,11 @@ class Target:
     def __str__(self) -> str:
         """The spec that parses back to this target, defaults left out."""
         spec = self.name
-        features = list(self.features)
-        if self.name == "aarch64" and not self.cpu:
-            return "host"     # this machine's CPU (only made on an aarch64 host)
-        if self.name == "aarch64":
-            features.remove("neon")
-            if self.cpu != (AARCH64_SVE_CPU if "sve" in features else AARCH64_CPU):
-                spec += f":{self.cpu}"
-        elif self.cpu:
+        backend = self.backend
+        if backend.default_cpu and not self.cpu:
+            return "host"     # this machine's CPU (only made on a host of that architecture)
+        features = [f for f in self.features if f not in backend.features]
+        if self.cpu and self.cpu != backend.cpu_for(tuple(features)):
             spec += f":{self.cpu}"
         return spec + "".join(f"+{f}" for f in features)
 
