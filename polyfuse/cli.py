@@ -12,8 +12,10 @@
     polyfuse records show|best|distill FILE [-o OUT]
 
 FILE is a ``.tc`` source (one definition, chosen with ``--entry`` when there are several)
-or an ``.onnx`` model (each fused kernel is a task). Errors are one line on stderr with a
-non-zero exit code; ``--verbose`` shows the traceback too.
+or an ``.onnx`` model (each fused kernel is a task). ``--target`` may name a CPU and
+features (``x86:skylake-avx512``, ``aarch64+sve``): records are kept and found per target.
+Errors are one line on stderr with a non-zero exit code; ``--verbose`` shows the
+traceback too.
 """
 
 from __future__ import annotations
@@ -311,19 +313,20 @@ def cmd_records(args: argparse.Namespace) -> int:
                        + (" (it is a directory)" if Path(args.file).is_dir() else ""))
     records = db.load(args.file)
     if args.action == "show":
-        print(f"{'workload':<20} {'task':<40} {'ms':>10} {'error':<14} options")
+        print(f"{'workload':<20} {'target':<20} {'task':<40} {'ms':>10} {'error':<14} options")
         for r in records:
             cost = f"{r.cost * 1e3:.4g}" if r.ok else "-"
-            print(f"{r.workload_key:<20} {_task_name(r):<40.40} {cost:>10} {r.error:<14} "
-                  f"{json.dumps(_short(r.options.to_json()))}")
+            print(f"{r.workload_key:<20} {str(r.target):<20.20} {_task_name(r):<40.40} {cost:>10} "
+                  f"{r.error:<14} {json.dumps(_short(r.options.to_json()))}")
         print(f"{len(records)} records, {sum(r.ok for r in records)} valid")
     else:
         best = db.best_per_workload(records)
         if args.action == "best":
-            print(f"{'workload':<20} {'task':<40} {'ms':>10} {'trials':>6}")
-            for (key, _), r in best.items():
-                trials = sum(1 for x in records if x.workload_key == key)
-                print(f"{key:<20} {_task_name(r):<40.40} {r.cost * 1e3:10.4g} {trials:6d}")
+            print(f"{'workload':<20} {'target':<20} {'task':<40} {'ms':>10} {'trials':>6}")
+            for (key, target), r in best.items():
+                trials = sum(1 for x in records if x.workload_key == key and x.target == target)
+                print(f"{key:<20} {str(target):<20.20} {_task_name(r):<40.40} {r.cost * 1e3:10.4g} "
+                      f"{trials:6d}")
         else:   # distill: the best record of each workload into a new file
             if not args.output:
                 raise CliError("records distill needs -o OUT")
@@ -352,7 +355,8 @@ def parser() -> argparse.ArgumentParser:
 
     def common(s: argparse.ArgumentParser) -> None:
         s.add_argument("file", help="a .tc source or an .onnx model")
-        s.add_argument("--target", default="host", help="x86, aarch64, cuda, reference or host (default)")
+        s.add_argument("--target", default="host", help="x86, aarch64, cuda, reference or host (default), "
+                       "x86 and aarch64 optionally with :CPU and +FEATURE (x86:skylake-avx512, aarch64+sve)")
         s.add_argument("--entry", help="the TC definition to use (when the source has several)")
         s.add_argument("--input-shapes", help='shapes of the inputs: "A:[1024,1024] B:[1024,1024]"')
         s.add_argument("--tuning-records", help="records of earlier tuning to compile with")

@@ -196,3 +196,16 @@ def test_tune_records_the_qualified_target(tmp_path, capsys):
     best = Records(records).lookup(t)
     assert best is not None and best.target == Target.parse(SKYLAKE)
     assert Records(records).lookup(Task(t.source, t.entry, t.shapes, t.dtypes, "x86:znver4")) == best
+
+
+def test_records_show_and_best_name_each_target(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    db.append(path, [Record.of(task(SKYLAKE), TUNED, [2e-4]), Record.of(task(SKYLAKE), OTHER, [3e-4]),
+                     Record.of(task("aarch64+sve"), OTHER, [1e-4])])
+    assert main(["records", "show", str(path)]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:-1]
+    assert [row.split()[1] for row in rows] == [SKYLAKE, SKYLAKE, "aarch64+sve"]
+    assert main(["records", "best", str(path)]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert sorted((row.split()[1], *row.split()[-2:]) for row in rows) == \
+        [("aarch64+sve", "0.1", "1"), (SKYLAKE, "0.2", "2")]
