@@ -28,7 +28,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition,
                                        Literal, Read, ReduceOp, ScalarRef, Select, SizeVar,
                                        Statement, Unary, UnaryOp)
 from polyfuse.ir.symbolic import evaluate_int
-from polyfuse.ir.types import DType
+from polyfuse.ir.types import DType, float_to_int
 
 MAX_BOX = 1 << 22  # elements of one evaluated chunk
 
@@ -134,6 +134,8 @@ class _StatementEval:
                 return self.read(e, mask)
             case Cast(dtype=dt, operand=a):
                 value = self.eval(a, mask)
+                if dt.is_int and value.dtype.kind == "f":
+                    return float_to_int(value, dt).astype(_compute(dt))
                 return value.astype(dt.numpy).astype(_compute(dt)) if dt.compute is not dt \
                     else value.astype(_compute(dt))
             case Unary(op=UnaryOp.NEG, operand=a):

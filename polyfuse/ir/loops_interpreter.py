@@ -17,7 +17,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, Index
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.comprehension_interpreter import FUNCTIONS
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, Stmt, Store
-from polyfuse.ir.types import DType
+from polyfuse.ir.types import DType, float_to_int
 
 _ARITH = {BinaryOp.ADD: lambda a, b: a + b, BinaryOp.SUB: lambda a, b: a - b,
           BinaryOp.MUL: lambda a, b: a * b, BinaryOp.MOD: lambda a, b: _mod(a, b) if b != 0 else 0 * a,  # floats; integers truncate
@@ -81,8 +81,10 @@ class _Interpreter:
             case Cast(dtype=dt, operand=a):
                 v = self.eval(a)
                 if dt.is_int:
-                    return int(np.asarray(v).astype(dt.numpy)) if not isinstance(v, int) else \
-                        _wrap(v, dt.numpy)
+                    if isinstance(v, int):
+                        return _wrap(v, dt.numpy)
+                    v = np.asarray(v)
+                    return int(float_to_int(v, dt) if v.dtype.kind == "f" else v.astype(dt.numpy))
                 return dt.numpy.type(v).astype(dt.compute.numpy) if dt.is_float else dt.numpy.type(v)
             case Unary(op=UnaryOp.NEG, operand=a, dtype=DType.UINT64):
                 return -self.eval(a) % 2**64

@@ -106,3 +106,19 @@ def promote(a: DType, b: DType) -> DType:
         return b
     joined = DType.from_numpy(np.promote_types(a.numpy, b.numpy))
     return joined if joined is not None and joined.is_int else DType.INT64
+
+
+def float_to_int(x: object, dst: DType) -> np.ndarray:
+    """Floats converted to the integer type ``dst`` as every target converts them: toward
+    zero into 64 bits, saturating (NaN is 0, values past the ends give the ends), then
+    narrowed modulo 2**bits like any 64-bit integer (``uint8(-1.5) == 255``); uint64
+    saturates at 0 and 2**64 - 1 itself."""
+    v = np.asarray(x, dtype=np.float64)
+    if dst is DType.UINT64:
+        lo, hi, top = v < 1.0, v >= 2.0**64, np.uint64(2**64 - 1)
+        out = np.trunc(np.where(np.isnan(v) | lo | hi, 0.0, v)).astype(np.uint64)
+        return np.where(hi, top, out)
+    lo, hi = v < -2.0**63, v >= 2.0**63
+    out = np.trunc(np.where(np.isnan(v) | lo | hi, 0.0, v)).astype(np.int64)
+    out = np.where(lo, np.int64(-2**63), np.where(hi, np.int64(2**63 - 1), out))
+    return out.astype(dst.numpy)

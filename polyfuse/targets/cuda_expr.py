@@ -204,8 +204,8 @@ class ExprEmitter:
         if dst.is_bool:
             return x if src.is_bool else f"({x} != 0)"
         if dst.is_int:
-            if src.is_float:
-                x = f"(long long)(unsigned long long){x}" if dst.is_unsigned else f"(long long){x}"
+            if src.is_float:  # the GPU's conversions saturate, NaN to 0 (ir.types.float_to_int)
+                x = f"(long long)(unsigned long long){x}" if dst is DType.UINT64 else f"(long long){x}"
             narrow = x if dst is DType.INT64 else f"({_STORAGE[dst]})({x})"
             return f"(long long){narrow}"
         if src is DType.UINT64:

@@ -131,8 +131,12 @@ class ExprEmitter:
         if dst.is_int:
             if src.is_bool:
                 return b.zext(x, I64)
-            if src.is_float:
-                x = b.fptoui(x, I64) if dst.is_unsigned else b.fptosi(x, I64)
+            if src.is_float:  # saturating (NaN is 0), as ir.types.float_to_int defines it
+                name = "llvm.fptoui.sat" if dst is DType.UINT64 else "llvm.fptosi.sat"
+                full = f"{name}.i64.{'f32' if x.type is F32 else 'f64'}"
+                fn = self.module.globals.get(full) or \
+                    ir.Function(self.module, ir.FunctionType(I64, [x.type]), full)
+                x = b.call(fn, [x])
             if dst.bits == 64:
                 return x
             narrow = b.trunc(x, storage_type(dst))
