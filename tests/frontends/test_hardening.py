@@ -260,3 +260,15 @@ def test_an_error_in_a_very_long_line_shows_the_part_around_the_caret():
     col = err.value.col
     # the caret stands under the same character as in the full line
     assert line[caret.index("^")] == source[col - 1]
+
+
+@pytest.mark.parametrize("target", ["reference", "host"])
+def test_an_output_larger_than_memory_is_refused_before_it_is_allocated(target):
+    shift = pf.define("def f(float(H, W) I) -> (O) { O(h, w) = I(h - 4611686018427387904, w) }",
+                      target=target)
+    with pytest.raises(pf.SizeLimitError, match=r"f: output 'O' would have shape "
+                       r"\(4611686018427387906, 3\).*POLYFUSE_MAX_TENSOR_BYTES"):
+        shift.f(np.ones((2, 3), np.float32))
+    with pytest.raises(pf.ShapeError, match="inputs are too small"):
+        pf.define("def g(float(N) I) -> (O) { O(i) = I(i + 2) }", target=target).g(
+            np.ones(1, np.float32))
