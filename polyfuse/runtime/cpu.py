@@ -132,7 +132,8 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
 
 def _executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Target) -> Any:
     if runs_natively(target):
-        return CpuExecutable(load_object(layout.name, obj, target, stages), layout)
+        return CpuExecutable(load_object(layout.name, obj, target, stages,
+                                         parallel_for=native.parallel_for_threads_address()), layout)
     from polyfuse.runtime.cross import CrossExecutable
     return CrossExecutable(layout, stages, obj, target)
 
@@ -143,7 +144,8 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
     kernel = schedule_definition(d, sizes, options, stages)
     layout = Layout.of(kernel, zero_filled_outputs(d, sizes))
     if runs_natively(target):
-        jit = compile_kernel(kernel, target, options.num_threads)
+        jit = compile_kernel(kernel, target, options.num_threads,
+                             parallel_for=native.parallel_for_threads_address())
         jit.stages.update(stages)
         cache.store(key, jit.object, {"layout": layout.to_json(), "stages": jit.stages})
         return CpuExecutable(jit, layout)

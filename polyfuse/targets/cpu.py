@@ -1,4 +1,8 @@
-"""CPU code generation: LLVM IR -> optimized module -> JIT function or object file."""
+"""CPU code generation: LLVM IR -> optimized module -> JIT function or object file.
+
+Generated code calls the runtime's parallel-for (``PARALLEL_FOR``); the runtime gives its
+address to :func:`compile_kernel` and :func:`load_object` (targets do not import the runtime).
+"""
 
 from __future__ import annotations
 
@@ -127,17 +131,20 @@ def target_description(target: Target) -> str:
     return f"{tm.triple} {cpu} {features}"
 
 
-@functools.cache
-def _bind_runtime_symbols() -> None:
-    from polyfuse.runtime import native  # the parallel-for the generated code calls
-    llvm.add_symbol(PARALLEL_FOR, native.parallel_for_threads_address())
+def _bind_parallel_for(address: int) -> None:
+    if not address:
+        raise CodegenError(f"no address for {PARALLEL_FOR}, which generated code calls")
+    llvm.add_symbol(PARALLEL_FOR, address)
 
 
-def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0) -> JitKernel:
-    """JIT-compile a loop kernel for this machine; stages get "llvm", "llvm_opt" and "asm"."""
+def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0, *,
+                   parallel_for: int) -> JitKernel:
+    """JIT-compile a loop kernel for this machine; stages get "llvm", "llvm_opt" and "asm".
+    ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
+    (``polyfuse.runtime.native.parallel_for_threads_address()``)."""
     tm = target_machine(target)
     mod, stages = _optimized_module(kernel, target, tm, num_threads)
-    _bind_runtime_symbols()
+    _bind_parallel_for(parallel_for)
     engine = llvm.create_mcjit_compiler(mod, tm)
     emitted: list[bytes] = []
     engine.set_object_cache(lambda _module, data: emitted.append(data), lambda _module: None)
@@ -171,12 +178,14 @@ def parse_module(text: str, what: str) -> llvm.ModuleRef:
     return mod
 
 
-def load_object(name: str, obj: bytes, target: Target, stages: dict[str, str]) -> JitKernel:
-    """Link a cached object file into a new JIT engine."""
+def load_object(name: str, obj: bytes, target: Target, stages: dict[str, str], *,
+                parallel_for: int) -> JitKernel:
+    """Link a cached object file into a new JIT engine (``parallel_for`` as for
+    :func:`compile_kernel`)."""
     tm = target_machine(target)
     empty = llvm.parse_assembly("")
     empty.triple = tm.triple
-    _bind_runtime_symbols()
+    _bind_parallel_for(parallel_for)
     engine = llvm.create_mcjit_compiler(empty, tm)
     engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     engine.finalize_object()
