@@ -18,6 +18,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from polyfuse.driver import compile as compile_model
+from polyfuse.frontends.onnx_schema import dtype_of
 from polyfuse.runtime.model import CompiledModel
 
 
@@ -55,7 +56,6 @@ class PolyfuseBackend(Backend):
 
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
-        from polyfuse.frontends.onnx import dtype_of
         ops = supported_ops()
         if not all(n.op_type in ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
             return False

@@ -1,11 +1,11 @@
-"""ONNX models -> graph IR (the only module that imports onnx).
+"""ONNX models -> graph IR (onnx is imported here, lazily in onnx_schema, and by backend.py).
 
 Loads a path, bytes or ``ModelProto`` (external-data weights included), runs onnx's
 checker, turns initializers and ``Constant`` nodes into constants, and refuses a
 model with ops polyfuse cannot lower, naming every such op and its nodes at once.
 Dimensions exporters mark unknown (``dim_value -1``, ``'?'``, an empty name or none)
-are each their own size, as onnxruntime reads them. :func:`check_signature` holds a
-node's inputs to its op's schema (count, required inputs, dtypes) when it is lowered.
+are each their own size, as onnxruntime reads them. Element types and op schemas, which
+the op library needs without loading onnx, are in :mod:`polyfuse.frontends.onnx_schema`.
 """
 
 from __future__ import annotations
@@ -18,25 +18,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from polyfuse.errors import DTypeError, ModelError, UnsupportedOpError
+from polyfuse.errors import ModelError, UnsupportedOpError
+from polyfuse.frontends.onnx_schema import SUPPORTED_DTYPES, dtype_of
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
 from polyfuse.ir.types import DType
-
-_DTYPES = {
-    onnx.TensorProto.FLOAT: DType.FLOAT32, onnx.TensorProto.DOUBLE: DType.FLOAT64,
-    onnx.TensorProto.FLOAT16: DType.FLOAT16, onnx.TensorProto.BFLOAT16: DType.BFLOAT16,
-    onnx.TensorProto.INT8: DType.INT8, onnx.TensorProto.INT16: DType.INT16,
-    onnx.TensorProto.INT32: DType.INT32, onnx.TensorProto.INT64: DType.INT64,
-    onnx.TensorProto.UINT8: DType.UINT8, onnx.TensorProto.BOOL: DType.BOOL,
-}
-
-
-def dtype_of(elem_type: int) -> DType | None:
-    return _DTYPES.get(elem_type)
-
-
-def onnx_dtype(dt: DType) -> int:
-    return next(k for k, v in _DTYPES.items() if v is dt)
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -134,7 +119,7 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
         nodes.append(Node(n.op_type, name, tuple(n.input), tuple(n.output),
                           tuple((a.name, _attr(a)) for a in n.attribute)))
     for c in constants:
-        if DType.from_numpy(c.array.dtype) not in _DTYPES.values():
+        if DType.from_numpy(c.array.dtype) not in SUPPORTED_DTYPES:
             unsupported.setdefault(f"constants of element type {c.array.dtype}", []).append(c.name)
     if unsupported:
         listing = "; ".join(f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
@@ -193,57 +178,3 @@ def _without_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
             if d.HasField("dim_value") and d.dim_value < 0:
                 d.Clear()
     return copy
-
-
-def _type_str(dt: DType) -> str:
-    """The name ONNX schemas give a tensor of ``dt``: ``tensor(float)``."""
-    return f"tensor({onnx.TensorProto.DataType.Name(onnx_dtype(dt)).lower()})"
-
-
-_FROM_TYPE_STR = {_type_str(dt): dt for dt in _DTYPES.values()}
-
-
-def check_signature(node: Node, types: list[TensorType | None], opset: int) -> None:
-    """``node``'s inputs against its op's ONNX schema at ``opset``: how many, that the
-    required ones are given, and each one's dtype (inputs sharing a type parameter share
-    one dtype). Ops without a schema, and graphs of no known opset (0), are left to the
-    lowerings."""
-    if opset < 1:
-        return
-    try:
-        schema = onnx.defs.get_schema(node.op, opset, "")
-    except onnx.defs.SchemaError:
-        return
-    where = f"node '{node.name}' ({node.op}-{schema.since_version})"
-    formals = list(schema.inputs)
-    count = len(node.inputs)
-    if not schema.min_input <= count <= schema.max_input:
-        most = "or more" if schema.max_input > 1 << 20 else f"to {schema.max_input}"
-        raise ModelError(f"{where} has {count} inputs; it takes {schema.min_input} {most} "
-                         f"({', '.join(f.name for f in formals)})")
-    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
-    first: dict[str, tuple[int, DType]] = {}
-    Option = onnx.defs.OpSchema.FormalParameterOption
-    for k, name in enumerate(node.inputs):
-        if not formals:
-            break
-        f = formals[min(k, len(formals) - 1)]
-        if k >= len(formals) and f.option != Option.Variadic:
-            break
-        t = types[k] if k < len(types) else None
-        if not name or t is None:
-            if f.option == Option.Single and not name:
-                raise ModelError(f"{where} lacks its required input {k} ('{f.name}'); give it "
-                                 "a value")
-            continue
-        ok = allowed.get(f.type_str, [f.type_str])
-        if _type_str(t.dtype) not in ok:
-            names = sorted(str(_FROM_TYPE_STR[x]) for x in ok if x in _FROM_TYPE_STR)
-            raise DTypeError(f"{where}: input {k} ('{name}', {f.name}) is {t.dtype}; it takes "
-                             f"{', '.join(names) or 'no type polyfuse supports'} (insert a Cast)")
-        if f.type_str in allowed and (f.option != Option.Variadic or f.is_homogeneous):
-            j, dt = first.setdefault(f.type_str, (k, t.dtype))
-            if dt is not t.dtype:
-                raise DTypeError(f"{where}: input {k} ('{name}') is {t.dtype} but input {j} "
-                                 f"('{node.inputs[j]}') is {dt}; inputs of type {f.type_str} "
-                                 "must have one dtype (insert a Cast)")

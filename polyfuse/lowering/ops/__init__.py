@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.errors import ModelError, UnsupportedOpError
-from polyfuse.frontends.onnx import check_signature
+from polyfuse.frontends.onnx_schema import check_signature
 from polyfuse.ir.graph import Node, TensorType
 from polyfuse.ir.types import DType
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from polyfuse.frontends.onnx import dtype_of
+from polyfuse.frontends.onnx_schema import dtype_of
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, View, access, balanced,
                                    broadcast_indices, broadcast_shape, literal, register,

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from polyfuse.frontends.onnx import dtype_of
+from polyfuse.frontends.onnx_schema import dtype_of
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import INDEX, OpContext, TCKernel, access, literal, register, tensor_param
 from polyfuse.lowering.ops.movement import definition, one_input, parameter, statement
