@@ -1,0 +1,288 @@
+"""polyfuse's imports follow its layers: ``ir <- frontends, lowering <- scheduler <- targets
+<- runtime <- autotune <- cli`` (DESIGN.md), with no import circle.
+
+The import graph is read statically (``ast``) from every module under ``polyfuse/``, with
+imports at module level (run when the module is imported) apart from those inside
+functions (run when the function is called) and those under ``if TYPE_CHECKING:`` (never
+run; left out). The exact remaining violations are written below; each set only shrinks,
+so a new inversion or circle fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import polyfuse
+
+ROOT = Path(polyfuse.__file__).parent
+
+# Each top-level part of the package and its layer: a module may import modules of its own
+# layer or lower ones. errors sits with ir, since every layer raises its errors.
+# _native is the runtime's C++ extension.
+LAYERS = {"errors": 0, "ir": 0, "frontends": 1, "lowering": 1, "scheduler": 2, "targets": 3,
+          "runtime": 4, "_native": 4, "autotune": 5, "driver": 6, "backend": 6, "cli": 6,
+          "__main__": 6, "__init__": 6}
+# lower layers a part must not import all the same (importer prefix, imported prefix):
+# runtime executes what lowering made, and only the ONNX face may load onnx
+FORBIDDEN = (("runtime", "lowering"), ("runtime", "frontends"), ("lowering", "frontends.onnx"),
+             ("ir", "frontends"), ("ir", "lowering"))
+
+# third-party packages only some parts may import (at module level or in functions)
+OWNERS = {"onnx": ("frontends.onnx", "frontends.onnx_schema", "backend"), "onnxruntime": (),
+          "torch": ("frontends.torch", "torch"), "islpy": ("scheduler",),
+          "llvmlite": ("targets",), "cuda": ("targets",)}
+
+
+@dataclass(frozen=True)
+class Imports:
+    """One module's imports of other polyfuse modules (named without "polyfuse.") and of
+    the third-party packages in OWNERS."""
+
+    top: frozenset[str]           # at module level
+    local: frozenset[str]         # only inside functions
+    typing: frozenset[str]        # only under `if TYPE_CHECKING:`
+    external: frozenset[str]      # third-party packages, anywhere
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path | None]:
+    """Every module: its source, or None for an extension module."""
+    found: dict[str, Path | None] = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+    for p in ROOT.rglob("*.so"):
+        found.setdefault(module_name(p.with_name(p.name.split(".")[0])), None)
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or \
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def _imported(node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
+    """The names ``node`` imports: ``from A import b`` names A.b when that is a module
+    (A's ``__init__`` runs too, but that is A's own import), else A."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    assert not node.level, "polyfuse imports absolutely"
+    package = node.module or ""
+    return [f"{package}.{a.name}" if f"{package}.{a.name}".removeprefix("polyfuse.") in known
+            else package for a in node.names]
+
+
+def read_imports(name: str, path: Path, known: set[str]) -> Imports:
+    found: dict[str, set[str]] = {"top": set(), "local": set(), "typing": set()}
+
+    def visit(node: ast.AST, kind: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for stmt in child.body:
+                    visit(ast.Module([stmt], []), "typing")
+                for stmt in child.orelse:
+                    visit(ast.Module([stmt], []), kind)
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                found[kind].update(_imported(child, known))
+            inner = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            visit(child, "local" if inner and kind == "top" else kind)
+
+    visit(ast.parse(path.read_text(), str(path)), "top")
+
+    def ours(names: set[str]) -> frozenset[str]:
+        return frozenset(n.removeprefix("polyfuse.") for n in names
+                         if n == "polyfuse" or n.startswith("polyfuse.")) - {name}
+
+    top = ours(found["top"])
+    local = ours(found["local"]) - top
+    every = found["top"] | found["local"] | found["typing"]
+    return Imports(top, local, ours(found["typing"]) - top - local,
+                   frozenset(n.split(".")[0] for n in every if n.split(".")[0] in OWNERS))
+
+
+def import_graph() -> dict[str, Imports]:
+    found = modules()
+    known = set(found)
+    empty = Imports(frozenset(), frozenset(), frozenset(), frozenset())
+    return {name: read_imports(name, path, known) if path else empty
+            for name, path in found.items()}
+
+
+def _part(module: str) -> str:
+    return module.split(".")[0] if module != "polyfuse" else "__init__"
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def allowed(importer: str, imported: str) -> bool:
+    """Whether ``importer`` may import ``imported`` (the package itself counts as the top)."""
+    if imported == "polyfuse":
+        return _part(importer) == "__init__" or LAYERS[_part(importer)] == LAYERS["__init__"]
+    return LAYERS[_part(imported)] <= LAYERS[_part(importer)] and \
+        not any(_within(importer, a) and _within(imported, b) for a, b in FORBIDDEN)
+
+
+KINDS = ("top", "local", "typing")
+
+
+def inversions(graph: dict[str, Imports], kind: str) -> set[tuple[str, str]]:
+    """The imports of one kind ("top", "local", "typing") that go against the layers."""
+    return {(m, t) for m, imports in graph.items() for t in getattr(imports, kind)
+            if not allowed(m, t)}
+
+
+def circles(graph: dict[str, Imports], kinds: tuple[str, ...]) -> set[frozenset[str]]:
+    """The import circles (strongly connected components of more than one module) through
+    imports of ``kinds``."""
+    edges = {m: sorted(t for k in kinds for t in getattr(i, k) if t in graph)
+             for m, i in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: set[frozenset[str]] = set()
+    for root in sorted(edges):   # Tarjan's algorithm, iterative
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        work = [(root, iter(edges[root]))]
+        while work:
+            node, successors = work[-1]
+            for w in successors:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    work.append((w, iter(edges[w])))
+                    break
+                if w in stack:
+                    low[node] = min(low[node], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while not component or w != node:
+                        w = stack.pop()
+                        component.add(w)
+                    if len(component) > 1:
+                        found.add(frozenset(component))
+    return found
+
+
+def foreign_imports(graph: dict[str, Imports]) -> set[tuple[str, str]]:
+    """Third-party packages imported outside the parts that own them (DESIGN.md)."""
+    return {(m, p) for m, i in graph.items() for p in i.external
+            if not any(_within(m, owner) for owner in OWNERS[p])}
+
+
+def report() -> str:
+    """Every inversion and circle, as text (``python -c 'import tests.test_layering as t;
+    print(t.report())'``)."""
+    g = import_graph()
+    lines = [f"{kind} import against the layers: {m} -> {t}" for kind in KINDS
+             for m, t in sorted(inversions(g, kind))]
+    for n in range(1, len(KINDS) + 1):
+        lines += [f"circle through {'+'.join(KINDS[:n])} imports: {', '.join(sorted(c))}"
+                  for c in sorted(circles(g, KINDS[:n]), key=sorted)]
+    lines += [f"{p} imported by {m}" for m, p in sorted(foreign_imports(g))]
+    return "\n".join(lines)
+
+
+# --- what is left (each set only shrinks) --------------------------------------------------
+
+# Each set below is what the Plan redesign (issue 18) removes: runtime/model.py's _Plan lowers
+# graphs (lowering, frontends.tc) and reads tuning records (autotune) inside the runtime.
+ALLOWED_INVERSIONS = {
+    "top": {
+        ("runtime.kernel", "autotune.records"), ("runtime.kernel", "autotune.task"),
+        ("runtime.kernel", "lowering.bind_sizes"),
+        ("runtime.model", "autotune.records"), ("runtime.model", "autotune.task"),
+        ("runtime.model", "frontends.tc"), ("runtime.model", "lowering.bind_sizes"),
+        ("runtime.model", "lowering.compose"), ("runtime.model", "lowering.fusion"),
+        ("runtime.model", "lowering.graph_passes"), ("runtime.model", "lowering.ops"),
+    },
+    # the package's version, read from polyfuse/__init__.py (which every import runs first)
+    "local": {("autotune.records", "polyfuse"), ("runtime.cache", "polyfuse")},
+    "typing": set(),
+}
+ALLOWED_CIRCLES = {
+    "top": set(),
+    # bundles are linked with the cross toolchain, which links programs as bundles do;
+    # the target registry asks targets.cpu whether code runs natively
+    "local": {frozenset({"runtime.bundle", "runtime.cross"}),
+              frozenset({"targets.backends", "targets.cpu", "targets.target"})},
+    # program.py, bundle.py, cuda.py and cross.py read model.py's private _Plan
+    "typing": {frozenset({"runtime.bundle", "runtime.cpu", "runtime.cross", "runtime.cuda",
+                          "runtime.kernel", "runtime.model", "runtime.outputs", "runtime.program"}),
+               frozenset({"targets.backends", "targets.cpu", "targets.target"})},
+}
+ALLOWED_FOREIGN = {("runtime.bundle", "llvmlite")}   # bundles link with llvmlite's linker
+
+
+def test_graph_reading():
+    """The checker sees imports of each kind where they are."""
+    g = import_graph()
+    assert "lowering.ops.elementwise" in g and "_native" in g
+    assert "frontends.onnx_schema" in g["lowering.ops"].top
+    assert "runtime.native" in g["runtime.cpu"].top
+    assert "runtime.cross" in g["runtime.bundle"].local
+    assert "runtime.model" in g["runtime.program"].typing
+    assert g["frontends.onnx"].external == {"onnx"}
+    assert allowed("runtime.cpu", "targets.cpu") and not allowed("targets.cpu", "runtime.native")
+    assert not allowed("lowering.ops", "frontends.onnx") and allowed("lowering.ops", "frontends.einsum")
+    assert circles({"a": Imports(frozenset({"b"}), frozenset(), frozenset(), frozenset()),
+                    "b": Imports(frozenset({"a"}), frozenset(), frozenset(), frozenset()),
+                    "c": Imports(frozenset({"a"}), frozenset(), frozenset(), frozenset())},
+                   ("top",)) == {frozenset({"a", "b"})}
+
+
+def test_imports_follow_the_layers():
+    g = import_graph()
+    for kind in KINDS:
+        new = inversions(g, kind) - ALLOWED_INVERSIONS[kind]
+        assert not new, f"{kind} imports against the layers (DESIGN.md): {sorted(new)}"
+
+
+def test_no_new_import_circle():
+    g = import_graph()
+    allowed_so_far: set[frozenset[str]] = set()
+    for n, kind in enumerate(KINDS, 1):
+        allowed_so_far |= ALLOWED_CIRCLES[kind]
+        # a circle that grows is new; one that shrinks is not
+        new = {c for c in circles(g, KINDS[:n]) if not any(c <= a for a in allowed_so_far)}
+        assert not new, f"import circles through {'+'.join(KINDS[:n])} imports: " \
+            f"{[sorted(c) for c in new]}"
+
+
+def test_third_party_packages_stay_with_their_owners():
+    assert foreign_imports(import_graph()) <= ALLOWED_FOREIGN
+
+
+def test_lowering_does_not_import_the_onnx_front_end():
+    g = import_graph()
+    for m, i in g.items():
+        if _within(m, "lowering"):
+            assert not any(_within(t, "frontends.onnx") for t in i.top | i.local | i.typing), m
+
+
+def test_import_polyfuse_loads_neither_onnx_nor_torch():
+    """In a fresh process: TC users do not pay for onnx (compile() loads it when called)."""
+    code = ("import sys, polyfuse\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnxruntime', 'torch'}))\n"
+            "polyfuse.define('def f(float(N) A) -> (B) { B(i) = A(i) }')\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnxruntime', 'torch'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "[]"]
+    assert out.stderr == ""
