@@ -3,23 +3,27 @@ loop kernel (CPUs) or GPU kernel (CUDA)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import ClassVar
 
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.gpu import GpuKernel
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.ir.loops_verify import verify_kernel
+from polyfuse.ir.passes import IR, Pass, PassManager
 from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
-from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, Pass, promote_accumulators,
+from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, promote_accumulators,
                                             unroll_and_jam)
 from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
+
+GpuPass = Callable[[GpuKernel], GpuKernel]
 
 
 def cpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
@@ -33,6 +37,17 @@ def gpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
     return (promote_accumulators,) if options.use_private_memory else ()
 
 
+def gpu_passes(options: MappingOptions, limits: DeviceLimits) -> tuple[GpuPass, ...]:
+    """The passes of a GPU kernel after it is mapped onto launches."""
+    shared = Pass("promote_to_shared", lambda g: promote_to_shared(g, shared_budget(options, limits)))
+    return ((shared,) if options.use_shared_memory else ()) + (place_barriers,)
+
+
+class GpuPassManager(PassManager[GpuKernel]):
+    level: ClassVar[str] = "gpu"
+    unit: ClassVar[str] = "kernel"
+
+
 def run_loop_passes(kernel: LoopKernel, passes: Sequence[LoopPass],
                     stages: dict[str, str] | None) -> LoopKernel:
     """Run ``passes`` on ``kernel``, verified after each; ``stages`` (if given) receives
@@ -41,11 +56,15 @@ def run_loop_passes(kernel: LoopKernel, passes: Sequence[LoopPass],
     verify_kernel(kernel)
     manager = LoopPassManager(passes, verify=True, keep=stages is not None,
                               input_name="lower_schedule")
-    kernel = manager.run(kernel)
+    return _run(manager, kernel, stages, "loops")
+
+
+def _run(manager: PassManager[IR], ir: IR, stages: dict[str, str] | None, stage: str) -> IR:
+    ir = manager.run(ir)
     if stages is not None:
-        stages.update((f"loops:{name}", text) for name, text in manager.dumps)
-        stages["loops"] = str(kernel)
-    return kernel
+        stages.update((f"{stage}:{name}", text) for name, text in manager.dumps)
+        stages[stage] = str(ir)
+    return ir
 
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
@@ -69,7 +88,8 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
     """Model, schedule with block and thread marks, lower, keep accumulators in registers,
     map onto launches, promote reused input boxes to shared memory, place barriers.
 
-    ``stages`` (if given) receives the schedule tree, the loop IR and the GPU kernel.
+    ``stages`` (if given) receives the schedule tree, the loop IR and the GPU kernel, each
+    after every pass (``gpu:map_to_gpu``, ``gpu:<pass name>``, ``gpu``).
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes, gpu=True)
@@ -77,10 +97,6 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
         stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, replace(options, vector_width=1))
     kernel = run_loop_passes(kernel, gpu_loop_passes(options), stages)
-    gpu = map_to_gpu(kernel, options, limits)
-    if options.use_shared_memory:
-        gpu = promote_to_shared(gpu, shared_budget(options, limits))
-    gpu = place_barriers(gpu)
-    if stages is not None:
-        stages["gpu"] = str(gpu)
-    return gpu
+    manager = GpuPassManager(gpu_passes(options, limits), keep=stages is not None,
+                             input_name="map_to_gpu")
+    return _run(manager, map_to_gpu(kernel, options, limits), stages, "gpu")

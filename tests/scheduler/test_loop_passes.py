@@ -158,17 +158,25 @@ def test_a_specialized_kernel_shows_the_loops_after_each_pass():
         assert str(parse_kernel(text)) == text
 
 
-def test_gpu_kernels_keep_the_loops_before_mapping():
-    d = parse_definition("def rowsum(float(M,K) A) -> (O) { O(m) +=! A(m,k) }")
-    sizes = {"M": 64, "K": 32}
+def test_gpu_kernels_keep_the_loops_and_the_gpu_kernel_after_each_pass():
+    d = parse_definition("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    sizes = {"M": 64, "K": 64, "N": 64}
     options = default_gpu_options(d, sizes)
-    for private in (True, False):
+    for private in (False, True):   # True last: its stages are checked below
         stages: dict[str, str] = {}
-        schedule_gpu_definition(d, sizes, replace(options, use_private_memory=private),
-                                DeviceLimits(), stages)
+        schedule_gpu_definition(d, sizes, replace(options, use_private_memory=private,
+                                                  use_shared_memory=private), DeviceLimits(), stages)
         passes = ["loops:promote_accumulators"] if private else []
         assert [s for s in stages if s.startswith("loops")] == ["loops:lower_schedule", *passes, "loops"]
         assert ("let acc1" in stages["loops"]) is private
+        shared = ["gpu:promote_to_shared"] if private else []
+        gpu = ["gpu:map_to_gpu", *shared, "gpu:place_barriers", "gpu"]
+        assert [s for s in stages if s.startswith("gpu")] == gpu
+        assert stages["gpu"] == stages["gpu:place_barriers"]
+    assert "copy A_s0 <- A(c0, c2)" not in stages["gpu:map_to_gpu"]
+    before, after = stages["gpu:promote_to_shared"], stages["gpu:place_barriers"]
+    assert "copy A_s0 <- A(c0, c2)\n        copy B_s1 <- B(c2, c1)\n        thread.y" in before
+    assert "copy B_s1 <- B(c2, c1)\n        barrier\n        thread.y" in after
 
 
 def test_rewrite_splices_drops_and_maps_after_the_children():
