@@ -219,11 +219,10 @@ ALLOWED_INVERSIONS = {
 }
 ALLOWED_CIRCLES = {
     "top": set(),
-    # bundles are linked with the cross toolchain, which links programs as bundles do;
-    # the target registry asks targets.cpu whether code runs natively
-    "local": {frozenset({"runtime.bundle", "runtime.cross"}),
-              frozenset({"targets.backends", "targets.cpu", "targets.target"})},
-    # program.py, bundle.py, cuda.py and cross.py read model.py's private _Plan
+    # bundles are linked with the cross toolchain, which links programs as bundles do
+    "local": {frozenset({"runtime.bundle", "runtime.cross"})},
+    # program.py, bundle.py, cuda.py and cross.py read model.py's private _Plan; the target
+    # registry asks targets.cpu whether code runs natively, which takes a Target
     "typing": {frozenset({"runtime.bundle", "runtime.cpu", "runtime.cross", "runtime.cuda",
                           "runtime.kernel", "runtime.model", "runtime.outputs", "runtime.program"}),
                frozenset({"targets.backends", "targets.cpu", "targets.target"})},

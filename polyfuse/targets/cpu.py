@@ -12,13 +12,16 @@ import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import llvmlite.binding as llvm
 
 from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
-from polyfuse.targets.target import Target
+
+if TYPE_CHECKING:   # only a type here: targets.target imports this module (through backends)
+    from polyfuse.targets.target import Target
 
 
 @functools.cache
