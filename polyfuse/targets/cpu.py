@@ -7,10 +7,7 @@ address to :func:`compile_kernel` and :func:`load_object` (targets do not import
 from __future__ import annotations
 
 import functools
-import os
 import re
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,6 +15,7 @@ import llvmlite.binding as llvm
 
 from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.loops import LoopKernel
+from polyfuse.targets.diagnostics import caught_stderr, quiet_remarks
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
 
 if TYPE_CHECKING:   # only a type here: targets.target imports this module (through backends)
@@ -50,17 +48,9 @@ def _check_names(triple: str, cpu: str, features: str, spec: str) -> None:
     """Refuse a CPU or feature LLVM does not know: it would say so on stderr, ignore
     it, and may then abort the process. LLVM has no API that lists them, so a target
     machine is made once with stderr caught to see what LLVM says."""
-    with tempfile.TemporaryFile() as caught:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        try:
-            os.dup2(caught.fileno(), 2)
-            llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        caught.seek(0)
-        said = caught.read().decode(errors="replace")
+    with caught_stderr() as caught:
+        llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features)
+    said = caught[0]
     unknown = sorted(set(re.findall(r"'([^']*)' is not a recognized (?:processor|feature)", said)))
     if unknown:
         raise TargetError(f"target '{spec}': LLVM does not know {', '.join(map(repr, unknown))} "
@@ -110,7 +100,8 @@ def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
     pto.loop_unrolling = True
     pto.loop_interleaving = True
     pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(module, pb)
+    with quiet_remarks():  # "loop not vectorized" where a vector width could not be used
+        pb.getModulePassManager().run(module, pb)
 
 
 @dataclass
