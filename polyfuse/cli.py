@@ -217,7 +217,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             out = Path(args.output)
             out.mkdir(parents=True, exist_ok=True)
             for name, text in stages.items():
-                (out / f"{d.name}.{name}.txt").write_text(text)
+                (out / f"{d.name}.{name.replace(':', '.')}.txt").write_text(text)
             obj = getattr(getattr(spec.run, "jit", spec.run), "object", None)
             if obj:
                 (out / f"{d.name}.o").write_bytes(obj)

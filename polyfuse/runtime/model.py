@@ -335,18 +335,20 @@ class CompiledModel:
         """The text of one stage of compilation: the graph after a pass (``input``,
         ``fold_batch_norms``, ..., see :data:`STAGES`), ``groups`` (the fusion
         decisions), or, for the kernels of the latest plan, ``kernels`` (their TC),
-        ``loops``, ``llvm``, ``asm`` (kernel stages, each kernel headed by its label)."""
+        ``loops``, ``loops:<pass>`` (after each loop pass), ``llvm``, ``asm`` (kernel stages,
+        each kernel headed by its label)."""
         graphs = dict(self.passes.graphs) if self.passes is not None else {}
         if stage in graphs:
             return str(graphs[stage])
         if stage == "groups":
             return describe_groups(self.graph) or "(no fusion groups)"
         kernel_stage = {"kernels": "specialized"}.get(stage, stage)
-        if kernel_stage in KERNEL_STAGES:
+        # "loops:<pass>" and "gpu:<pass>": the loop IR after each named loop pass
+        if kernel_stage in KERNEL_STAGES or kernel_stage.partition(":")[0] in ("loops", "gpu"):
             plan = self._latest_plan(f"stage '{stage}' and other kernel stages")
             kernels = [st for st in plan.steps if st.spec is not None]
             if kernels and not any(kernel_stage in st.spec.stages for st in kernels):
-                present = [s for s in KERNEL_STAGES[1:] if s in kernels[0].spec.stages]
+                present = [s for s in kernels[0].spec.stages if s != "specialized"]
                 raise ArgumentError(f"kernels for {self.target} have no stage '{stage}'; they have "
                                     f"kernels, {', '.join(present)}")
             return "\n\n".join(f"// {st.label}\n{st.spec.stages.get(kernel_stage, '')}"

@@ -220,3 +220,14 @@ def test_the_passes_walk_the_deepest_nest_a_kernel_may_have_from_a_deep_caller()
     out = deep(400)
     assert "let acc1 = acc1 + 1.0" in str(out) and parse_kernel(str(out)) == out
     np.testing.assert_array_equal(interpret_kernel(out, {"A": A})["O"], np.ones(4, np.float32))
+
+
+def test_a_model_dumps_its_kernels_after_each_loop_pass():
+    from tests.onnx.test_frontend import mlp
+    model = pf.compile(mlp(), target="host")
+    model.run({"x": np.ones((2, 16), np.float32)})
+    first = model.dump("loops:lower_schedule")
+    assert first.startswith("// g0[fc1 bias1 relu1]") and "kernel fused(" in first
+    assert model.dump("loops").split("\n", 1)[1] in model.dump("loops:promote_accumulators")
+    with pytest.raises(pf.ArgumentError, match="no stage 'loops:bogus'.*loops:unroll_and_jam"):
+        model.dump("loops:bogus")
