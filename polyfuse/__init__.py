@@ -9,8 +9,7 @@ from polyfuse.errors import (AccessRangeError, ArgumentError, BoundsError, Codeg
 from polyfuse.runtime.kernel import Kernel, KernelModule, SpecializedKernel
 from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.targets import Target
-
-__version__ = "0.1.0"
+from polyfuse.version import __version__
 
 __all__ = [
     "compile", "define", "einsum", "Target", "Kernel", "KernelModule", "SpecializedKernel",

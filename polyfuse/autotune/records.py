@@ -52,7 +52,7 @@ class RecordsWarning(UserWarning):
 
 
 def _version() -> str:
-    from polyfuse import __version__
+    from polyfuse.version import __version__
     return __version__
 
 

@@ -60,7 +60,7 @@ def code_fingerprint() -> str:
 
 
 def kernel_key(*parts: str) -> str:
-    from polyfuse import __version__
+    from polyfuse.version import __version__
     h = hashlib.sha256()
     for p in (f"format={FORMAT}", f"polyfuse={__version__}", code_fingerprint(), *parts):
         h.update(p.encode())

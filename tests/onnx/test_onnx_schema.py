@@ -4,7 +4,8 @@ import onnx
 import pytest
 
 from polyfuse.errors import DTypeError
-from polyfuse.frontends.onnx_schema import ELEMENT_TYPES, SUPPORTED_DTYPES, check_signature, dtype_of, type_str
+from polyfuse.frontends.onnx_schema import (ELEMENT_TYPES, SUPPORTED_DTYPES, check_signature, dtype_of,
+                                            type_str)
 from polyfuse.ir.graph import Node, TensorType
 from polyfuse.ir.types import DType
 
