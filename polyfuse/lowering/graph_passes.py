@@ -7,14 +7,14 @@ for ``--dump``-style inspection, and times the passes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from typing import ClassVar
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from polyfuse.errors import PolyfuseError
 from polyfuse.ir.graph import Constant, Graph, Node, verify_graph
+from polyfuse.ir.passes import PassManager as IRPassManager
 from polyfuse.lowering.fusion import partition_fusion_groups
 
 GraphPass = Callable[[Graph], Graph]
@@ -189,33 +189,19 @@ DEFAULT_PASSES: tuple[GraphPass, ...] = (
 
 
 @dataclass
-class PassManager:
-    """Runs ``passes`` in order; ``verify`` checks the graph after each, ``keep`` keeps
-    the graph after each (``dumps`` prints them, for ``--dump``-style inspection)."""
+class PassManager(IRPassManager[Graph]):
+    """Runs graph passes in order (:mod:`polyfuse.ir.passes` for what it keeps and
+    times); ``verify`` checks each graph with ``verify_graph``."""
 
     passes: Sequence[GraphPass] = DEFAULT_PASSES
-    verify: bool = False
-    keep: bool = False
-    graphs: list[tuple[str, Graph]] = field(default_factory=list)   # (pass name, graph after it)
-    times: list[tuple[str, float]] = field(default_factory=list)
 
-    def run(self, g: Graph) -> Graph:
-        if self.keep:
-            self.graphs.append(("input", g))
-        for p in self.passes:
-            start = time.perf_counter()
-            try:
-                g = p(g)
-                if self.verify:
-                    verify_graph(g)
-            except PolyfuseError as err:
-                raise type(err)(f"in graph pass '{p.__name__}' on graph '{g.name}': {err}") from None
-            self.times.append((p.__name__, time.perf_counter() - start))
-            if self.keep:
-                self.graphs.append((p.__name__, g))
-        return g
+    level: ClassVar[str] = "graph"
+    unit: ClassVar[str] = "graph"
+
+    def check(self, g: Graph) -> None:
+        verify_graph(g)
 
     @property
-    def dumps(self) -> list[tuple[str, str]]:
-        """``(pass name, printed graph)`` after each pass, the input first."""
-        return [(name, str(g)) for name, g in self.graphs]
+    def graphs(self) -> list[tuple[str, Graph]]:
+        """``(pass name, graph after it)``, the input first (with ``keep``)."""
+        return self.kept
