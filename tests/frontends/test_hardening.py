@@ -272,3 +272,13 @@ def test_an_output_larger_than_memory_is_refused_before_it_is_allocated(target):
     with pytest.raises(pf.ShapeError, match="inputs are too small"):
         pf.define("def g(float(N) I) -> (O) { O(i) = I(i + 2) }", target=target).g(
             np.ones(1, np.float32))
+
+
+def test_an_integer_literal_no_integer_type_holds_is_refused_at_its_column():
+    source = "def f(int64(N) A) -> (B) { B(i) = A(i) * 9223372036854775808 }"
+    with pytest.raises(pf.TCSemanticError, match="too large for int64") as err:
+        pf.define(source)
+    assert err.value.col == source.index("9223") + 1
+    big = pf.define("def f(int64(N) A) -> (B) { B(i) = A(i) + 9223372036854775807 }",
+                    target="host").f(np.array([-1, 0], np.int64))
+    np.testing.assert_array_equal(big, [2**63 - 2, 2**63 - 1])

@@ -102,6 +102,10 @@ class ExprAnalyzer:
             case ast.Number(value=v, loc=loc):
                 if isinstance(v, float):
                     return Typed(Literal(v, DType.FLOAT32, loc), True)
+                if v >= 2**63:  # as in C: no integer type holds it
+                    raise self.error(f"integer literal {v} is too large for int64 (at most "
+                                     f"{2**63 - 1})", loc, hint="write a smaller constant, or a "
+                                     "float literal (e.g. 1e19) if a float is meant")
                 return Typed(int_literal(v, loc), True)
             case ast.Name():
                 return self.name(node)
