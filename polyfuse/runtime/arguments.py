@@ -14,8 +14,7 @@ import numpy as np
 
 from polyfuse.errors import ArgumentError, DTypeError, ShapeError
 from polyfuse.ir.comprehension import Definition, Literal, ScalarDecl, SizeVar, TensorDecl, walk
-from polyfuse.ir.graph import check_tensor_size
-from polyfuse.ir.symbolic import evaluate_int, zero_divisor
+from polyfuse.ir.symbolic import zero_divisor
 from polyfuse.ir.types import DType
 from polyfuse.runtime.device_arrays import DeviceArray, as_device_array
 
@@ -85,10 +84,6 @@ def bind_arguments(d: Definition, args: Sequence[object],
                                  f"(shape {array.shape})")
         values[p.name] = array
     _check_divisors(d, sizes, origin)
-    for t in d.outputs:  # a shift by 2**62 asks for more memory than any machine has
-        shape = tuple(evaluate_int(e, sizes) for e in t.shape)
-        if min(shape, default=0) >= 0:  # negative sizes are refused with the statement
-            check_tensor_size(f"{d.name}: output '{t.name}'", t.dtype, shape)
     return BoundArguments(values, sizes)
 
 

@@ -23,6 +23,7 @@ from polyfuse.autotune.task import Task
 from polyfuse.errors import AccessRangeError, ArgumentError, ShapeError, TargetError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
+from polyfuse.ir.graph import check_tensor_size
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.lowering.bind_sizes import bind_sizes
 from polyfuse.runtime import outputs as given_outputs
@@ -227,6 +228,8 @@ class Kernel:
                 raise ShapeError(
                     f"{self.name}: output '{t.name}' would have shape {tuple(extents)} for sizes "
                     f"{sizes}: the inputs are too small for the statement that writes it")
+            # a shift by 2**62 asks for more memory than any machine has
+            check_tensor_size(f"{self.name}: output '{t.name}'", t.dtype, tuple(extents))
         stages = {"source": self.source, "comprehension": str(self.definition),
                   "specialized": str(specialized)}
         try:
