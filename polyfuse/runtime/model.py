@@ -348,7 +348,8 @@ class CompiledModel:
             plan = self._latest_plan(f"stage '{stage}' and other kernel stages")
             kernels = [st for st in plan.steps if st.spec is not None]
             if kernels and not any(kernel_stage in st.spec.stages for st in kernels):
-                present = [s for s in kernels[0].spec.stages if s != "specialized"]
+                have = kernels[0].spec.stages
+                present = [s for s in KERNEL_STAGES[1:] if s in have] + [s for s in have if ":" in s]
                 raise ArgumentError(f"kernels for {self.target} have no stage '{stage}'; they have "
                                     f"kernels, {', '.join(present)}")
             return "\n\n".join(f"// {st.label}\n{st.spec.stages.get(kernel_stage, '')}"
