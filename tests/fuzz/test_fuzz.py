@@ -54,8 +54,8 @@ def test_fuzz_slice(front, tmp_path):
 @pytest.mark.parametrize("front", sorted(SLICE))
 def test_fuzz_long(front, tmp_path):
     count = int(os.environ.get("POLYFUSE_FUZZ_CASES", "10000"))
-    summary = fuzz(front, count, int(os.environ.get("POLYFUSE_FUZZ_SEED", SEED)), tmp_path,
-                   timeout=6 * 3600)
-    print(f"\n{front}: {count} cases, seed {SEED}: {summary['counts']}\n"
+    seed = int(os.environ.get("POLYFUSE_FUZZ_SEED", SEED))
+    summary = fuzz(front, count, seed, tmp_path, timeout=6 * 3600)
+    print(f"\n{front}: {count} cases, seed {seed}: {summary['counts']}\n"
           f"refusals: {summary['refusals']}\n"
           f"lenient examples: {[d['error'][:200] for d in summary['defects'] if d['outcome'] == 'lenient']}")
