@@ -282,3 +282,14 @@ def test_an_integer_literal_no_integer_type_holds_is_refused_at_its_column():
     big = pf.define("def f(int64(N) A) -> (B) { B(i) = A(i) + 9223372036854775807 }",
                     target="host").f(np.array([-1, 0], np.int64))
     np.testing.assert_array_equal(big, [2**63 - 2, 2**63 - 1])
+
+
+@pytest.mark.parametrize("target", ["reference", "host"])
+def test_an_integer_literal_the_other_operand_cannot_hold_makes_the_operation_int64(target):
+    m = pf.define("def f(int32(N) A, int8(N) C) -> (Q, R) {\n  Q(i) = A(i) / 2147483648\n"
+                  "  R(i) = C(i) + 200\n}", target=target)
+    a, c = np.array([2**31 - 1, -2**31, 5], np.int32), np.array([100, -100, 7], np.int8)
+    q, r = m.f(a, c)
+    assert q.dtype == r.dtype == np.int64    # as C types 2147483648 a long
+    np.testing.assert_array_equal(q, np.trunc(a.astype(np.int64) / 2**31).astype(np.int64))
+    np.testing.assert_array_equal(r, c.astype(np.int64) + 200)

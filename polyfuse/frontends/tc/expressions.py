@@ -78,8 +78,15 @@ def _join(a: Typed, b: Typed) -> tuple[DType, bool]:
         weak, strong = (a, b) if a.weak else (b, a)
         if weak.dtype.is_float and not strong.dtype.is_float:
             return DType.FLOAT32, False
+        if isinstance(weak.expr, Literal) and weak.dtype.is_int and _signed(strong.dtype) \
+                and not -2**(strong.dtype.bits - 1) <= weak.expr.value < 2**(strong.dtype.bits - 1):
+            return DType.INT64, False   # as in C: a literal int does not hold is a long
         return (DType.INT32 if strong.dtype.is_bool else strong.dtype), False
     return promote(a.dtype, b.dtype), False
+
+
+def _signed(dt: DType) -> bool:
+    return dt.is_int and not dt.is_unsigned and not dt.is_bool
 
 
 def _numeric(dt: DType) -> DType:
