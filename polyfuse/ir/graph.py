@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import IRVerificationError, ShapeError, SizeLimitError
+from polyfuse.errors import IRVerificationError
 from polyfuse.ir.types import DType
 
 Dim = int | str
@@ -48,58 +47,6 @@ class TensorType:
     def __str__(self) -> str:
         dims = (str(d) if isinstance(d, int) else format_name(d) for d in self.shape)
         return f"{self.dtype}[{', '.join(dims)}]"
-
-
-MAX_TENSOR_BYTES_VARIABLE = "POLYFUSE_MAX_TENSOR_BYTES"
-
-
-def max_tensor_bytes() -> int:
-    """The most bytes one tensor, or one model's activation arena, may take: the
-    environment variable ``POLYFUSE_MAX_TENSOR_BYTES`` if set, else half of this
-    machine's physical memory or of the process's address-space limit (ulimit -v),
-    whichever is less (more could not be held while anything else runs)."""
-    text = os.environ.get(MAX_TENSOR_BYTES_VARIABLE, "").strip()
-    if text:
-        try:
-            return int(float(text))
-        except ValueError:
-            raise ShapeError(f"{MAX_TENSOR_BYTES_VARIABLE}={text!r} is not a number of bytes; "
-                             "set it to e.g. 8e9 or unset it") from None
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf: assume a 16 GiB machine
-        memory = 16 << 30
-    try:
-        import resource
-        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if soft != resource.RLIM_INFINITY:
-            memory = min(memory, soft)
-    except (ImportError, OSError, ValueError):
-        pass
-    return memory // 2
-
-
-def check_tensor_size(what: str, dtype: DType, shape: tuple[int, ...]) -> None:
-    """Raise before ``what`` (a tensor of ``dtype`` and concrete ``shape``) is allocated
-    if a dimension is negative or it would take more than :func:`max_tensor_bytes`."""
-    if any(d < 0 for d in shape):
-        raise ShapeError(f"{what} would have shape {tuple(shape)}, with a negative dimension; "
-                         "sizes must be >= 0 (check the shape values the model computes or is fed)")
-    count = 1
-    for d in shape:
-        count *= d
-    check_bytes(f"{what} would have shape {tuple(shape)} ({dtype}):", count * max(1, dtype.bits // 8))
-
-
-def check_bytes(what: str, nbytes: int) -> None:
-    """Raise :class:`SizeLimitError` if ``what`` needs more than :func:`max_tensor_bytes`."""
-    limit = max_tensor_bytes()
-    if nbytes > limit:
-        raise SizeLimitError(f"{what} {nbytes} bytes ({nbytes / 2**30:.1f} GiB), over the limit of "
-                             f"{limit} bytes ({limit / 2**30:.1f} GiB) per tensor; "
-                             f"set the environment variable {MAX_TENSOR_BYTES_VARIABLE} to raise "
-                             "it (the default is half of this machine's memory or address-space "
-                             "limit), or feed smaller sizes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from polyfuse.autotune.task import Task
 from polyfuse.errors import AccessRangeError, ArgumentError, ShapeError, TargetError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
-from polyfuse.ir.graph import check_tensor_size
+from polyfuse.ir.limits import check_tensor_size
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.lowering.bind_sizes import bind_sizes
 from polyfuse.runtime import outputs as given_outputs

@@ -22,7 +22,8 @@ from polyfuse.errors import ArgumentError, BoundsError, DTypeError, ModelError, 
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
-from polyfuse.ir.graph import Graph, Node, TensorType, Value, check_bytes, check_tensor_size
+from polyfuse.ir.graph import Graph, Node, TensorType, Value
+from polyfuse.ir.limits import check_bytes, check_tensor_size
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.bind_sizes import bind_sizes
