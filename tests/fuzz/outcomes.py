@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,10 @@ class Tally:
     defects: list[dict] = field(default_factory=list)
     seen: set = field(default_factory=set)  # (outcome, where) already kept
 
-    def record(self, outcome: str, case: str = "", error: BaseException | None = None) -> None:
+    def record(self, outcome: str, case: str | Callable[[], str] = "",
+               error: BaseException | None = None) -> None:
+        """Count ``outcome``; keep ``case`` (text, or a function that prints it, called
+        only for a defect not kept before) with the first few defects."""
         self.counts[outcome] += 1
         if outcome == "refused" and error is not None:
             self.refusals[type(error).__name__] += 1
@@ -44,6 +48,7 @@ class Tally:
                    str(error)[:80] if outcome == "lenient" else "")
             if key not in self.seen and len(self.defects) < 20:
                 self.seen.add(key)
+                case = case() if callable(case) else case
                 self.defects.append({"outcome": outcome, "error": f"{type(error).__name__}: "
                                      f"{str(error)[:500]}", "where": where, "case": case[:4000],
                                      "traceback": "".join(traceback.format_exception(error))[-3000:]})
@@ -61,6 +66,27 @@ def outcome_of(run) -> tuple[str, BaseException | None, object]:
         return "refused", e, None
     except Exception as e:  # noqa: BLE001 - a raw exception is what the fuzzer looks for
         return "raw", e, None
+
+
+def judge(tally: Tally, want: tuple, got: tuple, case: str | Callable[[], str], *,
+          reference_refused: str = "wrong", **tolerance) -> None:
+    """Record what a native run (``got``, an :func:`outcome_of`) came to against the
+    reference's (``want``): its raw error, its refusal, ``reference_refused`` when it
+    answered what the reference refused, else whether the answers agree."""
+    (outcome, error, expected), (native, native_error, result) = want, got
+    if native == "raw":
+        return tally.record("raw", case, native_error)
+    if native == "refused":
+        return tally.record("refused", case, native_error)
+    if outcome != "ok":
+        return tally.record(reference_refused, case, Mismatch(
+            f"the reference refused ({type(error).__name__}: {str(error)[:300]}) but the native "
+            "target returned a result"))
+    try:
+        assert_same(result, expected, **tolerance)
+    except Mismatch as e:
+        return tally.record("wrong", case, e)
+    tally.record("ok")
 
 
 def as_tuple(result) -> tuple:

@@ -19,7 +19,7 @@ from polyfuse.ir.comprehension import ScalarDecl
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 
-from tests.fuzz.outcomes import Mismatch, Tally, assert_same, outcome_of
+from tests.fuzz.outcomes import Tally, judge, outcome_of
 from tests.tc_programs import PROGRAMS
 from tests.tc_random import programs as random_programs
 
@@ -180,20 +180,7 @@ def run_case(case: tuple[str, int], target: str, tally: Tally) -> None:
         name, args = call
         return getattr(module, name)(*args)
 
-    outcome, error, want = outcome_of(lambda: on("reference"))
-    if outcome == "raw":
-        return tally.record("raw", "reference: " + label, error)
-    native, native_error, got = outcome_of(lambda: on(target))
-    if native == "raw":
-        return tally.record("raw", f"{target}: " + label, native_error)
-    if outcome == "refused" or native == "refused":
-        if outcome == "refused" and native == "ok":
-            return tally.record("wrong", label, Mismatch(
-                f"the reference refused ({type(error).__name__}: {str(error)[:300]}) but {target} "
-                "returned a result"))
-        return tally.record("refused", label, error or native_error)
-    try:
-        assert_same(got, want)
-    except Mismatch as e:
-        return tally.record("wrong", label, e)
-    tally.record("ok")
+    want = outcome_of(lambda: on("reference"))
+    if want[0] == "raw":
+        return tally.record("raw", "reference: " + label, want[1])
+    judge(tally, want, outcome_of(lambda: on(target)), f"{target}: " + label)
