@@ -223,6 +223,10 @@ def test_the_size_limit_is_set_by_an_environment_variable(monkeypatch):
         run(m, feed)
     monkeypatch.setenv("POLYFUSE_MAX_TENSOR_BYTES", "1024")
     np.testing.assert_array_equal(run(m, feed)["y0"], np.maximum(feed["x0"], 0))
+    monkeypatch.setenv("POLYFUSE_MAX_TENSOR_BYTES", "lots")
+    with pytest.raises(pf.PolyfuseError, match="POLYFUSE_MAX_TENSOR_BYTES='lots' is not a number "
+                                               "of bytes; set it to e.g. 8e9 or unset it"):
+        run(m, feed)
 
 
 @pytest.mark.parametrize("op, constants, message", [
