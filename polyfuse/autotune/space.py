@@ -8,7 +8,7 @@ every permutation of up to four members, and for more, each ordered pair of memb
 innermost with the others in statement order or with the reductions first. The tile sizes,
 register tiles and orders refer to the band members of the heaviest statement: its
 left-hand side indices, then its reduction indices, without those whose range is one
-value in the text (see :mod:`polyfuse.scheduler.schedule`).
+value in the text (:class:`~polyfuse.scheduler.loop_nest.LoopNest`).
 
 Points are kept in a *canonical* form: options that make the same code are written one
 way (an identity order is ``()``; register tiles and a tile order without tiles, or
@@ -16,7 +16,7 @@ intra-tile fusion with one statement, are dropped), so the search does not measu
 kernel twice. A point is *valid* when, in canonical form:
 
 * tile sizes and register tiles have one entry per member, orders are permutations of
-  the members (or empty);
+  the members (or empty); no tile size is larger than its member's extent;
 * a register tile divides both the member's cache tile and its extent (its loops have
   a constant trip count, as unroll-and-jam needs);
 * the vector width is 1 or a SIMD width of the target dividing the trip count of the
@@ -55,11 +55,11 @@ from typing import Any
 import numpy as np
 
 from polyfuse.autotune.task import Task
-from polyfuse.ir.comprehension import Definition, IndexVar, Read, walk
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
-from polyfuse.scheduler.heuristics import default_options, element_bits, extent, heaviest, single_valued
+from polyfuse.scheduler.heuristics import default_options, element_bits
+from polyfuse.scheduler.loop_nest import LoopNest, Shape
 from polyfuse.scheduler.options import Fusion, MappingOptions
-from polyfuse.targets import Device
+from polyfuse.targets import Device, Target
 
 ROWS = (1, 2, 4, 6, 7, 8)      # register tile rows (6 and 7 where they divide the extent)
 VECTORS = (1, 2, 3, 4)         # register tile columns, in SIMD vectors
@@ -68,55 +68,6 @@ MAX_JAM = 8
 ALL_ORDERS_UP_TO = 4           # members up to which every permutation is a candidate
 ENUMERABLE = 50_000            # raw size up to which a space is listed exhaustively (about 1 s)
 BLOCKS = ((32, 8), (32, 4), (16, 16), (32, 16), (64, 4), (128, 2), (256,), (32, 32))  # GPU threads
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The loops that options make of the band (as far as the options decide them)."""
-
-    tiles: tuple[int, ...]         # per member: its cache tile (the extent when untiled)
-    trips: tuple[int, ...]         # per member: the trip count of its innermost-level loop
-    innermost: int | None          # the member of the innermost loop (None: no loop left)
-    jammed: int | None             # the member of the loop around it
-
-
-@dataclass(frozen=True)
-class LoopNest:
-    """The band of a definition's heaviest statement, which tile sizes and orders refer to."""
-
-    members: tuple[str, ...]       # left-hand side, then reduction indices
-    extents: tuple[int, ...]
-    reductions: int                # the last ``reductions`` members are reduction indices
-    reduces: bool                  # some statement of the definition reduces
-    contiguous: tuple[float, ...]  # per member: share of the accesses whose last index uses it
-    work: int                      # iterations of the statement
-    statements: int                # in the definition
-    element_bits: int              # of the narrowest output element in registers
-
-    @staticmethod
-    def of(d: Definition, sizes: dict[str, int]) -> LoopNest:
-        st = heaviest(d, sizes)
-        members = tuple(i for i in st.indices + st.reduction_indices if not single_valued(st, i))
-        accesses = [r.indices[-1] for r in walk(st.rhs) if isinstance(r, Read) and r.indices]
-        lasts = [{n.name for n in walk(e) if isinstance(n, IndexVar)} for e in accesses]
-        lasts += [{st.indices[-1]}] if st.indices else []
-        contiguous = tuple(sum(i in last for last in lasts) / max(len(lasts), 1) for i in members)
-        return LoopNest(members, tuple(extent(st, i, sizes) for i in members),
-                        sum(i in st.reduction_indices for i in members),
-                        any(s.reduction_indices for s in d.statements), contiguous,
-                        math.prod(extent(st, r.index, sizes) for r in st.ranges), len(d.statements),
-                        element_bits(d))
-
-    def shape(self, o: MappingOptions) -> Shape:
-        """The loops of canonical options ``o`` (see :meth:`SearchSpace.canonical`)."""
-        n = len(self.members)
-        tiles = tuple(min(t, e) if t else e for t, e in zip(_pad(o.tile_sizes, n), self.extents))
-        if any(o.tile_sizes) and any(o.register_tile):
-            trips = tuple(min(r, t) if r else t for r, t in zip(_pad(o.register_tile, n), tiles))
-        else:
-            trips = tiles
-        inner = [j for j in (o.point_order or range(n)) if trips[j] > 1]
-        return Shape(tiles, trips, inner[-1] if inner else None, inner[-2] if len(inner) > 1 else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,6 +81,11 @@ class SearchSpace:
     heuristic: MappingOptions = field(repr=False)
 
     @staticmethod
+    def of_target(task: Task) -> SearchSpace:
+        """The space of ``task``'s options on its own target (the SIMD width compilation uses)."""
+        return SearchSpace.for_task(task, target_vector_bits(task.target))
+
+    @staticmethod
     def for_task(task: Task, vector_bits: int = 512) -> SearchSpace:
         """The space of ``task``'s options on a target whose SIMD registers have
         ``vector_bits`` bits (what the heuristic gets too)."""
@@ -138,7 +94,7 @@ class SearchSpace:
         if task.target.backend.device is Device.GPU:
             heuristic = default_gpu_options(d, sizes)
             return SearchSpace(task, nest, (), _gpu_candidates(nest, heuristic), heuristic)
-        width = max(1, vector_bits // nest.element_bits)
+        width = max(1, vector_bits // element_bits(d))
         widths = tuple(w for w in (width, width // 2, width // 4) if w >= 2)
         heuristic = default_options(d, sizes, vector_bits)
         return SearchSpace(task, nest, widths, _candidates(nest, widths, heuristic), heuristic)
@@ -215,6 +171,8 @@ class SearchSpace:
             return out
         o = self.canonical(options)
         shape = self.nest.shape(o)
+        out += [f"tile size {t} of '{m}' is larger than its extent {e}"
+                for m, t, e in zip(self.nest.members, o.tile_sizes, self.nest.extents) if t > e]
         for j, r in enumerate(o.register_tile):
             if r and math.gcd(shape.tiles[j], self.nest.extents[j]) % r:
                 out.append(f"register tile {r} of '{self.nest.members[j]}' does not divide both its "
@@ -241,13 +199,13 @@ class SearchSpace:
         identity = tuple(range(n))
         # non-empty tile sizes or point order put the members in statement order first
         ordered = bool(options.tile_sizes or options.point_order)
-        tiles = _pad(options.tile_sizes, n) if ordered else ()
+        tiles = self.nest.fit(options.tile_sizes) if ordered else ()
         tiled = any(tiles)
         registers: tuple[int, ...] = ()
         if tiled and any(options.register_tile):
             # one register tile per cache tile is no register tile (an untiled member's
             # register tile is left alone: another statement's band may be longer there)
-            registers = tuple(0 if t and r >= t else r for r, t in zip(_pad(options.register_tile, n), tiles))
+            registers = tuple(0 if t and r >= t else r for r, t in zip(self.nest.fit(options.register_tile), tiles))
             registers = registers if any(registers) else ()
         tile_order = options.tile_order if tiled and options.tile_order != identity else ()
         point_order = options.point_order if options.point_order != identity else ()
@@ -258,11 +216,12 @@ class SearchSpace:
                        reorder_reductions=options.reorder_reductions and self.nest.reduces)
 
     def repair(self, options: MappingOptions) -> MappingOptions:
-        """A valid point near ``options``: wrong lengths padded or cut, then register tiles,
-        vector width, unroll and unroll_jam lowered until they fit. Also adapts options
-        tuned for another task of the same family."""
+        """A valid point near ``options``: wrong lengths padded or cut, tile sizes cut to
+        the extents, then register tiles, vector width, unroll and unroll_jam lowered until
+        they fit. Also adapts options tuned for another task of the same family."""
         n, ext = len(self.nest.members), self.nest.extents
-        fixed = replace(options, tile_sizes=_pad(options.tile_sizes, n), register_tile=_pad(options.register_tile, n),
+        tiles = tuple(min(t, e) for t, e in zip(self.nest.fit(options.tile_sizes), ext))
+        fixed = replace(options, tile_sizes=tiles, register_tile=self.nest.fit(options.register_tile),
                         tile_order=options.tile_order if len(options.tile_order) == n else (),
                         point_order=options.point_order if len(options.point_order) == n else ())
         o = self.canonical(fixed)
@@ -299,7 +258,7 @@ class SearchSpace:
         n = len(self.nest.members)
         identity = tuple(range(n))
         genes: dict[str, Any] = {f.name: getattr(o, f.name) for f in _SCALAR_FIELDS}
-        tiles, registers = _pad(o.tile_sizes, n), _pad(o.register_tile, n)
+        tiles, registers = self.nest.fit(o.tile_sizes), self.nest.fit(o.register_tile)
         genes |= {f"tile_sizes.{j}": tiles[j] for j in range(n)}
         genes |= {f"register_tile.{j}": registers[j] for j in range(n)}
         genes["tile_order"] = () if o.tile_order == identity else o.tile_order
@@ -346,6 +305,14 @@ def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
     return out
 
 
+def target_vector_bits(target: Target) -> int:
+    """The SIMD register bits of ``target``'s floats (128 where it has no CPU SIMD)."""
+    if target.backend.cpus:
+        from polyfuse.targets.cpu import vector_bits
+        return vector_bits(target)
+    return 128
+
+
 # --- candidate values ------------------------------------------------------------------
 
 def _candidates(nest: LoopNest, widths: tuple[int, ...], heuristic: MappingOptions) -> dict[str, tuple[Any, ...]]:
@@ -361,7 +328,7 @@ def _candidates(nest: LoopNest, widths: tuple[int, ...], heuristic: MappingOptio
         "fix_sizes": (False, True) if min(nest.extents, default=1) > 1 else (False,),
         "num_threads": (0,),
     } | _ONE_VALUE_ON_CPUS
-    tiles, registers = _pad(heuristic.tile_sizes, n), _pad(heuristic.register_tile, n)
+    tiles, registers = nest.fit(heuristic.tile_sizes), nest.fit(heuristic.register_tile)
     for j, e in enumerate(nest.extents):
         c[f"tile_sizes.{j}"] = _below(e + 1, _tile_sizes(e) | {tiles[j]})
         c[f"register_tile.{j}"] = _below(e, set(ROWS) | {k * w for w in widths for k in VECTORS} | {registers[j]})
@@ -396,7 +363,7 @@ def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tupl
         "shared_memory_bytes": (0,),
         "block_reduction": (False, True) if nest.reduces else (False,),
     }
-    tiles = _pad(heuristic.tile_sizes, n)
+    tiles = nest.fit(heuristic.tile_sizes)
     for j, e in enumerate(nest.extents):
         c[f"tile_sizes.{j}"] = _below(e + 1, _tile_sizes(e) | {tiles[j]})
         c[f"register_tile.{j}"] = (0,)
@@ -437,10 +404,6 @@ def _with(orders: tuple[tuple[int, ...], ...], extra: tuple[int, ...], n: int) -
     if len(extra) != n or extra == tuple(range(n)) or extra in orders:
         return orders
     return tuple(sorted(orders + (extra,)))
-
-
-def _pad(values: tuple[int, ...], n: int) -> tuple[int, ...]:
-    return tuple(values[:n]) + (0,) * max(0, n - len(values))
 
 
 def _divisor_at_most(value: int, limit: int) -> int:

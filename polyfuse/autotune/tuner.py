@@ -21,7 +21,7 @@ from polyfuse.autotune.space import SearchSpace
 from polyfuse.autotune.task import Task
 from polyfuse.errors import OptionError
 from polyfuse.scheduler.options import MappingOptions, number
-from polyfuse.targets import Target
+from polyfuse.targets.cpu import emulated
 
 
 SLOW_CUTOFF = 4.0   # a candidate this many times slower than the best is timed once
@@ -71,7 +71,7 @@ class TuneResult:
 
 
 def make_search(task: Task, config: TuneConfig) -> Search:
-    space = SearchSpace.for_task(task, _vector_bits(task.target))
+    space = SearchSpace.of_target(task)
     if config.strategy == "random":
         return RandomSearch(space, seed=config.seed)
     if config.strategy == "genetic":
@@ -93,7 +93,7 @@ def _check_measurable(task: Task) -> None:
     """Tuning times code on this machine: refuse targets whose code runs here only under
     an emulator (its times say nothing of the real CPU)."""
     target = task.target
-    if target.backend.emulated(target):
+    if emulated(target):
         raise OptionError(f"tuning measures kernels on this machine, where {target} code runs "
                           "only under an emulator whose times say nothing of that CPU; tune "
                           f"on a {target.name} machine and bring its records here")
@@ -186,9 +186,3 @@ def _progress(task: Task, total: int):  # type: ignore[no-untyped-def]
     from tqdm import tqdm
     return tqdm(total=total, desc=(task.name or task.entry)[:30], unit="trial", leave=False)
 
-
-def _vector_bits(target: Target) -> int:
-    if target.backend.cpus:
-        from polyfuse.targets.cpu import vector_bits
-        return vector_bits(target)
-    return 128

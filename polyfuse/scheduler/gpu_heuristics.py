@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 
 from polyfuse.ir.comprehension import Definition
-from polyfuse.scheduler.heuristics import MIN_DEPTH, extent, heaviest, single_valued
+from polyfuse.scheduler.heuristics import MIN_DEPTH
+from polyfuse.scheduler.loop_nest import LoopNest
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 TILE_X, TILE_X_ALONE, TILE_Y, TILE_Y_CONTRACTION = 32, 256, 8, 32
@@ -34,13 +35,12 @@ TREE_BLOCK = 256
 
 
 def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
-    st = heaviest(d, sizes)
-    lhs = [i for i in st.indices if not single_valued(st, i)]
-    red = [i for i in st.reduction_indices if not single_valued(st, i)]
-    extents = {i: extent(st, i, sizes) for i in lhs + red}
+    nest = LoopNest.of(d, sizes)
+    lhs, red = nest.outputs, nest.reduction_members
+    extents = nest.extent_of()
     depth = math.prod(extents[i] for i in red) if red else 0
     if depth >= TREE_MIN_REDUCTION and math.prod(extents[i] for i in lhs) <= TREE_MAX_OUTPUTS:
-        return MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(1,) * len(lhs) + (0,) * len(red),
+        return MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=nest.per_member({i: 1 for i in lhs}),
                               parallel=0, block=(TREE_BLOCK,), block_reduction=True)
     contraction = bool(lhs) and depth >= MIN_DEPTH
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
@@ -52,8 +52,7 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
         deepest = max(red, key=lambda i: extents[i])
         if extents[deepest] > REDUCTION_TILE:
             tiles[deepest] = REDUCTION_TILE
-    reduces = any(s.reduction_indices for s in d.statements)
     return MappingOptions(
-        fusion=Fusion.MIN if reduces else Fusion.MAX, reorder_reductions=contraction,
-        tile_sizes=tuple(tiles[i] for i in lhs + red), parallel=0,
+        fusion=Fusion.MIN if nest.reduces else Fusion.MAX, reorder_reductions=contraction,
+        tile_sizes=nest.per_member(tiles), parallel=0,
         unroll=CONTRACTION_UNROLL if contraction else 1)

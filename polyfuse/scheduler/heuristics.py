@@ -13,8 +13,8 @@ Two kinds of kernels:
   (``X(b, k) * W(n, k)``), the reduction index is vectorized instead (dot products).
 * everything else: fused loops, the outer loop parallel, the innermost vectorized.
 
-isl keeps a statement's indices in their order (left-hand side, then reduction
-indices) in the members of its band, which is what the tile sizes refer to.
+The choices are made by index name; :class:`~polyfuse.scheduler.loop_nest.LoopNest`
+places them on the band members that the options' tuples refer to.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from polyfuse.ir.comprehension import Definition, IndexVar, Literal, Read, Statement, walk
-from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.ir.comprehension import Definition, IndexVar, Read, walk
+from polyfuse.scheduler.loop_nest import LoopNest
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
@@ -33,26 +33,9 @@ MIN_DEPTH = 8              # reduction steps per output before register blocking
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27)
 
 
-def extent(st: Statement, index: str, sizes: dict[str, int]) -> int:
-    """The trip count of ``index`` in ``st`` at these sizes."""
-    r = st.range_of(index)
-    return evaluate_int(r.hi, sizes) - evaluate_int(r.lo, sizes)
-
-
-def heaviest(d: Definition, sizes: dict[str, int]) -> Statement:
-    """The statement with the most iterations (what tile sizes and orders refer to)."""
-    return max(d.statements, key=lambda s: math.prod(extent(s, r.index, sizes) for r in s.ranges))
-
-
 def element_bits(d: Definition) -> int:
     """Bits of the narrowest output element as computed in registers (16-bit floats in 32)."""
     return min((max(t.dtype.compute.bits, 32) if t.dtype.is_float else 64) for t in d.outputs)
-
-
-def single_valued(st: Statement, index: str) -> bool:
-    """A range of one value fixed in the text: isl schedules no loop (no band member) for it."""
-    r = st.range_of(index)
-    return isinstance(r.lo, Literal) and isinstance(r.hi, Literal) and int(r.hi.value) - int(r.lo.value) == 1
 
 
 def _names(e) -> set[str]:  # type: ignore[no-untyped-def]
@@ -61,25 +44,23 @@ def _names(e) -> set[str]:  # type: ignore[no-untyped-def]
 
 def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> MappingOptions:
     width = max(1, vector_bits // element_bits(d))
-    st = heaviest(d, sizes)
-    work = math.prod(extent(st, r.index, sizes) for r in st.ranges)
-    if work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
+    nest = LoopNest.of(d, sizes)
+    st = nest.statement
+    if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
         return MappingOptions(vector_width=width, unroll=2)
-    return _contraction(st, sizes, width)
+    return _contraction(nest, width)
 
 
-def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOptions:
-    lhs = [i for i in st.indices if not single_valued(st, i)]
-    red = [i for i in st.reduction_indices if not single_valued(st, i)]
-    depth = math.prod(extent(st, i, sizes) for i in red)
+def _contraction(nest: LoopNest, width: int) -> MappingOptions:
+    st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
+    extents = nest.extent_of()
+    depth = math.prod(extents[i] for i in red)
     if len(lhs) < 2 or not red or depth < MIN_DEPTH:
         return MappingOptions(vector_width=width, unroll=2)
-    members = lhs + red
     reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
     last = Counter(i for r in reads for i in _names(r.indices[-1]) if i in lhs)
-    extents = {i: extent(st, i, sizes) for i in members}
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
-    registers = {i: 0 for i in members}
+    registers: dict[str, int] = {}
     if last:
         vec = max(last, key=lambda i: (last[i], lhs.index(i)))
         if vec != lhs[-1]:
@@ -108,9 +89,8 @@ def _contraction(st: Statement, sizes: dict[str, int], width: int) -> MappingOpt
     nr, vw = _vector_block(cols, width, vectors if last else 4)
     registers |= {jam: mr, vec: nr if last else 0}
     return MappingOptions(
-        fusion=Fusion.MIN, reorder_reductions=True, tile_sizes=tuple(tiles[i] for i in members),
-        register_tile=tuple(registers[i] for i in members),
-        point_order=tuple(members.index(i) for i in order), vector_width=vw,
+        fusion=Fusion.MIN, reorder_reductions=True, tile_sizes=nest.per_member(tiles),
+        register_tile=nest.per_member(registers), point_order=nest.order(order), vector_width=vw,
         unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
 
 

@@ -21,6 +21,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition,
                                        Literal, Read, ReduceOp, SizeVar, Statement, Unary,
                                        UnaryOp, walk)
 from polyfuse.ir.symbolic import evaluate_int, to_sympy
+from polyfuse.scheduler.loop_nest import loop_indices
 
 
 class _NotAffine(Exception):
@@ -171,7 +172,7 @@ def build_model(d: Definition, ctx: isl.Context | None = None) -> Model:
     depth = max((len(s.ranges) for s in d.statements), default=0)
     skipped = skipped_inits(d)
     for k, st in enumerate(d.statements):
-        full = st.indices + st.reduction_indices
+        full = loop_indices(st)   # the order the options' band members take
         # outputs start zero-filled, so a sum's first writer needs no init statement
         variants = ([(f"I{k}", st.indices, True)] if st.init and k not in skipped else []) + \
             [(f"S{k}", full, False)]

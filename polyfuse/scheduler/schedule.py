@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import islpy as isl
 
+from polyfuse.scheduler.loop_nest import band_order
 from polyfuse.scheduler.model import Model
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
@@ -72,7 +73,9 @@ def _transform_band(band: isl.ScheduleNode, options: MappingOptions,
     n = band.band_n_member()
     tiled = False
     if band.band_get_permutable() and (options.tile_sizes or options.point_order):
-        band = _statement_order(band)
+        order = band_order(band)   # the members as the options number them
+        if order is not None:
+            band = _permute_band(band, order)
     if band.band_get_permutable() and any(options.tile_sizes[:n]):
         tiled = True
         band = _tile(band, options.tile_sizes)
@@ -131,41 +134,6 @@ def _mark_members(band: isl.ScheduleNode, mark: str, members: list[int]) -> isl.
     depth = band.get_schedule_depth()
     dims = ",".join(str(depth + j) for j in members)
     return band.insert_mark(isl.Id(f"{mark}:{dims}", context=band.get_ctx())).child(0)
-
-
-def _statement_order(band: isl.ScheduleNode) -> isl.ScheduleNode:
-    """The band's members in the order of the indices of its statement with the most
-    dimensions (left-hand side, then reductions: what tile sizes and orders refer to),
-    when each member is one of those indices; isl may have ordered them otherwise."""
-    partial = band.band_get_partial_schedule()
-    n = band.band_n_member()
-    dims: list[int] = []
-    for j in range(n):
-        pieces = partial.get_at(j).get_pw_aff_list()
-        widest = max((pieces.get_at(k) for k in range(pieces.n_pw_aff())),
-                     key=lambda pa: pa.dim(isl.dim_type.in_), default=None)
-        dim = None if widest is None else _single_index(widest)
-        if dim is None:
-            return band
-        dims.append(dim)
-    order = tuple(sorted(range(n), key=lambda j: dims[j]))
-    if len(set(dims)) != n or order == tuple(range(n)):
-        return band
-    return _permute_band(band, order)
-
-
-def _single_index(pa: isl.PwAff) -> int | None:
-    """``d`` when the affine function is the input dimension ``d`` alone."""
-    found: list[int | None] = []
-
-    def piece(_: isl.Set, aff: isl.Aff) -> None:
-        terms = [d for d in range(aff.dim(isl.dim_type.in_))
-                 if not aff.get_coefficient_val(isl.dim_type.in_, d).is_zero()]
-        one = len(terms) == 1 and aff.get_coefficient_val(isl.dim_type.in_, terms[0]).is_one()
-        found.append(terms[0] if one and aff.get_constant_val().is_zero() else None)
-
-    pa.foreach_piece(piece)
-    return found[0] if len(found) == 1 else None
 
 
 def _permute_band(band: isl.ScheduleNode, order: tuple[int, ...]) -> isl.ScheduleNode:
