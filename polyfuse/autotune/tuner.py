@@ -21,7 +21,6 @@ from polyfuse.autotune.space import SearchSpace
 from polyfuse.autotune.task import Task
 from polyfuse.errors import OptionError
 from polyfuse.scheduler.options import MappingOptions, number
-from polyfuse.targets.cpu import emulated
 
 
 SLOW_CUTOFF = 4.0   # a candidate this many times slower than the best is timed once
@@ -93,7 +92,7 @@ def _check_measurable(task: Task) -> None:
     """Tuning times code on this machine: refuse targets whose code runs here only under
     an emulator (its times say nothing of the real CPU)."""
     target = task.target
-    if emulated(target):
+    if target.backend.emulated(target):
         raise OptionError(f"tuning measures kernels on this machine, where {target} code runs "
                           "only under an emulator whose times say nothing of that CPU; tune "
                           f"on a {target.name} machine and bring its records here")
