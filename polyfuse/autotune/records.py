@@ -2,8 +2,12 @@
 
 Each line holds the schema version, polyfuse's version, the target (its spec, as
 ``str(target)`` writes it: ``x86``, ``x86:skylake-avx512``, ``aarch64+sve``), the task (its
-workload and family keys, entry, shapes, dtypes), the mapping options, the cost of each
-repeat in seconds, an error code (``none`` for a valid measurement) and a timestamp.
+workload and family keys, entry, shapes, dtypes, and the text of the definition tuned),
+the mapping options, their tile sizes and orders again by index name (``named_options``,
+see :class:`~polyfuse.scheduler.loop_nest.NamedOptions`), the cost of each repeat in
+seconds, an error code (``none`` for a valid measurement) and a timestamp. Lines of older
+files have no definition text and no named options; they load, with the positional
+options alone.
 
 Writes are atomic per line: each :func:`append` is one ``write`` of whole lines to a
 file opened for appending, under an exclusive ``flock``, so two tuners can append to
@@ -11,7 +15,10 @@ one file. Reading skips corrupted or foreign lines with one warning; it is never
 
 :class:`Records` answers what compilation asks: the best valid options for a task,
 from an exact record, or else from the nearest shapes of the same kernel (what
-Tensor Comprehensions did with tuned options across sizes), said at debug level.
+Tensor Comprehensions did with tuned options across sizes), said at debug level. Options
+from other shapes are placed on the task's loop nest by index name where the record names
+them, then repaired into the task's search space (tile sizes cut to its extents, register
+tiles, vector width and unrolling lowered until they fit), so they are valid there.
 
 Targets are compared as :class:`~polyfuse.targets.Target` objects (name, CPU, features),
 as TVM's autotvm dispatches its history: first the records of the task's very target
@@ -37,8 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polyfuse.autotune.space import SearchSpace
 from polyfuse.autotune.task import Task
 from polyfuse.errors import ArgumentError, OptionError, TargetError
+from polyfuse.scheduler.loop_nest import LoopNest, NamedOptions
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Target
 
@@ -72,13 +81,25 @@ class Record:
     version: str = field(default_factory=_version)
     name: str = ""
     chosen: bool = False                # a tuner's final pick for the workload (see below)
+    definition: str = ""                # the text of the definition tuned ("": an older record)
+    named: NamedOptions | None = None   # the options' per-member fields by index name
 
     @staticmethod
     def of(task: Task, options: MappingOptions, costs: Iterable[float], error: str = "none",
            message: str = "", chosen: bool = False) -> Record:
+        nest = LoopNest.of(task.definition, task.sizes)
         return Record(task.workload_key, task.family_key, task.target, task.entry, task.shapes,
                       task.dtypes, options, tuple(float(c) for c in costs), error, message,
-                      name=task.name, chosen=chosen)
+                      name=task.name, chosen=chosen, definition=str(task.definition),
+                      named=nest.to_named(options))
+
+    def task(self) -> Task:
+        """The task this record measured, to replay it (records of older files hold no
+        definition: an :class:`~polyfuse.errors.ArgumentError`)."""
+        if not self.definition:
+            raise ArgumentError(f"the record of {self.name or self.entry} comes from an older polyfuse "
+                                "and holds no definition text to replay; tune it again")
+        return Task(self.definition, self.entry, self.shapes, self.dtypes, self.target, self.name)
 
     @property
     def ok(self) -> bool:
@@ -91,12 +112,13 @@ class Record:
         return min(self.costs) if self.ok else math.inf
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA_VERSION, "version": self.version, "target": str(self.target),
+        return ({"schema": SCHEMA_VERSION, "version": self.version, "target": str(self.target),
                 "workload_key": self.workload_key, "family_key": self.family_key,
                 "entry": self.entry, "name": self.name, "shapes": [list(s) for s in self.shapes],
                 "dtypes": list(self.dtypes), "options": self.options.to_json(),
                 "costs": list(self.costs), "error": self.error, "message": self.message,
-                "timestamp": self.timestamp, "chosen": self.chosen}
+                "timestamp": self.timestamp, "chosen": self.chosen, "definition": self.definition}
+                | ({} if self.named is None else {"named_options": self.named.to_json()}))
 
     @staticmethod
     def from_json(j: Any) -> Record:
@@ -110,6 +132,7 @@ class Record:
         try:
             options = MappingOptions.from_json(_field(j, "options", dict))
             target = Target.parse(_field(j, "target", str))   # a bare name in older files
+            named = None if "named_options" not in j else NamedOptions.from_json(j["named_options"])
         except (OptionError, TargetError) as err:
             raise BadRecord(str(err)) from None
         return Record(_field(j, "workload_key", str), _field(j, "family_key", str),
@@ -119,7 +142,8 @@ class Record:
                       _numbers(_field(j, "costs", list), float, "costs"), _field(j, "error", str),
                       _field(j, "message", str, default=""), float(_field(j, "timestamp", float)),
                       _field(j, "version", str), _field(j, "name", str, default=""),
-                      _field(j, "chosen", bool, default=False))
+                      _field(j, "chosen", bool, default=False), _field(j, "definition", str, default=""),
+                      named)
 
 
 class BadRecord(ValueError):
@@ -265,8 +289,15 @@ class Records:
         return nearest
 
     def options(self, task: Task) -> MappingOptions | None:
+        """The options of :meth:`lookup`'s record: as tuned when it measured ``task``'s very
+        workload; else placed on ``task``'s loop nest by index name (where the record names
+        them) and repaired, so they are valid in ``task``'s search space."""
         r = self.lookup(task)
-        return None if r is None else r.options
+        if r is None or r.workload_key == task.workload_key:
+            return None if r is None else r.options
+        space = SearchSpace.of_target(task)
+        options = r.options if r.named is None else space.nest.from_named(r.named, r.options)
+        return space.repair(options)
 
 
 def _distance(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> float:

@@ -175,11 +175,11 @@ class LoopNest:
 
     def from_named(self, named: NamedOptions, base: MappingOptions) -> MappingOptions:
         """``base`` with the per-member fields of ``named`` placed on this nest's members:
-        a member that ``named`` does not size gets 0; an order that does not name exactly
-        this nest's members is dropped (statement order)."""
+        a member that ``named`` does not size gets 0; an order keeps the names of this
+        nest's members, and is dropped (statement order) when it misses one of them."""
         sized = {f: self.per_member(dict(getattr(named, f))) if getattr(named, f) else () for f in SIZED}
-        orders = {f: self.order(getattr(named, f)) if sorted(getattr(named, f)) == sorted(self.members)
-                  else () for f in ORDERS}
+        kept = {f: [i for i in getattr(named, f) if i in self.members] for f in ORDERS}
+        orders = {f: self.order(names) if len(names) == len(self.members) else () for f, names in kept.items()}
         return replace(base, **sized, **orders)
 
 

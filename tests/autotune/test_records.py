@@ -5,6 +5,7 @@ import json
 import logging
 import multiprocessing
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -94,7 +95,10 @@ def test_nearest_shapes_of_the_same_kernel(caplog):
     with caplog.at_level(logging.DEBUG, logger="polyfuse.autotune"):
         assert rs.options(task(1000, 1000, 1000)) == opts(64)
     assert "reusing the options tuned for shapes [[1024, 1024], [1024, 1024]]" in caplog.text
-    assert rs.options(task(60, 30, 20)) == opts(8)
+    # repaired for the shapes it is reused at: no SIMD width of this machine but 1 or 2
+    # divides the 30 steps of the innermost loop (k), where 8 lanes were tuned
+    reused = rs.options(task(60, 30, 20))
+    assert reused == replace(opts(8), vector_width=reused.vector_width) and reused.vector_width in (1, 2)
     other = Task(MM, "mm", ((64, 32), (32, 16)), ("float32", "float32"), target="aarch64")
     assert rs.options(other) is None
 

@@ -1,0 +1,128 @@
+"""The loop nest the mapping options refer to: band members named by TC index, their
+extents and reductions, options by index name, and the heuristics, the schedule and the
+tuner's space reading the options against the same nest."""
+
+import pytest
+
+from polyfuse.autotune.space import SearchSpace
+from polyfuse.autotune.task import Task
+from polyfuse.errors import OptionError
+from polyfuse.frontends.tc import parse
+from polyfuse.scheduler.gpu_heuristics import default_gpu_options
+from polyfuse.scheduler.heuristics import default_options
+from polyfuse.scheduler.loop_nest import LoopNest, NamedOptions
+from polyfuse.scheduler.model import build_model
+from polyfuse.scheduler.options import Fusion, MappingOptions
+from polyfuse.scheduler.schedule import compute_schedule
+
+MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+CONV = ("def conv(float(N,C,H,W) I, float(M,C,KH,KW) Wt) -> (O) "
+        "{ O(n,m,h,w) +=! I(n,c,h+kh,w+kw) * Wt(m,c,kh,kw) }")
+ROWSUM = "def rowsum(float(N,D) X) -> (S) { S(n) +=! X(n,d) }"
+MM_SIZES = {"M": 512, "K": 256, "N": 384}
+CONV_SIZES = {"N": 1, "C": 64, "H": 30, "W": 30, "M": 64, "KH": 3, "KW": 3}
+
+
+def nest(src, entry, sizes):
+    d = parse(src)[entry]
+    return d, LoopNest.of(d, sizes)
+
+
+def test_members_are_named_by_index_with_extents_and_reductions():
+    _, mm = nest(MM, "mm", MM_SIZES)
+    assert (mm.members, mm.extents, mm.reductions) == (("m", "n", "k"), (512, 384, 256), 1)
+    assert (mm.outputs, mm.reduction_members) == (("m", "n"), ("k",))
+    assert mm.extent_of() == {"m": 512, "n": 384, "k": 256} and mm.work == 512 * 384 * 256
+    _, conv = nest(CONV, "conv", CONV_SIZES)
+    assert conv.members == ("n", "m", "h", "w", "c", "kh", "kw")
+    assert conv.extents == (1, 64, 28, 28, 64, 3, 3) and conv.reduction_members == ("c", "kh", "kw")
+    _, rowsum = nest(ROWSUM, "rowsum", {"N": 64, "D": 1000})
+    assert (rowsum.members, rowsum.extents, rowsum.reductions) == (("n", "d"), (64, 1000), 1)
+
+
+def test_a_range_of_one_value_in_the_text_has_no_member():
+    src = "def f(float(N,W) I) -> (O) { O(n, j, w) +=! I(n, w + j + k) where j in 0:1, k in 0:3 }"
+    _, one = nest(src, "f", {"N": 8, "W": 70})
+    assert one.members == ("n", "w", "k") and one.extents == (8, 68, 3)
+    _, two = nest(src.replace("0:1", "0:2"), "f", {"N": 8, "W": 70})
+    assert two.members == ("n", "j", "w", "k") and two.extents == (8, 2, 67, 3)
+
+
+def test_the_heaviest_statement_is_the_nest():
+    src = """def two(float(N,D) X) -> (S, Y) {
+        S(n) +=! X(n,d)
+        Y(n,d,e) = X(n,d) * X(n,e)
+    }"""
+    _, two = nest(src, "two", {"N": 4, "D": 16})
+    assert two.members == ("n", "d", "e") and two.reductions == 0 and two.reduces and two.statements == 2
+
+
+def test_the_heuristics_write_their_choices_on_the_named_members():
+    d, mm = nest(MM, "mm", MM_SIZES)
+    named = mm.to_named(default_options(d, MM_SIZES, 512))
+    # cache tiles 64 rows of m by 256 columns of n, 128 steps of k; 4 x 64 register blocks
+    assert named.tile_sizes == (("m", 64), ("n", 256), ("k", 128))
+    assert named.register_tile == (("m", 4), ("n", 64), ("k", 0))
+    assert named.point_order == ("k", "m", "n")   # reduction outermost, n vectorized innermost
+    d, conv = nest(CONV, "conv", CONV_SIZES)
+    named = conv.to_named(default_options(d, CONV_SIZES, 512))
+    assert dict(named.tile_sizes)["w"] == 256 and dict(named.register_tile)["m"] == 4
+    assert named.point_order == ("c", "kh", "kw", "n", "h", "m", "w")
+    assert dict(conv.to_named(default_gpu_options(d, CONV_SIZES)).tile_sizes) == {
+        "n": 1, "m": 1, "h": 32, "w": 32, "c": 32, "kh": 0, "kw": 0}
+    d, rowsum = nest(ROWSUM, "rowsum", {"N": 64, "D": 1000})
+    assert rowsum.to_named(default_gpu_options(d, {"N": 64, "D": 1000})).tile_sizes == (("n", 1), ("d", 0))
+
+
+def test_the_space_is_built_on_the_same_nest():
+    task = Task(CONV, "conv", ((1, 64, 30, 30), (64, 64, 3, 3)), ("float32", "float32"))
+    space = SearchSpace.for_task(task)
+    assert space.nest == LoopNest.of(task.definition, task.sizes)
+    w = space.nest.members.index("w")
+    assert max(space.candidates[f"tile_sizes.{w}"]) == 28 == space.nest.extent_of()["w"]
+    assert space.heuristic == default_options(task.definition, task.sizes, 512)
+
+
+def test_the_schedule_tiles_the_member_the_name_says():
+    d, mm = nest(MM, "mm", MM_SIZES)
+    only_k = mm.from_named(NamedOptions(tile_sizes=(("k", 4),)), MappingOptions())
+    assert only_k.tile_sizes == (0, 0, 4)
+    text = str(compute_schedule(build_model(d), only_k, MM_SIZES))
+    # the model's dimensions are the nest's members in order: t2 is k
+    assert "(t2 - (t2) mod 4)" in text and "(t0 - (t0) mod 1073741824)" in text
+    outer_k = mm.from_named(NamedOptions(tile_sizes=(("m", 8), ("n", 8)), point_order=("k", "m", "n")),
+                            MappingOptions())
+    text = str(compute_schedule(build_model(d), outer_k, MM_SIZES))
+    assert 'child: { schedule: "[s_M, s_K, s_N] -> [{ S0[t0, t1, t2] -> [((t2) mod 1073741824)] }' in text
+
+
+def test_named_options_round_trip():
+    _, mm = nest(MM, "mm", MM_SIZES)
+    o = MappingOptions(fusion=Fusion.MIN, tile_sizes=(32, 64, 16), register_tile=(4, 16, 0),
+                       tile_order=(1, 0, 2), point_order=(2, 0, 1), vector_width=16, unroll_jam=4)
+    named = mm.to_named(o)
+    assert named.to_json() == {"tile_sizes": {"m": 32, "n": 64, "k": 16},
+                               "register_tile": {"m": 4, "n": 16, "k": 0},
+                               "tile_order": ["n", "m", "k"], "point_order": ["k", "m", "n"]}
+    assert NamedOptions.from_json(named.to_json()) == named
+    assert mm.from_named(named, MappingOptions(fusion=Fusion.MIN, vector_width=16, unroll_jam=4)) == o
+    assert mm.from_named(mm.to_named(MappingOptions()), MappingOptions()) == MappingOptions()
+
+
+def test_named_options_map_onto_another_nest_by_name():
+    src = "def f(float(N,W) I) -> (O) { O(n, j, w) +=! I(n, w + j + k) where j in 0:2, k in 0:3 }"
+    _, two = nest(src, "f", {"N": 8, "W": 70})
+    _, one = nest(src.replace("0:2", "0:1"), "f", {"N": 8, "W": 70})
+    tuned = MappingOptions(tile_sizes=(4, 2, 32, 0), point_order=(3, 0, 1, 2))   # k, n, j, w
+    placed = one.from_named(two.to_named(tuned), MappingOptions())
+    assert placed.tile_sizes == (4, 32, 0)        # by position, w would get j's 2
+    assert placed.point_order == (2, 0, 1)        # k, n, w: j has no loop here
+    _, mm = nest(MM, "mm", MM_SIZES)
+    assert mm.from_named(two.to_named(tuned), MappingOptions()).point_order == ()   # m has no place
+
+
+@pytest.mark.parametrize("bad", [[1], {"tile_sizes": {"m": -1}}, {"tile_sizes": {"m": True}},
+                                 {"point_order": ["m", "m"]}, {"point_order": "mn"}, {"unroll": 2}])
+def test_bad_named_options_are_refused(bad):
+    with pytest.raises(OptionError, match="named"):
+        NamedOptions.from_json(bad)
