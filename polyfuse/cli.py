@@ -236,12 +236,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         (out / "graph.txt").write_text(model.dump("partition_fusion_groups"))
         (out / "groups.txt").write_text(model.dump("groups") + "\n")
         try:
-            for stage in ("kernels", "loops"):
+            for stage in ("plan", "kernels", "loops"):
                 (out / f"{stage}.txt").write_text(model.dump(stage))
         except ArgumentError:
             raise CliError("give --input-shapes for the model's symbolic input dimensions to "
                            "write its kernels") from None
-        written = "graph, fusion groups, kernels, loops"
+        written = "graph, fusion groups, plan, kernels, loops"
         if model.target.backend.bundles:
             from polyfuse.runtime.bundle import write_bundle
             files = write_bundle(model, out, args.name, threads=args.threads)
@@ -383,7 +383,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--name", default="model", help="the bundle's name and entry point (default: model)")
     c.add_argument("--threads", action="store_true",
                    help="compile polyfuse's pthreads thread pool into the bundle (default: one thread)")
-    c.add_argument("--dump", help="print one stage: a graph pass, groups, kernels, loops, llvm, asm")
+    c.add_argument("--dump", help="print one stage: a graph pass, groups, plan, kernels, loops, llvm, asm")
     c.set_defaults(run=cmd_compile)
 
     r = sub.add_parser("run", help="run on inputs from an .npz file")

@@ -1,17 +1,20 @@
-"""The public entry points: ``define`` and ``einsum``."""
+"""The public entry points: ``define``, ``compile`` (and ``compile_graph``) and ``einsum``."""
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from polyfuse.autotune.lookup import Tuning
 from polyfuse.autotune.records import Records
 from polyfuse.errors import ArgumentError, DTypeError, FrontendError
 from polyfuse.frontends.einsum import einsum_source
 from polyfuse.frontends.tc import parse
+from polyfuse.ir.graph import Graph
 from polyfuse.ir.types import DType
 from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
 from polyfuse.runtime.model import CompiledModel
@@ -37,7 +40,8 @@ def define(source: str, *, target: str | Target = "reference",
     check_target(tgt)
     module = parse(source)
     records = Records.open(tuning_records)
-    return KernelModule({d.name: Kernel(d, tgt, source, options, records) for d in module.definitions})
+    tuning = None if records is None else Tuning(records)
+    return KernelModule({d.name: Kernel(d, tgt, source, options, tuning) for d in module.definitions})
 
 
 def compile(model: Any, *, target: str | Target = "reference",
@@ -58,8 +62,27 @@ def compile(model: Any, *, target: str | Target = "reference",
     check_target(tgt)
     passes = PassManager(verify=True, keep=True)
     graph = passes.run(to_graph(model, set(OPS)))
-    return CompiledModel(graph, tgt, options, input_shapes, passes=passes,
-                         records=Records.open(tuning_records))
+    return compile_graph(graph, tgt, options=options, input_shapes=input_shapes,
+                         tuning_records=tuning_records, stages=dict(passes.graphs))
+
+
+def compile_graph(graph: Graph, target: str | Target = "reference", *,
+                  options: MappingOptions | None = None,
+                  input_shapes: dict[str, tuple[int, ...]] | None = None,
+                  tuning_records: str | os.PathLike | Records | None = None,
+                  stages: Mapping[str, object] | None = None) -> CompiledModel:
+    """Compile a graph of the graph IR as it is (no graph passes) for ``target``; the
+    stages ``dump`` shows are ``stages`` (the graph after each pass that made it), then
+    ``groups``, ``plan`` and the kernels'."""
+    from polyfuse.lowering.fusion import describe_groups
+    from polyfuse.lowering.plan import plan_graph
+    options = check_options(options, "compile()")
+    tgt = Target.parse(target)
+    check_target(tgt)
+    shown = {**(stages or {}), "groups": describe_groups(graph) or "(no fusion groups)"}
+    return CompiledModel(graph, tgt, functools.partial(plan_graph, graph), options=options,
+                         input_shapes=input_shapes, stages=shown,
+                         tuning=Tuning(Records.open(tuning_records)))
 
 
 @functools.lru_cache(maxsize=256)

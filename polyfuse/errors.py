@@ -151,6 +151,15 @@ class UnsupportedOpError(PolyfuseError):
     """A model uses ops (or op features) polyfuse cannot compile; lists every one."""
 
 
+class NeedsValue(UnsupportedOpError):
+    """A lowering needs the value of ``value_name`` at compile time; the model runtime
+    specializes on it when it is a small graph input."""
+
+    def __init__(self, message: str, value_name: str) -> None:
+        super().__init__(message)
+        self.value_name = value_name
+
+
 class SizeLimitError(PolyfuseError, MemoryError):
     """A tensor (or a model's activation arena) would take more memory than polyfuse
     allows; the message names it, its shape and bytes, the limit and how to change it."""

@@ -91,8 +91,9 @@ def _check_output(output: object) -> None:
 def _check_measurable(task: Task) -> None:
     """Tuning times code on this machine: refuse targets whose code runs here only under
     an emulator (its times say nothing of the real CPU)."""
+    from polyfuse.targets.cpu import emulated   # loads LLVM
     target = task.target
-    if target.backend.emulated(target):
+    if emulated(target):
         raise OptionError(f"tuning measures kernels on this machine, where {target} code runs "
                           "only under an emulator whose times say nothing of that CPU; tune "
                           f"on a {target.name} machine and bring its records here")

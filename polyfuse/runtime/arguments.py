@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyfuse.errors import ArgumentError, DTypeError, ShapeError
-from polyfuse.ir.comprehension import Definition, Literal, ScalarDecl, SizeVar, TensorDecl, walk
-from polyfuse.ir.symbolic import zero_divisor
+from polyfuse.ir.comprehension import Definition, ScalarDecl, TensorDecl
+from polyfuse.ir.sizes import sizes_of_shapes
 from polyfuse.ir.types import DType
 from polyfuse.runtime.device_arrays import DeviceArray, as_device_array
 
@@ -63,46 +63,10 @@ def bind_arguments(d: Definition, args: Sequence[object],
     """Check ``args`` against ``d``'s parameters and infer the sizes."""
     ordered = order_arguments(d, args, kwargs or {})
     values: dict[str, object] = {}
-    sizes: dict[str, int] = {}
-    origin: dict[str, str] = {}
     for p, v in zip(d.params, ordered):
-        if isinstance(p, ScalarDecl):
-            values[p.name] = _scalar(d, p, v)
-            continue
-        array = _tensor(d, p, v)
-        for dim, (expr, extent) in enumerate(zip(p.shape, array.shape)):
-            where = f"dimension {dim} of '{p.name}'"
-            if isinstance(expr, SizeVar):
-                if expr.name in sizes and sizes[expr.name] != extent:
-                    raise ShapeError(
-                        f"{d.name}: size {expr.name} is {sizes[expr.name]} from {origin[expr.name]} "
-                        f"but {extent} from {where} (shape {array.shape})")
-                sizes.setdefault(expr.name, int(extent))
-                origin.setdefault(expr.name, f"{where} (shape {array.shape})")
-            elif isinstance(expr, Literal) and int(expr.value) != extent:
-                raise ShapeError(f"{d.name}: {where} must be {expr.value}, got {extent} "
-                                 f"(shape {array.shape})")
-        values[p.name] = array
-    _check_divisors(d, sizes, origin)
-    return BoundArguments(values, sizes)
-
-
-def _check_divisors(d: Definition, sizes: dict[str, int], origin: dict[str, str]) -> None:
-    """No output shape or statement range divides by a size expression that is 0 here."""
-    bounds = [(f"the size of output '{t.name}'", e) for t in d.outputs for e in t.shape]
-    bounds += [(f"the range of '{r.index}' in the statement writing '{s.tensor}'", e)
-               for s in d.statements for r in s.ranges for e in (r.lo, r.hi)]
-    for where, e in bounds:
-        divisor = zero_divisor(e, sizes)
-        if divisor is None:
-            continue
-        zeros = [f"{n.name} = 0 from {origin[n.name]}" for n in walk(divisor)
-                 if isinstance(n, SizeVar) and sizes.get(n.name) == 0]
-        fix = ("pass arguments with at least one element along it" if zeros else
-               "pass arguments whose sizes make it nonzero")
-        raise ShapeError(f"{d.name}: {where} is {e}, which divides by {divisor} = 0 for these "
-                         f"arguments ({'; '.join(zeros) or 'sizes ' + str(sizes)}); a size a shape "
-                         f"or range divides by must be nonzero: {fix}")
+        values[p.name] = _scalar(d, p, v) if isinstance(p, ScalarDecl) else _tensor(d, p, v)
+    shapes = [None if isinstance(p, ScalarDecl) else tuple(values[p.name].shape) for p in d.params]
+    return BoundArguments(values, sizes_of_shapes(d, shapes))
 
 
 def _tensor(d: Definition, p: TensorDecl, v: object) -> np.ndarray | DeviceArray:

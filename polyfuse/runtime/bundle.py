@@ -18,8 +18,8 @@ the compiler could not prove in bounds (outputs are then undefined). Bundles are
 ``-pthread``; ``polyfuse_set_num_threads(n)`` sizes it, else ``$POLYFUSE_NUM_THREADS``,
 else every online CPU).
 
-:func:`link_program` makes the object: each kernel's optimized LLVM module linked into
-one module with the entry point, only the entry point exported.
+:func:`polyfuse.runtime.link.link_program` makes the object: each kernel's optimized
+LLVM module linked into one module with the entry point, only the entry point exported.
 """
 
 from __future__ import annotations
@@ -29,119 +29,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import llvmlite.binding as llvm
-from llvmlite import ir
-
 from polyfuse.errors import ArgumentError, TargetError
-from polyfuse.runtime.program import ARENA, CONSTANT, ERROR, INPUT, OUTPUT, ProgramLayout
+from polyfuse.runtime.link import link_program
+from polyfuse.runtime.program import ProgramLayout
 from polyfuse.targets import Target
-from polyfuse.targets.cpu import parse_module, target_machine
-from polyfuse.targets.llvm_kernel import PARALLEL_FOR
+from polyfuse.targets.cpu import target_machine
 
 NATIVE_DIR = Path(__file__).parent / "native"
 ALIGNMENT = 64
 MAX_RANK = 8   # the header's shape arrays
-
-_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-_PTR = _I8.as_pointer()
-
-
-def link_program(layout: ProgramLayout, target: Target, entry: str,
-                 weight_offsets: dict[str, int], threads: bool = False) -> llvm.ModuleRef:
-    """The kernels of ``layout`` and an entry point named ``entry`` in one LLVM module
-    for ``target``; the parallel-for is a serial loop unless ``threads`` (then the
-    module leaves it to polyfuse's thread pool, linked beside it)."""
-    tm = target_machine(target)
-    module = parse_module(_entry_module(layout, entry, weight_offsets, tm, threads),
-                          f"the entry point of '{entry}'")
-    kernels = []
-    for j, call in enumerate(layout.calls):
-        kernel = parse_module(call.stages["llvm_opt"], f"kernel '{call.label}'")
-        name = call.executable.layout.name
-        for fn in kernel.functions:
-            if fn.is_declaration or fn.linkage != llvm.Linkage.external:
-                continue
-            fn.name = f"{entry}.k{j}" if fn.name == name else f"{entry}.k{j}.{fn.name}"
-            kernels.append(fn.name)
-        module.link_in(kernel)
-    for fn in module.functions:   # only the entry point (and the pool's ABI) stay visible
-        if fn.name in kernels or fn.name == PARALLEL_FOR and not threads:
-            fn.linkage = llvm.Linkage.internal
-    module.verify()
-    return module
-
-
-def _entry_module(layout: ProgramLayout, entry: str, weight_offsets: dict[str, int],
-                  tm: llvm.TargetMachine, threads: bool) -> str:
-    """``int entry(weights, activations, inputs, outputs)``: the calls in order, each
-    with its zero-fills and argument array, then the outputs that are copies."""
-    module = ir.Module(name=entry)
-    module.triple = tm.triple
-    module.data_layout = str(tm.target_data)
-    fn = ir.Function(module, ir.FunctionType(_I32, [_PTR, _PTR, _PTR.as_pointer(), _PTR.as_pointer()]), entry)
-    weights, activations, inputs, outputs = fn.args
-    for arg, name in zip(fn.args, ("weights", "activations", "inputs", "outputs")):
-        arg.name = name
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    memset = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR, _I8, _I64, ir.IntType(1)]),
-                         "llvm.memset.p0.i64")
-    memcpy = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR, _PTR, _I64, ir.IntType(1)]),
-                         "llvm.memcpy.p0.p0.i64")
-    error = b.alloca(_I64, name="error")
-    b.store(ir.Constant(_I64, 0), error)
-    most = max((len(c.args) for c in layout.calls), default=1)
-    args = b.alloca(ir.ArrayType(_PTR, most), name="args")
-    slot_output = {what: k for k, (_, how, what) in enumerate(layout.results) if how == "slot"}
-
-    def pointer(base: int, index: object, offset: int) -> ir.Value:
-        if base == ARENA:
-            return b.gep(activations, [ir.Constant(_I64, offset)])
-        if base == CONSTANT:
-            return b.gep(weights, [ir.Constant(_I64, weight_offsets[index] + offset)])
-        if base == ERROR:
-            return b.bitcast(error, _PTR)
-        if base == INPUT:
-            return b.load(b.gep(inputs, [ir.Constant(_I64, index)]))
-        return output(slot_output[index])
-
-    def output(k: int) -> ir.Value:
-        return b.load(b.gep(outputs, [ir.Constant(_I64, k)]))
-
-    for j, call in enumerate(layout.calls):
-        kernel = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR.as_pointer()]), f"{entry}.k{j}")
-        places = [pointer(*a) for a in call.args]
-        for position, nbytes in call.zero:
-            b.call(memset, [places[position], ir.Constant(_I8, 0), ir.Constant(_I64, nbytes),
-                            ir.Constant(ir.IntType(1), 0)])
-        for k, p in enumerate(places):
-            b.store(p, b.gep(args, [ir.Constant(_I32, 0), ir.Constant(_I32, k)]))
-        b.call(kernel, [b.gep(args, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)])])
-        if any(base == ERROR for base, _, _ in call.args):
-            failed = b.icmp_signed("!=", b.load(error), ir.Constant(_I64, 0))
-            with b.if_then(failed, likely=False):
-                b.ret(ir.Constant(_I32, j + 1))
-    for k, (t, (name, how, what)) in enumerate(zip(layout.outputs, layout.results)):
-        source = {"copy-slot": (OUTPUT, what, 0), "copy-input": (INPUT, what, 0),
-                  "constant": (CONSTANT, what, 0)}.get(how)
-        if source is not None:
-            b.call(memcpy, [output(k), pointer(*source),
-                            ir.Constant(_I64, t.nbytes), ir.Constant(ir.IntType(1), 0)])
-    b.ret(ir.Constant(_I32, 0))
-    if not threads:
-        _serial_parallel_for(module)
-    return str(module)
-
-
-def _serial_parallel_for(module: ir.Module) -> None:
-    """The parallel-for ABI as a plain call of the body over the whole range."""
-    body_type = ir.FunctionType(ir.VoidType(), [_I64, _I64, _PTR]).as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [body_type, _I64, _PTR, _I64]), PARALLEL_FOR)
-    body, n, ctx, _ = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    with b.if_then(b.icmp_signed(">", n, ir.Constant(_I64, 0))):
-        b.call(body, [ir.Constant(_I64, 0), n, ctx])
-    b.ret_void()
-
 
 # names the entry point cannot take: the example's main, C's keywords
 _RESERVED = frozenset("""main auto break case char const continue default do double else enum
@@ -161,7 +57,7 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
     input ``shapes`` (default: those given to ``compile`` or of its latest run); the
     paths written."""
     target = model.target
-    if target.name not in ("x86", "aarch64"):
+    if not target.backend.bundles:
         raise TargetError(f"bundles are built for x86 or aarch64, not {target}; compile the "
                           "model with target='x86' or target='aarch64'")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _RESERVED or name.startswith("polyfuse_"):

@@ -11,17 +11,16 @@ compile once per machine.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from polyfuse.errors import BoundsError
 from polyfuse.ir.comprehension import Definition
-from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel
 from polyfuse.ir.types import DType
 from polyfuse.runtime import cache, native
 from polyfuse.runtime.arguments import abi_scalar
+from polyfuse.runtime.program import Layout
 from polyfuse.scheduler.heuristics import default_options
 from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
@@ -32,41 +31,6 @@ from polyfuse.targets.cpu import (JitKernel, compile_kernel, compile_object, loa
 
 _COMPILED: dict[str, Any] = {}
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How to call a compiled kernel: its arguments in order and the outputs to allocate."""
-
-    name: str
-    inputs: tuple[str, ...]
-    outputs: tuple[tuple[str, tuple[int, ...], str, bool], ...]  # name, shape, dtype, zeroed
-    checks_indices: bool
-    scalars: tuple[str, ...]
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return self.inputs
-
-    @staticmethod
-    def of(kernel: LoopKernel, zeroed: set[str]) -> Layout:
-        return Layout(kernel.name,
-                      tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN),
-                      tuple((b.name, b.shape, b.dtype.value, b.name in zeroed)
-                            for b in kernel.buffers if b.role is BufferRole.OUT),
-                      any(b.name == ERROR_BUFFER for b in kernel.buffers),
-                      tuple(s.name for s in kernel.scalars))
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "inputs": list(self.inputs), "scalars": list(self.scalars),
-                "outputs": [[n, list(s), dt, z] for n, s, dt, z in self.outputs],
-                "checks_indices": self.checks_indices}
-
-    @staticmethod
-    def from_json(j: dict) -> Layout:
-        return Layout(j["name"], tuple(j["inputs"]),
-                      tuple((n, tuple(s), dt, bool(z)) for n, s, dt, z in j["outputs"]),
-                      bool(j["checks_indices"]), tuple(j["scalars"]))
 
 
 class CpuExecutable:

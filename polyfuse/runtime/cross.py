@@ -2,7 +2,7 @@
 
 A program (one kernel, or every kernel of a model's plan; see
 :mod:`polyfuse.runtime.program`) becomes an object file through
-:func:`polyfuse.runtime.bundle.link_program`, is linked with a small C runner
+:func:`polyfuse.runtime.link.link_program`, is linked with a small C runner
 (``native/runner.c``) by the target's C compiler (``aarch64-linux-gnu-gcc``), and runs
 under ``qemu-aarch64 -cpu CPU`` with the CPU the code was generated for, tensors
 passed through files. Compiling needs none of this: without the tools, running
@@ -24,7 +24,6 @@ import tempfile
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,12 +31,9 @@ from polyfuse.errors import BoundsError, TargetError
 from polyfuse.ir.types import DType
 from polyfuse.runtime import cache
 from polyfuse.runtime.arguments import abi_scalar
-from polyfuse.runtime.program import ProgramLayout, Tensor
+from polyfuse.runtime.program import Layout, ProgramLayout, Tensor
 from polyfuse.targets import Target
 from polyfuse.targets.target import host_name
-
-if TYPE_CHECKING:
-    from polyfuse.runtime.cpu import Layout
 
 RUNNER = Path(__file__).parent / "native" / "runner.c"
 IO_MAGIC = 0x31304F4946594C50  # "PLYFIO01", as runner.c expects
@@ -60,16 +56,17 @@ def c_compiler(target: Target) -> list[str]:
     what to install when there is none."""
     host = os.uname().machine
     native = _runs_here(target)
+    arch = target.backend.triple.split("-")[0]
+    cross = f"{arch}-linux-gnu-gcc"
     names = ["cc", "gcc"] if native else []
-    names += ["aarch64-linux-gnu-gcc"] if target.name == "aarch64" else []
+    names += [cross] if arch != host else []
     for name in names:
         path = _tool(name)
         if path:
             return [path]
     raise TargetError(f"building {target} programs on this {host} machine needs a C compiler "
                       + ("(cc or gcc) on PATH" if native else
-                         "(aarch64-linux-gnu-gcc; on Debian/Ubuntu: apt-get install -y "
-                         "gcc-aarch64-linux-gnu)"))
+                         f"({cross}; on Debian/Ubuntu: apt-get install -y gcc-{arch.replace('_', '-')}-linux-gnu)"))
 
 
 def _runs_here(target: Target) -> bool:
@@ -101,7 +98,7 @@ class CrossProgram:
     the first run, then each run is one process."""
 
     def __init__(self, layout: ProgramLayout, target: Target) -> None:
-        from polyfuse.runtime.bundle import link_program
+        from polyfuse.runtime.link import link_program
         from polyfuse.targets.cpu import target_machine
         self.layout = layout
         self.target = target

@@ -12,20 +12,18 @@ writer) must be called that way: TC takes such outputs' initial contents from th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from polyfuse.autotune.records import Records
-from polyfuse.autotune.task import Task
 from polyfuse.errors import AccessRangeError, ArgumentError, ShapeError, TargetError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.limits import check_tensor_size
 from polyfuse.ir.symbolic import evaluate_int
-from polyfuse.lowering.bind_sizes import bind_sizes
+from polyfuse.ir.sizes import bind_sizes
 from polyfuse.runtime import outputs as given_outputs
 from polyfuse.runtime.arguments import BoundArguments, bind_arguments, check_scalars
 from polyfuse.scheduler.model import initial_outputs, skipped_inits
@@ -34,6 +32,18 @@ from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.targets import BACKENDS, Codegen, Device, Target
 
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
+
+
+class Tuning(Protocol):
+    """What the runtime asks the autotuner (``polyfuse.autotune.lookup.Tuning``): the
+    tuned options of a definition called with arrays of these shapes and dtypes, and the
+    tuning task of such a call (what ``CompiledModel.tasks`` lists)."""
+
+    def options(self, definition: Definition, arrays: Sequence[np.ndarray],
+                target: Target) -> MappingOptions | None: ...
+
+    def task(self, definition: Definition, arrays: Sequence[np.ndarray], target: Target,
+             label: str = "") -> Any: ...
 
 
 Builder = Callable[[Definition, Mapping[str, int], Target, "MappingOptions | None", dict[str, str]],
@@ -163,13 +173,13 @@ class Kernel:
     """One TC definition compiled for one target; call it with numpy arrays."""
 
     def __init__(self, definition: Definition, target: Target, source: str,
-                 options: MappingOptions | None = None, records: Records | None = None) -> None:
+                 options: MappingOptions | None = None, tuning: Tuning | None = None) -> None:
         check_target(target)
         self.definition = definition
         self.target = target
         self.source = source
         self.options = check_options(options, "Kernel()")
-        self.records = records      # tuning records: options per shape when none are given
+        self.tuning = tuning        # tuned options per shape when none are given
         self._cache: dict[tuple, SpecializedKernel] = {}
         # positional calls whose argument types, shapes and dtypes were checked before
         self._checked: dict[tuple, SpecializedKernel] = {}
@@ -214,9 +224,9 @@ class Kernel:
         kernel = self._cache.get(key)
         if kernel is None:
             options = self.options
-            if options is None and self.records is not None and not self.definition.scalars:
+            if options is None and self.tuning is not None and not self.definition.scalars:
                 arrays = [bound.values[t.name] for t in self.definition.inputs]
-                options = self.records.options(Task.of(self.definition, arrays, self.target))
+                options = self.tuning.options(self.definition, arrays, self.target)
             kernel = self._cache[key] = self._build(bound.sizes, options)
         return kernel
 

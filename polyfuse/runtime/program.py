@@ -5,8 +5,8 @@ Three things run a compiled model's kernels as one unit: the in-process native p
 (:mod:`polyfuse.runtime.bundle`) and programs run under an emulator
 (:mod:`polyfuse.runtime.cross`). They share what is decided here, once per plan:
 
-* the **memory plan** (:func:`plan_memory`): intermediates placed in one arena by
-  liveness, as Glow does;
+* the **memory plan** (the plan's, :func:`polyfuse.ir.plan.plan_memory`):
+  intermediates placed in one arena by liveness, as Glow does;
 * the **calls** (:class:`ProgramLayout`): each kernel's arguments as ``(base, index,
   offset)``: the arena at ``offset``, input ``index``, output slot ``index``, the
   constant named ``index`` (weights), or the int64 error slot a kernel sets when an
@@ -17,78 +17,83 @@ Three things run a compiled model's kernels as one unit: the in-process native p
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from polyfuse.ir.graph import TensorType
+from polyfuse.ir.comprehension import Definition
+from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel
+from polyfuse.ir.plan import KernelStep, Plan, aligned
 
-if TYPE_CHECKING:
-    from polyfuse.runtime.model import _Plan, _Step
+
+
+class CompiledKernel(Protocol):
+    """A kernel compiled for a target (a :class:`~polyfuse.runtime.kernel.CompiledKernel`):
+    its definition with sizes bound, its stages' texts, and what runs it (with the
+    ``layout`` of its arguments on CPU and GPU targets)."""
+
+    definition: Definition
+    stages: dict[str, str]
+    run: Any
 
 # bases of an argument's location (the numbering of native.Program)
 ARENA, INPUT, OUTPUT, CONSTANT, ERROR = range(5)
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
-    """Activations placed in one arena by liveness (as Glow does): ``offsets`` of each
-    intermediate value (views share their source's storage; graph outputs get their own
-    arrays and are not in the arena), the arena's size, and the naive sum of every
-    activation, outputs and kernel temporaries included."""
+class CompiledPlan:
+    """A :class:`~polyfuse.ir.plan.Plan` with each kernel step compiled for a target
+    (``kernels[k]`` for ``plan.steps[k]``; None for a view) and what runs them all as one
+    unit (``program``: native, emulated or on the GPU), or None where each step runs by
+    itself."""
 
-    offsets: dict[str, int]
-    arena_bytes: int
-    naive_bytes: int
-    roots: dict[str, str]     # value -> the value whose storage it views
+    plan: Plan
+    kernels: tuple[CompiledKernel | None, ...]
+    program: Any = None
 
-
-def plan_memory(steps: list[_Step], types: dict[str, TensorType], outputs: set[str],
-                alignment: int = 64) -> MemoryPlan:
-    """First-fit placement of the storage each kernel defines (its temporaries too),
-    freed after the last step reading it or any view of it."""
-    roots: dict[str, str] = {}
-    for st in steps:
-        if st.spec is None:
-            roots[st.outputs[0]] = roots.get(st.inputs[0], st.inputs[0])
-    size = {v: aligned(max(1, types[v].dtype.bits // 8 * _count(types[v])), alignment)
-            for st in steps if st.spec is not None for v in st.outputs + st.temporaries}
-    kept = {roots.get(v, v) for v in outputs}
-    last: dict[str, int] = {}
-    for k, st in enumerate(steps):
-        for v in st.inputs + st.outputs + st.temporaries:
-            root = roots.get(v, v)
-            if root in size:
-                last[root] = k
-    live: list[tuple[int, int, str]] = []   # (offset, size, value)
-    offsets: dict[str, int] = {}
-    arena = 0
-    for k, st in enumerate(steps):
-        live = [blk for blk in live if last[blk[2]] >= k]
-        for v in st.outputs + st.temporaries if st.spec is not None else ():
-            if v in kept:
-                continue
-            offset = 0
-            for start, length, _ in sorted(live):
-                if offset + size[v] <= start:
-                    break
-                offset = max(offset, start + length)
-            offsets[v] = offset
-            live.append((offset, size[v], v))
-            arena = max(arena, offset + size[v])
-    return MemoryPlan(offsets, arena, sum(size.values()), roots)
+    def steps(self) -> Iterator[tuple[KernelStep, CompiledKernel]]:
+        """The kernel steps and their compiled kernels, in order."""
+        for st, kernel in zip(self.plan.steps, self.kernels):
+            if kernel is not None:
+                assert isinstance(st, KernelStep)
+                yield st, kernel
 
 
-def aligned(nbytes: int, alignment: int = 64) -> int:
-    return -(-nbytes // alignment) * alignment
+@dataclass(frozen=True)
+class Layout:
+    """How to call a compiled kernel: its arguments in order and the outputs to allocate."""
 
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[tuple[str, tuple[int, ...], str, bool], ...]  # name, shape, dtype, zeroed
+    checks_indices: bool
+    scalars: tuple[str, ...]
 
-def _count(t: TensorType) -> int:
-    n = 1
-    for d in t.shape:
-        n *= int(d)
-    return n
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.inputs
+
+    @staticmethod
+    def of(kernel: LoopKernel, zeroed: set[str]) -> Layout:
+        return Layout(kernel.name,
+                      tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN),
+                      tuple((b.name, b.shape, b.dtype.value, b.name in zeroed)
+                            for b in kernel.buffers if b.role is BufferRole.OUT),
+                      any(b.name == ERROR_BUFFER for b in kernel.buffers),
+                      tuple(s.name for s in kernel.scalars))
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "inputs": list(self.inputs), "scalars": list(self.scalars),
+                "outputs": [[n, list(s), dt, z] for n, s, dt, z in self.outputs],
+                "checks_indices": self.checks_indices}
+
+    @staticmethod
+    def from_json(j: dict) -> Layout:
+        return Layout(j["name"], tuple(j["inputs"]),
+                      tuple((n, tuple(s), dt, bool(z)) for n, s, dt, z in j["outputs"]),
+                      bool(j["checks_indices"]), tuple(j["scalars"]))
 
 
 @dataclass(frozen=True)
@@ -129,29 +134,29 @@ class ProgramLayout:
     arena_bytes: int
 
     @staticmethod
-    def of(plan: _Plan) -> ProgramLayout:
-        graph = plan.model.graph
+    def of(compiled: CompiledPlan) -> ProgramLayout:
+        plan = compiled.plan
         memory = plan.memory
         root = memory.roots.get
-        position = {v.name: k for k, v in enumerate(graph.inputs)}
+        position = {name: k for k, name in enumerate(plan.inputs)}
         slots: list[tuple[tuple[int, ...], np.dtype]] = []
         slot_of: dict[str, int] = {}
         results: list[tuple[str, str, Any]] = []
         constants: dict[str, np.ndarray] = {}
-        produced = {v for st in plan.steps if st.spec is not None for v in st.outputs}
-        for v in graph.outputs:
-            r = root(v.name, v.name)
+        produced = {v for st, _ in compiled.steps() for v in st.outputs}
+        for name in plan.outputs:
+            r = root(name, name)
             if r in produced and r not in slot_of:
                 slot_of[r] = len(slots)
                 slots.append((tuple(int(d) for d in plan.types[r].shape), plan.types[r].dtype.numpy))
-                results.append((v.name, "slot", slot_of[r]))
+                results.append((name, "slot", slot_of[r]))
             elif r in slot_of:
-                results.append((v.name, "copy-slot", slot_of[r]))
+                results.append((name, "copy-slot", slot_of[r]))
             elif r in position:
-                results.append((v.name, "copy-input", position[r]))
+                results.append((name, "copy-input", position[r]))
             else:
-                constants[v.name] = np.ascontiguousarray(plan.consts[v.name])
-                results.append((v.name, "constant", v.name))
+                constants[name] = np.ascontiguousarray(plan.constants[name])
+                results.append((name, "constant", name))
 
         def location(value: str) -> tuple[int, Any, int]:
             r = root(value, value)
@@ -161,17 +166,14 @@ class ProgramLayout:
                 return (OUTPUT, slot_of[r], 0)
             if r in memory.offsets:
                 return (ARENA, 0, memory.offsets[r])
-            constants.setdefault(r, np.ascontiguousarray(plan.consts[r]))
+            constants.setdefault(r, np.ascontiguousarray(plan.constants[r]))
             return (CONSTANT, r, 0)
 
         calls = []
-        for st in plan.steps:
-            if st.spec is None:
-                continue
-            layout = st.spec.run.layout
-            by_param = dict(zip((p.name for p in st.spec.definition.params), st.inputs))
-            by_output = dict(zip((t.name for t in st.spec.definition.outputs),
-                                 st.outputs + st.temporaries))
+        for st, kernel in compiled.steps():
+            layout = kernel.run.layout
+            by_param = dict(zip((p.name for p in kernel.definition.params), st.inputs))
+            by_output = dict(zip((t.name for t in kernel.definition.outputs), st.defines))
             args = [location(by_param[n]) for n in layout.input_names]
             zero = []
             for name, shape, dtype, zeroed in layout.outputs:
@@ -181,14 +183,13 @@ class ProgramLayout:
                 args.append(location(by_output[name]))
             if layout.checks_indices:
                 args.append((ERROR, 0, 0))
-            calls.append(Call(st.label, st.spec.run, st.spec.stages, tuple(args), tuple(zero)))
-        types = plan.types
-        return ProgramLayout(
-            [Tensor(v.name, tuple(int(d) for d in types[v.name].shape), types[v.name].dtype.numpy)
-             for v in graph.inputs],
-            [Tensor(v.name, tuple(int(d) for d in types[v.name].shape), types[v.name].dtype.numpy)
-             for v in graph.outputs],
-            slots, results, calls, constants, max(memory.arena_bytes, 64))
+            calls.append(Call(st.label, kernel.run, kernel.stages, tuple(args), tuple(zero)))
+
+        def tensor(name: str) -> Tensor:
+            t = plan.types[name]
+            return Tensor(name, tuple(int(d) for d in t.shape), t.dtype.numpy)
+        return ProgramLayout([tensor(n) for n in plan.inputs], [tensor(n) for n in plan.outputs],
+                             slots, results, calls, constants, max(memory.arena_bytes, 64))
 
     @staticmethod
     def of_kernel(executable: Any, stages: dict[str, str], inputs: list[Tensor],

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from polyfuse.targets.target import Target
 
 
 class Codegen(enum.Enum):
@@ -53,14 +49,6 @@ class Backend:
     default_cpu: str = ""
     feature_cpus: tuple[tuple[str, str], ...] = ()
     features: tuple[str, ...] = ()
-
-    def emulated(self, target: Target) -> bool:
-        """Whether ``target``'s code runs on this machine only under an emulator (its
-        times then say nothing of the real CPU)."""
-        if not self.cpus:
-            return False
-        from polyfuse.targets.cpu import runs_natively   # loads LLVM
-        return not runs_natively(target)
 
     def cpu_for(self, features: tuple[str, ...]) -> str:
         """The CPU a spec naming ``features`` and no CPU means."""

@@ -70,21 +70,28 @@ def _cpu_and_features(target: Target) -> tuple[str, str]:
 def runs_natively(target: Target) -> bool:
     """Whether code for ``target`` can run in this process: the host's architecture,
     and (on aarch64) every feature asked for present on this CPU."""
-    host = llvm.get_process_triple().split("-")[0]
-    if target.name == "x86":
-        return host == "x86_64"
-    if target.name == "aarch64" and host == "aarch64":
-        _initialize()
-        present = llvm.get_host_cpu_features()
-        return all(present.get(f, False) for f in target.features)
-    return False
+    arch = target.backend.triple.split("-")[0]
+    if not target.backend.cpus or arch != llvm.get_process_triple().split("-")[0]:
+        return False
+    if arch == "x86_64":
+        return True
+    _initialize()
+    present = llvm.get_host_cpu_features()
+    return all(present.get(f, False) for f in target.features)
+
+
+def emulated(target: Target) -> bool:
+    """Whether ``target``'s code runs on this machine only under an emulator (its times
+    then say nothing of the real CPU)."""
+    return target.backend.cpus and not runs_natively(target)
 
 
 @functools.cache
 def vector_bits(target: Target) -> int:
     """The widest SIMD register the target machine uses for floats (x86: the host's)."""
     _initialize()
-    if target.name == "x86" and not target.cpu and llvm.get_default_triple().startswith("x86_64"):
+    if target.backend.triple.startswith("x86_64") and not target.cpu \
+            and llvm.get_default_triple().startswith("x86_64"):
         feats = llvm.get_host_cpu_features()
         if feats.get("avx512f"):
             return 512

@@ -12,7 +12,7 @@ from polyfuse.frontends.onnx import to_graph
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import OPS
-from polyfuse.runtime.model import CompiledModel
+from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
 
 F32, I64 = DType.FLOAT32, DType.INT64
@@ -163,8 +163,8 @@ def test_onnx_graph_round_trips_and_runs_the_same(make):
     feed = {v.name: rng.standard_normal([sizes.get(d, d) for d in v.type.shape]).astype(np.float32)
             for v in g.inputs}
     target = Target.parse("reference")
-    want = CompiledModel(g, target).run(feed)
-    got = CompiledModel(back, target).run(feed)
+    want = compile_graph(g, target).run(feed)
+    got = compile_graph(back, target).run(feed)
     assert want.keys() == got.keys()
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension_interpreter import interpret
-from polyfuse.lowering.bind_sizes import bind_sizes
+from polyfuse.ir.sizes import bind_sizes
 from polyfuse.runtime.arguments import bind_arguments
 from tests.tc_programs import PROGRAMS
 from tests.tc_random import programs

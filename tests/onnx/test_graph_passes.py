@@ -9,7 +9,7 @@ from polyfuse.ir.graph import verify_graph
 from polyfuse.lowering.fusion import describe_groups, partition_fusion_groups
 from polyfuse.lowering.graph_passes import (DEFAULT_PASSES, PassManager, eliminate_common_subexpressions,
                                             eliminate_dead_nodes, fold_batch_norms, simplify_movement)
-from polyfuse.runtime.model import CompiledModel
+from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
 from tests.onnx.ort_compare import assert_matches_onnxruntime
 
@@ -86,8 +86,8 @@ def _model(nodes, inputs, outputs, initializers):
 def _same_numbers(before, after, feeds):
     """Both graphs on the reference interpreter give the same outputs."""
     verify_graph(after)
-    want = CompiledModel(before, Target.parse("reference")).run(feeds)
-    got = CompiledModel(after, Target.parse("reference")).run(feeds)
+    want = compile_graph(before, Target.parse("reference")).run(feeds)
+    got = compile_graph(after, Target.parse("reference")).run(feeds)
     assert want.keys() == got.keys()
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
@@ -184,9 +184,8 @@ def test_a_fused_conv_epilogue_is_one_statement():
     compiled = pf.compile(model, target="host")
     x = RNG.standard_normal((1, 16, 6, 6)).astype(np.float32)
     assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-5, compiled=compiled)
-    plan = next(iter(compiled._plans.values()))
-    [step] = plan.steps
+    [(step, kernel)] = compiled.plan_for().steps()
     assert step.label == "g0[conv residual relu]"
-    text = step.spec.stages["specialized"]
+    text = kernel.stages["specialized"]
     assert text.count(" = ") + text.count(" +=! ") == 3, text   # pad, accumulate, epilogue
     assert "max(" in text.splitlines()[-3]

@@ -14,10 +14,10 @@ from polyfuse.frontends.graph_text import parse_graph
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.limits import MAX_EXPR_DEPTH, expr_depth
-from polyfuse.lowering.bind_sizes import bind_sizes
+from polyfuse.ir.sizes import bind_sizes
 from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.graph_passes import PassManager
-from polyfuse.runtime.model import CompiledModel
+from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
 from tests.onnx.ort_compare import assert_matches_onnxruntime
 
@@ -157,7 +157,7 @@ def test_a_missing_required_input_is_a_model_error():
         g = parse_graph(f"graph g(%x: float32[2, 3]) -> (%y: float32[2, 3]) opset 17 {{\n"
                         f"  %y = Gemm({args})  # n\n}}")
         with pytest.raises(pf.ModelError, match=message):
-            CompiledModel(g, Target.parse("reference")).run({"x": x})
+            compile_graph(g, Target.parse("reference")).run({"x": x})
 
 
 # --- sizes checked before anything is allocated -----------------------------------------

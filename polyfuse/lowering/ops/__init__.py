@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import ModelError, UnsupportedOpError
+from polyfuse.errors import ModelError, NeedsValue, UnsupportedOpError
 from polyfuse.frontends.onnx_schema import check_signature
 from polyfuse.ir.graph import Node, TensorType
 from polyfuse.ir.types import DType
@@ -59,15 +59,6 @@ class Folded:
 
 
 Lowered = TCKernel | View | Folded
-
-
-class NeedsValue(UnsupportedOpError):
-    """A lowering needs the value of ``value_name`` at compile time; the model runtime
-    specializes on it when it is a small graph input."""
-
-    def __init__(self, message: str, value_name: str) -> None:
-        super().__init__(message)
-        self.value_name = value_name
 
 
 @dataclass

@@ -1,0 +1,81 @@
+"""Sizes of a definition: fixed by the shapes of its tensor arguments
+(:func:`sizes_of_shapes`), then bound into it (:func:`bind_sizes`: every size name becomes
+a constant)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from polyfuse.errors import ShapeError
+from polyfuse.ir.comprehension import (Definition, Expr, Literal, Range, SizeVar, Statement, TensorDecl,
+                                       map_definition_exprs, walk)
+from polyfuse.ir.symbolic import canonical, zero_divisor
+from polyfuse.ir.types import DType
+
+
+def bind_sizes(d: Definition, sizes: Mapping[str, int]) -> Definition:
+    """``d`` with each size in ``sizes`` replaced by its value; shapes and ranges folded."""
+
+    def substitute(e: Expr) -> Expr:
+        if isinstance(e, SizeVar) and e.name in sizes:
+            return Literal(int(sizes[e.name]), DType.INT32, e.loc)
+        return e
+
+    bound = map_definition_exprs(d, substitute)
+
+    def fold_tensor(t: TensorDecl) -> TensorDecl:
+        return replace(t, shape=tuple(canonical(s) for s in t.shape))
+
+    def fold_statement(s: Statement) -> Statement:
+        return replace(s, ranges=tuple(Range(r.index, canonical(r.lo), canonical(r.hi))
+                                       for r in s.ranges))
+
+    params = tuple(fold_tensor(p) if isinstance(p, TensorDecl) else p for p in bound.params)
+    return replace(bound, params=params, outputs=tuple(fold_tensor(t) for t in bound.outputs),
+                   statements=tuple(fold_statement(s) for s in bound.statements))
+
+
+def sizes_of_shapes(d: Definition, shapes: Sequence[tuple[int, ...] | None]) -> dict[str, int]:
+    """The value of every size the shapes of ``d``'s tensor arguments fix (one shape per
+    parameter, in order; None for a scalar), checked: a size two dimensions give must
+    agree, a literal dimension must match, and no output shape or statement range may
+    divide by a size expression that is 0 here (each a :class:`ShapeError`). Ranks are
+    the caller's to check."""
+    sizes: dict[str, int] = {}
+    origin: dict[str, str] = {}
+    for p, shape in zip(d.params, shapes):
+        if shape is None or not isinstance(p, TensorDecl):
+            continue
+        for dim, (expr, extent) in enumerate(zip(p.shape, shape)):
+            where = f"dimension {dim} of '{p.name}'"
+            if isinstance(expr, SizeVar):
+                if expr.name in sizes and sizes[expr.name] != extent:
+                    raise ShapeError(
+                        f"{d.name}: size {expr.name} is {sizes[expr.name]} from {origin[expr.name]} "
+                        f"but {extent} from {where} (shape {shape})")
+                sizes.setdefault(expr.name, int(extent))
+                origin.setdefault(expr.name, f"{where} (shape {shape})")
+            elif isinstance(expr, Literal) and int(expr.value) != extent:
+                raise ShapeError(f"{d.name}: {where} must be {expr.value}, got {extent} "
+                                 f"(shape {shape})")
+    _check_divisors(d, sizes, origin)
+    return sizes
+
+
+def _check_divisors(d: Definition, sizes: dict[str, int], origin: dict[str, str]) -> None:
+    """No output shape or statement range divides by a size expression that is 0 here."""
+    bounds = [(f"the size of output '{t.name}'", e) for t in d.outputs for e in t.shape]
+    bounds += [(f"the range of '{r.index}' in the statement writing '{s.tensor}'", e)
+               for s in d.statements for r in s.ranges for e in (r.lo, r.hi)]
+    for where, e in bounds:
+        divisor = zero_divisor(e, sizes)
+        if divisor is None:
+            continue
+        zeros = [f"{n.name} = 0 from {origin[n.name]}" for n in walk(divisor)
+                 if isinstance(n, SizeVar) and sizes.get(n.name) == 0]
+        fix = ("pass arguments with at least one element along it" if zeros else
+               "pass arguments whose sizes make it nonzero")
+        raise ShapeError(f"{d.name}: {where} is {e}, which divides by {divisor} = 0 for these "
+                         f"arguments ({'; '.join(zeros) or 'sizes ' + str(sizes)}); a size a shape "
+                         f"or range divides by must be nonzero: {fix}")

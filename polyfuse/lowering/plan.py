@@ -1,0 +1,205 @@
+"""Lowering a graph for one set of input shapes into a :class:`~polyfuse.ir.plan.Plan`.
+
+Every node goes through the op library (:mod:`polyfuse.lowering.ops`): nodes whose inputs
+are all constants fold at compile time (the comprehension interpreter runs their TC),
+reshapes become views, fusion groups compose into one definition
+(:mod:`polyfuse.lowering.compose`), and every other node becomes a kernel step. Each
+value's size is checked against the memory limit before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from polyfuse.errors import DTypeError, ModelError, ShapeError
+from polyfuse.frontends.tc import parse
+from polyfuse.ir.comprehension import Definition, TensorDecl
+from polyfuse.ir.comprehension_interpreter import interpret
+from polyfuse.ir.graph import Graph, Node, TensorType
+from polyfuse.ir.limits import check_bytes, check_tensor_size
+from polyfuse.ir.plan import KernelStep, Plan, Step, ViewStep, plan_memory
+from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
+from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.ir.types import DType
+from polyfuse.lowering.compose import Member, compose
+from polyfuse.lowering.ops import Folded, OpContext, TCKernel, View, lower
+
+
+def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
+               values: Mapping[str, np.ndarray] | None = None) -> Plan:
+    """``graph`` lowered for inputs of these ``shapes``; ``values`` are inputs whose
+    values the plan is specialized to (small integer inputs: shapes, axes). Raises the
+    op library's errors (naming the node), a ShapeError where sizes disagree and a
+    SizeLimitError where a tensor would not fit in memory."""
+    return _Planner(graph, dict(shapes), dict(values or {})).plan()
+
+
+class _Planner:
+    def __init__(self, graph: Graph, shapes: dict[str, tuple[int, ...]],
+                 values: dict[str, np.ndarray]) -> None:
+        self.graph = graph
+        self.shapes = shapes
+        self.steps: list[Step] = []
+        self.types: dict[str, TensorType] = {v.name: TensorType(v.type.dtype, tuple(shapes[v.name]))
+                                             for v in graph.inputs}
+        self.consts: dict[str, np.ndarray] = {c.name: c.array for c in graph.constants} | values
+        self.types.update({c.name: c.type for c in graph.constants})
+
+    def plan(self) -> Plan:
+        g = self.graph
+        readers: dict[str, int] = {}   # value -> position of its last reader
+        for k, node in enumerate(g.nodes):
+            readers.update({i: k for i in node.inputs if i})
+        position = {node.name: k for k, node in enumerate(g.nodes)}
+        outputs = {v.name for v in g.outputs}
+        for unit in _units(g.nodes):
+            last = position[unit[-1].name]
+            exported = {o for n in unit for o in n.outputs
+                        if o and (o in outputs or readers.get(o, -1) > last)}
+            if len(unit) == 1 or not self.fused(unit, exported):
+                for node in unit:
+                    self.node(node)
+        for v in g.outputs:   # onnxruntime refuses such a model too
+            if v.name in self.types and self.types[v.name].dtype is not v.type.dtype:
+                raise ModelError(f"graph output '{v.name}' is declared {v.type.dtype}, but the model "
+                                 f"computes it as {self.types[v.name].dtype}; correct the output's "
+                                 "element type in the model")
+        steps = tuple(self.steps)
+        memory = plan_memory(steps, self.types, outputs)
+        check_bytes(f"the activation arena of graph '{g.name}' for input shapes {self.shapes} would take",
+                    memory.arena_bytes)
+        read = {n for st in steps for n in st.inputs} | outputs
+        plan = Plan(g.name, tuple(v.name for v in g.inputs), tuple(v.name for v in g.outputs),
+                    self.types, {n: a for n, a in self.consts.items() if n in read}, steps, memory)
+        plan.verify()
+        return plan
+
+    def context(self, node: Node) -> OpContext:
+        return OpContext(node, [self.types.get(i) if i else None for i in node.inputs],
+                         [self.consts.get(i) if i else None for i in node.inputs],
+                         self.graph.opset)
+
+    def define(self, what: str, name: str, t: TensorType) -> None:
+        """Record the type of value ``name`` (defined by ``what``, a node or group) once its
+        size is known to fit in memory."""
+        check_tensor_size(f"value '{name}' of {what}", t.dtype, tuple(int(d) for d in t.shape))
+        self.types[name] = t
+
+    def sizes(self, what: str, d: Definition, names: list[str]) -> dict[str, int]:
+        """The sizes of ``d`` called on the values ``names``, whose dtypes and ranks must
+        be its parameters' (a lowering's mistake otherwise, named here)."""
+        for p, n in zip(d.params, names):
+            t, rank = self.types[n], p.rank if isinstance(p, TensorDecl) else 0
+            if t.dtype is not p.dtype or t.rank != rank:
+                raise DTypeError(f"{what}: its kernel's parameter '{p.name}' is {p.dtype} of rank "
+                                 f"{rank}, but value '{n}' is {t}")
+        try:
+            return sizes_of_shapes(d, [tuple(int(x) for x in self.types[n].shape)
+                                       if isinstance(p, TensorDecl) else None
+                                       for p, n in zip(d.params, names)])
+        except ShapeError as err:   # the node's inputs disagree (e.g. an einsum's sizes)
+            raise ShapeError(f"{what}: {err}") from None
+
+    def output_types(self, what: str, d: Definition, sizes: dict[str, int],
+                     names: list[str]) -> list[TensorType]:
+        """The types of what ``d`` defines at these sizes (values ``names``, then its
+        temporaries), each checked to fit in memory before anything is allocated."""
+        types = []
+        for k, t in enumerate(bind_sizes(d, sizes).outputs):
+            shape = tuple(evaluate_int(e, {}) for e in t.shape)
+            name = f"value '{names[k]}'" if k < len(names) else f"temporary '{t.name}'"
+            if any(e < 0 for e in shape):
+                raise ShapeError(f"{what}: {name} would have shape {shape} for sizes {sizes}: the "
+                                 "inputs are too small for the statement that writes it")
+            check_tensor_size(f"{name} of {what}", t.dtype, shape)
+            types.append(TensorType(t.dtype, shape))
+        return types
+
+    def node(self, node: Node) -> None:
+        lowered = lower(self.context(node))
+        what = f"node '{node.name}' ({node.op})"
+        if isinstance(lowered, Folded):
+            for name, array in zip(node.outputs, lowered.arrays):
+                self.consts[name] = array
+                self.define(what, name, _type(array))
+        elif isinstance(lowered, View):
+            src = node.inputs[lowered.input]
+            self.define(what, node.outputs[0], TensorType(self.types[src].dtype, lowered.shape))
+            if src in self.consts:
+                self.consts[node.outputs[0]] = self.consts[src].reshape(lowered.shape)
+            else:
+                self.steps.append(ViewStep(node.name, src, node.outputs[0], tuple(lowered.shape)))
+        else:
+            d = parse(lowered.source).definitions[0]
+            names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
+            outs = [node.outputs[i] for i in lowered.outputs]
+            sizes = self.sizes(what, d, names)
+            types = self.output_types(what, d, sizes, outs)
+            if all(n in self.consts for n in names):  # fold at compile time with the interpreter
+                results = interpret(d, {p.name: self.consts[n] for p, n in zip(d.params, names)}, sizes)
+                for name, t in zip(outs, d.outputs):
+                    self.consts[name] = results[t.name]
+                    self.define(what, name, _type(results[t.name]))
+                return
+            self.kernel(node.name, d, lowered.source, names, outs, types)
+
+    def bind_constants(self, node: Node, k: TCKernel) -> list[str]:
+        """Names for the arrays a lowering computed at compile time (repacked weights)."""
+        names = [f"{node.name}:const{j}" for j in range(len(k.constants))]
+        for name, array in zip(names, k.constants):
+            self.consts[name] = array
+            self.types[name] = _type(array)
+        return names
+
+    def kernel(self, label: str, d: Definition, source: str, names: list[str], outs: list[str],
+               types: list[TensorType]) -> None:
+        temps = tuple(f"{label}#{t.name}" for t in d.outputs[len(outs):])
+        for name, t in zip(outs + list(temps), types):
+            self.types[name] = t
+        self.steps.append(KernelStep(label, d, source, tuple(names), tuple(outs), temps))
+
+    def fused(self, unit: list[Node], exported: set[str]) -> bool:
+        """Lower a fusion group as one kernel; False (nothing done) when a member does
+        not lower to a kernel or the first one reads only constants (it folds)."""
+        members: list[Member] = []
+        for node in unit:
+            lowered = lower(self.context(node))
+            if not isinstance(lowered, TCKernel):
+                return False
+            d = parse(lowered.source).definitions[0]
+            names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
+            if not members and all(n in self.consts for n in names):
+                return False
+            what = f"node '{node.name}' ({node.op})"
+            bound = bind_sizes(d, self.sizes(what, d, names))
+            outs = tuple(node.outputs[i] for i in lowered.outputs)
+            for name, t in zip(outs, bound.outputs):
+                self.define(what, name, TensorType(t.dtype, tuple(evaluate_int(e, {}) for e in t.shape)))
+            members.append(Member(bound, tuple(names), outs))
+        label = f"{unit[0].group}[{' '.join(n.name for n in unit)}]"
+        composed = compose("fused", members, exported)
+        d, outs = composed.definition, list(composed.outputs)
+        what = f"fusion group {label}"
+        sizes = self.sizes(what, d, list(composed.params))
+        self.kernel(label, d, str(d), list(composed.params), outs, self.output_types(what, d, sizes, outs))
+        return True
+
+
+def _units(nodes: tuple[Node, ...]) -> list[list[Node]]:
+    """The nodes in runs: each fusion group's members together, other nodes alone."""
+    units: list[list[Node]] = []
+    for n in nodes:
+        if n.group and units and units[-1][0].group == n.group:
+            units[-1].append(n)
+        else:
+            units.append([n])
+    return units
+
+
+def _type(array: np.ndarray) -> TensorType:
+    dt = DType.from_numpy(array.dtype)
+    if dt is None:
+        raise DTypeError(f"a folded value has dtype {array.dtype}, which polyfuse does not support")
+    return TensorType(dt, tuple(int(d) for d in array.shape))

@@ -1,0 +1,137 @@
+"""The Plan IR between lowering and runtime: what plan_graph makes, how it prints, what the
+verifier refuses, and that the runtime runs exactly what the plan says."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import polyfuse as pf
+from polyfuse.driver import compile_graph
+from polyfuse.errors import IRVerificationError
+from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
+from polyfuse.ir.plan import KernelStep, Plan, Role, ViewStep, plan_memory
+from polyfuse.ir.types import DType
+from polyfuse.lowering.plan import plan_graph
+
+F32 = DType.FLOAT32
+RNG = np.random.default_rng(7)
+
+
+def mlp() -> tuple[Graph, dict[str, np.ndarray]]:
+    """x -> Gemm -> Relu -> Reshape -> Gemm -> y, and a folded constant branch."""
+    w1 = RNG.standard_normal((8, 4)).astype(np.float32)
+    w2 = RNG.standard_normal((3, 8)).astype(np.float32)
+    b = RNG.standard_normal((3,)).astype(np.float32)
+    g = Graph("mlp", (Value("x", TensorType(F32, ("n", 4))),),
+              (Value("y", TensorType(F32, ("n", 3))), Value("x_out", TensorType(F32, ("n", 4)))),
+              (Node("Gemm", "fc1", ("x", "w1"), ("h",), (("transB", 1),)),
+               Node("Relu", "relu", ("h",), ("r",)),
+               Node("Reshape", "flat", ("r", "shape"), ("f",)),
+               Node("Neg", "negb", ("b",), ("nb",)),          # reads only constants: folds
+               Node("Gemm", "fc2", ("f", "w2", "nb"), ("y",), (("transB", 1),)),
+               Node("Identity", "copy", ("x",), ("x_out",))),
+              (Constant("w1", w1), Constant("w2", w2), Constant("b", b),
+               Constant("shape", np.array([-1, 8], np.int64))), 17)
+    return g, {"w1": w1, "w2": w2, "b": b}
+
+
+def test_plan_graph_lowers_for_concrete_shapes():
+    g, w = mlp()
+    plan = plan_graph(g, {"x": (5, 4)})
+    assert isinstance(plan, Plan)
+    kinds = [(type(st).__name__, st.label) for st in plan.steps]
+    assert kinds == [("KernelStep", "fc1"), ("KernelStep", "relu"), ("ViewStep", "flat"),
+                     ("KernelStep", "fc2"), ("ViewStep", "copy")]
+    assert plan.types["h"] == TensorType(F32, (5, 8)) and plan.types["y"] == TensorType(F32, (5, 3))
+    np.testing.assert_array_equal(plan.constants["nb"], -w["b"])       # folded at compile time
+    assert "b" not in plan.constants                                   # read by nothing that runs
+    assert plan.roles["x"] is Role.INPUT and plan.roles["y"] is Role.OUTPUT
+    assert plan.roles["x_out"] is Role.INOUT and plan.roles["w1"] is Role.CONSTANT
+    assert plan.roles["h"] is Role.TEMP
+    # h (160 bytes, 192 aligned) is still read by the step defining r; f views r; the
+    # outputs have arrays of their own
+    assert plan.memory.roots["f"] == "r" and "y" not in plan.memory.offsets
+    assert plan.memory.offsets == {"h": 0, "r": 192} and plan.memory.arena_bytes == 384
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.steps = ()   # type: ignore[misc]
+
+
+def test_plan_prints_buffers_steps_and_definitions():
+    g, _ = mlp()
+    text = str(plan_graph(g, {"x": (2, 4)}))
+    head = text.splitlines()
+    assert head[0] == "plan @mlp(%x: float32[2, 4]) -> (%y: float32[2, 3] out, %x_out: float32[2, 4] inout) {"
+    assert head[1].startswith("  arena ")
+    assert "  const %w1: float32[8, 4]" in head
+    assert any(line.startswith("  (%h: float32[2, 8] @arena+") and line.endswith("// fc1") for line in head)
+    assert "  %f: float32[2, 8] = view %r  // flat" in head
+    assert "// relu\ndef " in text   # the kernels' TC follows the steps
+
+
+def test_the_runtime_runs_the_plan():
+    g, w = mlp()
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    want = np.maximum(x @ w["w1"].T, 0) @ w["w2"].T - w["b"]
+    for target in ("reference", "host"):
+        model = compile_graph(g, target)
+        y, x_out = model(x)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(x_out, x)
+        assert model.plan_for().plan.steps == plan_graph(g, {"x": (5, 4)}).steps
+        assert model.dump("plan") == str(plan_graph(g, {"x": (5, 4)}))
+
+
+def test_dump_names_the_plan_stage():
+    g, _ = mlp()
+    model = compile_graph(g, "reference", input_shapes={"x": (1, 4)})
+    assert model.dump("plan").startswith("plan @mlp(%x: float32[1, 4])")
+    with pytest.raises(pf.ArgumentError, match="stages: groups, plan, kernels"):
+        model.dump("nonsense")
+
+
+def broken(plan: Plan, **changes) -> Plan:
+    return dataclasses.replace(plan, **changes)
+
+
+def test_the_verifier_refuses_broken_plans():
+    g, _ = mlp()
+    plan = plan_graph(g, {"x": (3, 4)})
+    plan.verify()
+    steps = list(plan.steps)
+    with pytest.raises(IRVerificationError, match="reads 'r' before any step defines it"):
+        broken(plan, steps=(steps[0], steps[2], steps[1], *steps[3:])).verify()
+    with pytest.raises(IRVerificationError, match="defines 'h' a second time"):
+        broken(plan, steps=(steps[0], steps[0], *steps[1:])).verify()
+    with pytest.raises(IRVerificationError, match="output 'y' is never defined"):
+        broken(plan, steps=tuple(steps[:3])).verify()
+    fc1 = steps[0]
+    assert isinstance(fc1, KernelStep)
+    with pytest.raises(IRVerificationError, match="takes 2 arguments"):
+        broken(plan, steps=(dataclasses.replace(fc1, inputs=("x",)), *steps[1:])).verify()
+    with pytest.raises(IRVerificationError, match="buffer 'h' is float32\\[3, 9\\]"):
+        broken(plan, types={**plan.types, "h": TensorType(F32, (3, 9))}).verify()
+    with pytest.raises(IRVerificationError, match="'x' is float64"):
+        broken(plan, types={**plan.types, "x": TensorType(DType.FLOAT64, (3, 4))}).verify()
+    flat = steps[2]
+    assert isinstance(flat, ViewStep)
+    with pytest.raises(IRVerificationError, match="changes the storage"):
+        broken(plan, steps=(*steps[:2], dataclasses.replace(flat, shape=(3, 7)), *steps[3:])).verify()
+    # two values live at once in the same bytes of the arena
+    offsets = dict.fromkeys(plan.memory.offsets, 0)
+    with pytest.raises(IRVerificationError, match="live at the same time and overlap"):
+        broken(plan, memory=dataclasses.replace(plan.memory, offsets=offsets)).verify()
+    with pytest.raises(IRVerificationError, match="outside the arena"):
+        broken(plan, memory=dataclasses.replace(plan.memory, arena_bytes=64)).verify()
+
+
+def test_memory_plan_reuses_dead_buffers():
+    """A chain of equal-sized kernels needs two buffers of the arena, not one per value."""
+    n = 6
+    g = Graph("chain", (Value("x", TensorType(F32, (16, 16))),), (Value(f"v{n}", TensorType(F32, (16, 16))),),
+              tuple(Node("Relu", f"r{k}", (f"v{k - 1}" if k > 1 else "x",), (f"v{k}",)) for k in range(1, n + 1)),
+              (), 17)
+    plan = plan_graph(g, {"x": (16, 16)})
+    assert plan.memory.naive_bytes == n * 1024
+    assert plan.memory.arena_bytes == 2 * 1024
+    assert plan_memory(plan.steps, plan.types, {f"v{n}"}) == plan.memory
