@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from polyfuse.errors import DTypeError, ModelError, ShapeError
+from polyfuse.errors import CodegenError, DTypeError, FrontendError, ModelError, ShapeError
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import Definition, TensorDecl
 from polyfuse.ir.comprehension_interpreter import interpret
@@ -24,7 +24,7 @@ from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.compose import Member, compose
-from polyfuse.lowering.ops import Folded, OpContext, TCKernel, View, lower
+from polyfuse.lowering.ops import Folded, Lowered, OpContext, TCKernel, View, lower
 
 
 def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
@@ -46,6 +46,7 @@ class _Planner:
                                              for v in graph.inputs}
         self.consts: dict[str, np.ndarray] = {c.name: c.array for c in graph.constants} | values
         self.types.update({c.name: c.type for c in graph.constants})
+        self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
 
     def plan(self) -> Plan:
         g = self.graph
@@ -118,7 +119,7 @@ class _Planner:
         return types
 
     def node(self, node: Node) -> None:
-        lowered = lower(self.context(node))
+        lowered, d = self.lowered(node)
         what = f"node '{node.name}' ({node.op})"
         if isinstance(lowered, Folded):
             for name, array in zip(node.outputs, lowered.arrays):
@@ -132,7 +133,7 @@ class _Planner:
             else:
                 self.steps.append(ViewStep(node.name, src, node.outputs[0], tuple(lowered.shape)))
         else:
-            d = parse(lowered.source).definitions[0]
+            assert d is not None
             names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
             outs = [node.outputs[i] for i in lowered.outputs]
             sizes = self.sizes(what, d, names)
@@ -144,6 +145,21 @@ class _Planner:
                     self.define(what, name, _type(results[t.name]))
                 return
             self.kernel(node.name, d, lowered.source, names, outs, types)
+
+    def lowered(self, node: Node) -> tuple[Lowered, Definition | None]:
+        """``node`` through the op library, and a kernel's definition: each node lowered and
+        its TC parsed once (a fusion group that does not fuse lowers its nodes again)."""
+        if node.name not in self._lowered:
+            lowered = lower(self.context(node))
+            d = None
+            if isinstance(lowered, TCKernel):
+                try:
+                    d = parse(lowered.source).definitions[0]
+                except FrontendError as err:   # a defect of the op library, named here
+                    raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC that "
+                                       f"does not compile: {err}") from None
+            self._lowered[node.name] = (lowered, d)
+        return self._lowered[node.name]
 
     def bind_constants(self, node: Node, k: TCKernel) -> list[str]:
         """Names for the arrays a lowering computed at compile time (repacked weights)."""
@@ -165,10 +181,9 @@ class _Planner:
         not lower to a kernel or the first one reads only constants (it folds)."""
         members: list[Member] = []
         for node in unit:
-            lowered = lower(self.context(node))
-            if not isinstance(lowered, TCKernel):
+            lowered, d = self.lowered(node)
+            if d is None:
                 return False
-            d = parse(lowered.source).definitions[0]
             names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
             if not members and all(n in self.consts for n in names):
                 return False

@@ -135,3 +135,27 @@ def test_memory_plan_reuses_dead_buffers():
     assert plan.memory.naive_bytes == n * 1024
     assert plan.memory.arena_bytes == 2 * 1024
     assert plan_memory(plan.steps, plan.types, {f"v{n}"}) == plan.memory
+
+
+def test_each_node_is_lowered_and_parsed_once(monkeypatch):
+    """A fusion group that does not fuse (its second member folds to a view) lowers its
+    first member once; a lowering whose TC does not compile is an error naming the node."""
+    from polyfuse.lowering import ops
+    calls: list[str] = []
+    relu = ops.OPS["Relu"]
+
+    def counted(ctx):
+        calls.append(ctx.node.name)
+        return relu(ctx)
+    monkeypatch.setitem(ops.OPS, "Relu", counted)
+    g = Graph("g", (Value("x", TensorType(F32, (2, 3))),), (Value("y", TensorType(F32, (6,))),),
+              (Node("Relu", "r", ("x",), ("t",), (), "g0"),
+               Node("Reshape", "flat", ("t", "shape"), ("y",), (), "g0")),
+              (Constant("shape", np.array([6], np.int64)),), 17)
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(compile_graph(g, "reference")(x), np.maximum(x, 0).reshape(6))
+    assert calls == ["r"]
+
+    monkeypatch.setitem(ops.OPS, "Relu", lambda ctx: ops.TCKernel("def f(float(N) A) -> (B) { B(i) = A(i) + }", (0,)))
+    with pytest.raises(pf.CodegenError, match="node 'r' \\(Relu\\): its lowering made TC that does not compile"):
+        plan_graph(g, {"x": (2, 3)})
