@@ -67,6 +67,18 @@ def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
     return TensorType(dt, tuple(dims))
 
 
+# attributes naming an element type: ONNX TensorProto codes in the model, polyfuse dtype
+# names (DType values, e.g. "float32") in the graph IR
+ELEMENT_TYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype"}
+
+
+def _type_name(code: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(code)
+    except ValueError:
+        return str(code)
+
+
 def _attr(a: onnx.AttributeProto) -> Any:
     v = onnx.helper.get_attribute_value(a)
     if isinstance(v, onnx.TensorProto):
@@ -116,8 +128,17 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
         if supported is not None and n.op_type not in supported:
             unsupported.setdefault(n.op_type, []).append(name)
             continue
-        nodes.append(Node(n.op_type, name, tuple(n.input), tuple(n.output),
-                          tuple((a.name, _attr(a)) for a in n.attribute)))
+        attrs = tuple((a.name, _attr(a)) for a in n.attribute)
+        key = ELEMENT_TYPE_ATTRS.get(n.op_type)
+        code = dict(attrs).get(key) if key else None
+        if isinstance(code, int):
+            dt = dtype_of(code)
+            if dt is None:
+                unsupported.setdefault(f"{n.op_type} to element type "
+                                       f"{_type_name(code)}", []).append(name)
+                continue
+            attrs = tuple((k, dt.value if k == key else v) for k, v in attrs)
+        nodes.append(Node(n.op_type, name, tuple(n.input), tuple(n.output), attrs))
     for c in constants:
         if DType.from_numpy(c.array.dtype) not in SUPPORTED_DTYPES:
             unsupported.setdefault(f"constants of element type {c.array.dtype}", []).append(c.name)

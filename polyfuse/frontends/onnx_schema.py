@@ -1,9 +1,9 @@
 """What ONNX says about ops and element types, for code that must not load onnx itself.
 
-The graph IR keeps attributes as ONNX gives them, so an op's element-type attribute
-(Cast's ``to``, EyeLike's ``dtype``) is an ONNX ``TensorProto`` code; :func:`dtype_of`
-turns one into a :class:`~polyfuse.ir.types.DType`. The table is written out (the codes
-are fixed by the ONNX standard) so that importing the op library, and so ``import
+:func:`dtype_of` turns an ONNX ``TensorProto`` element-type code into a
+:class:`~polyfuse.ir.types.DType` (the front end turns the element-type attributes of
+Cast and EyeLike into dtype names with it). The table is written out (the codes are
+fixed by the ONNX standard) so that importing the op library, and so ``import
 polyfuse``, does not import onnx. :func:`check_signature` holds a node's inputs to its
 op's schema; it imports onnx the first time a node is checked (compiling a model).
 """

@@ -319,7 +319,7 @@ def ints(name, v):
 
 def model(node, x, inits):
     g = helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
 
 # a Slice of a dim_value -1 dimension: onnx's shape inference aborts on it
 m = model(helper.make_node("Slice", ["x", "s", "e", "a"], ["y"]),
@@ -426,3 +426,29 @@ def test_sum_of_300_inputs_is_a_shallow_expression():
     feed = {n: rng.standard_normal(3).astype(np.float32) for n in names}
     want = np.sum(np.stack(list(feed.values())).astype(np.float64), axis=0)
     np.testing.assert_allclose(run(m, feed, "host")["y"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_element_type_attributes_become_dtypes_in_the_front_end():
+    """Cast's `to` and EyeLike's `dtype` are ONNX codes in the model and dtype names in the
+    graph IR; a code polyfuse has no dtype for is listed with the other unsupported ops."""
+    from onnx import TensorProto, helper
+    from polyfuse.frontends.onnx import to_graph
+    from polyfuse.lowering.ops import OPS
+
+    def model(*nodes):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])
+        y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 2])
+        return helper.make_model(helper.make_graph(list(nodes), "g", [x], [y]),
+                                 opset_imports=[helper.make_opsetid("", 18)])
+    m = model(helper.make_node("Cast", ["x"], ["c"], to=TensorProto.INT32, name="cast"),
+              helper.make_node("EyeLike", ["c"], ["y"], dtype=TensorProto.DOUBLE, name="eye"))
+    g = to_graph(m, set(OPS))
+    assert [n.attr("to") for n in g.nodes][:1] == ["int32"] and g.nodes[1].attr("dtype") == "float64"
+    out = pf.compile(m)(np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(out, np.eye(2))
+    assert out.dtype == np.float64
+    bad = model(helper.make_node("Cast", ["x"], ["c"], to=TensorProto.STRING, name="to_text"),
+                helper.make_node("Col2Im", ["c", "c", "c"], ["y"], name="c2i"))
+    with pytest.raises(pf.UnsupportedOpError, match=r"2 op types .*Cast to element type STRING "
+                                                    r"\(nodes: to_text\)"):
+        pf.compile(bad)

@@ -135,6 +135,18 @@ class OpContext:
             raise self.malformed(f"attribute {key} is {value!r}; it must be 0 or 1")
         return bool(value)
 
+    def element_type(self, key: str) -> DType | None:
+        """The element type attribute ``key`` names (a dtype name such as ``"float32"``:
+        the ONNX front end turns TensorProto codes into these), or None when absent."""
+        value = self.attr(key)
+        if value is None:
+            return None
+        try:
+            return DType(value)
+        except ValueError:
+            raise self.malformed(f"attribute {key} must name an element type "
+                                 f"({', '.join(d.value for d in DType)}), got {value!r}") from None
+
     def malformed(self, why: str) -> ModelError:
         """The error of a node whose attributes or inputs break the op's definition."""
         return ModelError(f"node '{self.node.name}' ({self.node.op}): {why}")

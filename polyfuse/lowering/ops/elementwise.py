@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from polyfuse.frontends.onnx_schema import dtype_of
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, View, access, balanced,
                                    broadcast_indices, broadcast_shape, literal, register,
@@ -239,9 +238,9 @@ def _cast(ctx: OpContext, to: DType) -> TCKernel | View:
 
 @register("Cast")
 def _cast_to(ctx: OpContext) -> TCKernel | View:
-    to = dtype_of(int(ctx.attr("to")))
+    to = ctx.element_type("to")
     if to is None:
-        raise ctx.unsupported(f"casts to ONNX element type {ctx.attr('to')} are not supported")
+        raise ctx.malformed("Cast needs the attribute 'to'")
     return _cast(ctx, to)
 
 

@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 
-from polyfuse.frontends.onnx_schema import dtype_of
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import INDEX, OpContext, TCKernel, access, literal, register, tensor_param
 from polyfuse.lowering.ops.movement import definition, one_input, parameter, statement
@@ -63,10 +62,7 @@ def _eye_like(ctx: OpContext) -> TCKernel:
     shape = ctx.shape(0)
     if len(shape) != 2:
         raise ctx.unsupported(f"expects a 2-d input, got shape {shape}")
-    code = ctx.attr("dtype")
-    dt = ctx.dtype(0) if code is None else dtype_of(int(code))
-    if dt is None:
-        raise ctx.unsupported(f"output element type {code} is not supported")
+    dt = ctx.element_type("dtype") or ctx.dtype(0)
     k = int(ctx.attr("k", 0))
     rhs = f"i1 - i0 == {k} ? {literal(1, dt)} : {literal(0, dt)}"
     return _generated(dt, list(shape), rhs)
