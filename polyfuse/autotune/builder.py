@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from polyfuse.autotune import isolation
 from polyfuse.autotune.measure_types import ErrorCode, MeasureConfig, MeasureResult
 from polyfuse.autotune.task import Task
+from polyfuse.errors import ArgumentError
 from polyfuse.runtime import cache
 from polyfuse.runtime.artifact import Artifact, save_kernel
 from polyfuse.runtime.kernel import Kernel
@@ -36,6 +37,12 @@ class BuildResult:
     build_seconds: float
     error: ErrorCode = ErrorCode.NONE   # COMPILE_ERROR or TIMEOUT for a failed build
     message: str = ""                   # what went wrong, for a person
+
+    def __post_init__(self) -> None:
+        if (self.artifact is not None) != self.ok:
+            raise ArgumentError("BuildResult: a build has an artifact exactly when it has no "
+                                f"error, got error {self.error.value} and "
+                                f"{'an' if self.artifact is not None else 'no'} artifact")
 
     @property
     def ok(self) -> bool:

@@ -44,7 +44,7 @@ def run_one(task: Task, built: BuildResult, config: MeasureConfig,
             expected: dict[str, np.ndarray] | None) -> MeasureResult:
     """The result of one build, run in a child process (``expected``: the reference's
     outputs to compare with, or None not to check)."""
-    if not built.ok or built.artifact is None:
+    if built.artifact is None:   # a failed build
         return MeasureResult((), built.error, built.message, built.build_seconds)
     fault = config.inject_faults.get(built.options)
     with isolation.child(_child, task, built.artifact, config, expected, fault) as (conn, proc):

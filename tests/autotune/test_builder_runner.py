@@ -13,6 +13,7 @@ from polyfuse.autotune.builder import BuildResult, build
 from polyfuse.autotune.measure import ErrorCode, MeasureConfig
 from polyfuse.autotune.runner import run
 from polyfuse.autotune.task import Task
+from polyfuse.errors import ArgumentError
 from polyfuse.runtime.artifact import Artifact, load_kernel
 from polyfuse.scheduler.options import MappingOptions
 
@@ -107,3 +108,11 @@ def test_an_artifact_that_does_not_load_is_a_compile_error():
     # LLVM takes the object on trust and dies in the child, not in the tuner
     assert re.fullmatch(r"the process died of SIG[A-Z]+ while loading", crashed.message), crashed.message
     assert raised.message == "KeyError: 'layout'"
+
+
+def test_a_build_result_has_an_artifact_exactly_when_it_has_no_error():
+    with pytest.raises(ArgumentError, match="artifact exactly when it has no error"):
+        BuildResult(DEFAULT, None, 0.1)
+    [built] = build(MATMUL, [DEFAULT], CONFIG)
+    with pytest.raises(ArgumentError, match="got error compile_error and an artifact"):
+        dataclasses.replace(built, error=ErrorCode.COMPILE_ERROR)
