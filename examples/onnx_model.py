@@ -1,5 +1,6 @@
 """polyfuse.compile on an ONNX model built with onnx.helper, checked against onnxruntime:
-the fusion decisions, the fused kernels' TC, the activation arena and a per-kernel profile."""
+the fusion decisions, the plan for the shapes of a call, the fused kernels' TC, the
+activation arena and a per-kernel profile."""
 
 import numpy as np
 import onnxruntime as ort
@@ -30,6 +31,7 @@ print("max |polyfuse - onnxruntime| =", float(np.abs(ours - theirs).max()))
 assert np.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 print(compiled.dump("groups"))       # MatMul + bias + ReLU run as one kernel
+print(compiled.dump("plan"))         # the graph lowered for x's shape: steps, buffers, arena
 print(compiled.dump("kernels"))      # each kernel's TC: the epilogue is one statement
 plan = compiled.memory_plan(x=x.shape)
 print(f"activation arena {plan.arena_bytes} B (naive sum {plan.naive_bytes} B)")

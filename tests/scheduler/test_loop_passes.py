@@ -139,7 +139,8 @@ def test_the_pipeline_keeps_the_loops_after_each_named_pass():
     stages: dict[str, str] = {}
     kernel = schedule_definition(d, {"M": 4, "K": 3, "N": 6}, MappingOptions(unroll_jam=3), stages)
     names = [s for s in stages if s.startswith("loops")]
-    assert names == ["loops:lower_schedule", "loops:unroll_and_jam", "loops:promote_accumulators", "loops"]
+    assert names == ["loops:lower_schedule", "loops:separate_full_tiles", "loops:unroll_and_jam",
+                     "loops:promote_accumulators", "loops"]
     assert stages["loops:lower_schedule"] == MM and stages["loops:unroll_and_jam"] == MM_JAMMED_3
     assert stages["loops"] == stages["loops:promote_accumulators"] == str(kernel)
     for name in names:

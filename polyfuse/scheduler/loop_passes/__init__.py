@@ -1,6 +1,8 @@
 """Loop-IR passes: pure functions loop kernel -> loop kernel, one per module, run by the
 scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lowered.
 
+* :func:`separate_full_tiles` (``separate_tiles.py``): full tiles split from partial ones,
+  so their inner loops have constant bounds;
 * :func:`unroll_and_jam` (``unroll_and_jam.py``): register blocking of the loop right
   around the innermost one;
 * :func:`promote_accumulators` (``promote_accumulators.py``): reductions kept in locals.
@@ -17,11 +19,13 @@ from polyfuse.ir.loops import LoopKernel
 from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.ir.passes import Pass, PassManager
 from polyfuse.scheduler.loop_passes.promote_accumulators import promote_accumulators
+from polyfuse.scheduler.loop_passes.separate_tiles import separate_full_tiles
 from polyfuse.scheduler.loop_passes.unroll_and_jam import unroll_and_jam
 
 LoopPass = Callable[[LoopKernel], LoopKernel]
 
-__all__ = ["LoopPass", "LoopPassManager", "Pass", "promote_accumulators", "unroll_and_jam"]
+__all__ = ["LoopPass", "LoopPassManager", "Pass", "promote_accumulators", "separate_full_tiles",
+           "unroll_and_jam"]
 
 
 class LoopPassManager(PassManager[LoopKernel]):

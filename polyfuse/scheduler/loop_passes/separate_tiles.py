@@ -1,0 +1,176 @@
+"""Full tiles apart from partial ones: a loop-IR pass (index-set splitting).
+
+Tiling a loop whose extent the tile does not divide leaves ``min`` in the bounds of the
+loops inside the tile: ``for c3 in 0:min(63, 1039 - c0) + 1``. Such a loop has a trip count
+known only at run time, so LLVM can neither unroll it into a register block nor keep its
+accumulators in registers, and every tile pays for the last one. TVM partitions loops
+(``LoopPartition``) and isl separates full tiles for the same reason.
+
+A loop ``for v in lo:hi step s`` is split at the first value of ``v`` from which a ``min``
+or ``max`` in the bounds of the loops it holds no longer has the same side for every value
+before it: the first part runs the full tiles, where each such bound is a constant, the
+second the rest, where the bounds are often constant too (the last tile's size). The
+split happens only where the loops' bounds are known numbers (kernels are specialized to
+their sizes) and at most :data:`MAX_COPIES` copies of a loop body are made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Unary, UnaryOp, map_expr, walk
+from polyfuse.ir.loops import For, If, LoopKernel, Stmt
+from polyfuse.ir.types import DType
+
+MAX_COPIES = 16     # copies of one loop body at most (each split doubles what it holds)
+
+Interval = tuple[int, int]      # the least and greatest value, both included
+
+
+def separate_full_tiles(kernel: LoopKernel) -> LoopKernel:
+    """Split the tile loops of ``kernel`` so that full tiles have constant bounds."""
+    return replace(kernel, body=_body(kernel.body, {}, MAX_COPIES))
+
+
+def _body(body: tuple[Stmt, ...], env: dict[str, Interval], budget: int) -> tuple[Stmt, ...]:
+    """``body`` with its loops split; ``budget``: the copies of it that splits may make."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For):
+            out.extend(_loop(s, env, budget))
+        elif isinstance(s, If):
+            out.append(replace(s, then=_body(s.then, env, budget), other=_body(s.other, env, budget)))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def _loop(loop: For, env: dict[str, Interval], budget: int) -> list[For]:
+    lo, hi = simplify(loop.lo, env), simplify(loop.hi, env)
+    loop = replace(loop, lo=lo, hi=hi)
+    if not (isinstance(lo, Literal) and isinstance(hi, Literal)) or lo.value >= hi.value:
+        return [replace(loop, body=_body(loop.body, env | _range(loop, env), budget))]
+    first, count = int(lo.value), -(-(int(hi.value) - int(lo.value)) // loop.step)
+    undecided = _undecided(loop, env)
+    k = _full_prefix(loop, env, undecided, count) if undecided else count
+    if 0 < k < count and budget > 1:
+        cut = first + k * loop.step
+        parts = (replace(loop, hi=_int(cut)), replace(loop, lo=_int(cut)))
+        return [replace(p, body=_body(p.body, env | {loop.var: _values(p, loop.step)}, budget // 2))
+                for p in parts]
+    return [replace(loop, body=_body(loop.body, env | {loop.var: (first, first + (count - 1) * loop.step)},
+                                    budget))]
+
+
+def _values(loop: For, step: int) -> Interval:
+    lo, hi = int(loop.lo.value), int(loop.hi.value)   # type: ignore[attr-defined]
+    return (lo, lo + (-(-(hi - lo) // step) - 1) * step)
+
+
+def _range(loop: For, env: dict[str, Interval]) -> dict[str, Interval]:
+    lo, hi = bounds(loop.lo, env), bounds(loop.hi, env)
+    return {loop.var: (lo[0], hi[1] - 1)} if lo is not None and hi is not None else {}
+
+
+def _undecided(loop: For, env: dict[str, Interval]) -> list[Call]:
+    """The min/max in the bounds of the loops under ``loop`` that read its iterator and
+    otherwise only iterators of enclosing loops, and are not decided over its range."""
+    known = set(env) | {loop.var}
+    found = []
+    for inner in _loops(loop.body):
+        for e in (inner.lo, inner.hi):
+            for c in walk(e):
+                if isinstance(c, Call) and c.fn in ("min", "max") and len(c.args) == 2:
+                    names = {n.name for n in walk(c) if isinstance(n, IndexVar)}
+                    if loop.var in names and names <= known:
+                        found.append(c)
+    whole = env | _range(loop, env)
+    return [c for c in found if _decided(c, whole) is None]
+
+
+def _loops(body: tuple[Stmt, ...]) -> list[For]:
+    out: list[For] = []
+    for s in body:
+        if isinstance(s, For):
+            out.append(s)
+            out.extend(_loops(s.body))
+        elif isinstance(s, If):
+            out.extend(_loops(s.then) + _loops(s.other))
+    return out
+
+
+def _full_prefix(loop: For, env: dict[str, Interval], calls: list[Call], count: int) -> int:
+    """The most iterations from the first for which every call in ``calls`` is decided."""
+    first = int(loop.lo.value)   # type: ignore[attr-defined]
+
+    def decided(k: int) -> bool:
+        scope = env | {loop.var: (first, first + (k - 1) * loop.step)}
+        return all(_decided(c, scope) is not None for c in calls)
+    lo, hi = 0, count          # decided(lo) holds (no iterations), find the largest k
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if decided(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _decided(c: Call, env: dict[str, Interval]) -> Expr | None:
+    """The argument of a two-argument min/max that it always takes over ``env``, or None."""
+    a, b = (bounds(x, env) for x in c.args)
+    if a is None or b is None:
+        return None
+    if c.fn == "min":
+        return c.args[0] if a[1] <= b[0] else c.args[1] if b[1] <= a[0] else None
+    return c.args[0] if a[0] >= b[1] else c.args[1] if b[0] >= a[1] else None
+
+
+def bounds(e: Expr, env: dict[str, Interval]) -> Interval | None:
+    """The least and greatest value of the integer expression ``e`` over ``env``, or None
+    where it reads anything else."""
+    match e:
+        case Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
+            return (v, v)
+        case IndexVar(name=n) if n in env:
+            return env[n]
+        case Unary(op=UnaryOp.NEG, operand=x):
+            r = bounds(x, env)
+            return None if r is None else (-r[1], -r[0])
+        case Binary(op=BinaryOp.ADD | BinaryOp.SUB | BinaryOp.MUL, lhs=x, rhs=y):
+            p, q = bounds(x, env), bounds(y, env)
+            if p is None or q is None:
+                return None
+            if e.op is BinaryOp.ADD:
+                return (p[0] + q[0], p[1] + q[1])
+            if e.op is BinaryOp.SUB:
+                return (p[0] - q[1], p[1] - q[0])
+            products = [u * v for u in p for v in q]
+            return (min(products), max(products))
+        case Call(fn="min" | "max", args=(x, y)):
+            p, q = bounds(x, env), bounds(y, env)
+            if p is None or q is None:
+                return None
+            pick = min if e.fn == "min" else max
+            return (pick(p[0], q[0]), pick(p[1], q[1]))
+    return None
+
+
+def simplify(e: Expr, env: dict[str, Interval]) -> Expr:
+    """``e`` with each min/max decided over ``env`` replaced by its side, and integer
+    expressions that take one value over ``env`` folded to a literal."""
+    def step(x: Expr) -> Expr:
+        if isinstance(x, Call) and x.fn in ("min", "max") and len(x.args) == 2:
+            side = _decided(x, env)
+            if side is not None:
+                x = side
+        if x.dtype.is_int and not isinstance(x, Literal):
+            r = bounds(x, env)
+            if r is not None and r[0] == r[1]:
+                return Literal(r[0], x.dtype)
+        return x
+    return map_expr(e, step)
+
+
+def _int(v: int) -> Literal:
+    return Literal(v, DType.INT64)
