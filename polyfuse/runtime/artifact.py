@@ -81,17 +81,10 @@ def _save_cpu(executable: Any) -> tuple[bytes, dict[str, Any]]:
 
 
 def _load_cpu(artifact: Artifact) -> Executable:
-    from polyfuse.runtime import native
-    from polyfuse.runtime.cpu import CpuExecutable
+    from polyfuse.runtime.cpu import executable   # loads LLVM
     from polyfuse.runtime.program import Layout
-    from polyfuse.targets.cpu import load_object, runs_natively
-    layout, stages = Layout.from_json(artifact.layout["layout"]), dict(artifact.stages)
-    if runs_natively(artifact.target):
-        jit = load_object(layout.name, artifact.code, artifact.target, stages,
-                          parallel_for=native.parallel_for_threads_address())
-        return CpuExecutable(jit, layout)
-    from polyfuse.runtime.cross import CrossExecutable
-    return CrossExecutable(layout, stages, artifact.code, artifact.target)
+    return executable(artifact.code, Layout.from_json(artifact.layout["layout"]),
+                      dict(artifact.stages), artifact.target)
 
 
 def _save_cuda(executable: Any) -> tuple[bytes, dict[str, Any]]:

@@ -88,13 +88,15 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
                            target_description(target), repr(options))
     exe = cache.fetch(
         key, _COMPILED, STATS,
-        lambda obj, meta: _executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target),
+        lambda obj, meta: executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target),
         lambda: _compile(d, sizes, target, options, key))
     stages.update(exe.stages)
     return exe
 
 
-def _executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Target) -> Any:
+def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Target) -> Any:
+    """The kernel in object code ``obj`` loaded for ``target``: into this process where its
+    code runs here, else to run under the emulator."""
     if runs_natively(target):
         return CpuExecutable(load_object(layout.name, obj, target, stages,
                                          parallel_for=native.parallel_for_threads_address()), layout)
@@ -116,4 +118,4 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
     obj, code_stages = compile_object(kernel, target, options.num_threads)
     stages.update(code_stages)
     cache.store(key, obj, {"layout": layout.to_json(), "stages": stages})
-    return _executable(obj, layout, stages, target)
+    return executable(obj, layout, stages, target)
