@@ -163,7 +163,7 @@ def _tensor_programs():
             yield pytest.param(Task.of(parse(p.source)[p.entry], list(args)), id=p.name)
 
 
-@pytest.mark.parametrize("task", _tensor_programs())
+@pytest.mark.parametrize("task", list(_tensor_programs()))
 def test_every_catalogue_kernel_gets_a_space(task):
     space = SearchSpace.for_task(task)
     search = GeneticSearch(space, population=8, seed=0)
