@@ -21,6 +21,7 @@ from polyfuse.targets import llvm_gamma, llvm_math, llvm_special
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+CONTRACT = ("contract",)   # fast-math flag: the only one polyfuse gives float arithmetic
 
 
 def register_type(dt: DType) -> ir.Type:
@@ -184,9 +185,12 @@ class ExprEmitter:
         if e.dtype.is_float:
             if op is BinaryOp.MOD:
                 return _float_mod(x, y, b)
-            fn = {BinaryOp.ADD: b.fadd, BinaryOp.SUB: b.fsub, BinaryOp.MUL: b.fmul,
-                  BinaryOp.DIV: b.fdiv}[op]
-            return fn(x, y)
+            if op is BinaryOp.DIV:
+                return b.fdiv(x, y)
+            # a multiply feeding an add or subtract may fuse into one FMA (one rounding),
+            # as C compilers and the cuda target (--fmad) do
+            fn = {BinaryOp.ADD: b.fadd, BinaryOp.SUB: b.fsub, BinaryOp.MUL: b.fmul}[op]
+            return fn(x, y, flags=CONTRACT)
         if op in (BinaryOp.DIV, BinaryOp.MOD) and operand is DType.UINT64:
             return _uint_divmod(x, y, op is BinaryOp.DIV, b)
         if op in (BinaryOp.DIV, BinaryOp.MOD):
