@@ -118,3 +118,14 @@ def test_matmul_1040_full_tiles_are_constant():
     assert len(inner) > 1
     assert isinstance(inner[0].hi, Literal) and inner[0].hi.value == 64   # the first: a full tile
     assert "loops:separate_full_tiles" in stages
+
+
+def test_parallel_loops_are_not_split():
+    """Two parallel loops would run one after the other, each with idle threads; the
+    loops inside a parallel one are split instead."""
+    before = parse_kernel(TILED.replace("  for c0 in 0:10 step 4", "  parallel for c0 in 0:10 step 4"))
+    out = str(separate_full_tiles(before))
+    assert out.count("parallel for c0 in 0:10 step 4") == 1 and "for c1 in 4:7 step 4" in out
+    assert "min(3, 0 - c0 + 9)" in out and "min(3, 0 - c1 + 6)" not in out
+    a = RNG.standard_normal((10, 7)).astype(np.float32)
+    np.testing.assert_array_equal(interpret_kernel(parse_kernel(out), {"A": a})["B"], a * 2)

@@ -11,7 +11,9 @@ or ``max`` in the bounds of the loops it holds no longer has the same side for e
 before it: the first part runs the full tiles, where each such bound is a constant, the
 second the rest, where the bounds are often constant too (the last tile's size). The
 split happens only where the loops' bounds are known numbers (kernels are specialized to
-their sizes) and at most :data:`MAX_COPIES` copies of a loop body are made.
+their sizes) and at most :data:`MAX_COPIES` copies of a loop body are made. Parallel
+loops are not split: two parallel loops run one after the other, and a part with fewer
+iterations than threads would leave threads idle (the loops inside are split instead).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Unary, UnaryOp, map_expr, walk
-from polyfuse.ir.loops import For, If, LoopKernel, Stmt
+from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, Stmt
 from polyfuse.ir.types import DType
 
 MAX_COPIES = 16     # copies of one loop body at most (each split doubles what it holds)
@@ -53,7 +55,7 @@ def _loop(loop: For, env: dict[str, Interval], budget: int) -> list[For]:
     first, count = int(lo.value), -(-(int(hi.value) - int(lo.value)) // loop.step)
     undecided = _undecided(loop, env)
     k = _full_prefix(loop, env, undecided, count) if undecided else count
-    if 0 < k < count and budget > 1:
+    if 0 < k < count and budget > 1 and loop.kind is not LoopKind.PARALLEL:
         cut = first + k * loop.step
         parts = (replace(loop, hi=_int(cut)), replace(loop, lo=_int(cut)))
         return [replace(p, body=_body(p.body, env | {loop.var: _values(p, loop.step)}, budget // 2))
