@@ -99,12 +99,16 @@ def _register_rows(extent: int, near: bool) -> tuple[int, int]:
     neighbours in memory take 6 to 8 rows of two vectors (7 x 2 suits the 7, 14, 28 and
     56 wide maps of convolutions: about 3x a 4 x 4 block there); rows far apart take 4
     rows of four vectors (about 1.8x a 8 x 2 block on a 1024 matmul). Either falls back
-    to the other where its rows do not divide the extent, else to one row."""
+    to the other where its rows do not divide the extent; where neither does, the first
+    that fits stays, and the last, partial block runs unjammed."""
     wide, narrow = [(r, 2) for r in (8, 7, 6)], [(MR, 4)]
-    for rows, vectors in (wide + narrow if near else narrow + wide):
+    preferred = wide + narrow if near else narrow + wide
+    for rows, vectors in preferred:
         if extent % rows == 0:
             return rows, vectors
-    return 1, 4
+    # no block divides the extent: full blocks jam, and the last, partial one (split off
+    # by separate_full_tiles) runs unjammed
+    return next(((r, v) for r, v in preferred if r <= extent), (1, 4))
 
 
 def _vector_block(cols: int, width: int, vectors: int) -> tuple[int, int]:

@@ -120,12 +120,29 @@ def test_matmul_1040_full_tiles_are_constant():
     assert "loops:separate_full_tiles" in stages
 
 
-def test_parallel_loops_are_not_split():
-    """Two parallel loops would run one after the other, each with idle threads; the
-    loops inside a parallel one are split instead."""
+def test_parallel_loops_keep_every_iteration_on_the_threads():
+    """Two parallel loops would run one after the other, the shorter with idle threads:
+    a parallel loop stays one loop whose body picks the full-tile version or the other."""
     before = parse_kernel(TILED.replace("  for c0 in 0:10 step 4", "  parallel for c0 in 0:10 step 4"))
-    out = str(separate_full_tiles(before))
-    assert out.count("parallel for c0 in 0:10 step 4") == 1 and "for c1 in 4:7 step 4" in out
-    assert "min(3, 0 - c0 + 9)" in out and "min(3, 0 - c1 + 6)" not in out
+    after = separate_full_tiles(before)
+    out = str(after)
+    assert out.count("parallel for c0 in 0:10 step 4") == 1 and "if c0 < 8 {" in out
+    assert "min(" not in out
+    assert "for c2 in 0:4 {" in out and "for c2 in 0:2 {" in out
+    assert parse_kernel(out) == after
     a = RNG.standard_normal((10, 7)).astype(np.float32)
-    np.testing.assert_array_equal(interpret_kernel(parse_kernel(out), {"A": a})["B"], a * 2)
+    np.testing.assert_array_equal(interpret_kernel(after, {"A": a})["B"], a * 2)
+
+
+@pytest.mark.parametrize("m", [50, 197])
+def test_row_blocks_that_do_not_divide_the_rows(m):
+    """197 rows (ViT's tokens) take 4-row blocks too: the full blocks are jammed, the
+    last row runs alone; results are numpy's."""
+    k = pf.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+                  target="host").mm
+    a = RNG.standard_normal((m, 300)).astype(np.float32)
+    b = RNG.standard_normal((300, 256)).astype(np.float32)
+    spec = k.specialize(a, b)
+    assert "register_tile=(4, " in spec.stages["options"]
+    assert "(c7 + 3), " in spec.stages["loops"]   # a jammed block of 4 rows
+    np.testing.assert_allclose(k(a, b), a @ b, rtol=1e-4, atol=1e-4)

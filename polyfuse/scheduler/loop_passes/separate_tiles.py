@@ -11,9 +11,10 @@ or ``max`` in the bounds of the loops it holds no longer has the same side for e
 before it: the first part runs the full tiles, where each such bound is a constant, the
 second the rest, where the bounds are often constant too (the last tile's size). The
 split happens only where the loops' bounds are known numbers (kernels are specialized to
-their sizes) and at most :data:`MAX_COPIES` copies of a loop body are made. Parallel
-loops are not split: two parallel loops run one after the other, and a part with fewer
-iterations than threads would leave threads idle (the loops inside are split instead).
+their sizes) and at most :data:`MAX_COPIES` copies of a loop body are made. A parallel
+loop keeps all its iterations on the thread pool: its body chooses between the two
+versions (``if v < cut``), since two parallel loops would run one after the other, the
+shorter leaving threads idle.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ def _loop(loop: For, env: dict[str, Interval], budget: int) -> list[For]:
     first, count = int(lo.value), -(-(int(hi.value) - int(lo.value)) // loop.step)
     undecided = _undecided(loop, env)
     k = _full_prefix(loop, env, undecided, count) if undecided else count
-    if 0 < k < count and budget > 1 and loop.kind is not LoopKind.PARALLEL:
+    if 0 < k < count and budget > 1:
         cut = first + k * loop.step
         parts = (replace(loop, hi=_int(cut)), replace(loop, lo=_int(cut)))
-        return [replace(p, body=_body(p.body, env | {loop.var: _values(p, loop.step)}, budget // 2))
-                for p in parts]
+        full, rest = (_body(p.body, env | {loop.var: _values(p, loop.step)}, budget // 2) for p in parts)
+        if loop.kind is LoopKind.PARALLEL:   # one loop, all its iterations on the threads
+            below = Binary(BinaryOp.LT, IndexVar(loop.var), _int(cut), DType.BOOL)
+            return [replace(loop, body=(If(below, full, rest),))]
+        return [replace(parts[0], body=full), replace(parts[1], body=rest)]
     return [replace(loop, body=_body(loop.body, env | {loop.var: (first, first + (count - 1) * loop.step)},
                                     budget))]
 
