@@ -35,9 +35,7 @@ def define(source: str, *, target: str | Target = "reference",
     """
     if not isinstance(source, str):
         raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
-    options = check_options(options, "define()")
-    tgt = Target.parse(target)
-    check_target(tgt)
+    tgt, options = _checked(target, options, "define()")
     module = parse(source)
     records = Records.open(tuning_records)
     tuning = None if records is None else Tuning(records)
@@ -57,13 +55,10 @@ def compile(model: Any, *, target: str | Target = "reference",
     from polyfuse.frontends.onnx import to_graph
     from polyfuse.lowering.graph_passes import PassManager
     from polyfuse.lowering.ops import OPS
-    options = check_options(options, "compile()")
-    tgt = Target.parse(target)
-    check_target(tgt)
+    tgt, options = _checked(target, options, "compile()")
     passes = PassManager(verify=True, keep=True)
     graph = passes.run(to_graph(model, set(OPS)))
-    return compile_graph(graph, tgt, options=options, input_shapes=input_shapes,
-                         tuning_records=tuning_records, stages=dict(passes.graphs))
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, dict(passes.graphs))
 
 
 def compile_graph(graph: Graph, target: str | Target = "reference", *,
@@ -74,13 +69,27 @@ def compile_graph(graph: Graph, target: str | Target = "reference", *,
     """Compile a graph of the graph IR as it is (no graph passes) for ``target``; the
     stages ``dump`` shows are ``stages`` (the graph after each pass that made it), then
     ``groups``, ``plan`` and the kernels'."""
-    from polyfuse.lowering.fusion import describe_groups
-    from polyfuse.lowering.plan import plan_graph
-    options = check_options(options, "compile()")
+    tgt, options = _checked(target, options, "compile()")
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages or {})
+
+
+def _checked(target: str | Target, options: MappingOptions | None,
+             caller: str) -> tuple[Target, MappingOptions | None]:
+    """The target parsed and known to have a code generator, and the options checked."""
+    options = check_options(options, caller)
     tgt = Target.parse(target)
     check_target(tgt)
-    shown = {**(stages or {}), "groups": describe_groups(graph) or "(no fusion groups)"}
-    return CompiledModel(graph, tgt, functools.partial(plan_graph, graph), options=options,
+    return tgt, options
+
+
+def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
+              input_shapes: dict[str, tuple[int, ...]] | None,
+              tuning_records: str | os.PathLike | Records | None,
+              stages: Mapping[str, object]) -> CompiledModel:
+    from polyfuse.lowering.fusion import describe_groups
+    from polyfuse.lowering.plan import plan_graph
+    shown = {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
+    return CompiledModel(graph, target, functools.partial(plan_graph, graph), options=options,
                          input_shapes=input_shapes, stages=shown,
                          tuning=Tuning(Records.open(tuning_records)))
 

@@ -27,7 +27,7 @@ from functools import cached_property
 
 import numpy as np
 
-from polyfuse.errors import IRVerificationError
+from polyfuse.errors import IRVerificationError, ShapeError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.graph import TensorType, format_name
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
@@ -102,6 +102,11 @@ def nbytes(t: TensorType) -> int:
     return t.dtype.bits // 8 * int(np.prod([int(d) for d in t.shape], dtype=np.int64))
 
 
+def block_bytes(t: TensorType, alignment: int = 64) -> int:
+    """The bytes a buffer of type ``t`` takes in the arena (at least one byte, aligned)."""
+    return aligned(max(1, nbytes(t)), alignment)
+
+
 def plan_memory(steps: tuple[Step, ...], types: Mapping[str, TensorType], outputs: set[str],
                 alignment: int = 64) -> MemoryPlan:
     """First-fit placement of the storage each kernel defines (its temporaries too),
@@ -110,7 +115,7 @@ def plan_memory(steps: tuple[Step, ...], types: Mapping[str, TensorType], output
     for st in steps:
         if isinstance(st, ViewStep):
             roots[st.output] = roots.get(st.input, st.input)
-    size = {v: aligned(max(1, nbytes(types[v])), alignment)
+    size = {v: block_bytes(types[v], alignment)
             for st in steps if isinstance(st, KernelStep) for v in st.defines}
     kept = {roots.get(v, v) for v in outputs}
     last: dict[str, int] = {}
@@ -146,7 +151,7 @@ class Plan:
     inputs: tuple[str, ...]            # the graph's inputs, in order
     outputs: tuple[str, ...]           # the graph's outputs, in order
     types: Mapping[str, TensorType]    # every buffer's type, dimensions concrete
-    constants: Mapping[str, np.ndarray] = field(repr=False)
+    constants: Mapping[str, np.ndarray] = field(repr=False)   # those the steps or outputs read
     steps: tuple[Step, ...]
     memory: MemoryPlan
 
@@ -216,7 +221,7 @@ class Plan:
                                           f"{p.dtype} of rank {getattr(p, 'rank', 0)}; '{name}' is {t}")
         try:
             sizes = sizes_of_shapes(d, [tuple(int(x) for x in self.types[n].shape) for n in st.inputs])
-        except Exception as err:   # a ShapeError: the buffers disagree with the definition
+        except ShapeError as err:   # the buffers disagree with the definition
             raise IRVerificationError(f"{where}: {err}") from None
         for t, name in zip(bind_sizes(d, sizes).outputs, st.defines):
             shape = tuple(evaluate_int(e, {}) for e in t.shape)
@@ -233,7 +238,7 @@ class Plan:
                 if root in m.offsets:
                     first, _ = live_range.get(root, (k, k))
                     live_range[root] = (first, k)
-        placed = sorted((m.offsets[v], aligned(max(1, nbytes(self.types[v]))), v, live_range.get(v, (0, 0)))
+        placed = sorted((m.offsets[v], block_bytes(self.types[v]), v, live_range.get(v, (0, 0)))
                         for v in m.offsets)
         for offset, size, v, _ in placed:
             if offset % 64 or offset + size > m.arena_bytes:
@@ -260,7 +265,7 @@ class Plan:
                  f"{', '.join(buffer(n) for n in self.inputs)}) -> ("
                  f"{', '.join(f'{buffer(n)} {roles[n].value}' for n in self.outputs)}) {{",
                  f"  arena {self.memory.arena_bytes} bytes (naive {self.memory.naive_bytes})"]
-        lines += [f"  const {buffer(n)}" for n in self.constants if n in self._read()]
+        lines += [f"  const {buffer(n)}" for n in self.constants]
         for st in self.steps:
             args = ", ".join(format_name(n, "%") for n in st.inputs)
             if isinstance(st, ViewStep):
@@ -272,6 +277,3 @@ class Plan:
         lines.append("}")
         defs = [f"// {st.label}\n{st.definition}" for st in self.kernels]
         return "\n".join(lines) + ("\n\n" + "\n\n".join(defs) if defs else "")
-
-    def _read(self) -> set[str]:
-        return {n for st in self.steps for n in st.inputs} | set(self.outputs)

@@ -8,6 +8,7 @@ runs the plan's steps: as one native program where the target allows.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -55,7 +56,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                                       f"{[plan.types[n] for n in st.defines]}")
         kernels.append(spec)
     compiled = CompiledPlan(plan, tuple(kernels))
-    return CompiledPlan(plan, compiled.kernels, _program(compiled, target))
+    return dataclasses.replace(compiled, program=_program(compiled, target))
 
 
 def _placeholder(t: TensorType) -> np.ndarray:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Unary, UnaryOp, map_expr, walk
-from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, Stmt
+from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, Stmt, walk_stmts
 from polyfuse.ir.types import DType
 
 MAX_COPIES = 16     # copies of one loop body at most (each split doubles what it holds)
@@ -53,24 +53,28 @@ def _loop(loop: For, env: dict[str, Interval], budget: int) -> list[For]:
     loop = replace(loop, lo=lo, hi=hi)
     if not (isinstance(lo, Literal) and isinstance(hi, Literal)) or lo.value >= hi.value:
         return [replace(loop, body=_body(loop.body, env | _range(loop, env), budget))]
-    first, count = int(lo.value), -(-(int(hi.value) - int(lo.value)) // loop.step)
+    first, count = int(lo.value), _trips(int(lo.value), int(hi.value), loop.step)
     undecided = _undecided(loop, env)
     k = _full_prefix(loop, env, undecided, count) if undecided else count
     if 0 < k < count and budget > 1:
         cut = first + k * loop.step
-        parts = (replace(loop, hi=_int(cut)), replace(loop, lo=_int(cut)))
-        full, rest = (_body(p.body, env | {loop.var: _values(p, loop.step)}, budget // 2) for p in parts)
+        full = _body(loop.body, env | {loop.var: _values(first, cut, loop.step)}, budget // 2)
+        rest = _body(loop.body, env | {loop.var: _values(cut, int(hi.value), loop.step)}, budget // 2)
         if loop.kind is LoopKind.PARALLEL:   # one loop, all its iterations on the threads
             below = Binary(BinaryOp.LT, IndexVar(loop.var), _int(cut), DType.BOOL)
             return [replace(loop, body=(If(below, full, rest),))]
-        return [replace(parts[0], body=full), replace(parts[1], body=rest)]
-    return [replace(loop, body=_body(loop.body, env | {loop.var: (first, first + (count - 1) * loop.step)},
+        return [replace(loop, hi=_int(cut), body=full), replace(loop, lo=_int(cut), body=rest)]
+    return [replace(loop, body=_body(loop.body, env | {loop.var: _values(first, int(hi.value), loop.step)},
                                     budget))]
 
 
-def _values(loop: For, step: int) -> Interval:
-    lo, hi = int(loop.lo.value), int(loop.hi.value)   # type: ignore[attr-defined]
-    return (lo, lo + (-(-(hi - lo) // step) - 1) * step)
+def _trips(lo: int, hi: int, step: int) -> int:
+    return -(-(hi - lo) // step)
+
+
+def _values(lo: int, hi: int, step: int) -> Interval:
+    """The first and last value of ``for v in lo:hi step s`` (at least one iteration)."""
+    return (lo, lo + (_trips(lo, hi, step) - 1) * step)
 
 
 def _range(loop: For, env: dict[str, Interval]) -> dict[str, Interval]:
@@ -83,7 +87,7 @@ def _undecided(loop: For, env: dict[str, Interval]) -> list[Call]:
     otherwise only iterators of enclosing loops, and are not decided over its range."""
     known = set(env) | {loop.var}
     found = []
-    for inner in _loops(loop.body):
+    for inner in (s for s in walk_stmts(loop.body) if isinstance(s, For)):
         for e in (inner.lo, inner.hi):
             for c in walk(e):
                 if isinstance(c, Call) and c.fn in ("min", "max") and len(c.args) == 2:
@@ -92,17 +96,6 @@ def _undecided(loop: For, env: dict[str, Interval]) -> list[Call]:
                         found.append(c)
     whole = env | _range(loop, env)
     return [c for c in found if _decided(c, whole) is None]
-
-
-def _loops(body: tuple[Stmt, ...]) -> list[For]:
-    out: list[For] = []
-    for s in body:
-        if isinstance(s, For):
-            out.append(s)
-            out.extend(_loops(s.body))
-        elif isinstance(s, If):
-            out.extend(_loops(s.then) + _loops(s.other))
-    return out
 
 
 def _full_prefix(loop: For, env: dict[str, Interval], calls: list[Call], count: int) -> int:
