@@ -6,13 +6,14 @@ from polyfuse.errors import (AccessRangeError, ArgumentError, BoundsError, Codeg
                              GraphSyntaxError, IRVerificationError, ModelError, OptionError, PolyfuseError,
                              RangeInferenceError, ScheduleError, ShapeError, SizeLimitError, TargetError,
                              TCSemanticError, TCSyntaxError, UnsupportedOpError, WeightError)
+from polyfuse.lowering.autodiff import grad
 from polyfuse.runtime.kernel import Kernel, KernelModule, SpecializedKernel
 from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.targets import Target
 from polyfuse.version import __version__
 
 __all__ = [
-    "compile", "define", "einsum", "Target", "Kernel", "KernelModule", "SpecializedKernel",
+    "compile", "define", "einsum", "grad", "Target", "Kernel", "KernelModule", "SpecializedKernel",
     "MappingOptions", "Fusion",
     "PolyfuseError", "FrontendError", "TCSyntaxError", "TCSemanticError", "RangeInferenceError",
     "IRVerificationError", "ArgumentError", "ShapeError", "DTypeError", "BoundsError",
