@@ -7,7 +7,7 @@ import numpy as np
 
 import polyfuse as pf
 from polyfuse.frontends.tc import parse
-from polyfuse.ir.comprehension import Definition, TensorDecl, format_definition
+from polyfuse.ir.comprehension import Definition, format_definition
 from polyfuse.lowering.autodiff import Gradient, gradients
 from polyfuse.lowering.autodiff.widen import widen
 
@@ -23,16 +23,9 @@ def compiled(d: Definition, target: str = "reference"):
 
 
 def as_float64(args: tuple) -> list:
-    out = []
-    for a in args:
-        if isinstance(a, np.ndarray) and a.dtype.kind == "f" or type(a).__name__ == "ndarray" \
-                and str(a.dtype) == "bfloat16":
-            out.append(np.asarray(a, np.float64))
-        elif isinstance(a, float):
-            out.append(a)
-        else:
-            out.append(a)
-    return out
+    """Float arrays (16-bit ones too) as float64; the rest as they are."""
+    return [np.asarray(a, np.float64) if isinstance(a, np.ndarray) and
+            (a.dtype.kind == "f" or str(a.dtype) == "bfloat16") else a for a in args]
 
 
 def outputs(kernel, args) -> tuple[np.ndarray, ...]:
@@ -83,6 +76,3 @@ def check_gradients(d: Definition, args: list, *, rng: np.random.Generator, eps:
         checked += 1
     return checked
 
-
-def tensor_params(d: Definition) -> list[TensorDecl]:
-    return list(d.inputs)
