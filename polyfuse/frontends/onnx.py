@@ -1,7 +1,9 @@
 """ONNX models -> graph IR (onnx is imported here, lazily in onnx_schema, and by backend.py).
 
 Loads a path, bytes or ``ModelProto`` (external-data weights included), runs onnx's
-checker, turns initializers and ``Constant`` nodes into constants, and refuses a
+checker (loading, with one :class:`ModelWarning`, what onnxruntime loads despite the
+checker: an unnamed graph, outputs without a type or shape, which onnx's shape inference
+then gives them, IR-version-3 initializers not listed as graph inputs), turns initializers and ``Constant`` nodes into constants, and refuses a
 model with ops polyfuse cannot lower, naming every such op and its nodes at once.
 Dimensions exporters mark unknown (``dim_value -1``, ``'?'``, an empty name or none)
 are each their own size, as onnxruntime reads them. Element types and op schemas, which
@@ -11,6 +13,7 @@ the op library needs without loading onnx, are in :mod:`polyfuse.frontends.onnx_
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +107,7 @@ def _constant_value(a: onnx.AttributeProto) -> np.ndarray | None:
 def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
              supported: set[str] | None = None) -> Graph:
     """The graph IR of an ONNX model; ops outside ``supported`` are all reported at once."""
-    proto = load_model(model)
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as err:
-        raise ModelError(f"the ONNX model is invalid: {str(err).splitlines()[0]}") from None
+    proto = checked(load_model(model))
     g = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     constants = [Constant(t.name, numpy_helper.to_array(t)) for t in g.initializer]
@@ -152,6 +151,99 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
     outputs = tuple(Value(v.name, _type_of(v)) for v in g.output)
     return Graph(g.name or "model", inputs, outputs, tuple(nodes), tuple(constants), opset,
                  _inferred_types(proto, {v.name for v in inputs + outputs} | initialized))
+
+
+class ModelWarning(UserWarning):
+    """A model breaks a rule of onnx's checker that does not change what it computes
+    (onnxruntime loads it too); polyfuse loads it and says what it assumed."""
+
+
+# onnx checker complaints polyfuse repairs: what the message says -> the repair, which
+# returns what it assumed (a sentence of the warning)
+def _name_graph(proto: onnx.ModelProto) -> str:
+    proto.graph.name = "model"
+    return "the graph has no name (it is called 'model')"
+
+
+def _list_initializers(proto: onnx.ModelProto) -> str:
+    g = proto.graph
+    listed = {v.name for v in g.input}
+    missing = [t for t in g.initializer if t.name not in listed]
+    g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                   for t in missing)
+    return (f"{len(missing)} initializer{'s are' if len(missing) > 1 else ' is'} not listed as "
+            f"graph input{'s' if len(missing) > 1 else ''} (IR version {proto.ir_version} asks it; "
+            "they are read as weights)")
+
+
+def _type_outputs(proto: onnx.ModelProto) -> str:
+    """Gives graph outputs without an element type or shape those of onnx's shape
+    inference; an output whose element type cannot be inferred is a ModelError, one whose
+    rank cannot be is left without dimensions (polyfuse computes every shape itself)."""
+    g = proto.graph
+    untyped = [v for v in g.output if not (v.type.HasField("tensor_type") and
+                                           v.type.tensor_type.elem_type and
+                                           v.type.tensor_type.HasField("shape"))]
+    if not untyped or any(v.type.HasField(kind) for v in untyped for kind in ("sequence_type", "map_type",
+                                                               "optional_type")):
+        return ""
+    inferred: dict[str, onnx.TypeProto] = {}
+    if not any(_crashes_inference(n) for n in g.node):
+        try:
+            done = onnx.shape_inference.infer_shapes(_without_negative_dims(proto),
+                                                     strict_mode=False, data_prop=True)
+            inferred = {v.name: v.type for v in list(done.graph.value_info) + list(done.graph.output)}
+        except Exception:  # noqa: BLE001 - onnx raises many kinds; checked below
+            pass
+    for v in untyped:
+        t = v.type.tensor_type
+        found = inferred.get(v.name)
+        if found is not None and found.HasField("tensor_type"):
+            if not t.elem_type:
+                t.elem_type = found.tensor_type.elem_type
+            if not t.HasField("shape") and found.tensor_type.HasField("shape"):
+                t.shape.CopyFrom(found.tensor_type.shape)
+        if not t.elem_type:
+            raise ModelError(f"graph output '{v.name}' has no element type and onnx's shape "
+                             "inference cannot infer one; give the output a type")
+        t.shape.SetInParent()   # present, perhaps without dimensions
+    names = ", ".join(f"'{v.name}'" for v in untyped[:5]) + (", ..." if len(untyped) > 5 else "")
+    return f"graph outputs {names} lack a type or shape (inferred by onnx's shape inference)"
+
+
+_REPAIRS = {"Field 'name' of 'graph' is required to be non-empty": _name_graph,
+            "in initializer but not in graph input": _list_initializers,
+            "Field 'type' of 'value_info' is required but missing": _type_outputs,
+            "Field 'shape' of 'type' is required but missing": _type_outputs,
+            "Field 'elem_type' of 'tensor_type' is required but missing": _type_outputs}
+
+
+def checked(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` if onnx's checker passes it, else a repaired copy (with one
+    :class:`ModelWarning` listing what polyfuse assumed) when every complaint is one that
+    onnxruntime overlooks; a model with any other complaint is a ModelError."""
+    assumed: list[str] = []
+    copy = proto
+    for _ in range(len(_REPAIRS) + 1):
+        try:
+            onnx.checker.check_model(copy)
+            break
+        except onnx.checker.ValidationError as err:
+            complaint = str(err).splitlines()[0]
+        repair = next((fix for text, fix in _REPAIRS.items() if text in complaint), None)
+        if copy is proto:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(proto)
+        said = repair(copy) if repair is not None else ""
+        if not said or said in assumed:
+            raise ModelError(f"the ONNX model is invalid: {complaint}")
+        assumed.append(said)
+    else:
+        raise ModelError(f"the ONNX model is invalid: {complaint}")
+    if assumed:
+        warnings.warn(f"the ONNX model does not pass onnx's checker; polyfuse loads it as "
+                      f"onnxruntime does: {'; '.join(assumed)}", ModelWarning, stacklevel=3)
+    return copy
 
 
 def _inferred_types(proto: onnx.ModelProto, known: set[str]) -> tuple[Value, ...]:

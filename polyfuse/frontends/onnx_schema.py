@@ -18,7 +18,7 @@ from polyfuse.ir.types import DType
 ELEMENT_TYPES = {
     1: DType.FLOAT32, 11: DType.FLOAT64, 10: DType.FLOAT16, 16: DType.BFLOAT16,
     3: DType.INT8, 5: DType.INT16, 6: DType.INT32, 7: DType.INT64,
-    2: DType.UINT8, 9: DType.BOOL,
+    2: DType.UINT8, 4: DType.UINT16, 12: DType.UINT32, 13: DType.UINT64, 9: DType.BOOL,
 }
 _CODES = {dt: code for code, dt in ELEMENT_TYPES.items()}
 SUPPORTED_DTYPES = frozenset(_CODES)

@@ -64,10 +64,15 @@ def _batch_norm(ctx: OpContext) -> TCKernel:
         raise ctx.unsupported("the input needs a batch and a channel dimension")
     eps, momentum = float(ctx.attr("epsilon", 1e-5)), float(ctx.attr("momentum", 0.9))
     wanted = tuple(k for k, name in enumerate(ctx.node.outputs) if name)
-    training = bool(ctx.attr("training_mode", 0)) if ctx.opset >= 14 else wanted != (0,)
-    if training and (ctx.opset < 14 or any(k > 2 for k in wanted)):
-        raise ctx.unsupported("training mode before opset 14 (saved mean and variance "
-                              "outputs) is not supported")
+    # before opset 14 a node with the statistics outputs normalizes with the batch's
+    # statistics, as onnxruntime runs it (opset 6 and earlier: unless is_test)
+    if ctx.opset >= 14:
+        training = bool(ctx.attr("training_mode", 0))
+    else:
+        training = wanted != (0,) and not (ctx.opset < 7 and ctx.attr("is_test", 0))
+    if training and any(k > 4 for k in wanted):
+        raise ctx.malformed(f"it has {len(ctx.node.outputs)} outputs; BatchNormalization has "
+                            "at most 5")
     acc = dt.compute
     full = INDEX[:len(shape)]
     # before opset 9, spatial=0 gives the statistics a value per element of (C, D1, ...)
@@ -90,7 +95,10 @@ def _batch_norm(ctx: OpContext) -> TCKernel:
     m, keep = literal(momentum, acc), literal(1 - momentum, acc)
     running = {1: f"RunMean(i1) * {m} + Mean(i1) * {keep}",
                2: f"RunVar(i1) * {m} + Var(i1) * {keep}"}
-    names = {1: "OutMean", 2: "OutVar"}
+    # saved statistics (opsets 7-13): the batch mean and, as onnxruntime saves it, the
+    # inverse standard deviation
+    running.update({3: "Mean(i1)", 4: "Inv(i1)"})
+    names = {1: "OutMean", 2: "OutVar", 3: "SavedMean", 4: "SavedInv"}
     for k in wanted[1:]:
         lines.append(f"{names[k]}(i1) = {dt}({running[k]})")
         out.append(tensor_param(names[k], (dt, (shape[1],))))
