@@ -1,0 +1,244 @@
+"""TC definitions as PyTorch operators, with derived gradients.
+
+``define(source, target=...)`` makes each ``def`` a ``torch.library.custom_op``: it takes
+and returns CPU tensors (the same memory crosses to polyfuse as numpy views: no copies
+for contiguous tensors), has a fake implementation for ``torch.compile`` (output shapes
+from the definition's sizes), and an autograd formula whose kernels are the definitions
+:func:`polyfuse.grad` derives, compiled by polyfuse for the same target (each its own
+custom op, so backward graphs trace too). A ``float`` definition also runs on float64
+tensors (a copy of it with every float type made float64). Integer inputs and scalar
+parameters get no gradient.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from polyfuse.driver import define as define_kernels
+from polyfuse.errors import ArgumentError, DTypeError
+from polyfuse.frontends.tc import parse
+from polyfuse.ir.comprehension import Definition, ScalarDecl, TensorDecl, format_definition
+from polyfuse.ir.sizes import sizes_of_shapes
+from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.ir.types import DType
+from polyfuse.lowering.autodiff import Gradient, grad, gradients
+from polyfuse.lowering.autodiff.widen import widen
+from polyfuse.targets import Target
+
+__all__ = ["define", "grad", "TorchDefinitions"]
+
+_TORCH_DTYPES = {DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16,
+                 DType.FLOAT32: torch.float32, DType.FLOAT64: torch.float64,
+                 DType.INT8: torch.int8, DType.INT16: torch.int16, DType.INT32: torch.int32,
+                 DType.INT64: torch.int64, DType.UINT8: torch.uint8, DType.UINT16: torch.uint16,
+                 DType.UINT32: torch.uint32, DType.UINT64: torch.uint64, DType.BOOL: torch.bool}
+_SCALAR_TYPES = {True: "float", False: "int"}
+_OPS: dict[str, Any] = {}       # qualified name -> op, so a source defined twice reuses its ops
+
+
+class TorchDefinitions:
+    """The torch operators of one TC source, as attributes named after its definitions."""
+
+    def __init__(self, ops: dict[str, Any]) -> None:
+        self._ops = ops
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_ops"][name]
+        except KeyError:
+            raise AttributeError(f"no definition '{name}' (there are: {', '.join(self._ops)})") from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self._ops[name]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._ops)
+
+    def __dir__(self) -> list[str]:
+        return list(self._ops)
+
+
+def define(tc_source: str, target: str | Target = "reference", name: str | None = None) -> Any:
+    """The TC definitions of ``tc_source`` as differentiable torch operators for
+    ``target``: the one called ``name``, or all of them (attributes of the result)."""
+    if not isinstance(tc_source, str):
+        raise ArgumentError(f"define() takes TC source text, got {type(tc_source).__name__}")
+    module = parse(tc_source)
+    tgt = Target.parse(target)
+    names = [d.name for d in module.definitions]
+    if name is not None and name not in names:
+        raise ArgumentError(f"define(): no definition '{name}' (there are: {', '.join(names)})")
+    key = hashlib.sha1(f"{tgt}\n{tc_source}".encode()).hexdigest()[:12]
+    ops = {d.name: _op(_Variants(d, tgt, tc_source), key)
+           for d in module.definitions if name is None or d.name == name}
+    return ops[name] if name is not None else TorchDefinitions(ops)
+
+
+@dataclass
+class _Compiled:
+    """One definition in one float type: its kernel and its gradients' kernels."""
+
+    definition: Definition
+    kernel: Any
+    gradients: dict[str, tuple[Gradient, Any]]
+
+
+class _Variants:
+    """A definition as declared and, for ``float`` ones, widened to float64; each
+    compiled (and differentiated) the first time a call needs it."""
+
+    def __init__(self, d: Definition, target: Target, source: str) -> None:
+        self.definition, self.target, self.source = d, target, source
+        self._compiled: dict[bool, _Compiled] = {}
+
+    def widens(self, args: Sequence[Any]) -> bool:
+        """Whether these arguments call for the float64 copy."""
+        for p, a in zip(self.definition.params, args):
+            if isinstance(p, TensorDecl) and p.dtype is DType.FLOAT32 and isinstance(a, torch.Tensor):
+                return a.dtype == torch.float64
+        return False
+
+    def compiled(self, wide: bool) -> _Compiled:
+        if wide not in self._compiled:
+            d = widen(self.definition) if wide else self.definition
+            kernel = getattr(define_kernels(format_definition(d), target=self.target), d.name)
+            grads = {}
+            for g in gradients(d, source=None if wide else self.source):
+                grads[g.wrt] = (g, getattr(define_kernels(g.text, target=self.target), g.definition.name))
+            self._compiled[wide] = _Compiled(d, kernel, grads)
+        return self._compiled[wide]
+
+
+def _schema(d: Definition) -> str:
+    params = []
+    for p in d.params:
+        kind = "Tensor" if isinstance(p, TensorDecl) else _SCALAR_TYPES.get(p.dtype.is_float, "int")
+        params.append(f"{kind} {p.name}")
+    result = "Tensor" if len(d.outputs) == 1 else f"({', '.join('Tensor' for _ in d.outputs)})"
+    return f"({', '.join(params)}) -> {result}"
+
+
+def _arrays(d: Definition, args: Sequence[Any]) -> list[Any]:
+    out = []
+    for p, a in zip(d.params, args):
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "cpu":
+                raise ArgumentError(f"{d.name}: '{p.name}' is on {a.device}; polyfuse's torch "
+                                    "operators take CPU tensors")
+            out.append(a.detach().contiguous().numpy())
+        else:
+            out.append(a)
+    return out
+
+
+def _tensors(result: Any) -> tuple[torch.Tensor, ...]:
+    arrays = result if isinstance(result, tuple) else (result,)
+    return tuple(torch.from_numpy(np.asarray(a)) for a in arrays)
+
+
+def _op(variants: _Variants, key: str) -> Any:
+    d = variants.definition
+    qualname = f"polyfuse::{d.name}_{key}"
+    if qualname in _OPS:
+        return _OPS[qualname]
+    tensors = [k for k, p in enumerate(d.params) if isinstance(p, TensorDecl)]
+
+    def forward(*args: Any) -> Any:
+        c = variants.compiled(variants.widens(args))
+        out = _tensors(c.kernel(*_arrays(c.definition, args)))
+        return out[0] if len(out) == 1 else out
+
+    op = torch.library.custom_op(qualname, forward, mutates_args=(), schema=_schema(d))
+
+    @op.register_fake
+    def _(*args: Any) -> Any:
+        wide = variants.widens(args)
+        shapes = [tuple(int(s) for s in a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+        sizes = sizes_of_shapes(d, shapes)
+        device = args[tensors[0]].device if tensors else torch.device("cpu")
+        out = tuple(torch.empty(tuple(evaluate_int(s, sizes) for s in t.shape), device=device,
+                                dtype=_torch_dtype(t.dtype, wide)) for t in d.outputs)
+        return out[0] if len(out) == 1 else out
+
+    grad_ops = {x.name: _grad_op(variants, x, key) for x in d.inputs if x.dtype.is_float}
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.scalars = {p.name: a for p, a in zip(d.params, inputs) if isinstance(p, ScalarDecl)}
+        ctx.save_for_backward(*(inputs[k] for k in tensors), *outs)
+
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        saved = ctx.saved_tensors
+        values = {"input": {**ctx.scalars, **{d.params[k].name: saved[n] for n, k in enumerate(tensors)}},
+                  "output": {t.name: saved[len(tensors) + n] for n, t in enumerate(d.outputs)}}
+        values["grad"] = {t.name: g if g is not None else torch.zeros_like(values["output"][t.name])
+                          for t, g in zip(d.outputs, grads)}
+        result: list[Any] = [None] * len(d.params)
+        for k, p in enumerate(d.params):
+            if p.name in grad_ops and ctx.needs_input_grad[k]:
+                result[k] = grad_ops[p.name](*(values[role][of] for role, of in _roles(variants, p.name)))
+        return tuple(result)
+
+    op.register_autograd(backward, setup_context=setup_context)
+    _OPS[qualname] = op
+    return op
+
+
+def _roles(variants: _Variants, wrt: str) -> list[tuple[str, str]]:
+    """What the gradient definition of ``wrt`` takes, in order (the same in every float type)."""
+    g, _ = variants.compiled(False).gradients[wrt]
+    return [(p.role, p.of) for p in g.params]
+
+
+def _grad_op(variants: _Variants, x: TensorDecl, key: str) -> Any:
+    """The custom op computing the gradient of input ``x`` (its derived definition's first
+    output), traced by torch.compile like the forward one."""
+    d = variants.definition
+    qualname = f"polyfuse::{d.name}_grad_{x.name}_{key}"
+    if qualname in _OPS:
+        return _OPS[qualname]
+    roles = _roles(variants, x.name)
+    decls = {p.name: p for p in d.params} | {t.name: t for t in d.outputs}
+    params = []
+    for n, (role, of) in enumerate(roles):
+        kind = "Tensor" if isinstance(decls[of], TensorDecl) else _SCALAR_TYPES[decls[of].dtype.is_float]
+        params.append(f"{kind} a{n}")
+    schema = f"({', '.join(params)}) -> Tensor"
+
+    def compute(*args: Any) -> torch.Tensor:
+        wide = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args) \
+            and x.dtype is DType.FLOAT32
+        g, kernel = variants.compiled(wide).gradients[x.name]
+        return _tensors(kernel(*_arrays(g.definition, args)))[0]
+
+    op = torch.library.custom_op(qualname, compute, mutates_args=(), schema=schema)
+    position = next(n for n, (role, of) in enumerate(roles) if (role, of) == ("input", x.name)) \
+        if ("input", x.name) in roles else None
+
+    @op.register_fake
+    def _(*args: Any) -> torch.Tensor:
+        wide = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args) \
+            and x.dtype is DType.FLOAT32
+        if position is not None:
+            return torch.empty_like(args[position], dtype=_torch_dtype(x.dtype, wide))
+        g, _ = variants.compiled(wide).gradients[x.name]
+        shapes = [tuple(int(s) for s in a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+        sizes = sizes_of_shapes(g.definition, shapes)
+        return torch.empty(tuple(evaluate_int(s, sizes) for s in x.shape), dtype=_torch_dtype(x.dtype, wide))
+
+    _OPS[qualname] = op
+    return op
+
+
+def _torch_dtype(dtype: DType, wide: bool) -> torch.dtype:
+    if wide and dtype is DType.FLOAT32:
+        return torch.float64
+    if dtype not in _TORCH_DTYPES:
+        raise DTypeError(f"no torch dtype for {dtype}")
+    return _TORCH_DTYPES[dtype]

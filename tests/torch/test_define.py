@@ -1,0 +1,219 @@
+"""TC definitions as torch operators: forward against eager PyTorch, derived backward
+through torch.autograd.gradcheck (float64), torch.compile, one kernel per gradient."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import numpy as np  # noqa: E402
+
+import polyfuse as pf  # noqa: E402
+from polyfuse.frontends.tc import parse  # noqa: E402
+from polyfuse.torch.define import define, grad  # noqa: E402
+
+SOURCE = """
+def matmul(float(M,K) A, float(K,N) B) -> (C) {
+    C(m,n) +=! A(m,k) * B(k,n)
+}
+def conv(float(N,C,H,W) I, float(M,C,KH,KW) Wt) -> (O) {
+    O(n,m,h,w) +=! I(n,c,2*h+kh,2*w+kw) * Wt(m,c,kh,kw)
+}
+def group_conv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) Wt) -> (O) {
+    O(n,g,f,h,w) +=! I(n,g,c,h+kh,w+kw) * Wt(g,f,c,kh,kw)
+}
+def kru3(float(M,N0,N1,N2) X, float(D2,N2) W2, float(D1,N1) W1, float(D0,N0) W0)
+    -> (XW2, XW2W1, Y)
+{
+    XW2(m,n0,n1,d2)   +=! X(m,n0,n1,n2) * W2(d2,n2)
+    XW2W1(m,n0,d1,d2) +=! XW2(m,n0,n1,d2) * W1(d1,n1)
+    Y(m,d0,d1,d2)     +=! XW2W1(m,n0,d1,d2) * W0(d0,n0)
+}
+def layernorm(float(N,D) X, float(D) gamma, float(D) beta, float eps) -> (Y, mean, var) {
+    mean(n) +=! X(n,d)
+    mean(n) = mean(n) / float(D)
+    var(n) +=! xc * xc where xc = X(n,d) - mean(n)
+    var(n) = var(n) / float(D)
+    Y(n,d) = (X(n,d) - mean(n)) * rsqrt(var(n) + eps) * gamma(d) + beta(d)
+}
+def softmax(float(N,D) I) -> (O, maxVal, expSum) {
+    maxVal(n) max=! I(n,d)
+    O(n,d) = exp(I(n,d) - maxVal(n))
+    expSum(n) +=! O(n,d)
+    O(n,d) = O(n,d) / expSum(n)
+}
+def embedding(float(V,D) E, int32(B) Idx, float scale) -> (O) {
+    O(b,d) = scale * E(Idx(b), d)
+}
+def maxpool(float(N,C,H,W) I) -> (O) {
+    O(n,c,h,w) max=! I(n,c,2*h+kh,2*w+kw) where kh in 0:3, kw in 0:3
+}
+"""
+
+OPS = define(SOURCE)
+
+
+def _inputs(dtype):
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype, requires_grad=True)
+    return {
+        "matmul": (r(5, 7), r(7, 4)),
+        "conv": (r(2, 3, 9, 8), r(4, 3, 3, 3)),
+        "group_conv": (r(1, 2, 3, 6, 5), r(2, 2, 3, 3, 2)),
+        "kru3": (r(2, 3, 2, 4), r(3, 4), r(2, 2), r(2, 3)),
+        "layernorm": (r(3, 6), r(6), r(6), 1e-5),
+        "softmax": (r(3, 7),),
+        "embedding": (r(6, 4), torch.tensor([0, 5, 2, 2, 3], dtype=torch.int32), 1.5),
+        "maxpool": (r(1, 2, 7, 7),),
+    }
+
+
+def _eager(name, *a):
+    if name == "matmul":
+        return a[0] @ a[1]
+    if name == "conv":
+        return F.conv2d(a[0], a[1], stride=2)
+    if name == "group_conv":
+        I, W = a
+        n, g, c, h, w = I.shape
+        out = F.conv2d(I.reshape(n, g * c, h, w), W.reshape(-1, c, *W.shape[3:]), groups=g)
+        return out.reshape(n, g, W.shape[1], *out.shape[2:])
+    if name == "kru3":
+        X, W2, W1, W0 = a
+        xw2 = torch.einsum("mabc,dc->mabd", X, W2)
+        xw2w1 = torch.einsum("mabd,eb->maed", xw2, W1)
+        return xw2, xw2w1, torch.einsum("maed,fa->mfed", xw2w1, W0)
+    if name == "layernorm":
+        X, gamma, beta, eps = a
+        mean, var = X.mean(1), X.var(1, unbiased=False)
+        return F.layer_norm(X, X.shape[1:], gamma, beta, eps), mean, var
+    if name == "softmax":
+        x = a[0]
+        mx = x.amax(1)
+        return torch.softmax(x, 1), mx, torch.exp(x - mx[:, None]).sum(1)
+    if name == "embedding":
+        return a[2] * F.embedding(a[1].long(), a[0])
+    if name == "maxpool":
+        return F.max_pool2d(a[0], 3, stride=2)
+    raise KeyError(name)
+
+
+NAMES = sorted(_inputs(torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_equals_eager(name, dtype):
+    args = _inputs(dtype)[name]
+    got = getattr(OPS, name)(*args)
+    want = _eager(name, *args)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for g, w in zip(got, want):
+        assert g.dtype == dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w.detach(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradcheck(name):
+    args = _inputs(torch.float64)[name]
+    # the larger ones along random directions (fast mode), the others element by element
+    fast = name in ("conv", "group_conv", "kru3", "maxpool")
+    assert torch.autograd.gradcheck(getattr(OPS, name), args, fast_mode=fast)
+
+
+@pytest.mark.parametrize("name", ["matmul", "layernorm", "softmax"])
+def test_float32_backward_equals_eager(name):
+    args = _inputs(torch.float32)[name]
+    outs = getattr(OPS, name)(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(1)) for o in outs]
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    got = torch.autograd.grad(sum((w * o).sum() for w, o in zip(weights, outs)), tensors)
+    eager = _eager(name, *args)
+    eager = eager if isinstance(eager, tuple) else (eager,)
+    want = torch.autograd.grad(sum((w * o).sum() for w, o in zip(weights, eager)), tensors)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_integer_inputs_and_scalars_get_no_gradient():
+    E, idx, scale = _inputs(torch.float64)["embedding"]
+    out = OPS.embedding(E, idx, scale)
+    out.sum().backward()
+    expected = torch.zeros_like(E).index_add_(0, idx.long(), torch.full((5, 4), scale, dtype=torch.float64))
+    torch.testing.assert_close(E.grad, expected)
+
+
+def _backward_graph(fn, *args):
+    """The ops of the backward graph AOTAutograd makes for ``fn``, and its forward result."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = {}
+
+    def keep(kind):
+        def compiler(gm, _):
+            graphs[kind] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=keep("forward"),
+                                                      bw_compiler=keep("backward")), fullgraph=True)
+    compiled(*args).sum().backward()
+    return [str(n.target) for n in graphs["backward"].graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("name", ["matmul", "conv"])
+def test_derived_backward_is_one_kernel_per_gradient(name):
+    ops = _backward_graph(getattr(OPS, name), *_inputs(torch.float32)[name])
+    polyfuse_ops = [o for o in ops if o.startswith("polyfuse.")]
+    assert len(polyfuse_ops) == 2 and len({o.split("_grad_")[1] for o in polyfuse_ops}) == 2
+    for g in parse(grad(SOURCE, name=name)).definitions:
+        assert len(g.statements) == 1 and len(g.outputs) == 1
+
+
+def test_torch_compile_forward_and_backward():
+    A, B = _inputs(torch.float32)["matmul"]
+    f = torch.compile(lambda a, b: torch.relu(OPS.matmul(a, b)).sum(), fullgraph=True)
+    f(A, B).backward()
+    A2, B2 = (t.detach().requires_grad_() for t in (A, B))
+    torch.relu(A2 @ B2).sum().backward()
+    torch.testing.assert_close(A.grad, A2.grad)
+    torch.testing.assert_close(B.grad, B2.grad)
+
+
+def test_opcheck():
+    result = torch.library.opcheck(OPS.matmul, (torch.randn(3, 4), torch.randn(4, 2)))
+    assert set(result.values()) == {"SUCCESS"}
+
+
+def test_host_target():
+    op = define(SOURCE, target="host", name="conv")
+    I, W = _inputs(torch.float32)["conv"]
+    out = op(I, W)
+    torch.testing.assert_close(out, F.conv2d(I, W, stride=2), rtol=1e-4, atol=1e-4)
+    out.sum().backward()
+    I2, W2 = (t.detach().requires_grad_() for t in (I, W))
+    F.conv2d(I2, W2, stride=2).sum().backward()
+    torch.testing.assert_close(I.grad, I2.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(W.grad, W2.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_strided_and_numpy_backed_inputs():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    A = torch.from_numpy(a)                      # the same memory as a
+    B = torch.arange(8, dtype=torch.float32).reshape(2, 4).T     # not contiguous
+    torch.testing.assert_close(OPS.matmul(A, B), torch.from_numpy(a @ B.numpy()))
+
+
+def test_names_and_errors():
+    assert define(SOURCE, name="matmul") is OPS.matmul      # one op per definition and source
+    assert grad is pf.grad
+    with pytest.raises(pf.ArgumentError, match="no definition 'mm'"):
+        define(SOURCE, name="mm")
+    with pytest.raises(AttributeError, match="no definition 'mm'"):
+        OPS.mm
+    with pytest.raises(pf.DTypeError):
+        OPS.matmul(torch.ones(2, 2, dtype=torch.int32), torch.ones(2, 2, dtype=torch.int32))
