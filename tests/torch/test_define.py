@@ -11,42 +11,13 @@ import numpy as np  # noqa: E402
 import polyfuse as pf  # noqa: E402
 from polyfuse.frontends.tc import parse  # noqa: E402
 from polyfuse.torch.define import define, grad  # noqa: E402
+from tests.tc_programs import PROGRAMS_BY_NAME  # noqa: E402
 
-SOURCE = """
-def matmul(float(M,K) A, float(K,N) B) -> (C) {
-    C(m,n) +=! A(m,k) * B(k,n)
-}
-def conv(float(N,C,H,W) I, float(M,C,KH,KW) Wt) -> (O) {
-    O(n,m,h,w) +=! I(n,c,2*h+kh,2*w+kw) * Wt(m,c,kh,kw)
-}
-def group_conv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) Wt) -> (O) {
-    O(n,g,f,h,w) +=! I(n,g,c,h+kh,w+kw) * Wt(g,f,c,kh,kw)
-}
-def kru3(float(M,N0,N1,N2) X, float(D2,N2) W2, float(D1,N1) W1, float(D0,N0) W0)
-    -> (XW2, XW2W1, Y)
-{
-    XW2(m,n0,n1,d2)   +=! X(m,n0,n1,n2) * W2(d2,n2)
-    XW2W1(m,n0,d1,d2) +=! XW2(m,n0,n1,d2) * W1(d1,n1)
-    Y(m,d0,d1,d2)     +=! XW2W1(m,n0,d1,d2) * W0(d0,n0)
-}
-def layernorm(float(N,D) X, float(D) gamma, float(D) beta, float eps) -> (Y, mean, var) {
-    mean(n) +=! X(n,d)
-    mean(n) = mean(n) / float(D)
-    var(n) +=! xc * xc where xc = X(n,d) - mean(n)
-    var(n) = var(n) / float(D)
-    Y(n,d) = (X(n,d) - mean(n)) * rsqrt(var(n) + eps) * gamma(d) + beta(d)
-}
-def softmax(float(N,D) I) -> (O, maxVal, expSum) {
-    maxVal(n) max=! I(n,d)
-    O(n,d) = exp(I(n,d) - maxVal(n))
-    expSum(n) +=! O(n,d)
-    O(n,d) = O(n,d) / expSum(n)
-}
+# the canonical programs' definitions, and an embedding with an integer input and a scalar
+SOURCE = "\n".join(PROGRAMS_BY_NAME[p].source for p in (
+    "matmul", "conv2d_stride2", "group_conv", "kronecker3", "layernorm", "softmax", "maxpool")) + """
 def embedding(float(V,D) E, int32(B) Idx, float scale) -> (O) {
     O(b,d) = scale * E(Idx(b), d)
-}
-def maxpool(float(N,C,H,W) I) -> (O) {
-    O(n,c,h,w) max=! I(n,c,2*h+kh,2*w+kw) where kh in 0:3, kw in 0:3
 }
 """
 
@@ -60,7 +31,7 @@ def _inputs(dtype):
         return torch.randn(*shape, generator=g, dtype=dtype, requires_grad=True)
     return {
         "matmul": (r(5, 7), r(7, 4)),
-        "conv": (r(2, 3, 9, 8), r(4, 3, 3, 3)),
+        "conv2d_s2": (r(2, 3, 9, 8), r(4, 3, 3, 3)),
         "group_conv": (r(1, 2, 3, 6, 5), r(2, 2, 3, 3, 2)),
         "kru3": (r(2, 3, 2, 4), r(3, 4), r(2, 2), r(2, 3)),
         "layernorm": (r(3, 6), r(6), r(6), 1e-5),
@@ -73,7 +44,7 @@ def _inputs(dtype):
 def _eager(name, *a):
     if name == "matmul":
         return a[0] @ a[1]
-    if name == "conv":
+    if name == "conv2d_s2":
         return F.conv2d(a[0], a[1], stride=2)
     if name == "group_conv":
         I, W = a
@@ -120,7 +91,7 @@ def test_forward_equals_eager(name, dtype):
 def test_gradcheck(name):
     args = _inputs(torch.float64)[name]
     # the larger ones along random directions (fast mode), the others element by element
-    fast = name in ("conv", "group_conv", "kru3", "maxpool")
+    fast = name in ("conv2d_s2", "group_conv", "kru3", "maxpool")
     assert torch.autograd.gradcheck(getattr(OPS, name), args, fast_mode=fast)
 
 
@@ -165,7 +136,7 @@ def _backward_graph(fn, *args):
     return [str(n.target) for n in graphs["backward"].graph.nodes if n.op == "call_function"]
 
 
-@pytest.mark.parametrize("name", ["matmul", "conv"])
+@pytest.mark.parametrize("name", ["matmul", "conv2d_s2"])
 def test_derived_backward_is_one_kernel_per_gradient(name):
     ops = _backward_graph(getattr(OPS, name), *_inputs(torch.float32)[name])
     polyfuse_ops = [o for o in ops if o.startswith("polyfuse.")]
@@ -190,8 +161,8 @@ def test_opcheck():
 
 
 def test_host_target():
-    op = define(SOURCE, target="host", name="conv")
-    I, W = _inputs(torch.float32)["conv"]
+    op = define(SOURCE, target="host", name="conv2d_s2")
+    I, W = _inputs(torch.float32)["conv2d_s2"]
     out = op(I, W)
     torch.testing.assert_close(out, F.conv2d(I, W, stride=2), rtol=1e-4, atol=1e-4)
     out.sum().backward()
