@@ -1,4 +1,5 @@
-"""The ``polyfuse`` command line: compile, run and tune TC sources and ONNX models.
+"""The ``polyfuse`` command line: compile, run and tune TC sources, ONNX models and
+PyTorch exported programs.
 
 ::
 
@@ -12,8 +13,9 @@
     polyfuse records show|best|distill FILE [-o OUT]
 
 FILE is a ``.tc`` source (one definition, chosen with ``--entry`` when there are several)
-or an ``.onnx`` model (each fused kernel is a task). ``--target`` may name a CPU and
-features (``x86:skylake-avx512``, ``aarch64+sve``): records are kept and found per target.
+or a model, ``.onnx`` or ``.pt2`` (``torch.export.save``), each fused kernel a task.
+``--target`` may name a CPU and features (``x86:skylake-avx512``, ``aarch64+sve``):
+records are kept and found per target.
 Errors are one line on stderr with a non-zero exit code; ``--verbose`` shows the
 traceback too.
 """
@@ -69,14 +71,18 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# models pf.compile reads: ONNX, and programs torch.export.save wrote
+MODEL_SUFFIXES = (".onnx", ".pt2")
+
+
 def _kind(path: Path) -> str:
     if not path.exists():
         raise CliError(f"no file '{path}'")
     if path.suffix == ".tc":
         return "tc"
-    if path.suffix == ".onnx":
-        return "onnx"
-    raise CliError(f"'{path}' is neither a .tc source nor an .onnx model")
+    if path.suffix in MODEL_SUFFIXES:
+        return "model"
+    raise CliError(f"'{path}' is neither a .tc source nor a model ({', '.join(MODEL_SUFFIXES)})")
 
 
 def _entry(module: Any, name: str | None, path: Path) -> Any:
@@ -354,7 +360,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(s: argparse.ArgumentParser) -> None:
-        s.add_argument("file", help="a .tc source or an .onnx model")
+        s.add_argument("file", help="a .tc source, or an .onnx or .pt2 model")
         s.add_argument("--target", default="host", help="x86, aarch64, cuda, reference or host (default), "
                        "x86 and aarch64 optionally with :CPU and +FEATURE (x86:skylake-avx512, aarch64+sve)")
         s.add_argument("--entry", help="the TC definition to use (when the source has several)")

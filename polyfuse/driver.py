@@ -46,30 +46,58 @@ def compile(model: Any, *, target: str | Target = "reference",
             input_shapes: dict[str, tuple[int, ...]] | None = None,
             tuning_records: str | os.PathLike | Records | None = None,
             options: MappingOptions | None = None) -> CompiledModel:
-    """Compile an ONNX model (path, bytes or ``ModelProto``) for ``target``.
+    """Compile a model for ``target``: an ONNX model (path, bytes or ``ModelProto``), or
+    a PyTorch ``ExportedProgram`` (``torch.export.export``) or ``.pt2`` file
+    (``torch.export.save``).
 
     The result runs with ``model.run({name: array})`` or ``model(*arrays)``; shapes are
     taken from the first call for each set of input shapes, or fixed by ``input_shapes``.
     ``tuning_records`` gives each kernel its best tuned options, as for :func:`define`.
     """
-    from polyfuse.frontends.onnx import to_graph
-    from polyfuse.lowering.graph_passes import PassManager
-    from polyfuse.lowering.ops import OPS
     tgt, options = _checked(target, options, "compile()")
+    graph, stages = _optimized(_front_end(model))
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages)
+
+
+def is_torch_program(model: Any) -> bool:
+    """Whether ``model`` is a torch ``ExportedProgram`` or names a ``.pt2`` file (known
+    without importing torch)."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model).endswith(".pt2")
+    return type(model).__name__ == "ExportedProgram" and type(model).__module__.startswith("torch")
+
+
+def _front_end(model: Any) -> Graph:
+    """The graph IR of a model, read by the front end its kind asks for."""
+    if is_torch_program(model):
+        from polyfuse.frontends.torch import from_exported
+        return from_exported(model)
+    from polyfuse.frontends.onnx import to_graph
+    from polyfuse.lowering.ops import OPS
+    return to_graph(model, set(OPS))
+
+
+def _optimized(graph: Graph) -> tuple[Graph, dict[str, object]]:
+    """``graph`` after the graph passes, and its text after each pass."""
+    from polyfuse.lowering.graph_passes import PassManager
     passes = PassManager(verify=True, keep=True)
-    graph = passes.run(to_graph(model, set(OPS)))
-    return _compiled(graph, tgt, options, input_shapes, tuning_records, dict(passes.graphs))
+    graph = passes.run(graph)
+    return graph, dict(passes.graphs)
 
 
 def compile_graph(graph: Graph, target: str | Target = "reference", *,
                   options: MappingOptions | None = None,
                   input_shapes: dict[str, tuple[int, ...]] | None = None,
                   tuning_records: str | os.PathLike | Records | None = None,
-                  stages: Mapping[str, object] | None = None) -> CompiledModel:
-    """Compile a graph of the graph IR as it is (no graph passes) for ``target``; the
-    stages ``dump`` shows are ``stages`` (the graph after each pass that made it), then
-    ``groups``, ``plan`` and the kernels'."""
+                  stages: Mapping[str, object] | None = None,
+                  passes: bool = False) -> CompiledModel:
+    """Compile a graph of the graph IR for ``target``: as it is, or with ``passes`` after
+    the graph passes ``compile`` runs. The stages ``dump`` shows are ``stages`` (the graph
+    after each pass that made it), then ``groups``, ``plan`` and the kernels'."""
     tgt, options = _checked(target, options, "compile()")
+    if passes:
+        graph, made = _optimized(graph)
+        stages = {**(stages or {}), **made}
     return _compiled(graph, tgt, options, input_shapes, tuning_records, stages or {})
 
 

@@ -1,0 +1,163 @@
+"""The ``torch.compile`` backend: ``torch.compile(model, backend="polyfuse")``.
+
+AOTAutograd traces what dynamo captured into graphs of core ATen ops (a forward graph,
+and a backward graph when gradients are needed); each graph is partitioned by
+torch's ``CapabilityBasedPartitioner`` into the parts polyfuse can lower, each part is
+compiled as one polyfuse program, and the rest stays eager PyTorch (the ops left out are
+logged once each, on the ``polyfuse.torch`` logger). Tensors cross as numpy views of
+the same memory (``Tensor.numpy()``, ``torch.from_numpy``); sizes dynamo keeps symbolic
+(``dynamic=True``) stay symbolic in the compiled programs, which plan each new size once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from polyfuse.driver import compile_graph
+from polyfuse.errors import OptionError, UnsupportedOpError
+from polyfuse.frontends.torch import rejection, to_graph
+from polyfuse.runtime.model import CompiledModel
+
+logger = logging.getLogger("polyfuse.torch")
+_logged: set[str] = set()
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """``torch.compile(..., options={...})``: the target polyfuse compiles for and the
+    tuning records its kernels take their schedules from."""
+
+    target: str = "host"
+    tuning_records: str | os.PathLike | None = None
+
+    @staticmethod
+    def of(options: Mapping[str, Any] | None) -> BackendOptions:
+        options = dict(options or {})
+        known = {"target", "tuning_records"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise OptionError(f"the polyfuse backend has no option {', '.join(map(repr, unknown))}; "
+                              f"its options are {sorted(known)}")
+        return BackendOptions(**options)
+
+
+class _Supported(OperatorSupportBase):
+    """ATen ops the front end lowers; ops that compute sizes stay with torch, which
+    passes them to the compiled parts."""
+
+    def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node) -> bool:
+        if node.op != "call_function" or not _is_tensors(node.meta.get("val")):
+            return False
+        reason = rejection(node)
+        if reason is not None:
+            _log_once(reason.op, reason)
+        return reason is None
+
+
+def _log_once(what: str, why: object) -> None:
+    if what not in _logged:
+        _logged.add(what)
+        logger.info("polyfuse leaves %s to eager PyTorch: %s", what, why)
+
+
+def _is_tensors(val: Any) -> bool:
+    if isinstance(val, torch.Tensor):
+        return True
+    return isinstance(val, (tuple, list)) and bool(val) and \
+        all(v is None or isinstance(v, torch.Tensor) for v in val)
+
+
+class CompiledPart(torch.nn.Module):
+    """One partition as a compiled polyfuse program, called as the FX submodule was."""
+
+    def __init__(self, model: CompiledModel, sizes: Sequence[bool], several: bool,
+                 eager: torch.fx.GraphModule) -> None:
+        super().__init__()
+        self.model = model
+        self.eager = eager             # the part as torch runs it, for sizes polyfuse refuses
+        self.names = [v.name for v in model.inputs]
+        self.sizes = tuple(sizes)      # which inputs are sizes (SymInts), not tensors
+        self.several = several         # the part returns a tuple
+
+    def forward(self, *args: Any) -> Any:
+        feed = {name: np.array([int(a)], np.int64) if size else _array(a)
+                for name, a, size in zip(self.names, args, self.sizes)}
+        try:
+            results = self.model.run(feed)
+        except UnsupportedOpError as err:   # planning for these sizes needs what polyfuse lacks
+            _log_once(f"{self.model.graph.name} at these sizes", err)
+            return self.eager(*args)
+        outs = tuple(_tensor(a) for a in results.values())
+        return outs if self.several else outs[0]
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.numpy()
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    # weights and folded values come back read-only; torch wants memory it may write
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def compile_part(sub: torch.fx.GraphModule, inputs: Sequence[torch.fx.Node],
+                 options: BackendOptions, name: str = "part") -> CompiledPart:
+    """A partition's submodule compiled; ``inputs`` are the nodes it is called with (whose
+    ``meta["val"]`` the submodule's placeholders may lack)."""
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    for p, arg in zip(placeholders, inputs):
+        if "val" not in p.meta and isinstance(arg, torch.fx.Node):
+            p.meta["val"] = arg.meta.get("val")
+    graph = to_graph(sub, name=name)
+    model = compile_graph(graph, options.target, tuning_records=options.tuning_records, passes=True)
+    output = next(n for n in sub.graph.nodes if n.op == "output")
+    sizes = [isinstance(p.meta.get("val"), torch.SymInt) for p in placeholders]
+    return CompiledPart(model, sizes, isinstance(output.args[0], (tuple, list)), sub)
+
+
+def compile_partitioned(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                        options: BackendOptions) -> Any:
+    """``gm`` with its polyfuse-supported parts replaced by compiled programs (called
+    boxed, with a list of arguments, as AOTAutograd prefers)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+    partitioner = CapabilityBasedPartitioner(gm, _Supported(), allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    if not partitions:
+        return make_boxed_func(gm)
+    fused = partitioner.fuse_partitions(partitions)
+    for node in list(fused.graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("fused_"):
+            sub = getattr(fused, str(node.target))
+            setattr(fused, str(node.target), compile_part(sub, list(node.args), options, str(node.target)))
+    fused.recompile()
+    return make_boxed_func(fused)
+
+
+def decompositions() -> dict:
+    """The decompositions AOTAutograd applies: torch's core ATen table."""
+    from torch._decomp import core_aten_decompositions
+    return dict(core_aten_decompositions())
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+            options: Mapping[str, Any] | None = None, mode: str | None = None) -> Any:
+    """The dynamo backend (``torch.compile(model, backend=polyfuse.torch.backend)``)."""
+    from torch._dynamo.backends.common import aot_autograd
+    opts = BackendOptions.of(options)
+    compiler = functools.partial(compile_partitioned, options=opts)
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                        decompositions=decompositions())(gm, example_inputs)
