@@ -24,3 +24,20 @@ def assert_matches_onnxruntime(model, feeds, rtol=1e-5, atol=1e-6, want=None, *,
         assert got[value.name].shape == expected.shape, value.name
         np.testing.assert_allclose(got[value.name], expected, rtol=rtol, atol=atol,
                                    err_msg=value.name)
+
+
+def one_node_model(node, feeds, outputs, constants=None, opset=21):
+    """A model of ``node`` reading graph inputs ``feeds`` (name -> example array) and
+    initializers ``constants``; ``outputs`` maps output names to ONNX element types.
+    Output shapes come from onnx's shape inference."""
+    import onnx
+    from onnx import helper, numpy_helper
+    graph = helper.make_graph(
+        [node], node.op_type,
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in feeds.items()],
+        [helper.make_tensor_value_info(n, t, None) for n, t in outputs.items()],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in (constants or {}).items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10  # what the installed onnxruntime reads
+    return onnx.shape_inference.infer_shapes(m)

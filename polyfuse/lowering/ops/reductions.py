@@ -1,5 +1,5 @@
 """Reductions: Reduce*, ArgMax/ArgMin, the softmax family (Softmax, LogSoftmax,
-Hardmax) and CumSum.
+Hardmax), CumSum and CumProd.
 
 Each is a statement reducing the input over reduction indices ``r<d>`` (``op=!``, so
 an empty reduction gives the identity), then elementwise statements on the result.
@@ -216,16 +216,17 @@ def _hardmax(ctx: OpContext) -> TCKernel:
     return tc_kernel([tensor_param("X", (dt, shape))], outputs, lines, (0,))
 
 
-@register("CumSum")
-def _cumsum(ctx: OpContext) -> TCKernel:
+@register("CumSum", "CumProd")
+def _cumulative(ctx: OpContext) -> TCKernel:
     shape, dt = ctx.shape(0), ctx.dtype(0)
+    op, identity = ("+", 0) if ctx.node.op == "CumSum" else ("*", 1)
     axis = ctx.axis(ctx.ints(ctx.const(1, "axis"), "axis", 1)[0], len(shape))
     exclusive, reverse = ctx.flag("exclusive", 0), ctx.flag("reverse", 0)
     full = INDEX[:len(shape)]
     source = [("j" if d == axis else i) for d, i in enumerate(full)]
     compare = (">" if reverse else "<") + ("" if exclusive else "=")
     # quadratic in the axis length, but one statement any target vectorizes
-    lines = [f"{access('Y', full)} +=! (j {compare} {full[axis]}) ? "
-             f"{access('X', source)} : {literal(0, dt)}"]
+    lines = [f"{access('Y', full)} {op}=! (j {compare} {full[axis]}) ? "
+             f"{access('X', source)} : {literal(identity, dt)}"]
     return tc_kernel([tensor_param("X", (dt, shape))], [tensor_param("Y", (dt, shape))],
                   lines, (0,))
