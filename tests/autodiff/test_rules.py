@@ -164,8 +164,10 @@ def test_inputs_that_get_no_gradient():
     assert [g.wrt for g in gradients(parse_definition(src))] == ["X"]
     with pytest.raises(pf.ArgumentError, match="not a float tensor"):
         pf.grad(src, wrt="K")
-    with pytest.raises(pf.ArgumentError, match="not an input"):
+    with pytest.raises(pf.ArgumentError, match="a scalar parameter"):
         pf.grad(src, wrt="s")
+    with pytest.raises(pf.ArgumentError, match="not an input"):
+        pf.grad(src, wrt="O")
 
 
 def test_host_target_runs_derived_matmul_and_conv():
@@ -185,3 +187,9 @@ def test_host_target_runs_derived_matmul_and_conv():
             host = run_gradient(g, d, args, weights, target="host")
             reference = run_gradient(g, d, args, weights)
             np.testing.assert_allclose(host, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_rank0_tensor_gets_a_gradient():
+    rng = np.random.default_rng(10)
+    assert _check("def f(float() s, float(N) X) -> (O, T) { O(i) = s * X(i)\n T +=! O(i) * s }",
+                  np.array(1.5), rng.uniform(size=6), rng=rng) == 2

@@ -48,7 +48,9 @@ def gradients(d: Definition, wrt: Sequence[str] | None = None, *,
     names = differentiable_inputs(d)
     for w in wrt or ():
         if w not in names:
-            kind = "not an input" if w not in {t.name for t in d.inputs} else "not a float tensor"
+            kind = ("a scalar parameter (declare it as a rank-0 tensor, float() x, to get its "
+                    "gradient)" if w in {s.name for s in d.scalars} else
+                    "not a float tensor" if w in {t.name for t in d.inputs} else "not an input")
             raise ArgumentError(f"{d.name}: cannot differentiate with respect to '{w}': it is {kind}"
                                 f" (float inputs: {', '.join(names) or 'none'})")
     fwd = Forward.of(d, source)
