@@ -19,7 +19,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Cast, Definition, Expr,
                                        Range, Read, ReduceOp, ScalarDecl, ScalarRef, Select, SizeVar,
                                        Statement, TensorDecl, map_expr, walk)
 from polyfuse.ir.types import DType
-from polyfuse.lowering.autodiff.algebra import (Maybe, both, compare, div, lit, mul, select,
+from polyfuse.lowering.autodiff.algebra import (Maybe, add, both, compare, div, lit, mul, select,
                                                 substitute)
 from polyfuse.lowering.autodiff.derivatives import NotDifferentiable, derivative
 from polyfuse.lowering.autodiff.forward import Forward, Version, value_reads
@@ -225,7 +225,7 @@ class Backward:
             name = into.name
             if not terms:
                 terms = [replace(self.whole(into, into.name), rhs=lit(0, into.dtype), alias=None)]
-        for n, term in enumerate(terms):
+        for n, term in enumerate(_merged(terms)):
             reduces = len(term.ranges) > len(term.indices)
             op = ReduceOp.ADD if reduces or n else ReduceOp.ASSIGN
             self.emit(Statement(name, term.indices, op, n == 0 and reduces, term.rhs, term.ranges))
@@ -321,6 +321,18 @@ class Backward:
         if key not in self.used:
             self.used[key] = self.fresh.name(f"{t.name}_{j}")
         return SizeVar(self.used[key])
+
+
+def _merged(terms: list[Term]) -> list[Term]:
+    """The terms without a reduction summed into one statement (first), then the others."""
+    pointwise = [t for t in terms if len(t.ranges) == len(t.indices)]
+    if len(pointwise) < 2:
+        return pointwise + [t for t in terms if t not in pointwise]
+    first = pointwise[0]
+    rhs = first.rhs
+    for t in pointwise[1:]:
+        rhs = add(rhs, substitute(t.rhs, {i: IndexVar(j) for i, j in zip(t.indices, first.indices)}))  # type: ignore[assignment]
+    return [replace(first, rhs=rhs, alias=None)] + [t for t in terms if len(t.ranges) > len(t.indices)]
 
 
 def _full(indices: tuple[str, ...], shape: tuple[Expr, ...]) -> tuple[Range, ...]:
