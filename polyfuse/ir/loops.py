@@ -1,7 +1,8 @@
 """Loop IR: where every target starts.
 
 A :class:`LoopKernel` is a list of buffers (each marked in, out, inout or temp, with a
-dtype, a fixed shape and an alignment), the scalar parameters, and a body of loops,
+dtype, a fixed shape and an alignment; ``local`` buffers, such as packed operand panels,
+belong to the kernel, one per thread, and are not arguments), the scalar parameters, and a body of loops,
 guards and stores. Loops carry how they should run: serially, on the thread pool
 (``parallel``), as SIMD (``vectorize`` with a width) or unrolled (``unroll`` with a
 factor). Expressions are comprehension-IR expressions: a :class:`Read` loads from a
@@ -44,6 +45,7 @@ class BufferRole(enum.Enum):
     OUT = "out"
     INOUT = "inout"
     TEMP = "temp"
+    LOCAL = "local"     # private to each thread running the kernel (on its stack); no argument
 
 
 class LoopKind(enum.Enum):
@@ -131,6 +133,11 @@ class LoopKernel:
 
     def buffer(self, name: str) -> Buffer:
         return next(b for b in self.buffers if b.name == name)
+
+    @property
+    def parameters(self) -> tuple[Buffer, ...]:
+        """The buffers passed in by the caller (all but the local ones), in order."""
+        return tuple(b for b in self.buffers if b.role is not BufferRole.LOCAL)
 
     def __str__(self) -> str:
         return format_kernel(self)

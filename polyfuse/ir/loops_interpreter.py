@@ -145,4 +145,4 @@ def interpret_kernel(kernel: LoopKernel, args: Mapping[str, object]) -> dict[str
     scalars = {s.name: args[s.name] for s in kernel.scalars}
     with np.errstate(all="ignore"):
         _Interpreter(kernel, buffers, scalars).run(kernel.body)
-    return {b.name: buffers[b.name] for b in kernel.buffers if b.name not in args}
+    return {b.name: buffers[b.name] for b in kernel.parameters if b.name not in args}

@@ -54,18 +54,20 @@ class KernelEmitter:
     # --- entry points ---
     def emit(self) -> ir.Function:
         k = self.kernel
-        param_types = [storage_type(b.dtype).as_pointer() for b in k.buffers] + \
+        params = k.parameters
+        param_types = [storage_type(b.dtype).as_pointer() for b in params] + \
                       [register_type(s.dtype) for s in k.scalars]
         impl = ir.Function(self.module, ir.FunctionType(ir.VoidType(), param_types), f"{k.name}.impl")
         impl.linkage = "internal"
-        names = [b.name for b in k.buffers] + [s.name for s in k.scalars]
+        names = [b.name for b in params] + [s.name for s in k.scalars]
         for arg, name in zip(impl.args, names):
             arg.name = name
             if isinstance(arg.type, ir.PointerType):
                 _pointer_attributes(arg, k.buffer(name))
         builder = ir.IRBuilder(impl.append_basic_block("entry"))
-        scope = _Scope({b.name: a for b, a in zip(k.buffers, impl.args)},
-                       {s.name: a for s, a in zip(k.scalars, impl.args[len(k.buffers):])},
+        scope = _Scope({b.name: a for b, a in zip(params, impl.args)}
+                       | _local_buffers(k, k.body, builder),
+                       {s.name: a for s, a in zip(k.scalars, impl.args[len(params):])},
                        _allocas(k.body, builder))
         self.body(k.body, scope, builder)
         builder.ret_void()
@@ -81,7 +83,7 @@ class KernelEmitter:
             if isinstance(param.type, ir.PointerType):
                 values.append(b.bitcast(slot, param.type))
                 continue
-            dt = k.scalars[j - len(k.buffers)].dtype
+            dt = k.scalars[j - len(k.parameters)].dtype
             raw = b.load(b.bitcast(slot, (F64 if dt.is_float else I64).as_pointer()))
             if dt.is_bool:
                 raw = b.icmp_signed("!=", raw, ir.Constant(I64, 0))
@@ -201,7 +203,7 @@ class KernelEmitter:
         self.n_parallel += 1
         name = f"{self.kernel.name}.par{self.n_parallel}"
         used = _free_values(s, scope)
-        bufs = [buf for buf in self.kernel.buffers if buf.name in scope.buffers]
+        bufs = [buf for buf in self.kernel.parameters if buf.name in scope.buffers]
         # the function with noalias buffers that runs iterations [begin, end) of the loop
         ptypes = [scope.buffers[x.name].type for x in bufs] + [scope.values[v].type for v in used]
         work = ir.Function(self.module, ir.FunctionType(ir.VoidType(), ptypes + [I64, I64]), name)
@@ -209,7 +211,8 @@ class KernelEmitter:
         for a, buf in zip(work.args, bufs):
             _pointer_attributes(a, buf)
         wb = ir.IRBuilder(work.append_basic_block("entry"))
-        inner = _Scope({x.name: a for x, a in zip(bufs, work.args)},
+        inner = _Scope({x.name: a for x, a in zip(bufs, work.args)}
+                       | _local_buffers(self.kernel, s.body, wb),
                        {v: a for v, a in zip(used, work.args[len(bufs):])},
                        _allocas(s.body, wb))
         begin, end = work.args[-2], work.args[-1]
@@ -278,6 +281,40 @@ def _allocas(body: tuple[Stmt, ...], b: ir.IRBuilder) -> dict[str, ir.Value]:
         if isinstance(st, Assign) and st.var not in slots:
             slots[st.var] = b.alloca(register_type(st.value.dtype), name=st.var)
     return slots
+
+
+def _local_buffers(k: LoopKernel, body: tuple[Stmt, ...], b: ir.IRBuilder) -> dict[str, ir.Value]:
+    """A stack array per local buffer that ``body`` uses outside its parallel loops (whose
+    work functions, one call per thread's chunk, make their own), made in the entry block."""
+    local = {x.name: x for x in k.buffers if x.role is BufferRole.LOCAL}
+    if not local:
+        return {}
+    used: set[str] = set()
+    for st in _serial_stmts(body):
+        used |= {n.tensor for e in _stmt_exprs(st) for n in walk(e) if isinstance(n, Read)}
+        if isinstance(st, Store):
+            used.add(st.buffer)
+    slots: dict[str, ir.Value] = {}
+    for name in sorted(used & set(local)):
+        buf = local[name]
+        size = 1
+        for extent in buf.shape:
+            size *= extent
+        slot = b.alloca(storage_type(buf.dtype), size=ir.Constant(I64, size), name=name)
+        slot.align = buf.alignment
+        slots[name] = slot
+    return slots
+
+
+def _serial_stmts(body: tuple[Stmt, ...]):  # type: ignore[no-untyped-def]
+    """The statements of ``body``, not descending into parallel loops."""
+    for s in body:
+        yield s
+        if isinstance(s, For) and s.kind is not LoopKind.PARALLEL:
+            yield from _serial_stmts(s.body)
+        elif isinstance(s, If):
+            yield from _serial_stmts(s.then)
+            yield from _serial_stmts(s.other)
 
 
 def _pointer_attributes(arg: ir.Argument, buf: Buffer) -> None:

@@ -5,7 +5,9 @@ scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lower
   so their inner loops have constant bounds;
 * :func:`unroll_and_jam` (``unroll_and_jam.py``): register blocking of the loop right
   around the innermost one;
-* :func:`promote_accumulators` (``promote_accumulators.py``): reductions kept in locals.
+* :func:`promote_accumulators` (``promote_accumulators.py``): reductions kept in locals;
+* :func:`pack_operands` (``pack_operands.py``): a micro-kernel's vector operand copied
+  into contiguous panels (a ``local`` buffer per thread).
 
 Each pass walks the kernel with :func:`polyfuse.ir.loops.rewrite`.
 """
@@ -18,13 +20,14 @@ from typing import ClassVar
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.ir.passes import Pass, PassManager
+from polyfuse.scheduler.loop_passes.pack_operands import pack_operands
 from polyfuse.scheduler.loop_passes.promote_accumulators import promote_accumulators
 from polyfuse.scheduler.loop_passes.separate_tiles import separate_full_tiles
 from polyfuse.scheduler.loop_passes.unroll_and_jam import unroll_and_jam
 
 LoopPass = Callable[[LoopKernel], LoopKernel]
 
-__all__ = ["LoopPass", "LoopPassManager", "Pass", "promote_accumulators", "separate_full_tiles",
+__all__ = ["LoopPass", "LoopPassManager", "Pass", "pack_operands", "promote_accumulators", "separate_full_tiles",
            "unroll_and_jam"]
 
 
