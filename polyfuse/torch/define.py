@@ -5,16 +5,16 @@ and returns CPU tensors (the same memory crosses to polyfuse as numpy views: no 
 for contiguous tensors), has a fake implementation for ``torch.compile`` (output shapes
 from the definition's sizes), and an autograd formula whose kernels are the definitions
 :func:`polyfuse.grad` derives, compiled by polyfuse for the same target (each its own
-custom op, so backward graphs trace too). A ``float`` definition also runs on float64
-tensors (a copy of it with every float type made float64). Integer inputs and scalar
-parameters get no gradient.
+custom op, so backward graphs trace too; being TC definitions, they are differentiated
+the same way, so gradients of gradients work). A ``float`` definition also runs on
+float64 tensors (a copy of it with every float type made float64). Integer inputs and
+scalar parameters get no gradient.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -80,22 +80,14 @@ def define(tc_source: str, target: str | Target = "reference", name: str | None 
     return ops[name] if name is not None else TorchDefinitions(ops)
 
 
-@dataclass
-class _Compiled:
-    """One definition in one float type: its kernel and its gradients' kernels."""
-
-    definition: Definition
-    kernel: Any
-    gradients: dict[str, tuple[Gradient, Any]]
-
-
 class _Variants:
     """A definition as declared and, for ``float`` ones, widened to float64; each
     compiled (and differentiated) the first time a call needs it."""
 
     def __init__(self, d: Definition, target: Target, source: str) -> None:
         self.definition, self.target, self.source = d, target, source
-        self._compiled: dict[bool, _Compiled] = {}
+        self._kernels: dict[bool, tuple[Definition, Any]] = {}
+        self._gradients: dict[str, Gradient] | None = None
 
     def widens(self, args: Sequence[Any]) -> bool:
         """Whether these arguments call for the float64 copy."""
@@ -104,15 +96,18 @@ class _Variants:
                 return a.dtype == torch.float64
         return False
 
-    def compiled(self, wide: bool) -> _Compiled:
-        if wide not in self._compiled:
+    def kernel(self, wide: bool) -> tuple[Definition, Any]:
+        """The definition in the float type asked for, and its kernel."""
+        if wide not in self._kernels:
             d = widen(self.definition) if wide else self.definition
-            kernel = getattr(define_kernels(format_definition(d), target=self.target), d.name)
-            grads = {}
-            for g in gradients(d, source=None if wide else self.source):
-                grads[g.wrt] = (g, getattr(define_kernels(g.text, target=self.target), g.definition.name))
-            self._compiled[wide] = _Compiled(d, kernel, grads)
-        return self._compiled[wide]
+            self._kernels[wide] = d, getattr(define_kernels(format_definition(d), target=self.target), d.name)
+        return self._kernels[wide]
+
+    def gradients(self) -> dict[str, Gradient]:
+        """The derived gradient definition of each float input (derived once)."""
+        if self._gradients is None:
+            self._gradients = {g.wrt: g for g in gradients(self.definition, source=self.source)}
+        return self._gradients
 
 
 def _schema(d: Definition) -> str:
@@ -142,7 +137,10 @@ def _tensors(result: Any) -> tuple[torch.Tensor, ...]:
     return tuple(torch.from_numpy(np.asarray(a)) for a in arrays)
 
 
-def _op(variants: _Variants, key: str) -> Any:
+def _op(variants: _Variants, key: str, *, gradient_ops: bool = True) -> Any:
+    """The custom op of ``variants``' definition; with ``gradient_ops``, those of its
+    gradients are made now (for torch.compile to trace them), else at the first backward
+    that needs them (a gradient of a gradient, in eager mode)."""
     d = variants.definition
     qualname = f"polyfuse::{d.name}_{key}"
     if qualname in _OPS:
@@ -150,8 +148,8 @@ def _op(variants: _Variants, key: str) -> Any:
     tensors = [k for k, p in enumerate(d.params) if isinstance(p, TensorDecl)]
 
     def forward(*args: Any) -> Any:
-        c = variants.compiled(variants.widens(args))
-        out = _tensors(c.kernel(*_arrays(c.definition, args)))
+        definition, kernel = variants.kernel(variants.widens(args))
+        out = _tensors(kernel(*_arrays(definition, args)))
         return out[0] if len(out) == 1 else out
 
     op = torch.library.custom_op(qualname, forward, mutates_args=(), schema=_schema(d))
@@ -166,7 +164,19 @@ def _op(variants: _Variants, key: str) -> Any:
                                 dtype=_torch_dtype(t.dtype, wide)) for t in d.outputs)
         return out[0] if len(out) == 1 else out
 
-    grad_ops = {x.name: _grad_op(variants, x, key) for x in d.inputs if x.dtype.is_float}
+    grad_ops: dict[str, Any] = {}
+
+    def grad_op(wrt: str) -> Any:
+        if wrt not in grad_ops:
+            g = variants.gradients()[wrt]
+            grad_ops[wrt] = _op(_Variants(g.definition, variants.target, g.text), key,
+                                gradient_ops=False)
+        return grad_ops[wrt]
+
+    if gradient_ops:
+        for x in d.inputs:
+            if x.dtype.is_float:
+                grad_op(x.name)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outs = output if isinstance(output, tuple) else (output,)
@@ -181,57 +191,13 @@ def _op(variants: _Variants, key: str) -> Any:
                           for t, g in zip(d.outputs, grads)}
         result: list[Any] = [None] * len(d.params)
         for k, p in enumerate(d.params):
-            if p.name in grad_ops and ctx.needs_input_grad[k]:
-                result[k] = grad_ops[p.name](*(values[role][of] for role, of in _roles(variants, p.name)))
+            if isinstance(p, TensorDecl) and p.dtype.is_float and ctx.needs_input_grad[k]:
+                g = variants.gradients()[p.name]
+                out = grad_op(p.name)(*(values[q.role][q.of] for q in g.params))
+                result[k] = out[0] if isinstance(out, tuple) else out   # the rest: its temporaries
         return tuple(result)
 
     op.register_autograd(backward, setup_context=setup_context)
-    _OPS[qualname] = op
-    return op
-
-
-def _roles(variants: _Variants, wrt: str) -> list[tuple[str, str]]:
-    """What the gradient definition of ``wrt`` takes, in order (the same in every float type)."""
-    g, _ = variants.compiled(False).gradients[wrt]
-    return [(p.role, p.of) for p in g.params]
-
-
-def _grad_op(variants: _Variants, x: TensorDecl, key: str) -> Any:
-    """The custom op computing the gradient of input ``x`` (its derived definition's first
-    output), traced by torch.compile like the forward one."""
-    d = variants.definition
-    qualname = f"polyfuse::{d.name}_grad_{x.name}_{key}"
-    if qualname in _OPS:
-        return _OPS[qualname]
-    roles = _roles(variants, x.name)
-    decls = {p.name: p for p in d.params} | {t.name: t for t in d.outputs}
-    params = []
-    for n, (role, of) in enumerate(roles):
-        kind = "Tensor" if isinstance(decls[of], TensorDecl) else _SCALAR_TYPES[decls[of].dtype.is_float]
-        params.append(f"{kind} a{n}")
-    schema = f"({', '.join(params)}) -> Tensor"
-
-    def compute(*args: Any) -> torch.Tensor:
-        wide = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args) \
-            and x.dtype is DType.FLOAT32
-        g, kernel = variants.compiled(wide).gradients[x.name]
-        return _tensors(kernel(*_arrays(g.definition, args)))[0]
-
-    op = torch.library.custom_op(qualname, compute, mutates_args=(), schema=schema)
-    position = next(n for n, (role, of) in enumerate(roles) if (role, of) == ("input", x.name)) \
-        if ("input", x.name) in roles else None
-
-    @op.register_fake
-    def _(*args: Any) -> torch.Tensor:
-        wide = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args) \
-            and x.dtype is DType.FLOAT32
-        if position is not None:
-            return torch.empty_like(args[position], dtype=_torch_dtype(x.dtype, wide))
-        g, _ = variants.compiled(wide).gradients[x.name]
-        shapes = [tuple(int(s) for s in a.shape) if isinstance(a, torch.Tensor) else None for a in args]
-        sizes = sizes_of_shapes(g.definition, shapes)
-        return torch.empty(tuple(evaluate_int(s, sizes) for s in x.shape), dtype=_torch_dtype(x.dtype, wide))
-
     _OPS[qualname] = op
     return op
 

@@ -1,5 +1,6 @@
 """TC definitions as torch operators: forward against eager PyTorch, derived backward
-through torch.autograd.gradcheck (float64), torch.compile, one kernel per gradient."""
+through torch.autograd.gradcheck and gradgradcheck (float64), torch.compile, one kernel
+per gradient."""
 
 import pytest
 
@@ -188,3 +189,9 @@ def test_names_and_errors():
         OPS.mm
     with pytest.raises(pf.DTypeError):
         OPS.matmul(torch.ones(2, 2, dtype=torch.int32), torch.ones(2, 2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("name", ["matmul", "softmax", "layernorm"])
+def test_gradients_of_gradients(name):
+    # the derived gradient definitions are torch operators with derived gradients too
+    assert torch.autograd.gradgradcheck(getattr(OPS, name), _inputs(torch.float64)[name])
