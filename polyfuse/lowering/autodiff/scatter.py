@@ -24,6 +24,7 @@ from polyfuse.ir.types import DType
 from polyfuse.lowering.autodiff.algebra import both, compare, int_add, int_mul, int_sub, lit, substitute
 
 Affine = tuple[dict[str, int], Expr]
+Rest = tuple[Expr, tuple[tuple[str, int], ...]]   # the part without indices, other indices
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def scatter(read: Read, ranges: tuple[Range, ...], lhs_indices: Collection[str],
             break
         j, var, coeff, rest = pick
         names[j] = fresh.name(_LHS_NAMES)
-        here = int_sub(IndexVar(names[j]), rest)
+        here = _minus(IndexVar(names[j]), *rest)
         if coeff in (1, -1):
             values[var] = here if coeff == 1 else int_sub(lit(0, DType.INT32), here)
         else:
@@ -105,7 +106,7 @@ class Fresh:
 
 
 def _pick(indices: tuple[Expr, ...], names: list[str | None], values: dict[str, Expr],
-          solved: set[str], lhs_indices: Collection[str]) -> tuple[int, str, int, Expr] | None:
+          solved: set[str], lhs_indices: Collection[str]) -> tuple[int, str, int, Rest] | None:
     """The next (dimension, index, coefficient, rest) to solve: forward left-side indices
     first, then coefficients ±1."""
     best, rank = None, None
@@ -119,18 +120,19 @@ def _pick(indices: tuple[Expr, ...], names: list[str | None], values: dict[str, 
         for var, c in coeffs.items():
             if var in solved:
                 continue
-            others = [(v, k) for v, k in coeffs.items() if v != var]
-            tail = rest
-            for v, k in others:
-                tail = int_add(tail, _scaled(v, k))
+            others = tuple((v, k) for v, k in coeffs.items() if v != var)
             key = (var not in lhs_indices, abs(c) != 1)
             if rank is None or key < rank:
-                best, rank = (j, var, c, tail), key
+                best, rank = (j, var, c, (rest, others)), key
     return best
 
 
-def _scaled(var: str, k: int) -> Expr:
-    return int_mul(k, IndexVar(var))
+def _minus(y: Expr, rest: Expr, others: tuple[tuple[str, int], ...]) -> Expr:
+    """``y - rest - sum(k * v for v, k in others)``, each term with its own sign."""
+    out = int_sub(y, rest)
+    for v, k in others:
+        out = int_sub(out, int_mul(k, IndexVar(v))) if k > 0 else int_add(out, int_mul(-k, IndexVar(v)))
+    return out
 
 
 def _affine(e: Expr) -> Affine | None:
