@@ -23,10 +23,11 @@ ROOT = Path(polyfuse.__file__).parent
 # Each top-level part of the package and its layer: a module may import modules of its own
 # layer or lower ones. errors and version sit with ir: every layer raises errors, and the
 # disk cache and tuning records note the version.
-# _native is the runtime's C++ extension.
+# _native is the runtime's C++ extension; torch is the PyTorch face (torch.compile backend,
+# TC definitions as torch ops), beside the ONNX backend.
 LAYERS = {"errors": 0, "version": 0, "ir": 0, "frontends": 1, "lowering": 1, "scheduler": 2,
           "targets": 3, "runtime": 4, "_native": 4, "autotune": 5, "driver": 6, "backend": 6,
-          "cli": 6, "__main__": 6, "__init__": 6}
+          "torch": 6, "cli": 6, "__main__": 6, "__init__": 6}
 # lower layers a part must not import all the same (importer prefix, imported prefix):
 # runtime executes what lowering made, and only the ONNX face may load onnx
 FORBIDDEN = (("runtime", "lowering"), ("runtime", "frontends"), ("lowering", "frontends.onnx"))
