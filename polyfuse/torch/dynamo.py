@@ -26,7 +26,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from polyfuse.driver import compile_graph
 from polyfuse.errors import OptionError, UnsupportedOpError
-from polyfuse.frontends.torch import rejection, to_graph
+from polyfuse.frontends.torch import rejection, to_graph, to_numpy
 from polyfuse.runtime.model import CompiledModel
 
 logger = logging.getLogger("polyfuse.torch")
@@ -79,24 +79,52 @@ def _is_tensors(val: Any) -> bool:
 
 
 class CompiledPart(torch.nn.Module):
-    """One partition as a compiled polyfuse program, called as the FX submodule was."""
+    """One partition as a compiled polyfuse program, called as the FX submodule was.
 
-    def __init__(self, model: CompiledModel, sizes: Sequence[bool], several: bool,
-                 eager: torch.fx.GraphModule) -> None:
+    Inputs at the positions ``frozen`` are weights (parameters and buffers of an
+    inference graph): they are compiled in as constants from their values at the first
+    call, so the graph passes fold and repack them; a later call with other weight
+    tensors, or after they changed in place (their version counter moved), compiles
+    again."""
+
+    def __init__(self, sub: torch.fx.GraphModule, options: BackendOptions, name: str,
+                 frozen: Sequence[int] = ()) -> None:
         super().__init__()
-        self.model = model
-        self.eager = eager             # the part as torch runs it, for sizes polyfuse refuses
-        self.names = [v.name for v in model.inputs]
-        self.sizes = tuple(sizes)      # which inputs are sizes (SymInts), not tensors
-        self.several = several         # the part returns a tuple
+        self.eager = sub               # the part as torch runs it, for sizes polyfuse refuses
+        self.options, self.name, self.frozen = options, name, tuple(frozen)
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        self.placeholders = [p.name for p in placeholders]
+        self.position = {p.name: k for k, p in enumerate(placeholders)}
+        self.sizes = {p.name for p in placeholders if isinstance(p.meta.get("val"), torch.SymInt)}
+        output = next(n for n in sub.graph.nodes if n.op == "output")
+        self.several = isinstance(output.args[0], (tuple, list))   # the part returns a tuple
+        self._weights: list[tuple[torch.Tensor, int]] = []
+        self.model: CompiledModel | None = None if self.frozen else self._build(())
+
+    def _build(self, args: Sequence[Any]) -> CompiledModel:
+        constants = {self.placeholders[k]: to_numpy(args[k]).copy() for k in self.frozen}
+        graph = to_graph(self.eager, constants=constants, name=self.name)
+        return compile_graph(graph, self.options.target, tuning_records=self.options.tuning_records,
+                             passes=True)
+
+    def _compiled(self, args: Sequence[Any]) -> CompiledModel:
+        weights = [args[k] for k in self.frozen]
+        if self.model is None or any(a is not w or a._version != v
+                                     for a, (w, v) in zip(weights, self._weights)):
+            self.model = self._build(args)
+            self._weights = [(w, w._version) for w in weights]
+        return self.model
 
     def forward(self, *args: Any) -> Any:
-        feed = {name: np.array([int(a)], np.int64) if size else _array(a)
-                for name, a, size in zip(self.names, args, self.sizes)}
+        model = self._compiled(args)
+        feed = {}
+        for v in model.inputs:
+            a = args[self.position[v.name]]
+            feed[v.name] = np.array([int(a)], np.int64) if v.name in self.sizes else _array(a)
         try:
-            results = self.model.run(feed)
+            results = model.run(feed)
         except UnsupportedOpError as err:   # planning for these sizes needs what polyfuse lacks
-            _log_once(f"{self.model.graph.name} at these sizes", err)
+            _log_once(f"{self.name} at these sizes", err)
             return self.eager(*args)
         outs = tuple(_tensor(a) for a in results.values())
         return outs if self.several else outs[0]
@@ -114,35 +142,46 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
-def compile_part(sub: torch.fx.GraphModule, inputs: Sequence[torch.fx.Node],
-                 options: BackendOptions, name: str = "part") -> CompiledPart:
+def compile_part(sub: torch.fx.GraphModule, inputs: Sequence[Any], options: BackendOptions,
+                 name: str = "part", weights: frozenset[str] = frozenset()) -> CompiledPart:
     """A partition's submodule compiled; ``inputs`` are the nodes it is called with (whose
-    ``meta["val"]`` the submodule's placeholders may lack)."""
+    ``meta["val"]`` the submodule's placeholders may lack), those named in ``weights``
+    compiled in as constants."""
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     for p, arg in zip(placeholders, inputs):
         if "val" not in p.meta and isinstance(arg, torch.fx.Node):
             p.meta["val"] = arg.meta.get("val")
-    graph = to_graph(sub, name=name)
-    model = compile_graph(graph, options.target, tuning_records=options.tuning_records, passes=True)
-    output = next(n for n in sub.graph.nodes if n.op == "output")
-    sizes = [isinstance(p.meta.get("val"), torch.SymInt) for p in placeholders]
-    return CompiledPart(model, sizes, isinstance(output.args[0], (tuple, list)), sub)
+    frozen = [k for k, arg in enumerate(inputs) if isinstance(arg, torch.fx.Node) and arg.name in weights]
+    return CompiledPart(sub, options, name, frozen)
+
+
+def _weights(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """The placeholders of an AOTAutograd graph that are parameters and buffers (by name:
+    partitioning copies the graph's nodes)."""
+    from torch._guards import TracingContext
+    context = TracingContext.try_get()
+    static = getattr(getattr(context, "fw_metadata", None), "static_input_indices", None) or ()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return frozenset(placeholders[k].name for k in static if k < len(placeholders))
 
 
 def compile_partitioned(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                        options: BackendOptions) -> Any:
+                        options: BackendOptions, freeze: bool = False) -> Any:
     """``gm`` with its polyfuse-supported parts replaced by compiled programs (called
-    boxed, with a list of arguments, as AOTAutograd prefers)."""
+    boxed, with a list of arguments, as AOTAutograd prefers); with ``freeze`` (inference
+    graphs), weights are compiled in as constants."""
     from torch._functorch.aot_autograd import make_boxed_func
     partitioner = CapabilityBasedPartitioner(gm, _Supported(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     if not partitions:
         return make_boxed_func(gm)
+    weights = _weights(gm) if freeze else frozenset()
     fused = partitioner.fuse_partitions(partitions)
     for node in list(fused.graph.nodes):
         if node.op == "call_module" and str(node.target).startswith("fused_"):
             sub = getattr(fused, str(node.target))
-            setattr(fused, str(node.target), compile_part(sub, list(node.args), options, str(node.target)))
+            part = compile_part(sub, list(node.args), options, str(node.target), weights)
+            setattr(fused, str(node.target), part)
     fused.recompile()
     return make_boxed_func(fused)
 
@@ -159,5 +198,6 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     from torch._dynamo.backends.common import aot_autograd
     opts = BackendOptions.of(options)
     compiler = functools.partial(compile_partitioned, options=opts)
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+    inference = functools.partial(compile_partitioned, options=opts, freeze=True)
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, inference_compiler=inference,
                         decompositions=decompositions())(gm, example_inputs)
