@@ -7,6 +7,7 @@ address to :func:`compile_kernel` and :func:`load_object` (targets do not import
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -121,7 +122,7 @@ class JitKernel:
     address: int
     stages: dict[str, str]
     object: bytes = field(repr=False)
-    engine: llvm.ExecutionEngine = field(repr=False)
+    library: llvm.ResourceTracker = field(repr=False)   # the code lives while this does
 
 
 @functools.cache
@@ -132,10 +133,19 @@ def target_description(target: Target) -> str:
     return f"{tm.triple} {cpu} {features}"
 
 
-def _bind_parallel_for(address: int) -> None:
-    if not address:
-        raise CodegenError(f"no address for {PARALLEL_FOR}, which generated code calls")
-    llvm.add_symbol(PARALLEL_FOR, address)
+@functools.cache
+def _jit() -> llvm.LLJIT:
+    """The process's one ORC JIT, linking with JITLink: each kernel's object is laid out
+    by its exact section sizes (MCJIT's preallocating memory manager can reserve too
+    little for an object of several sections and abort the process), and a kernel's code
+    is unloaded when its library is dropped. The JIT itself lives as long as the process."""
+    _initialize()
+    jit = llvm.create_lljit_compiler(use_jit_link=True)
+    jit._owned = True   # never disposed, so no library outlives it
+    return jit
+
+
+_libraries = itertools.count()
 
 
 def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0, *,
@@ -143,14 +153,8 @@ def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0, *,
     """JIT-compile a loop kernel for this machine; stages get "llvm", "llvm_opt" and "asm".
     ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
     (``polyfuse.runtime.native.parallel_for_threads_address()``)."""
-    tm = target_machine(target)
-    mod, stages = _optimized_module(kernel, target, tm, num_threads)
-    _bind_parallel_for(parallel_for)
-    engine = llvm.create_mcjit_compiler(mod, tm)
-    emitted: list[bytes] = []
-    engine.set_object_cache(lambda _module, data: emitted.append(data), lambda _module: None)
-    engine.finalize_object()
-    return JitKernel(kernel.name, _address(engine, kernel.name), stages, b"".join(emitted), engine)
+    obj, stages = compile_object(kernel, target, num_threads)
+    return load_object(kernel.name, obj, target, stages, parallel_for=parallel_for)
 
 
 def compile_object(kernel: LoopKernel, target: Target, num_threads: int = 0) -> tuple[bytes, dict[str, str]]:
@@ -181,20 +185,26 @@ def parse_module(text: str, what: str) -> llvm.ModuleRef:
 
 def load_object(name: str, obj: bytes, target: Target, stages: dict[str, str], *,
                 parallel_for: int) -> JitKernel:
-    """Link a cached object file into a new JIT engine (``parallel_for`` as for
-    :func:`compile_kernel`)."""
-    tm = target_machine(target)
-    empty = llvm.parse_assembly("")
-    empty.triple = tm.triple
-    _bind_parallel_for(parallel_for)
-    engine = llvm.create_mcjit_compiler(empty, tm)
-    engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-    engine.finalize_object()
-    return JitKernel(name, _address(engine, name), stages, obj, engine)
+    """Link an object (compiled here or cached) into the process's JIT; ``parallel_for``
+    as for :func:`compile_kernel`."""
+    if not parallel_for:
+        raise CodegenError(f"no address for {PARALLEL_FOR}, which generated code calls")
+    address, library = link_object(obj, name, {PARALLEL_FOR: parallel_for})
+    return JitKernel(name, address, stages, obj, library)
 
 
-def _address(engine: llvm.ExecutionEngine, name: str) -> int:
-    address = engine.get_function_address(name)
-    if not address:
+def link_object(obj: bytes, name: str, imports: dict[str, int] | None = None
+                ) -> tuple[int, llvm.ResourceTracker]:
+    """The address of function ``name`` in object code ``obj`` linked into the process's
+    JIT, and the library that keeps it loaded. Symbols resolve from ``imports``, then
+    from the process (libm's functions)."""
+    builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process().export_symbol(name)
+    for symbol, address in (imports or {}).items():
+        builder.import_symbol(symbol, address)
+    try:
+        library = builder.link(_jit(), f"{name}.{next(_libraries)}")
+    except RuntimeError as err:
+        raise CodegenError(f"the JIT could not link kernel '{name}': {err}") from None
+    if not library[name]:
         raise CodegenError(f"the JIT did not produce kernel '{name}'")
-    return address
+    return library[name], library

@@ -101,12 +101,13 @@ def test_an_artifact_that_does_not_load_is_a_compile_error():
     [built] = build(MATMUL, [DEFAULT], CONFIG)
     garbage, no_layout = (dataclasses.replace(built, artifact=dataclasses.replace(built.artifact, **change))
                           for change in ({"code": b"not an object"}, {"layout": {}}))
-    crashed, raised = run(MATMUL, [garbage, no_layout], CONFIG)
-    for result in (crashed, raised):
+    refused, raised = run(MATMUL, [garbage, no_layout], CONFIG)
+    for result in (refused, raised):
         assert result.error is ErrorCode.COMPILE_ERROR and result.costs == ()
         assert result.build_seconds == built.build_seconds
-    # LLVM takes the object on trust and dies in the child, not in the tuner
-    assert re.fullmatch(r"the process died of SIG[A-Z]+ while loading", crashed.message), crashed.message
+    # the JIT's linker checks the object and says what is wrong
+    assert re.fullmatch(r"CodegenError: the JIT could not link kernel 'mm': .*not recognized as a "
+                        r"valid object file", refused.message), refused.message
     assert raised.message == "KeyError: 'layout'"
 
 
