@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import islpy as isl
 
 from polyfuse.scheduler.loop_nest import band_order
 from polyfuse.scheduler.model import Model
 from polyfuse.scheduler.options import Fusion, MappingOptions
+
+logger = logging.getLogger("polyfuse.scheduler")
 
 PARALLEL_MARK = "parallel"
 GPU_BLOCK_MARK = "gpu_block"    # coincident members of a GPU schedule's tile band
@@ -27,16 +31,44 @@ def compute_schedule(model: Model, options: MappingOptions,
                      sizes: dict[str, int] | None = None, *, gpu: bool = False) -> isl.Schedule:
     """A legal schedule of the model, tiled and marked as the options ask: parallel
     marks for CPUs, or (``gpu``) block and thread marks on the tile and point bands."""
-    _configure(model.ctx, options.fusion)
     deps = model.dependences
     context = model.context(sizes if options.fix_sizes else None)
     validity = model.relaxed if options.reorder_reductions else model.exact
     constraints = (isl.ScheduleConstraints.on_domain(model.domain).set_context(context)
                    .set_validity(validity).set_proximity(validity).set_coincidence(deps))
-    schedule = constraints.compute_schedule()
+    schedule = _solve(constraints, model.ctx, options.fusion)
     for path in reversed(_outer_band_paths(schedule.get_root(), ())):
         schedule = _transform_band(_node_at(schedule, path), options, validity, gpu).get_schedule()
     return schedule
+
+
+# isl operations one fusing schedule may take. Fixed sizes can make isl's solver blow up
+# (ISL_NOTES): 18 attention statements reach this in 0.6 s and ran for minutes past it,
+# while the kernels of ResNet, MobileNet, BERT and the TC programs all stay below 100,000.
+SCHEDULE_OPERATIONS = 300_000
+
+# What to ask of isl when a fusion strategy runs out of operations: fuse less.
+_FALLBACK = {Fusion.MAX: Fusion.PRESERVE, Fusion.PRESERVE: Fusion.MIN}
+
+
+def _solve(constraints: isl.ScheduleConstraints, ctx: isl.Context, fusion: Fusion) -> isl.Schedule:
+    """isl's schedule under ``fusion``, or under less fusion where that takes too long;
+    minimal fusion (a nest per component) is always fast and has no limit."""
+    while True:
+        _configure(ctx, fusion)
+        ctx.reset_operations()
+        ctx.set_max_operations(SCHEDULE_OPERATIONS if fusion in _FALLBACK else 0)
+        try:
+            return constraints.compute_schedule()
+        except isl.Error:
+            if fusion not in _FALLBACK:
+                raise
+            logger.debug("isl's %s-fusion schedule took too long; trying %s", fusion.value,
+                         _FALLBACK[fusion].value)
+            fusion = _FALLBACK[fusion]
+        finally:
+            ctx.reset_operations()
+            ctx.set_max_operations(0)
 
 
 def _node_at(schedule: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:

@@ -118,3 +118,23 @@ def test_each_option_changes_the_loops(a, b):
     d = parse_definition(MATMUL)
     sizes = {"M": 64, "K": 64, "N": 64}
     assert str(schedule_definition(d, sizes, a)) != str(schedule_definition(d, sizes, b))
+
+
+def test_a_schedule_out_of_isl_operations_fuses_less(monkeypatch):
+    """Past its operation budget, a fusing schedule falls back to less fusion (here down
+    to a nest per statement, which has no budget), and stays right."""
+    d = parse_definition(SOFTMAX)
+    sizes = {"N": 5, "D": 7}
+    fused = schedule_definition(d, sizes, MappingOptions())
+    monkeypatch.setattr("polyfuse.scheduler.schedule.SCHEDULE_OPERATIONS", 1)
+    fallen = schedule_definition(d, sizes, MappingOptions())
+    assert str(fallen) == str(schedule_definition(d, sizes, MappingOptions(fusion=Fusion.MIN)))
+    assert str(fallen) != str(fused)
+    x = np.random.default_rng(1).standard_normal((5, 7)).astype(np.float32)
+    want = interpret(d, {"I": x}, sizes)
+    got = interpret_kernel(fallen, {"I": x})
+    np.testing.assert_allclose(got["O"], want["O"], rtol=1e-5)
+    # the budget is lifted afterwards: the context computes anything again
+    model = build_model(d)
+    compute_schedule(model, MappingOptions(fusion=Fusion.MIN))
+    assert model.ctx.get_max_operations() == 0
