@@ -6,7 +6,7 @@ On a machine with an NVIDIA GPU, from the repository root. It installs what is m
 with pip (polyfuse with its dev extra; torch for the comparison; on a machine without the
 package index, the wheels in ``.whl/`` that ``benchmarks/gpu_wheels.sh`` downloads, then
 polyfuse itself without build isolation), runs
-``pytest -m cuda tests/cuda``, then times each kernel of TC's benchmark set with its
+``pytest -m cuda tests/cuda tests/torch/test_tensors.py``, then times each kernel of TC's benchmark set with its
 inputs already on the GPU as torch tensors (so polyfuse copies nothing) and prints the
 median time of polyfuse and of PyTorch eager (cuBLAS / cuDNN) and their ratio; every
 polyfuse result is checked against PyTorch's. Each stage has a time limit, and kernels
@@ -73,10 +73,10 @@ def install_offline_wheels() -> bool:
 
 
 def run_tests(timeout: float) -> None:
-    print(f"[{elapsed():5.0f}s] pytest -m cuda tests/cuda", flush=True)
+    print(f"[{elapsed():5.0f}s] pytest -m cuda tests/cuda tests/torch/test_tensors.py", flush=True)
     try:
         result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests/cuda",
-                                 "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True,
+                                 "tests/torch/test_tensors.py", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True,
                                 text=True, timeout=timeout)
         lines = (result.stdout + result.stderr).strip().splitlines()
         failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]

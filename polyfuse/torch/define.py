@@ -17,7 +17,6 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from polyfuse.driver import define as define_kernels
@@ -30,6 +29,7 @@ from polyfuse.ir.types import DType
 from polyfuse.lowering.autodiff import Gradient, grad, gradients
 from polyfuse.lowering.autodiff.widen import widen
 from polyfuse.targets import Target
+from polyfuse.torch.tensors import operand, tensor
 
 __all__ = ["define", "grad", "TorchDefinitions"]
 
@@ -119,14 +119,13 @@ def _schema(d: Definition) -> str:
     return f"({', '.join(params)}) -> {result}"
 
 
-def _arrays(d: Definition, args: Sequence[Any]) -> list[Any]:
+def _arrays(d: Definition, args: Sequence[Any], target: Target) -> list[Any]:
+    """The arguments as the kernel takes them: CPU tensors as numpy views, CUDA tensors
+    as they are for the ``cuda`` target (its runtime works on them in place)."""
     out = []
     for p, a in zip(d.params, args):
         if isinstance(a, torch.Tensor):
-            if a.device.type != "cpu":
-                raise ArgumentError(f"{d.name}: '{p.name}' is on {a.device}; polyfuse's torch "
-                                    "operators take CPU tensors")
-            out.append(a.detach().contiguous().numpy())
+            out.append(operand(a, target, f"{d.name}: '{p.name}'"))
         else:
             out.append(a)
     return out
@@ -134,7 +133,7 @@ def _arrays(d: Definition, args: Sequence[Any]) -> list[Any]:
 
 def _tensors(result: Any) -> tuple[torch.Tensor, ...]:
     arrays = result if isinstance(result, tuple) else (result,)
-    return tuple(torch.from_numpy(np.asarray(a)) for a in arrays)
+    return tuple(tensor(a) for a in arrays)
 
 
 def _op(variants: _Variants, key: str, *, gradient_ops: bool = True) -> Any:
@@ -149,7 +148,7 @@ def _op(variants: _Variants, key: str, *, gradient_ops: bool = True) -> Any:
 
     def forward(*args: Any) -> Any:
         definition, kernel = variants.kernel(variants.widens(args))
-        out = _tensors(kernel(*_arrays(definition, args)))
+        out = _tensors(kernel(*_arrays(definition, args, variants.target)))
         return out[0] if len(out) == 1 else out
 
     op = torch.library.custom_op(qualname, forward, mutates_args=(), schema=_schema(d))

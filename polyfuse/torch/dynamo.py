@@ -28,6 +28,8 @@ from polyfuse.driver import compile_graph
 from polyfuse.errors import OptionError, UnsupportedOpError
 from polyfuse.frontends.torch import rejection, to_graph, to_numpy
 from polyfuse.runtime.model import CompiledModel
+from polyfuse.targets import Target
+from polyfuse.torch.tensors import operand, tensor
 
 logger = logging.getLogger("polyfuse.torch")
 _logged: set[str] = set()
@@ -92,6 +94,7 @@ class CompiledPart(torch.nn.Module):
         super().__init__()
         self.eager = sub               # the part as torch runs it, for sizes polyfuse refuses
         self.options, self.name, self.frozen = options, name, tuple(frozen)
+        self.target = Target.parse(options.target)
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
         self.placeholders = [p.name for p in placeholders]
         self.position = {p.name: k for k, p in enumerate(placeholders)}
@@ -120,26 +123,15 @@ class CompiledPart(torch.nn.Module):
         feed = {}
         for v in model.inputs:
             a = args[self.position[v.name]]
-            feed[v.name] = np.array([int(a)], np.int64) if v.name in self.sizes else _array(a)
+            feed[v.name] = np.array([int(a)], np.int64) if v.name in self.sizes else \
+                operand(a, self.target, f"input '{v.name}'")
         try:
             results = model.run(feed)
         except UnsupportedOpError as err:   # planning for these sizes needs what polyfuse lacks
             _log_once(f"{self.name} at these sizes", err)
             return self.eager(*args)
-        outs = tuple(_tensor(a) for a in results.values())
+        outs = tuple(tensor(a) for a in results.values())
         return outs if self.several else outs[0]
-
-
-def _array(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.numpy()
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    # weights and folded values come back read-only; torch wants memory it may write
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 def compile_part(sub: torch.fx.GraphModule, inputs: Sequence[Any], options: BackendOptions,
