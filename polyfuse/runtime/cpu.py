@@ -98,7 +98,7 @@ def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Targe
     """The kernel in object code ``obj`` loaded for ``target``: into this process where its
     code runs here, else to run under the emulator."""
     if runs_natively(target):
-        return CpuExecutable(load_object(layout.name, obj, target, stages,
+        return CpuExecutable(load_object(layout.name, obj, stages,
                                          parallel_for=native.parallel_for_threads_address()), layout)
     from polyfuse.runtime.cross import CrossExecutable
     return CrossExecutable(layout, stages, obj, target)

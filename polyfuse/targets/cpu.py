@@ -136,9 +136,10 @@ def target_description(target: Target) -> str:
 @functools.cache
 def _jit() -> llvm.LLJIT:
     """The process's one ORC JIT, linking with JITLink: each kernel's object is laid out
-    by its exact section sizes (MCJIT's preallocating memory manager can reserve too
-    little for an object of several sections and abort the process), and a kernel's code
-    is unloaded when its library is dropped. The JIT itself lives as long as the process."""
+    from its own sections and a failure comes back as an error. (MCJIT, used before,
+    reserves memory from an estimate made beforehand, and llvmlite's LLVM has assertions
+    on: a CI run died in its finalize_object.) A kernel's code is unloaded when its
+    library is dropped; the JIT itself lives as long as the process."""
     _initialize()
     jit = llvm.create_lljit_compiler(use_jit_link=True)
     jit._owned = True   # never disposed, so no library outlives it
@@ -154,7 +155,7 @@ def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0, *,
     ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
     (``polyfuse.runtime.native.parallel_for_threads_address()``)."""
     obj, stages = compile_object(kernel, target, num_threads)
-    return load_object(kernel.name, obj, target, stages, parallel_for=parallel_for)
+    return load_object(kernel.name, obj, stages, parallel_for=parallel_for)
 
 
 def compile_object(kernel: LoopKernel, target: Target, num_threads: int = 0) -> tuple[bytes, dict[str, str]]:
@@ -183,8 +184,7 @@ def parse_module(text: str, what: str) -> llvm.ModuleRef:
     return mod
 
 
-def load_object(name: str, obj: bytes, target: Target, stages: dict[str, str], *,
-                parallel_for: int) -> JitKernel:
+def load_object(name: str, obj: bytes, stages: dict[str, str], *, parallel_for: int) -> JitKernel:
     """Link an object (compiled here or cached) into the process's JIT; ``parallel_for``
     as for :func:`compile_kernel`."""
     if not parallel_for:

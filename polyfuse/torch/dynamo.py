@@ -5,7 +5,8 @@ and a backward graph when gradients are needed); each graph is partitioned by
 torch's ``CapabilityBasedPartitioner`` into the parts polyfuse can lower, each part is
 compiled as one polyfuse program, and the rest stays eager PyTorch (the ops left out are
 logged once each, on the ``polyfuse.torch`` logger). Tensors cross as numpy views of
-the same memory (``Tensor.numpy()``, ``torch.from_numpy``); sizes dynamo keeps symbolic
+the same memory, and CUDA tensors as they are on the ``cuda`` target
+(:mod:`polyfuse.torch.tensors`); sizes dynamo keeps symbolic
 (``dynamic=True``) stay symbolic in the compiled programs, which plan each new size once.
 """
 

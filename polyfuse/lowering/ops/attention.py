@@ -33,8 +33,7 @@ class _Operand:
     """How to read Q, K or V at (batch, head, position, channel) from a 3-D or 4-D input."""
 
     def __init__(self, name: str, shape: tuple[int, ...], heads: int) -> None:
-        self.name, self.shape, self.flat = name, shape, len(shape) == 3
-        self.heads = heads if self.flat else shape[1]
+        self.name, self.flat = name, len(shape) == 3
         self.length = shape[1] if self.flat else shape[2]
         self.channels = shape[2] // heads if self.flat else shape[3]
 
@@ -88,11 +87,11 @@ def _mask(ctx: OpContext, out: tuple[int, ...], acc: DType, params: list[str],
     params.append(tensor_param("Mask", ctx.type(_MASK)))
     padded = shape[:-1] + (out[3],)
     try:
-        idx = broadcast_indices(padded, out)
         np.broadcast_shapes(padded, out)
     except ValueError:
         raise ctx.malformed(f"the attention mask of shape {shape} does not broadcast to the "
                             f"scores {out}") from None
+    idx = broadcast_indices(padded, out)
     names = list(INDEX[4 - len(shape):4])
     if shape[-1] < out[3]:
         fill = "bool(0)" if mdt.is_bool else literal(float("-inf"), mdt)
@@ -122,6 +121,7 @@ def _attention(ctx: OpContext) -> TCKernel:
         raise ctx.malformed("past_key and past_value come together, and not with nonpad_kv_seqlen")
     past = ctx.shape(_PAST_K)[2] if ctx.has(_PAST_K) else 0
     keys = past + k.length
+    at, cell, row = INDEX[:4], f"{B}, {H}, {S}, {J}", f"{B}, {H}, {S}"   # a score's indices, a row's
     precision = ctx.attr("softmax_precision")
     acc = DType.FLOAT64 if precision == 11 or dt is DType.FLOAT64 else DType.FLOAT32
     params = [tensor_param(n, ctx.type(i)) for n, i in (("Q", _Q), ("K", _K), ("V", _V))]
@@ -142,9 +142,9 @@ def _attention(ctx: OpContext) -> TCKernel:
             if past:
                 params.append(tensor_param(f"Past{name[7]}", ctx.type(past_input)))
                 inputs.append(past_input)
-                lines.append(statement(name, INDEX[:4], access(f"Past{name[7]}", INDEX[:4]),
+                lines.append(statement(name, at, access(f"Past{name[7]}", at),
                                        [batch, hk, past, channels]))
-            lines.append(statement(name, INDEX[:4], op.read(B, H, f"{S} - {past}" if past else S, J), ranges))
+            lines.append(statement(name, at, op.read(B, H, f"{S} - {past}" if past else S, J), ranges))
             outs[o] = tensor_param(name, (dt, shape))
             reads[o] = lambda b, h, pos, c, name=name: f"{name}({b}, {h}, {pos}, {c})"
         else:
@@ -158,14 +158,14 @@ def _attention(ctx: OpContext) -> TCKernel:
     root = float(dt.numpy.type(np.sqrt(scale))) if dt is not DType.BFLOAT16 else float(np.sqrt(scale))
     kv_head = H if hq == hk else f"{H} / {hq // hk}"
     scores = (batch, hq, length, keys)
-    lines.append(statement("Score", INDEX[:4], f"{acc}({q.read(B, H, S, 'd')}) * "
+    lines.append(statement("Score", at, f"{acc}({q.read(B, H, S, 'd')}) * "
                            f"{acc}({reads[1](B, kv_head, J, 'd')})", scores,
                            [f"d in 0:{q.channels}"], op="+=!"))
-    logit = f"Score({B}, {H}, {S}, {J}) * {literal(root * root, acc)}"
+    logit = f"Score({cell}) * {literal(root * root, acc)}"
     softcap = float(ctx.attr("softcap", 0.0))
     if softcap > 0:
         logit = f"{literal(softcap, acc)} * tanh({logit} / {literal(softcap, acc)})"
-    lines.append(statement("Capped", INDEX[:4], logit, scores))
+    lines.append(statement("Capped", at, logit, scores))
     neg_inf = literal(float("-inf"), acc)
     conds = _allowed(ctx, length, past)
     value = literal(0, acc)
@@ -174,25 +174,21 @@ def _attention(ctx: OpContext) -> TCKernel:
     elif mask is not None:
         value = mask
     bias = f"({' && '.join(conds)}) ? {value} : {neg_inf}" if conds else value
-    lines.append(statement("Bias", INDEX[:4], bias, scores))
-    at = INDEX[:4]
-    lines.append(statement("Logit", at, f"Capped({B}, {H}, {S}, {J}) + Bias({B}, {H}, {S}, {J})",
-                           scores))
-    row = [B, H, S]
-    lines += [f"Max({B}, {H}, {S}) max=! Logit({B}, {H}, {S}, {J})",
-              f"Open({B}, {H}, {S}) max=! Bias({B}, {H}, {S}, {J})",
-              f"Exp({B}, {H}, {S}, {J}) = exp(Logit({B}, {H}, {S}, {J}) - "
-              f"(Max({B}, {H}, {S}) == {neg_inf} ? {literal(0, acc)} : Max({B}, {H}, {S})))",
-              f"Sum({B}, {H}, {S}) +=! Exp({B}, {H}, {S}, {J})",
-              f"Prob({B}, {H}, {S}, {J}) = Open({B}, {H}, {S}) == {neg_inf} ? {literal(0, dt)} : "
-              f"{dt}(Exp({B}, {H}, {S}, {J}) / (Sum({B}, {H}, {S}) == {literal(0, acc)} ? "
-              f"{literal(1, acc)} : Sum({B}, {H}, {S})))"]
+    lines.append(statement("Bias", at, bias, scores))
+    lines.append(statement("Logit", at, f"Capped({cell}) + Bias({cell})", scores))
+    lines += [f"Max({row}) max=! Logit({cell})",
+              f"Open({row}) max=! Bias({cell})",
+              f"Exp({cell}) = exp(Logit({cell}) - "
+              f"(Max({row}) == {neg_inf} ? {literal(0, acc)} : Max({row})))",
+              f"Sum({row}) +=! Exp({cell})",
+              f"Prob({cell}) = Open({row}) == {neg_inf} ? {literal(0, dt)} : "
+              f"{dt}(Exp({cell}) / (Sum({row}) == {literal(0, acc)} ? {literal(1, acc)} : Sum({row})))"]
     heads_out = (batch, hq, length, v.channels)
-    lines.append(statement("Out", at, f"{acc}(Prob({B}, {H}, {S}, j)) * "
+    lines.append(statement("Out", at, f"{acc}(Prob({row}, j)) * "
                            f"{acc}({reads[2](B, kv_head, 'j', J)})", heads_out,
                            [f"j in 0:{keys}"], op="+=!"))
     if rank == 4:
-        lines.append(statement("Y", at, f"{dt}(Out({B}, {H}, {S}, {J}))", heads_out))
+        lines.append(statement("Y", at, f"{dt}(Out({cell}))", heads_out))
         y_shape: tuple[int, ...] = heads_out
     else:
         y_shape = (batch, length, hq * v.channels)
@@ -204,7 +200,7 @@ def _attention(ctx: OpContext) -> TCKernel:
         source = {0: "Capped", 1: "Capped", 2: "Logit", 3: "Prob"}.get(mode)
         if source is None:
             raise ctx.malformed(f"qk_matmul_output_mode is {mode}; it must be 0, 1, 2 or 3")
-        lines.append(statement("QK", at, f"{dt}({source}({B}, {H}, {S}, {J}))", scores))
+        lines.append(statement("QK", at, f"{dt}({source}({cell}))", scores))
         outs[3] = tensor_param("QK", (dt, scores))
     declared = [outs[o] for o in sorted(outs)]
     temps += [tensor_param(n, (acc, scores)) for n in ("Score", "Capped", "Bias", "Logit", "Exp")]
