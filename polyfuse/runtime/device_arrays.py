@@ -1,11 +1,12 @@
 """Arrays in GPU memory that other libraries own (PyTorch, CuPy, ...), seen without copies.
 
 :func:`as_device_array` reads an object's ``__cuda_array_interface__`` or, failing that
-(PyTorch has no interface for bfloat16), its DLPack capsule from ``__dlpack__`` (parsed
-with ctypes; the capsule stays unconsumed, so its producer still owns the memory). The
-result is a :class:`DeviceArray`: pointer, shape, dtype and the object that keeps the
-memory alive. Kernels for the cuda target take such arrays in place of numpy arrays and
-return outputs of the same library (see :mod:`polyfuse.runtime.cuda`).
+(PyTorch gives bfloat16 no interface, or one typed as raw bytes, ``<V2``), its DLPack
+capsule from ``__dlpack__`` (parsed with ctypes; the capsule stays unconsumed, so its
+producer still owns the memory). The result is a :class:`DeviceArray`: pointer, shape,
+dtype and the object that keeps the memory alive. Kernels for the cuda target take such
+arrays in place of numpy arrays and return outputs of the same library (see
+:mod:`polyfuse.runtime.cuda`).
 """
 
 from __future__ import annotations
@@ -69,10 +70,13 @@ def as_device_array(obj: object) -> DeviceArray | None:
         interface = obj.__cuda_array_interface__  # type: ignore[attr-defined]
     except (AttributeError, TypeError, RuntimeError):
         interface = None
-    if interface is not None:
+    if interface is not None and np.dtype(interface["typestr"]).kind != "V":
         return _from_interface(obj, interface, library)
-    if _dlpack_on_cuda(obj):
+    if _dlpack_on_cuda(obj):  # also where the interface names no type (PyTorch's bfloat16)
         return _from_dlpack(obj, library)
+    if interface is not None:
+        raise ArgumentError(f"a {library} array in GPU memory of type {interface['typestr']!r} "
+                            "has no polyfuse dtype")
     return None
 
 

@@ -1,6 +1,7 @@
 """Arrays in GPU memory seen without copies: __cuda_array_interface__ and CUDA DLPack
 parsed into pointer, shape and dtype (checked here with host memory dressed as CUDA)."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -47,6 +48,29 @@ def test_a_strided_cuda_array_is_refused(protocol):
 def test_host_arrays_and_other_objects_are_not_device_arrays():
     assert as_device_array(np.ones(3)) is None  # numpy's DLPack device is the CPU
     assert as_device_array([1.0, 2.0]) is None
+
+
+class RawBytesInterface:
+    """What PyTorch 2.11 gives for a CUDA bfloat16 tensor: an interface typed ``<V2`` (raw
+    bytes), and DLPack, which names the type (here from a host tensor)."""
+
+    def __init__(self, tensor, dlpack: bool) -> None:
+        self.tensor = tensor
+        self.__cuda_array_interface__ = {"shape": tuple(tensor.shape), "typestr": "<V2", "version": 3,
+                                         "data": (tensor.data_ptr(), False), "strides": None}
+        if dlpack:
+            self.__dlpack__ = lambda stream=None: tensor.__dlpack__()
+            self.__dlpack_device__ = lambda: (2, 0)
+
+
+def test_bfloat16_typed_as_raw_bytes_is_read_through_dlpack():
+    torch = pytest.importorskip("torch")
+    tensor = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    view = as_device_array(RawBytesInterface(tensor, dlpack=True))
+    assert view.dtype == np.dtype(ml_dtypes.bfloat16) and view.shape == (2, 3)
+    assert view.pointer == tensor.data_ptr()
+    with pytest.raises(pf.ArgumentError, match="'<V2' has no polyfuse dtype"):
+        as_device_array(RawBytesInterface(tensor, dlpack=False))
 
 
 def test_a_stream_the_producer_names_is_kept():

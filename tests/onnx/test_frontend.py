@@ -23,7 +23,9 @@ def mlp(batch="B"):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])],
         [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(b1, "b1"),
          numpy_helper.from_array(w2, "W2")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10  # what the installed onnxruntime reads
+    return model
 
 
 @pytest.mark.parametrize("target", ["reference", "host"])
