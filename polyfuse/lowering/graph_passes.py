@@ -16,6 +16,7 @@ import numpy as np
 from polyfuse.ir.graph import Constant, Graph, Node, verify_graph
 from polyfuse.ir.passes import PassManager as IRPassManager
 from polyfuse.lowering.fusion import partition_fusion_groups
+from polyfuse.lowering.layout import convert_layout
 
 GraphPass = Callable[[Graph], Graph]
 
@@ -184,7 +185,7 @@ def simplify_movement(g: Graph) -> Graph:
 
 
 DEFAULT_PASSES: tuple[GraphPass, ...] = (
-    eliminate_dead_nodes, eliminate_common_subexpressions, fold_batch_norms, simplify_movement,
+    eliminate_dead_nodes, eliminate_common_subexpressions, fold_batch_norms, convert_layout, simplify_movement,
     eliminate_dead_nodes, partition_fusion_groups)
 
 

@@ -10,6 +10,7 @@ value's size is checked against the memory limit before anything is allocated.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.compose import Member, compose
+from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, channels_last, to_channels_last
 from polyfuse.lowering.ops import Folded, Lowered, OpContext, TCKernel, View, lower
 
 
@@ -78,8 +80,12 @@ class _Planner:
         return plan
 
     def context(self, node: Node) -> OpContext:
-        return OpContext(node, [self.types.get(i) if i else None for i in node.inputs],
-                         [self.consts.get(i) if i else None for i in node.inputs],
+        """What ``node``'s lowering sees; a channels-last node's input 0 in ONNX's layout."""
+        types = [self.types.get(i) if i else None for i in node.inputs]
+        if node.attr(CHANNELS_LAST) and types and types[0] is not None:
+            t = types[0]
+            types[0] = TensorType(t.dtype, tuple(t.shape[p] for p in channels_first(t.rank)))
+        return OpContext(node, types, [self.consts.get(i) if i else None for i in node.inputs],
                          self.graph.opset)
 
     def define(self, what: str, name: str, t: TensorType) -> None:
@@ -158,8 +164,24 @@ class _Planner:
                 except FrontendError as err:   # a defect of the op library, named here
                     raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC that "
                                        f"does not compile: {err}") from None
+            if node.attr(CHANNELS_LAST):
+                lowered, d = self.channels_last(node, lowered, d)
             self._lowered[node.name] = (lowered, d)
         return self._lowered[node.name]
+
+    def channels_last(self, node: Node, lowered: Lowered,
+                      d: Definition | None) -> tuple[Lowered, Definition | None]:
+        """A channels-last node's lowering on permuted storage of input 0 and output 0."""
+        if isinstance(lowered, Folded):
+            first = lowered.arrays[0]
+            return Folded((np.ascontiguousarray(first.transpose(channels_last(first.ndim))),
+                           *lowered.arrays[1:])), d
+        if d is None or lowered.inputs[:1] != (0,) or 0 not in lowered.outputs or \
+                not isinstance(d.params[0], TensorDecl):
+            raise CodegenError(f"node '{node.name}' ({node.op}): its lowering cannot run channels-last")
+        tensors = {d.params[0].name, d.outputs[lowered.outputs.index(0)].name}
+        d = to_channels_last(d, tensors)
+        return replace(lowered, source=str(d)), d
 
     def bind_constants(self, node: Node, k: TCKernel) -> list[str]:
         """Names for the arrays a lowering computed at compile time (repacked weights)."""

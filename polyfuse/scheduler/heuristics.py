@@ -4,7 +4,8 @@ Two kinds of kernels:
 
 * *contractions*, whose heaviest statement is a big reduction (matmul, convolution,
   tensor contractions): each statement gets its own loop nest, the nest is tiled for
-  the caches, then tiled again into register blocks; inside a block the rows of one
+  the caches (column panels outermost, then reduction panels, then rows, as BLIS
+  orders its loops), then tiled again into register blocks; inside a block the rows of one
   index are unrolled and jammed and another index is vectorized, so the accumulators
   stay in registers (a BLIS-style micro-kernel). The vectorized index is an output
   index that some operand reads contiguously (``n`` of ``B(k, n)`` in a matmul); the
@@ -74,10 +75,14 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         jam = (free or others)[-1]
         depth = max(red, key=lambda i: extents[i])
         order = red + [i for i in others if i != jam] + [jam, vec]
-        tiles |= {jam: CACHE_ROWS, vec: CACHE_COLS, depth: CACHE_DEPTH}
+        tiles |= {jam: CACHE_ROWS, vec: CACHE_COLS, depth: _depth_tile(extents, red, depth)}
+        # BLIS's loop order: column panels, then reduction panels, then rows, so a packed
+        # panel of the vector operand serves every row of the output
+        tile_order: list[str] | None = [vec] + red + others
     else:  # dot products: vectorize the reduction, jam an output index
         vec, jam, depth = red[-1], lhs[-1], red[-1]
         order = lhs + red
+        tile_order = None
         tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
     cols = min(extents[vec], tiles[vec] or extents[vec])
     # the jammed rows' scalars: neighbours in memory (a convolution's window) or rows
@@ -91,7 +96,15 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
     return MappingOptions(
         fusion=Fusion.MIN, reorder_reductions=True, tile_sizes=nest.per_member(tiles),
         register_tile=nest.per_member(registers), point_order=nest.order(order), vector_width=vw,
+        tile_order=nest.order(tile_order) if tile_order else (),
         unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
+
+
+def _depth_tile(extents: dict[str, int], red: list[str], depth: str) -> int:
+    """The tile of the reduction index ``depth``: about :data:`CACHE_DEPTH` reduction steps
+    with the other reduction indices untiled (a 3x3 convolution's window), a power of two."""
+    rest = math.prod(extents[i] for i in red if i != depth)
+    return 1 << (max(1, CACHE_DEPTH // rest).bit_length() - 1)
 
 
 def _register_rows(extent: int, near: bool) -> tuple[int, int]:

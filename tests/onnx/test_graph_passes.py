@@ -174,7 +174,8 @@ def test_fusion_groups_take_epilogues_and_keep_the_order_topological():
 
 def test_a_fused_conv_epilogue_is_one_statement():
     """Conv, BatchNormalization, Relu and a residual Add: one kernel whose last statement
-    computes the whole epilogue from the channels-last accumulator."""
+    computes the whole epilogue from the channels-last accumulator, on channels-last
+    tensors, with the only transposes at the graph's input and output."""
     bn, params = _bn("bn", "c", "d", 16)
     nodes = [helper.make_node("Conv", ["x", "W"], ["c"], name="conv", pads=[1, 1, 1, 1]), bn,
              helper.make_node("Add", ["d", "x"], ["s"], name="residual"),
@@ -184,8 +185,10 @@ def test_a_fused_conv_epilogue_is_one_statement():
     compiled = pf.compile(model, target="host")
     x = RNG.standard_normal((1, 16, 6, 6)).astype(np.float32)
     assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-5, compiled=compiled)
-    [(step, kernel)] = compiled.plan_for().steps()
-    assert step.label == "g0[conv residual relu]"
+    steps = list(compiled.plan_for().steps())
+    assert [st.label for st, _ in steps] == ["x:to_channels_last", "g0[conv residual relu]",
+                                             "y:channels_first"]
+    step, kernel = steps[1]
     text = kernel.stages["specialized"]
     assert text.count(" = ") + text.count(" +=! ") == 3, text   # pad, accumulate, epilogue
     assert "max(" in text.splitlines()[-3]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from polyfuse.lowering.layout import CHANNELS_LAST
 from polyfuse.lowering.ops import OpContext, TCKernel, literal, register, tensor_param
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -236,7 +237,8 @@ def _conv(ctx: OpContext) -> TCKernel:
         g = _group_of("m", m_out // groups)
         xc = f"{g} * {c_group} + c" if c_group > 1 else g
     padding, source = "", "X"
-    if ctx.values[1] is not None and _channels_last_pays(axes, c_group * math.prod(w[2:])):
+    if ctx.values[1] is not None and (ctx.attr(CHANNELS_LAST) or
+                                      _channels_last_pays(axes, c_group * math.prod(w[2:]))):
         if groups == 1:
             return _conv_channels_last(ctx, axes)
         if groups == m_out == x[1]:

@@ -1,0 +1,235 @@
+"""Channels-last layout: a graph's convolutions, and what runs between them, on
+``(N, H, W, C)`` storage, with conversions only where the graph needs ONNX's layout.
+
+A convolution with constant weights vectorizes over output channels (see
+``ops/conv.py``): on ONNX's ``(N, C, H, W)`` tensors it reads its input's channels a
+plane apart and writes its result through a transposing pass. :func:`convert_layout`
+(the graph pass; TVM's ConvertLayout, onnxruntime's NHWC transformer) gives each such
+convolution a channels-last twin of its input and output instead, and carries the twins
+through the ops that follow:
+
+* elementwise ops whose tensor inputs all have twins (constants are permuted at compile
+  time, broadcasting as before) run on the twins;
+* pools, batch and instance normalization and LRN on a twin run channels-last;
+* Concat of twins joins them along the channel axis's new place;
+* anything else reads ONNX's layout: the first such reader of a value gets a Transpose
+  back, under the value's own name, as do graph outputs.
+
+Nodes computing channels-last carry the attribute :data:`CHANNELS_LAST`. Their
+lowerings still see ONNX's layout: the planner shows them input 0 channels-first and
+:func:`to_channels_last` then permutes the kernel's input 0 and output 0 (their
+declared shapes and every access), which computes the same values on permuted storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from polyfuse.ir.comprehension import Definition, Expr, Read, Statement, TensorDecl, map_expr
+from polyfuse.ir.graph import Constant, Graph, Node
+from polyfuse.lowering.fusion import ELEMENTWISE
+
+CHANNELS_LAST = "polyfuse.channels_last"   # node attribute: input 0 and output 0 are channels-last
+
+# ops whose input 0 and output 0 are (N, C, ...) tensors and that run channels-last on a twin
+_WINDOWED = frozenset({"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
+                       "GlobalLpPool", "BatchNormalization", "InstanceNormalization", "LRN"})
+_POINTWISE = ELEMENTWISE - {"BatchNormalization"}
+
+
+def channels_last(rank: int) -> tuple[int, ...]:
+    """The permutation taking ``(N, C, D1, ..., Dk)`` to ``(N, D1, ..., Dk, C)``."""
+    return (0, *range(2, rank), 1)
+
+
+def channels_first(rank: int) -> tuple[int, ...]:
+    """The inverse of :func:`channels_last`."""
+    return (0, rank - 1, *range(1, rank - 1))
+
+
+def convert_layout(g: Graph) -> Graph:
+    """Run ``g``'s convolutions with constant weights channels-last (module docstring)."""
+    return _Converter(g).run()
+
+
+class _Converter:
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.nodes: list[Node] = []
+        self.constants: dict[str, Constant] = {c.name: c for c in g.constants}
+        self.twin: dict[str, tuple[str, int]] = {}   # value -> (its channels-last twin, rank)
+        self.pending: set[str] = set()               # values whose only copy is their twin
+        self.names = {v.name for v in g.inputs} | set(self.constants) | \
+            {o for n in g.nodes for o in n.outputs} | {n.name for n in g.nodes}
+
+    def run(self) -> Graph:
+        for n in self.g.nodes:
+            if not self._converted(n):
+                for v in n.inputs:
+                    self._need(v)
+                self.nodes.append(n)
+        for v in self.g.outputs:
+            self._need(v.name)
+        if not self.twin:
+            return self.g
+        return replace(self.g, nodes=tuple(self.nodes), constants=tuple(self.constants.values()))
+
+    # --- names and conversions ------------------------------------------------------
+    def _fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.names:
+            name, k = f"{base}.{k}", k + 1
+        self.names.add(name)
+        return name
+
+    def _need(self, v: str) -> None:
+        """Make ONNX's layout of ``v`` available: a Transpose back from its twin."""
+        if v not in self.pending:
+            return
+        self.pending.discard(v)
+        twin, rank = self.twin[v]
+        self.nodes.append(Node("Transpose", self._fresh(f"{v}:channels_first"), (twin,), (v,),
+                               (("perm", channels_first(rank)),)))
+
+    def _to_twin(self, v: str, rank: int) -> str:
+        """The channels-last twin of ``v``, transposing it where it has none yet."""
+        if v not in self.twin:
+            out = self._fresh(f"{v}:channels_last")
+            self.nodes.append(Node("Transpose", self._fresh(f"{v}:to_channels_last"), (v,), (out,),
+                                   (("perm", channels_last(rank)),)))
+            self.twin[v] = (out, rank)
+        return self.twin[v][0]
+
+    def _has_rank(self, v: str, rank: int) -> bool:
+        if v in self.twin:
+            return self.twin[v][1] == rank
+        t = self.g.type_of(v)
+        return t is not None and t.rank == rank
+
+    def _define(self, n: Node, rank: int) -> tuple[str, ...]:
+        """Twins for ``n``'s outputs, which exist only as twins until a reader needs them."""
+        outs = []
+        for o in n.outputs:
+            if not o:
+                outs.append(o)
+                continue
+            twin = self._fresh(f"{o}:channels_last")
+            self.twin[o] = (twin, rank)
+            self.pending.add(o)
+            outs.append(twin)
+        return tuple(outs)
+
+    def _permuted_constant(self, name: str, rank: int) -> str | None:
+        """A constant read beside twins of ``rank``, broadcast the same way channels-last
+        (rank 0 stays); None when it has a higher rank."""
+        array = self.constants[name].array
+        if array.ndim == 0 or array.size == 1 and array.ndim <= 1:
+            return name
+        if array.ndim > rank:
+            return None
+        full = array.reshape((1,) * (rank - array.ndim) + array.shape)
+        permuted = self._fresh(f"{name}:channels_last")
+        self.constants[permuted] = Constant(permuted, np.ascontiguousarray(full.transpose(channels_last(rank))))
+        return permuted
+
+    # --- the rewrites ----------------------------------------------------------------
+    def _converted(self, n: Node) -> bool:
+        if n.op == "Conv":
+            return self._conv(n)
+        if n.op in _WINDOWED:
+            return self._windowed(n)
+        if n.op in _POINTWISE:
+            return self._pointwise(n)
+        if n.op == "Concat":
+            return self._concat(n)
+        return False
+
+    def _conv(self, n: Node) -> bool:
+        w = self.constants.get(n.inputs[1]) if len(n.inputs) > 1 else None
+        if w is None or w.array.ndim < 3 or len(n.outputs) != 1 or n.attr(CHANNELS_LAST):
+            return False
+        rank, groups = w.array.ndim, n.attr("group", 1)
+        if not (groups == 1 or w.array.shape[1] == 1 and groups == w.array.shape[0]):
+            return False   # grouped convolutions stay in ONNX's layout
+        if not self._has_rank(n.inputs[0], rank):
+            return False   # unknown, or wrong (the lowering names the node)
+        x = self._to_twin(n.inputs[0], rank)
+        self.nodes.append(replace(n, inputs=(x, *n.inputs[1:]), outputs=self._define(n, rank),
+                                  attrs=n.attrs + ((CHANNELS_LAST, 1),)))
+        return True
+
+    def _windowed(self, n: Node) -> bool:
+        if not n.inputs or n.inputs[0] not in self.twin or len([o for o in n.outputs if o]) != 1 \
+                or n.outputs[0] == "":
+            return False
+        twin, rank = self.twin[n.inputs[0]]
+        self.nodes.append(replace(n, inputs=(twin, *n.inputs[1:]), outputs=self._define(n, rank),
+                                  attrs=n.attrs + ((CHANNELS_LAST, 1),)))
+        return True
+
+    def _pointwise(self, n: Node) -> bool:
+        ranks = {self.twin[v][1] for v in n.inputs if v in self.twin}
+        if len(ranks) != 1 or len(n.outputs) != 1:
+            return False
+        rank = ranks.pop()
+        inputs = []
+        for v in n.inputs:
+            if not v:
+                inputs.append(v)
+            elif v in self.twin:
+                inputs.append(self.twin[v][0])
+            elif v in self.constants and (c := self._permuted_constant(v, rank)) is not None:
+                inputs.append(c)
+            else:
+                return False
+        self.nodes.append(replace(n, inputs=tuple(inputs), outputs=self._define(n, rank)))
+        return True
+
+    def _concat(self, n: Node) -> bool:
+        ranks = {self.twin[v][1] for v in n.inputs if v in self.twin}
+        if len(ranks) != 1 or not all(v in self.twin for v in n.inputs) or len(n.outputs) != 1:
+            return False
+        rank = ranks.pop()
+        try:
+            axis = int(n.attr("axis"))
+        except (TypeError, ValueError):
+            return False   # the lowering reports it
+        if not -rank <= axis < rank:
+            return False
+        moved = channels_last(rank).index(axis % rank)
+        attrs = tuple((k, moved if k == "axis" else v) for k, v in n.attrs)
+        self.nodes.append(replace(n, inputs=tuple(self.twin[v][0] for v in n.inputs),
+                                  outputs=self._define(n, rank), attrs=attrs))
+        return True
+
+
+# --- kernels on channels-last storage -----------------------------------------------------
+
+def to_channels_last(d: Definition, tensors: set[str]) -> Definition:
+    """``d`` with ``tensors`` (parameters or outputs, each of rank >= 3) stored
+    channels-last: their declared shapes, every read and every statement writing them
+    permuted, so the same values land in the permuted storage."""
+    decls = {t.name: t for t in d.inputs + d.outputs if t.name in tensors}
+
+    def permute(t: TensorDecl) -> TensorDecl:
+        perm = channels_last(t.rank)
+        return replace(t, shape=tuple(t.shape[p] for p in perm)) if t.name in decls else t
+
+    def read(e: Expr) -> Expr:
+        if not isinstance(e, Read) or e.tensor not in decls:
+            return e
+        perm = channels_last(len(e.indices))
+        where = [perm.index(k) for k in e.checked]
+        return replace(e, indices=tuple(e.indices[p] for p in perm), checked=tuple(sorted(where)))
+
+    def statement(s: Statement) -> Statement:
+        s = replace(s, rhs=map_expr(s.rhs, read))
+        if s.tensor in decls:
+            s = replace(s, indices=tuple(s.indices[p] for p in channels_last(len(s.indices))))
+        return s
+
+    return replace(d, params=tuple(permute(p) if isinstance(p, TensorDecl) else p for p in d.params),
+                   outputs=tuple(permute(t) for t in d.outputs),
+                   statements=tuple(statement(s) for s in d.statements))

@@ -1,0 +1,145 @@
+"""Channels-last layout (lowering/layout.py): convolutions and what runs between them on
+(N, H, W, C) storage, transposes only at the graph's edges, numerics against onnxruntime
+on maps and channel counts that divide no block."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import polyfuse as pf
+from polyfuse.frontends.tc import parse
+from polyfuse.ir.comprehension_interpreter import interpret
+from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, channels_last, to_channels_last
+from tests.onnx.ort_compare import assert_matches_onnxruntime
+
+RNG = np.random.default_rng(7)
+
+
+def _model(nodes, inputs, outputs, initializers, opset=17):
+    graph = helper.make_graph(
+        nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
+        [numpy_helper.from_array(a, n) for n, a in initializers.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10  # what the installed onnxruntime reads
+    return model
+
+
+def _w(*shape):
+    return (RNG.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+
+def _steps(compiled):
+    return [st.label for st, _ in compiled.plan_for().steps()]
+
+
+def cnn():
+    """A stem, a max pool, a residual block with a depthwise conv and a squeeze-excite
+    gate, a channel concat, batch norm, average pool and a classifier: 20 channels on a
+    13 x 11 map."""
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "W0", "B0"], ["c0"], name="stem", pads=[1, 1, 1, 1], strides=[2, 1]),
+        n("Relu", ["c0"], ["r0"], name="relu0"),
+        n("MaxPool", ["r0"], ["p0"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        n("Conv", ["p0", "Wd"], ["d1"], name="depthwise", group=20, pads=[1, 1, 1, 1]),
+        n("Clip", ["d1", "lo", "hi"], ["d2"], name="relu6"),
+        n("GlobalAveragePool", ["d2"], ["s0"], name="squeeze"),
+        n("Conv", ["s0", "Ws"], ["s1"], name="excite"),
+        n("Sigmoid", ["s1"], ["s2"], name="gate"),
+        n("Mul", ["d2", "s2"], ["d3"], name="scale"),
+        n("Mul", ["d3", "perchannel"], ["d4"], name="affine"),
+        n("Add", ["d4", "p0"], ["a0"], name="residual"),
+        n("Concat", ["a0", "p0"], ["cat"], name="concat", axis=1),
+        n("BatchNormalization", ["cat", "g", "b", "mu", "var"], ["bn"], name="bn", epsilon=1e-3),
+        n("AveragePool", ["bn"], ["ap"], name="avg", kernel_shape=[2, 2], strides=[2, 2]),
+        n("Flatten", ["ap"], ["f"], name="flatten"),
+        n("Gemm", ["f", "G"], ["y"], name="fc", transB=1),
+    ]
+    inits = {"W0": _w(20, 3, 3, 3), "B0": RNG.standard_normal(20).astype(np.float32),
+             "Wd": _w(20, 1, 3, 3), "Ws": _w(20, 20, 1, 1), "lo": np.float32(0), "hi": np.float32(6),
+             "perchannel": RNG.uniform(0.5, 1.5, (20, 1, 1)).astype(np.float32),
+             "g": RNG.uniform(0.5, 1.5, 40).astype(np.float32), "b": RNG.standard_normal(40).astype(np.float32),
+             "mu": RNG.standard_normal(40).astype(np.float32), "var": RNG.uniform(0.5, 1.5, 40).astype(np.float32),
+             "G": _w(5, 40 * 3 * 5)}
+    return _model(nodes, {"x": ["N", 3, 13, 11]}, {"y": ["N", 5]}, inits)
+
+
+@pytest.mark.parametrize("target", ["host", "reference"])
+def test_a_cnn_runs_channels_last_and_matches_onnxruntime(target):
+    model = cnn()
+    compiled = pf.compile(model, target=target)
+    for batch in (1, 3):
+        x = RNG.standard_normal((batch, 3, 13, 11)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-5, compiled=compiled)
+    graph = compiled.dump("partition_fusion_groups")
+    # one transpose in, one back before Flatten; every conv, pool and norm channels-last
+    assert graph.count("= Transpose(") == 2, graph
+    assert graph.count(f"{CHANNELS_LAST}=1") == 7, graph  # 3 convs, 3 pools, the norm
+
+
+def test_a_value_read_in_both_layouts_is_transposed_back_once():
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "W"], ["c"], name="conv", pads=[0, 0, 1, 1]),
+             n("Relu", ["c"], ["r"], name="relu"),
+             n("Softmax", ["r"], ["s"], name="softmax", axis=1),     # reads ONNX's layout
+             n("Conv", ["r", "W2"], ["c2"], name="conv2"),
+             n("Add", ["s", "c2"], ["y"], name="add")]               # twin and plain: plain
+    model = _model(nodes, {"x": [2, 4, 5, 7]}, {"y": [2, 6, 3, 7], "r": [2, 6, 3, 7]},
+                   {"W": _w(6, 4, 3, 3), "W2": _w(6, 6, 1, 1)})
+    compiled = pf.compile(model, target="host")
+    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((2, 4, 5, 7)).astype(np.float32)},
+                               rtol=1e-4, atol=1e-5, compiled=compiled)
+    labels = _steps(compiled)
+    assert sum(label.endswith("r:channels_first") for label in labels) == 1, labels
+    assert sum("c2:channels_first" in label for label in labels) == 1, labels
+
+
+@pytest.mark.parametrize("spatial", [(9,), (4, 5, 6)], ids=["conv1d", "conv3d"])
+def test_convolutions_of_other_ranks_run_channels_last(spatial):
+    rank = len(spatial) + 2
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1] * (2 * len(spatial))),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    out = [2, 12, *spatial]
+    model = _model(nodes, {"x": [2, 5, *spatial]}, {"y": out},
+                   {"W": _w(12, 5, *([3] * len(spatial))), "B": RNG.standard_normal(12).astype(np.float32)})
+    compiled = pf.compile(model, target="host")
+    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((2, 5, *spatial)).astype(np.float32)},
+                               rtol=1e-4, atol=1e-5, compiled=compiled)
+    assert f"perm=[{', '.join(map(str, channels_last(rank)))}]" in compiled.dump("partition_fusion_groups")
+
+
+def test_grouped_convolutions_and_convolutions_of_computed_weights_keep_onnx_layout():
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "Wg"], ["g"], name="grouped", group=2),
+             n("Conv", ["g", "w"], ["y"], name="fed_weights")]
+    model = _model(nodes, {"x": [1, 4, 6, 6], "w": [3, 4, 1, 1]}, {"y": [1, 3, 6, 6]}, {"Wg": _w(4, 2, 1, 1)})
+    compiled = pf.compile(model, target="host")
+    feeds = {"x": RNG.standard_normal((1, 4, 6, 6)).astype(np.float32), "w": _w(3, 4, 1, 1)}
+    assert_matches_onnxruntime(model, feeds, rtol=1e-4, atol=1e-5, compiled=compiled)
+    assert "Transpose" not in compiled.dump("partition_fusion_groups")
+
+
+def test_permutations_are_inverse():
+    for rank in (3, 4, 5):
+        x = np.arange(np.prod(range(2, rank + 2))).reshape(range(2, rank + 2))
+        np.testing.assert_array_equal(x.transpose(channels_last(rank)).transpose(channels_first(rank)), x)
+
+
+def test_a_kernel_on_channels_last_storage_computes_the_same_values():
+    """to_channels_last permutes declarations, reads and writes: the interpreter's result
+    on transposed inputs is the transposed result (a max pool with padding and an extra
+    per-channel read)."""
+    d = parse("""
+        def pool(float(N, C, H, W) X, float(C) S) -> (Y) {
+          Y(n, c, h, w) max=! (h + kh >= 1 && w + kw >= 1) ? X(n, c, h + kh - 1, w + kw - 1) * S(c) : -1e30
+              where n in 0:N, c in 0:C, h in 0:H - 1, w in 0:W - 1, kh in 0:2, kw in 0:2
+        }""").definitions[0]
+    x = RNG.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    s = RNG.standard_normal(3).astype(np.float32)
+    want = interpret(d, {"X": x, "S": s}, {"N": 2, "C": 3, "H": 5, "W": 4})["Y"]
+    moved = to_channels_last(d, {"X", "Y"})
+    assert moved.params[0].rank == 4 and "X(n, h + kh - 1, w + kw - 1, c)" in str(moved)
+    got = interpret(moved, {"X": np.ascontiguousarray(x.transpose(0, 2, 3, 1)), "S": s},
+                    {"N": 2, "C": 3, "H": 5, "W": 4})["Y"]
+    np.testing.assert_array_equal(got, want.transpose(0, 2, 3, 1))
