@@ -29,6 +29,8 @@ from polyfuse.scheduler.options import Fusion, MappingOptions
 
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
 CACHE_ROWS, CACHE_COLS, CACHE_DEPTH = 64, 256, 128  # cache tile (elements)
+MIN_COLS = 64             # the narrowest cache tile of the vector index
+PARALLEL_TILES = 2         # column tiles below which the rows go on the threads instead
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
 MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27)
@@ -75,10 +77,17 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         jam = (free or others)[-1]
         depth = max(red, key=lambda i: extents[i])
         order = red + [i for i in others if i != jam] + [jam, vec]
-        tiles |= {jam: CACHE_ROWS, vec: CACHE_COLS, depth: _depth_tile(extents, red, depth)}
-        # BLIS's loop order: column panels, then reduction panels, then rows, so a packed
-        # panel of the vector operand serves every row of the output
+        cols = CACHE_COLS
+        while cols > MIN_COLS and -(-extents[vec] // cols) < PARALLEL_TILES:
+            cols //= 2
+        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth)}
+        # BLIS's loop order: column panels (on the threads), then reduction panels, then
+        # rows, so a packed panel of the vector operand serves every row of the output;
+        # too few columns for the threads, and the first row index goes first instead
+        # (the panels, then few, are re-read from L2 for each of its tiles)
         tile_order: list[str] | None = [vec] + red + others
+        if -(-extents[vec] // cols) < PARALLEL_TILES:
+            tile_order = others[:1] + [vec] + red + others[1:]
     else:  # dot products: vectorize the reduction, jam an output index
         vec, jam, depth = red[-1], lhs[-1], red[-1]
         order = lhs + red
@@ -102,8 +111,11 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
 
 def _depth_tile(extents: dict[str, int], red: list[str], depth: str) -> int:
     """The tile of the reduction index ``depth``: about :data:`CACHE_DEPTH` reduction steps
-    with the other reduction indices untiled (a 3x3 convolution's window), a power of two."""
+    with the other reduction indices untiled (a 3x3 convolution's window), a power of two;
+    0 (untiled) when the whole reduction is not much deeper (a 7x7 stem over 3 channels)."""
     rest = math.prod(extents[i] for i in red if i != depth)
+    if rest * extents[depth] <= 2 * CACHE_DEPTH:
+        return 0
     return 1 << (max(1, CACHE_DEPTH // rest).bit_length() - 1)
 
 

@@ -60,13 +60,18 @@ def test_the_heaviest_statement_is_the_nest():
 def test_the_heuristics_write_their_choices_on_the_named_members():
     d, mm = nest(MM, "mm", MM_SIZES)
     named = mm.to_named(default_options(d, MM_SIZES, 512))
-    # cache tiles 64 rows of m by 256 columns of n, 128 steps of k; 4 x 64 register blocks
-    assert named.tile_sizes == (("m", 64), ("n", 256), ("k", 128))
+    # cache tiles 64 rows of m by 256 columns of n; k's 256 steps, not much more than the
+    # 128-step tile, stay whole; 4 x 64 register blocks; column panels outermost (BLIS)
+    assert named.tile_sizes == (("m", 64), ("n", 256), ("k", 0))
+    assert named.tile_order == ("n", "k", "m")
     assert named.register_tile == (("m", 4), ("n", 64), ("k", 0))
     assert named.point_order == ("k", "m", "n")   # reduction outermost, n vectorized innermost
     d, conv = nest(CONV, "conv", CONV_SIZES)
     named = conv.to_named(default_options(d, CONV_SIZES, 512))
-    assert dict(named.tile_sizes)["w"] == 256 and dict(named.register_tile)["m"] == 4
+    # one tile of columns covers the 28 outputs of a row (too few to split over threads)
+    assert dict(named.tile_sizes)["w"] == 64 and dict(named.register_tile)["m"] == 4
+    # 64 channels by 3 x 3 taps: 8 channels make a tile of about 128 steps
+    assert dict(named.tile_sizes)["c"] == 8
     assert named.point_order == ("c", "kh", "kw", "n", "h", "m", "w")
     assert dict(conv.to_named(default_gpu_options(d, CONV_SIZES)).tile_sizes) == {
         "n": 1, "m": 1, "h": 32, "w": 32, "c": 32, "kh": 0, "kw": 0}
