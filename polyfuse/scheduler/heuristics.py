@@ -78,7 +78,7 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         depth = max(red, key=lambda i: extents[i])
         order = red + [i for i in others if i != jam] + [jam, vec]
         cols = CACHE_COLS
-        while cols > MIN_COLS and -(-extents[vec] // cols) < PARALLEL_TILES:
+        while cols > MIN_COLS and extents[vec] // cols < PARALLEL_TILES:  # whole tiles
             cols //= 2
         tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth)}
         # BLIS's loop order: column panels (on the threads), then reduction panels, then
@@ -86,7 +86,7 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         # too few columns for the threads, and the first row index goes first instead
         # (the panels, then few, are re-read from L2 for each of its tiles)
         tile_order: list[str] | None = [vec] + red + others
-        if -(-extents[vec] // cols) < PARALLEL_TILES:
+        if extents[vec] // cols < PARALLEL_TILES:
             tile_order = others[:1] + [vec] + red + others[1:]
     else:  # dot products: vectorize the reduction, jam an output index
         vec, jam, depth = red[-1], lhs[-1], red[-1]
