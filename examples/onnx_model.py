@@ -1,6 +1,6 @@
 """polyfuse.compile on an ONNX model built with onnx.helper, checked against onnxruntime:
 the fusion decisions, the plan for the shapes of a call, the fused kernels' TC, the
-activation arena and a per-kernel profile."""
+activation arena and a per-kernel profile; then a small CNN, run channels-last."""
 
 import numpy as np
 import onnxruntime as ort
@@ -42,3 +42,31 @@ try:
     compiled.run({"x": x.astype(np.float64)})
 except pf.DTypeError as err:
     print("refused:", err)
+
+# A small CNN: its convolutions, pool and residual add run channels-last (N, H, W, C),
+# with one Transpose at the input and one before Flatten (graph pass convert_layout).
+conv_weights = {"C1": rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.2,
+                "C2": rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1,
+                "F": rng.standard_normal((10, 16)).astype(np.float32)}
+cnn = helper.make_model(helper.make_graph(
+    [helper.make_node("Conv", ["img", "C1"], ["c1"], pads=[1, 1, 1, 1]),
+     helper.make_node("Relu", ["c1"], ["r1"]),
+     helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+     helper.make_node("Conv", ["p1", "C2"], ["c2"], pads=[1, 1, 1, 1]),
+     helper.make_node("Add", ["c2", "p1"], ["res"]),
+     helper.make_node("GlobalAveragePool", ["res"], ["gap"]),
+     helper.make_node("Flatten", ["gap"], ["flat"]),
+     helper.make_node("Gemm", ["flat", "F"], ["scores"], transB=1)],
+    "cnn", [helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 32, 32])],
+    [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 10])],
+    [numpy_helper.from_array(a, name) for name, a in conv_weights.items()]),
+    opset_imports=[helper.make_opsetid("", 17)])
+cnn.ir_version = 10
+img = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+compiled_cnn = pf.compile(cnn, target="host")
+ours = compiled_cnn.run({"img": img})["scores"]
+theirs = ort.InferenceSession(cnn.SerializeToString()).run(None, {"img": img})[0]
+assert np.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+layout = compiled_cnn.dump("convert_layout")
+print("CNN matches onnxruntime; transposes after convert_layout:", layout.count("= Transpose("))
+print("\n".join(line for line in layout.splitlines() if "Transpose" in line))
