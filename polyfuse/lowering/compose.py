@@ -9,7 +9,9 @@ the group are its outputs; everything else is a temporary.
 statements reading it, as Halide's ``compute_inline`` does, when that costs no work:
 the producer is a plain ``=`` over the whole tensor with no reduction, each reader is
 one too (never a reduction, whose inner loop would then repeat the producer's work),
-and the producer is read once or is a handful of nodes; and the reader's expression stays
+and the producer is read once, at a different element for each element of the reader
+(a squeeze-excite gate's sigmoid read across a whole map stays one per channel), or is
+a handful of operations and reads without calls; and the reader's expression stays
 within :data:`~polyfuse.ir.limits.MAX_EXPR_DEPTH` (a long chain of elementwise ops
 then keeps a temporary every so often instead of one expression too deep for the later
 stages to walk). A conv's channels-last
@@ -27,7 +29,7 @@ from polyfuse.ir.comprehension import (Call, Cast, Definition, Expr, IndexVar, L
 from polyfuse.ir.limits import MAX_EXPR_DEPTH, expr_depth
 from polyfuse.ir.verify import verify_definition
 
-CHEAP_NODES = 4   # a producer read more than once is inlined only up to this size
+CHEAP_NODES = 4   # operations and reads of a producer inlined where it is read more than once
 
 
 @dataclass(frozen=True)
@@ -136,10 +138,22 @@ def _inlinable(statements: list[Statement], k: int, keep: set[str],
         return None
     if any(statements[j].tensor in sources for j in range(k + 1, readers[-1] + 1)):
         return None     # what it reads is overwritten before a reader runs
-    if sites > 1 and sum(1 for _ in walk(s.rhs)) > CHEAP_NODES or \
-            sites > 1 and any(isinstance(e, (Call, Select)) for e in walk(s.rhs)):
-        return None
+    operations = [e for e in walk(s.rhs) if not isinstance(e, (IndexVar, Literal))]
+    cheap = len(operations) <= CHEAP_NODES and not any(isinstance(e, (Call, Select)) for e in operations)
+    if (sites > 1 or any(_broadcasts(statements[j], s.tensor) for j in readers)) and not cheap:
+        return None     # the reader would compute it again for many elements
     return readers
+
+
+def _broadcasts(reader: Statement, tensor: str) -> bool:
+    """Whether ``reader`` reads ``tensor`` at the same element for several of its own
+    elements (an index of the reader appears in none of the read's indices)."""
+    for e in walk(reader.rhs):
+        if isinstance(e, Read) and e.tensor == tensor:
+            used = {v.name for i in e.indices for v in walk(i) if isinstance(v, IndexVar)}
+            if set(reader.indices) - used:
+                return True
+    return False
 
 
 def _covers(s: Statement, t: TensorDecl) -> bool:

@@ -24,11 +24,12 @@ import math
 from collections import Counter
 
 from polyfuse.ir.comprehension import Definition, IndexVar, Read, walk
-from polyfuse.scheduler.loop_nest import LoopNest
+from polyfuse.scheduler.loop_nest import LoopNest, extent
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
 CACHE_ROWS, CACHE_COLS, CACHE_DEPTH = 64, 256, 128  # cache tile (elements)
+PROLOGUE_RATIO = 64        # a statement this much heavier than the others runs alone
 MIN_COLS = 64             # the narrowest cache tile of the vector index
 PARALLEL_TILES = 2         # column tiles below which the rows go on the threads instead
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
@@ -50,8 +51,19 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     nest = LoopNest.of(d, sizes)
     st = nest.statement
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
+        rest = sum(_work(s, sizes) for s in d.statements if s is not st)
+        if rest and nest.work >= PROLOGUE_RATIO * rest:
+            # small statements feeding a big one (a squeeze-excite gate scaling a whole
+            # map): fused, their loops would lead the big statement's and could put its
+            # contiguous index outermost; alone, each keeps its own order
+            return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
         return MappingOptions(vector_width=width, unroll=2)
     return _contraction(nest, width)
+
+
+def _work(st, sizes: dict[str, int]) -> int:  # type: ignore[no-untyped-def]
+    """Iterations of statement ``st`` at these sizes."""
+    return math.prod(extent(st, r.index, sizes) for r in st.ranges)
 
 
 def _contraction(nest: LoopNest, width: int) -> MappingOptions:

@@ -192,3 +192,36 @@ def test_a_fused_conv_epilogue_is_one_statement():
     text = kernel.stages["specialized"]
     assert text.count(" = ") + text.count(" +=! ") == 3, text   # pad, accumulate, epilogue
     assert "max(" in text.splitlines()[-3]
+
+
+def test_silu_and_a_squeeze_excite_gate_inline_without_repeating_work():
+    """A conv's SiLU (x * sigmoid(x)) inlines its bias add into one epilogue statement (the
+    biased value is read twice but costs one add); a squeeze-excite gate's sigmoid, read
+    across the whole map, stays one statement per channel, and that kernel schedules its
+    small statements apart from the big one (fusion min) so the map keeps channels
+    innermost."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             n("Sigmoid", ["c"], ["cs"], name="sig"), n("Mul", ["c", "cs"], ["a"], name="silu"),
+             n("GlobalAveragePool", ["a"], ["p"], name="squeeze"),
+             n("Conv", ["p", "We", "Be"], ["e"], name="excite"),
+             n("Sigmoid", ["e"], ["g"], name="gate"), n("Mul", ["a", "g"], ["y"], name="scale")]
+    inits = {"W": RNG.standard_normal((24, 8, 3, 3)).astype(np.float32) * 0.2,
+             "B": RNG.standard_normal(24).astype(np.float32),
+             "We": RNG.standard_normal((24, 24, 1, 1)).astype(np.float32) * 0.2,
+             "Be": RNG.standard_normal(24).astype(np.float32)}
+    model = _model(nodes, {"x": [1, 8, 48, 48]}, {"y": [1, 24, 48, 48]}, inits)
+    model.ir_version = 10
+    compiled = pf.compile(model, target="host")
+    x = RNG.standard_normal((1, 8, 48, 48)).astype(np.float32)
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-5, compiled=compiled)
+    kernels = {st.label: k for st, k in compiled.plan_for().steps()}
+    silu = next(k for label, k in kernels.items() if "silu" in label).stages["specialized"]
+    epilogue = [line for line in silu.splitlines() if "sigmoid(" in line]
+    assert len(epilogue) == 1, silu
+    assert silu.count(" = ") == 2, silu      # the padded input and the epilogue; no biased copy
+    gate = next(k for label, k in kernels.items() if "scale" in label)
+    text = gate.stages["specialized"]
+    [sigmoid] = [line for line in text.splitlines() if "sigmoid(" in line]
+    assert "* " not in sigmoid and "where" not in sigmoid, text   # per channel, not in the map's statement
+    assert "fusion=<Fusion.MIN" in gate.stages["options"]
