@@ -155,19 +155,19 @@ class _Converter:
             return False   # grouped convolutions stay in ONNX's layout
         if not self._has_rank(n.inputs[0], rank):
             return False   # unknown, or wrong (the lowering names the node)
-        x = self._to_twin(n.inputs[0], rank)
-        self.nodes.append(replace(n, inputs=(x, *n.inputs[1:]), outputs=self._define(n, rank),
-                                  attrs=n.attrs + ((CHANNELS_LAST, 1),)))
+        self._channels_last(n, self._to_twin(n.inputs[0], rank), rank)
         return True
 
     def _windowed(self, n: Node) -> bool:
-        if not n.inputs or n.inputs[0] not in self.twin or len([o for o in n.outputs if o]) != 1 \
-                or n.outputs[0] == "":
-            return False
-        twin, rank = self.twin[n.inputs[0]]
+        if not n.inputs or n.inputs[0] not in self.twin or not n.outputs[0] or any(n.outputs[1:]):
+            return False   # one output: a MaxPool's Indices stay in ONNX's numbering
+        self._channels_last(n, *self.twin[n.inputs[0]])
+        return True
+
+    def _channels_last(self, n: Node, twin: str, rank: int) -> None:
+        """``n`` on the twin of its input 0, marked to lower channels-last."""
         self.nodes.append(replace(n, inputs=(twin, *n.inputs[1:]), outputs=self._define(n, rank),
                                   attrs=n.attrs + ((CHANNELS_LAST, 1),)))
-        return True
 
     def _pointwise(self, n: Node) -> bool:
         ranks = {self.twin[v][1] for v in n.inputs if v in self.twin}

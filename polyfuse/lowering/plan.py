@@ -25,7 +25,7 @@ from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.compose import Member, compose
-from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, channels_last, to_channels_last
+from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
 from polyfuse.lowering.ops import Folded, Lowered, OpContext, TCKernel, View, lower
 
 
@@ -171,11 +171,9 @@ class _Planner:
 
     def channels_last(self, node: Node, lowered: Lowered,
                       d: Definition | None) -> tuple[Lowered, Definition | None]:
-        """A channels-last node's lowering on permuted storage of input 0 and output 0."""
-        if isinstance(lowered, Folded):
-            first = lowered.arrays[0]
-            return Folded((np.ascontiguousarray(first.transpose(channels_last(first.ndim))),
-                           *lowered.arrays[1:])), d
+        """A channels-last node's lowering on permuted storage of input 0 and output 0
+        (the ops the layout pass converts lower to kernels; their constant inputs fold
+        later, through the permuted kernel)."""
         if d is None or lowered.inputs[:1] != (0,) or 0 not in lowered.outputs or \
                 not isinstance(d.params[0], TensorDecl):
             raise CodegenError(f"node '{node.name}' ({node.op}): its lowering cannot run channels-last")

@@ -76,7 +76,8 @@ def as_device_array(obj: object) -> DeviceArray | None:
         return _from_dlpack(obj, library)
     if interface is not None:
         raise ArgumentError(f"a {library} array in GPU memory of type {interface['typestr']!r} "
-                            "has no polyfuse dtype")
+                            "has no polyfuse dtype, and no DLPack that names one; convert it to "
+                            "a numeric type (e.g. float32) first")
     return None
 
 

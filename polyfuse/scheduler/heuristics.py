@@ -24,7 +24,7 @@ import math
 from collections import Counter
 
 from polyfuse.ir.comprehension import Definition, IndexVar, Read, walk
-from polyfuse.scheduler.loop_nest import LoopNest, extent
+from polyfuse.scheduler.loop_nest import LoopNest, work
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
@@ -51,7 +51,7 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     nest = LoopNest.of(d, sizes)
     st = nest.statement
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
-        rest = sum(_work(s, sizes) for s in d.statements if s is not st)
+        rest = sum(work(s, sizes) for s in d.statements if s is not st)
         if rest and nest.work >= PROLOGUE_RATIO * rest:
             # small statements feeding a big one (a squeeze-excite gate scaling a whole
             # map): fused, their loops would lead the big statement's and could put its
@@ -59,11 +59,6 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
             return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
         return MappingOptions(vector_width=width, unroll=2)
     return _contraction(nest, width)
-
-
-def _work(st, sizes: dict[str, int]) -> int:  # type: ignore[no-untyped-def]
-    """Iterations of statement ``st`` at these sizes."""
-    return math.prod(extent(st, r.index, sizes) for r in st.ranges)
 
 
 def _contraction(nest: LoopNest, width: int) -> MappingOptions:
@@ -97,13 +92,12 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         # rows, so a packed panel of the vector operand serves every row of the output;
         # too few columns for the threads, and the first row index goes first instead
         # (the panels, then few, are re-read from L2 for each of its tiles)
-        tile_order: list[str] | None = [vec] + red + others
+        tile_order = [vec] + red + others
         if extents[vec] // cols < PARALLEL_TILES:
             tile_order = others[:1] + [vec] + red + others[1:]
     else:  # dot products: vectorize the reduction, jam an output index
         vec, jam, depth = red[-1], lhs[-1], red[-1]
-        order = lhs + red
-        tile_order = None
+        order, tile_order = lhs + red, []
         tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
     cols = min(extents[vec], tiles[vec] or extents[vec])
     # the jammed rows' scalars: neighbours in memory (a convolution's window) or rows
@@ -117,7 +111,7 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
     return MappingOptions(
         fusion=Fusion.MIN, reorder_reductions=True, tile_sizes=nest.per_member(tiles),
         register_tile=nest.per_member(registers), point_order=nest.order(order), vector_width=vw,
-        tile_order=nest.order(tile_order) if tile_order else (),
+        tile_order=nest.order(tile_order),
         unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
 
 

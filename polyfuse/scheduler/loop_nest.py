@@ -45,9 +45,14 @@ def extent(st: Statement, index: str, sizes: dict[str, int]) -> int:
     return evaluate_int(r.hi, sizes) - evaluate_int(r.lo, sizes)
 
 
+def work(st: Statement, sizes: dict[str, int]) -> int:
+    """The iterations of ``st`` at these sizes."""
+    return math.prod(extent(st, r.index, sizes) for r in st.ranges)
+
+
 def heaviest(d: Definition, sizes: dict[str, int]) -> Statement:
     """The statement with the most iterations (what tile sizes and orders refer to)."""
-    return max(d.statements, key=lambda s: math.prod(extent(s, r.index, sizes) for r in s.ranges))
+    return max(d.statements, key=lambda s: work(s, sizes))
 
 
 def single_valued(st: Statement, index: str) -> bool:
@@ -125,7 +130,7 @@ class LoopNest:
         return LoopNest(st, members, tuple(extent(st, i, sizes) for i in members),
                         sum(i in st.reduction_indices for i in members),
                         any(s.reduction_indices for s in d.statements), contiguous,
-                        math.prod(extent(st, r.index, sizes) for r in st.ranges), len(d.statements))
+                        work(st, sizes), len(d.statements))
 
     @property
     def outputs(self) -> tuple[str, ...]:
