@@ -60,3 +60,22 @@ def _gather_nd(ctx: OpContext) -> TCKernel:
     out = list(ind[:-1]) + list(data[batch + depth:])
     picked = [normalized(access("I", lead + [str(c)]), data[batch + c]) for c in range(depth)]
     return _kernel(ctx, out, access("X", lead[:batch] + picked + rest))
+
+
+@register("ReverseSequence")
+def _reverse_sequence(ctx: OpContext) -> TCKernel:
+    """The first ``L(b)`` steps of each batch's sequence reversed; a length past the time
+    axis reads outside the input, which the kernel catches."""
+    data = ctx.shape(0)
+    rank = ctx.rank(0, least=2)
+    batch = ctx.axis(ctx.attr("batch_axis", 1), rank, "batch_axis")
+    time = ctx.axis(ctx.attr("time_axis", 0), rank, "time_axis")
+    if {batch, time} != {0, 1} or ctx.shape(1) != (data[batch],):
+        raise ctx.malformed(f"batch_axis {batch}, time_axis {time} and sequence_lens of shape "
+                            f"{ctx.shape(1)}: the axes must be 0 and 1, one each, and the "
+                            f"lengths one per batch ({data[batch]},)")
+    length = access("I", [INDEX[batch]])
+    src = list(INDEX[:rank])
+    src[time] = f"{length} - 1 - {INDEX[time]}"
+    rhs = f"{INDEX[time]} < {length} ? {access('X', src)} : {access('X', INDEX[:rank])}"
+    return _kernel(ctx, list(data), rhs)

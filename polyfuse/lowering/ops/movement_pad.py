@@ -84,3 +84,30 @@ def _pad(ctx: OpContext) -> TCKernel:
         rhs = f"{' && '.join(inside)} ? {rhs} : {value}"
     st = statement("Y", INDEX[:rank], rhs, out, lets)
     return TCKernel(definition(params, [tensor_param("Y", (dt, out))], [st]), inputs)
+
+
+@register("CenterCropPad")
+def _center_crop_pad(ctx: OpContext) -> TCKernel:
+    """Each named axis cropped or zero-padded to its target size around the centre (the
+    odd element cut or added at the end)."""
+    shape = ctx.shape(0)
+    rank = len(shape)
+    given = ctx.attr("axes")
+    axes = list(range(rank)) if given is None else ctx.axes(given, rank)
+    sizes = ctx.ints(ctx.const(1, "shape"), "shape", len(axes), least=0)
+    out, src, inside = list(shape), list(INDEX[:rank]), []
+    for a, n in zip(axes, sizes):
+        d, i = shape[a], INDEX[a]
+        out[a] = n
+        if n < d:
+            src[a] = offset(i, (d - n) // 2)
+        elif n > d:
+            begin = (n - d) // 2
+            src[a] = offset(i, -begin)
+            inside += [f"{i} >= {begin}", f"{i} < {begin + d}"]
+    rhs = access("X", src)
+    if inside:
+        rhs = f"{' && '.join(inside)} ? {rhs} : {literal(0, ctx.dtype(0))}"
+    st = statement("Y", INDEX[:rank], rhs, out)
+    return TCKernel(definition([parameter(ctx, 0, "X")], [tensor_param("Y", (ctx.dtype(0), out))],
+                               [st]), (0,))
