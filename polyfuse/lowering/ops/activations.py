@@ -1,4 +1,5 @@
-"""Activation functions: one expression over ``x`` per op, attributes substituted in."""
+"""Activation functions: one expression over ``x`` per op, attributes substituted in;
+SwiGLU gates a second input with one."""
 
 from __future__ import annotations
 
@@ -58,3 +59,13 @@ def _prelu(ctx: OpContext) -> TCKernel:
     channels = ctx.opset < 7 and len(slope) == 1 and len(shape) >= 2 and slope[0] == shape[1] > 1
     return elementwise(ctx, "x >= 0 ? x : s * x", ctx.dtype(0), {"x": 0, "s": 1},
                        trailing={1: len(shape) - 2} if channels else None)
+
+
+@register("SwiGLU")
+def _swiglu(ctx: OpContext) -> TCKernel:
+    """Swish(A) * B; A and B have one shape (the op does not broadcast)."""
+    if ctx.shape(0) != ctx.shape(1):
+        raise ctx.malformed(f"A has shape {ctx.shape(0)} and B {ctx.shape(1)}; they must be equal")
+    dt = ctx.dtype(0)
+    alpha = number(ctx.attr("alpha", 1.0), dt)
+    return elementwise(ctx, f"a * sigmoid({alpha} * a) * b", dt, {"a": 0, "b": 1})

@@ -1,4 +1,5 @@
-"""Attention (opsets 23-25): softmax(Q Kᵀ · scale + bias) V in one kernel.
+"""Attention (opsets 23-25): softmax(Q Kᵀ · scale + bias) V in one kernel; and the
+RotaryEmbedding applied to its queries and keys.
 
 Indices: ``i0`` batch, ``i1`` query head, ``i2`` query position, ``i3`` key position
 (or value channel for the output), ``d`` the contracted head channel. 3-D inputs
@@ -207,3 +208,60 @@ def _attention(ctx: OpContext) -> TCKernel:
     temps += [tensor_param(n, (acc, scores[:3])) for n in ("Max", "Open", "Sum")]
     temps += [tensor_param("Prob", (dt, scores)), tensor_param("Out", (acc, heads_out))]
     return TCKernel(definition(params, declared + temps, lines), tuple(inputs), tuple(sorted(outs)))
+
+
+@register("RotaryEmbedding")
+def _rotary_embedding(ctx: OpContext) -> TCKernel:
+    """Each head's first ``rotary_embedding_dim`` channels rotated in pairs (the two
+    halves, or neighbours when interleaved) by the cos and sin of its position; the
+    rest copied. 4-D inputs are (batch, heads, sequence, channels), 3-D ones (batch,
+    sequence, heads · channels), read in place."""
+    rank, shape, dt = ctx.rank(0, 3, 4), ctx.shape(0), ctx.dtype(0)
+    if rank == 3:
+        heads = ctx.ints(ctx.attr("num_heads", 0), "num_heads", 1)[0]
+        if heads <= 0 or shape[2] % heads:
+            raise ctx.malformed(f"3-D inputs need num_heads dividing the hidden size {shape[2]} "
+                                f"(num_heads is {heads})")
+        width, pos = shape[2] // heads, "i1"
+        channel, read = f"i2 % {width}", lambda c: f"X(i0, i1, i2 / {width} * {width} + {c})"
+    else:
+        width, pos = shape[3], "i2"
+        channel, read = "i3", lambda c: f"X(i0, i1, i2, {c})"
+    rot = ctx.ints(ctx.attr("rotary_embedding_dim", 0), "rotary_embedding_dim", 1, least=0)[0]
+    rot = rot or width
+    if rot > width or rot % 2:
+        raise ctx.malformed(f"rotary_embedding_dim {rot} must be even and at most the head size "
+                            f"{width}")
+    half, batch, length = rot // 2, shape[0], shape[1 if rank == 3 else 2]
+    params = [tensor_param("X", ctx.type(0)), tensor_param("Cos", ctx.type(1)),
+              tensor_param("Sin", ctx.type(2))]
+    if ctx.has(3):
+        caches, at = (ctx.shape(1)[0] if ctx.shape(1) else 0, half), f"P(i0, {pos}), "
+        what = "(positions, rotary_embedding_dim / 2)"
+        if ctx.shape(3) != (batch, length):
+            raise ctx.malformed(f"position_ids have shape {ctx.shape(3)}; they must have shape "
+                                f"{(batch, length)} (batch, sequence)")
+        params.append(tensor_param("P", ctx.type(3)))
+    else:
+        caches, at = (batch, length, half), f"i0, {pos}, "
+        what = "(batch, sequence, rotary_embedding_dim / 2)"
+    for i in (1, 2):
+        if ctx.shape(i) != caches:
+            raise ctx.malformed(f"input {i} has shape {ctx.shape(i)}; it must have shape "
+                                f"{caches} {what}")
+    acc = dt.compute
+    if int(ctx.attr("interleaved", 0)):
+        pair, first = f"{channel} / 2 % {half}", f"{channel} % 2 == 0"
+        x1, x2 = read(f"2 * ({pair})"), read(f"2 * ({pair}) + 1")
+    else:
+        pair, first = f"{channel} % {half}", f"{channel} < {half}"
+        x1, x2 = read(pair), read(f"{pair} + {half}")
+    lets = [f"x1 = {acc}({x1})", f"x2 = {acc}({x2})", f"c = {acc}(Cos({at}{pair}))",
+            f"s = {acc}(Sin({at}{pair}))"]
+    rotated = f"{dt}({first} ? c * x1 - s * x2 : s * x1 + c * x2)"
+    if rot < width:
+        rotated = f"{channel} < {rot} ? {rotated} : {read(channel)}"
+    full = INDEX[:rank]
+    lines = [statement("Y", full, rotated, shape, lets)]
+    return TCKernel(definition(params, [tensor_param("Y", (dt, shape))], lines),
+                    tuple(range(4 if ctx.has(3) else 3)))

@@ -1,5 +1,5 @@
 """Normalizations: BatchNormalization, InstanceNormalization, LayerNormalization,
-GroupNormalization and LRN.
+GroupNormalization, RMSNormalization, LpNormalization, MeanVarianceNormalization and LRN.
 
 Statistics are reductions (see :mod:`reductions`) into temporaries ``Mean``, ``Var``
 and ``Inv`` (the inverse standard deviation), computed in float32 for 16-bit inputs or
@@ -205,3 +205,68 @@ def _lrn(ctx: OpContext) -> TCKernel:
              f"{literal(alpha / size, acc)} * {access('S', full)}, {literal(beta, acc)}))"]
     out = [tensor_param("Y", (dt, shape)), tensor_param("S", (acc, shape))]
     return tc_kernel([tensor_param("X", (dt, shape))], out, lines, (0,))
+
+
+@register("RMSNormalization")
+def _rms_norm(ctx: OpContext) -> TCKernel:
+    """X / sqrt(mean(X²) + eps) over the axes from ``axis`` on, in the stash type, rounded
+    to X's type and then scaled (the output has the scale's type)."""
+    shape, dt, out = ctx.shape(0), ctx.dtype(0), ctx.dtype(1)
+    axis = ctx.axis(ctx.attr("axis", -1), len(shape))
+    if len(ctx.shape(1)) > len(shape) or any(
+            w not in (1, d) for w, d in zip(reversed(ctx.shape(1)), reversed(shape))):
+        raise ctx.malformed(f"the scale has shape {ctx.shape(1)}, which does not broadcast "
+                            f"to the input's {shape}")
+    acc = _stash(ctx)
+    red = Reduced(len(shape), tuple(range(axis, len(shape))), True)
+    full = INDEX[:len(shape)]
+    x = f"{acc}({access('X', red.reduction)})"
+    inv, scale = access("Inv", red.lhs), access("Scale", broadcast_indices(ctx.shape(1), shape))
+    lines = [f"{inv} +=! {x} * {x}",
+             f"{inv} = {literal(1, acc)} / sqrt({inv} / {literal(red.count(shape), acc)} + "
+             f"{literal(float(ctx.attr('epsilon', 1e-5)), acc)})",
+             f"{access('Y', full)} = {out}({out}({dt}({acc}({access('X', full)}) * "
+             f"{access('Inv', red.spread)})) * {scale})"]
+    params = [tensor_param("X", ctx.type(0)), tensor_param("Scale", ctx.type(1))]
+    outs = [tensor_param("Y", (out, shape)), tensor_param("Inv", (acc, red.shape(shape)))]
+    return tc_kernel(params, outs, lines, (0, 1))
+
+
+@register("LpNormalization")
+def _lp_norm(ctx: OpContext) -> TCKernel:
+    """X divided by its L1 or L2 norm along ``axis``; a zero norm gives 0."""
+    shape, dt = ctx.shape(0), ctx.dtype(0)
+    axis = ctx.axis(ctx.attr("axis", -1), len(shape))
+    p = ctx.ints(ctx.attr("p", 2), "p", 1)[0]
+    if p not in (1, 2):
+        raise ctx.malformed(f"p is {p}; it must be 1 or 2")
+    acc = dt.compute
+    red = Reduced(len(shape), (axis,), True)
+    full = INDEX[:len(shape)]
+    x = f"{acc}({access('X', red.reduction)})"
+    norm = access("Norm", red.lhs)
+    lines = [f"{norm} +=! " + (f"abs({x})" if p == 1 else f"{x} * {x}")]
+    if p == 2:
+        lines.append(f"{norm} = sqrt({norm})")
+    spread = access("Norm", red.spread)
+    lines.append(f"{access('Y', full)} = {spread} == {literal(0, acc)} ? {literal(0, dt)} : "
+                 f"{dt}({acc}({access('X', full)}) / {spread})")
+    outs = [tensor_param("Y", (dt, shape)), tensor_param("Norm", (acc, red.shape(shape)))]
+    return tc_kernel([tensor_param("X", ctx.type(0))], outs, lines, (0,))
+
+
+@register("MeanVarianceNormalization")
+def _mean_variance_norm(ctx: OpContext) -> TCKernel:
+    """(X - mean) / (standard deviation + 1e-9) over ``axes`` (default 0, 2, 3), as the
+    op's function body defines it."""
+    shape, dt = ctx.shape(0), ctx.dtype(0)
+    axes = ctx.axes(ctx.attr("axes", [0, 2, 3]), len(shape))
+    acc = dt.compute
+    red = Reduced(len(shape), tuple(sorted(axes)), True)
+    full = INDEX[:len(shape)]
+    lines = moments(f"{acc}({access('X', red.reduction)})", red.lhs, red.count(shape), 0.0, acc)
+    lines.append(f"{access('Y', full)} = {dt}(({acc}({access('X', full)}) - "
+                 f"{access('Mean', red.spread)}) / (sqrt({access('Var', red.spread)}) + "
+                 f"{literal(1e-9, acc)}))")
+    outs = [tensor_param("Y", (dt, shape)), *statistics(acc, red.shape(shape))]
+    return tc_kernel([tensor_param("X", ctx.type(0))], outs, lines, (0,))
