@@ -95,6 +95,14 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         tile_order = [vec] + red + others
         if extents[vec] // cols < PARALLEL_TILES:
             tile_order = others[:1] + [vec] + red + others[1:]
+        outer = [i for i in others if i != jam and tile_order[0] != i]
+        if outer:
+            # a tile holds several rows of the index outside the jammed one (a few rows
+            # of a 7 or 14 wide map), so a panel serves about CACHE_ROWS rows; each
+            # row is its own register block, outside the reduction
+            tiles[outer[-1]] = _divisor_at_most(extents[outer[-1]],
+                                                2 * CACHE_ROWS // max(1, extents[jam]))
+            registers[outer[-1]] = 1
     else:  # dot products: vectorize the reduction, jam an output index
         vec, jam, depth = red[-1], lhs[-1], red[-1]
         order, tile_order = lhs + red, []
@@ -123,6 +131,11 @@ def _depth_tile(extents: dict[str, int], red: list[str], depth: str) -> int:
     if rest * extents[depth] <= 2 * CACHE_DEPTH:
         return 0
     return 1 << (max(1, CACHE_DEPTH // rest).bit_length() - 1)
+
+
+def _divisor_at_most(extent: int, most: int) -> int:
+    """The largest divisor of ``extent`` no larger than ``most`` (at least 1)."""
+    return max(d for d in range(1, max(1, min(extent, most)) + 1) if extent % d == 0)
 
 
 def _register_rows(extent: int, near: bool) -> tuple[int, int]:

@@ -114,7 +114,10 @@ def _transform_band(band: isl.ScheduleNode, options: MappingOptions,
         band = _tile(band, options.tile_sizes)
         point, ups = band.child(0), 1
         if any(options.register_tile[:n]):
-            point, ups = _tile(point, options.register_tile).child(0), 2
+            point = _tile(point, options.register_tile)
+            if len(options.tile_order) == n:  # register blocks in the tiles' order
+                point = _permute_band(point, options.tile_order)
+            point, ups = point.child(0), 2
         if len(options.point_order) == n:
             point = _permute_band(point, options.point_order)
         if options.intra_tile_fusion is Fusion.MIN and point.n_children() and \

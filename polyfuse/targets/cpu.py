@@ -29,6 +29,10 @@ def _initialize() -> None:
     llvm.initialize_all_asmprinters()
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    # LICM keeps a loop's accumulators in registers only while the loop has at most this
+    # many memory accesses (250 by default): a register block over an unrolled 3x3 window
+    # has more, and then loaded and stored every accumulator on every step
+    llvm.set_option("", "-licm-mssa-max-acc-promotion=4000")
 
 
 def target_machine(target: Target) -> llvm.TargetMachine:

@@ -19,7 +19,8 @@ from polyfuse.ir.passes import Pass
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
 from polyfuse.scheduler.gpu_mapping import DeviceLimits
-from polyfuse.scheduler.loop_passes import LoopPassManager, promote_accumulators, unroll_and_jam
+from polyfuse.scheduler.loop_passes import (LoopPassManager, promote_accumulators, promote_register_blocks,
+                                             unroll_and_jam)
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition, schedule_gpu_definition
 
@@ -140,7 +141,8 @@ def test_the_pipeline_keeps_the_loops_after_each_named_pass():
     kernel = schedule_definition(d, {"M": 4, "K": 3, "N": 6}, MappingOptions(unroll_jam=3), stages)
     names = [s for s in stages if s.startswith("loops")]
     assert names == ["loops:lower_schedule", "loops:separate_full_tiles", "loops:unroll_and_jam",
-                     "loops:promote_accumulators", "loops:pack_operands", "loops"]
+                     "loops:promote_accumulators", "loops:promote_register_blocks", "loops:pack_operands",
+                     "loops"]
     assert stages["loops:lower_schedule"] == MM and stages["loops:unroll_and_jam"] == MM_JAMMED_3
     assert stages["loops"] == stages["loops:pack_operands"] == str(kernel)
     for name in names:
@@ -232,3 +234,59 @@ def test_a_model_dumps_its_kernels_after_each_loop_pass():
     assert model.dump("loops").split("\n", 1)[1] in model.dump("loops:pack_operands")
     with pytest.raises(pf.ArgumentError, match="no stage 'loops:bogus'.*loops:unroll_and_jam"):
         model.dump("loops:bogus")
+
+
+# a 2 x 5 register block of a 4 x 10 x 6 matmul: rows c1 jammed, columns c2 a vector
+# loop (5 wide: no multiple of any SIMD width), the reduction c3 outside the block
+BLOCK = """kernel mm(in float32(4, 6) A, in float32(6, 10) B, out float32(4, 10) C) {
+  for c0 in 0:10 step 5 {
+    for c1 in 0:4 step 2 {
+      for c3 in 0:6 {
+        for c2 in 0:5 vectorize(16) {
+          C(c1, c0 + c2) = C(c1, c0 + c2) + A(c1, c3) * B(c3, c0 + c2)
+          C(c1 + 1, c0 + c2) = C(c1 + 1, c0 + c2) + A(c1 + 1, c3) * B(c3, c0 + c2)
+        }
+      }
+    }
+  }
+}"""
+
+BLOCK_PROMOTED = """kernel mm(in float32(4, 6) A, in float32(6, 10) B, out float32(4, 10) C, local float32(2, 5) acc) {
+  for c0 in 0:10 step 5 {
+    for c1 in 0:4 step 2 {
+      for c2 in 0:5 vectorize(16) {
+        acc(0, c2) = C(c1, c0 + c2)
+        acc(1, c2) = C(c1 + 1, c0 + c2)
+      }
+      for c3 in 0:6 {
+        for c2 in 0:5 vectorize(16) {
+          acc(0, c2) = acc(0, c2) + A(c1, c3) * B(c3, c0 + c2)
+          acc(1, c2) = acc(1, c2) + A(c1 + 1, c3) * B(c3, c0 + c2)
+        }
+      }
+      for c2 in 0:5 vectorize(16) {
+        C(c1, c0 + c2) = acc(0, c2)
+        C(c1 + 1, c0 + c2) = acc(1, c2)
+      }
+    }
+  }
+}"""
+
+
+def test_register_blocks_keep_their_accumulators_in_a_local_array_across_the_reduction():
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    out = promote_register_blocks(parse_kernel(BLOCK))
+    check(out, BLOCK_PROMOTED)
+    np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("change", [
+    ("C(c1 + 1, c0 + c2) = C(c1 + 1, c0 + c2) +", "C(c1 + 1, c0 + c2) = C(c1, c0 + c2) +"),  # reads row 0
+    ("C(c1 + 1, c0 + c2) = C(c1 + 1, c0 + c2) +", "C(c1, c0 + c2) = C(c1, c0 + c2) +"),      # one element twice
+    ("C(c1, c0 + c2) = C(c1, c0 + c2) +", "C(c1 + c3, c0 + c2) = C(c1 + c3, c0 + c2) +"),   # moves with c3
+    ("for c2 in 0:5 vectorize(16)", "for c2 in 0:5"),                                       # no vector loop
+])
+def test_register_blocks_are_left_alone_where_hoisting_would_change_the_result(change):
+    kernel = parse_kernel(BLOCK.replace(*change).replace("in float32(4, 6) A", "in float32(9, 6) A")
+                          .replace("out float32(4, 10) C", "out float32(9, 10) C"))
+    assert promote_register_blocks(kernel) == kernel

@@ -274,11 +274,15 @@ def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:
     14x14 maps)."""
     w = ctx.shape(1)
     o, k = _window_names(len(axes))
-    padding, source = "", "X"
+    padding, source, stored_last = "", "X", False
     if any(a.inside("o", "k") for a in axes):
-        padding, source = _pad_input(ctx, axes), "P"
+        # the padded copy keeps the layout X is stored in (channels-last once the layout
+        # pass converted this conv), so copying it is no transpose
+        stored_last = bool(ctx.attr(CHANNELS_LAST))
+        padding, source = _pad_input(ctx, axes, channels_last=stored_last), "P"
         axes = [a.padded() for a in axes]
-    read = f"{source}(n, c, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+    window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
+    read = f"P(n, {window}, c)" if stored_last else f"{source}(n, c, {window})"
     packed = np.ascontiguousarray(ctx.values[1].transpose(*range(1, len(w)), 0))  # type: ignore[union-attr]
     return _channels_last(ctx, axes, "conv", padding, f"{read} * Wt(c, {', '.join(k)}, m)",
                           [("c", w[1])], packed)

@@ -6,6 +6,8 @@ scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lower
 * :func:`unroll_and_jam` (``unroll_and_jam.py``): register blocking of the loop right
   around the innermost one;
 * :func:`promote_accumulators` (``promote_accumulators.py``): reductions kept in locals;
+* :func:`promote_register_blocks` (``register_blocks.py``): a register block's
+  accumulators kept in a ``local`` array across its reduction;
 * :func:`pack_operands` (``pack_operands.py``): a micro-kernel's vector operand copied
   into contiguous panels (a ``local`` buffer per thread).
 
@@ -22,12 +24,14 @@ from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.ir.passes import Pass, PassManager
 from polyfuse.scheduler.loop_passes.pack_operands import pack_operands
 from polyfuse.scheduler.loop_passes.promote_accumulators import promote_accumulators
+from polyfuse.scheduler.loop_passes.register_blocks import promote_register_blocks
 from polyfuse.scheduler.loop_passes.separate_tiles import separate_full_tiles
 from polyfuse.scheduler.loop_passes.unroll_and_jam import unroll_and_jam
 
 LoopPass = Callable[[LoopKernel], LoopKernel]
 
-__all__ = ["LoopPass", "LoopPassManager", "Pass", "pack_operands", "promote_accumulators", "separate_full_tiles",
+__all__ = ["LoopPass", "LoopPassManager", "Pass", "pack_operands", "promote_accumulators",
+           "promote_register_blocks", "separate_full_tiles",
            "unroll_and_jam"]
 
 

@@ -1,0 +1,176 @@
+"""Keep a micro-kernel's accumulators in registers across its reduction: a loop-IR pass.
+
+After unroll-and-jam a register block reads::
+
+    for c12 in 0:8 { for c13 in 0:3 {            # reduction loops
+      for c16 in 0:7 step 7 {                    # one-iteration block loop
+        for c17 in 0:32 vectorize(16) {          # the block's columns
+          T(r, c16, c17) = T(r, c16, c17) + P(...) * W(...)
+          T(r, c16 + 1, c17) = T(r, c16 + 1, c17) + ...    # the jammed rows
+    } } } }
+
+Each step loads and stores every accumulator unless LLVM proves the stores private to
+the block and hoists them, which it gives up on when the reduction loops hold many
+memory accesses (a 3x3 window unrolled) or when its own unrolling leaves a short loop
+innermost. This pass hoists them itself: the block's elements go to a ``local`` array
+``acc`` (one row per jammed statement) before the reduction, the reduction updates
+``acc``, and ``acc`` is stored back after it::
+
+    for c16 .. { for c17 .. vectorize(16) { acc(0, c17) = T(r, c16, c17); ... } }
+    for c12 .. { for c13 .. { for c16 .. { for c17 .. vectorize(16) {
+      acc(0, c17) = acc(0, c17) + P(...) * W(...); ... } } } }
+    for c16 .. { for c17 .. vectorize(16) { T(r, c16, c17) = acc(0, c17); ... } }
+
+Once the column loop is vectorized and unrolled, every ``acc`` access has a constant
+offset and LLVM's SROA turns the array into vector registers that live across the whole
+reduction. The array holds the compute type (float32 for 16-bit floats), so a half
+precision sum is rounded once, as the reference interpreter rounds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polyfuse.ir.comprehension import Expr, IndexVar, Literal, Read, map_expr, walk
+from polyfuse.ir.loops import Buffer, BufferRole, For, LoopKernel, LoopKind, Stmt, Store, rewrite
+from polyfuse.ir.types import DType
+from polyfuse.scheduler.gpu_affine import affine
+
+MAX_ACCUMULATORS = 32 * 16  # elements of a block (32 vector registers of 16 floats)
+# Narrower vector loops are left to LLVM: on an x86 CPU whose registers are wider than the
+# loop's vectors, its SLP vectorizer merges the copies in and out of ``acc`` into wider
+# vectors than the reduction's, and the shuffles between them keep the multiplies and
+# adds from fusing into FMAs.
+MIN_VECTOR = 8
+
+_I64 = DType.INT64
+
+
+def promote_register_blocks(kernel: LoopKernel) -> LoopKernel:
+    """Hoist the accumulator loads and stores of each register block out of its
+    reduction loops into a ``local`` array (``acc``, ``acc2``, ...)."""
+    taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
+    buffers: list[Buffer] = []
+
+    def visit(s: Stmt) -> tuple[Stmt, ...] | None:
+        if not isinstance(s, For) or s.kind is not LoopKind.SERIAL:
+            return None
+        block = _block(s, kernel)
+        if block is None:
+            return None
+        name = _fresh("acc", taken)
+        buf, (load, update, store) = _promote(s, block, name, kernel)
+        buffers.append(buf)
+        return load, update, store
+
+    body = rewrite(kernel.body, pre=visit)
+    return replace(kernel, buffers=kernel.buffers + tuple(buffers), body=body) if buffers else kernel
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{k}"
+    taken.add(name)
+    return name
+
+
+def _constant(e: Expr) -> int | None:
+    return e.value if isinstance(e, Literal) and isinstance(e.value, int) else None
+
+
+def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[Store, ...]] | None:
+    """``top``'s nest split into reduction loops (``top`` first), block loops (the last
+    one vectorized) and the accumulating stores, or None if it is not a register block
+    whose reduction starts at ``top``."""
+    loops: list[For] = []
+    node: Stmt = top
+    while isinstance(node, For) and len(node.body) == 1 and isinstance(node.body[0], For):
+        loops.append(node)
+        node = node.body[0]
+    if not isinstance(node, For) or node.vector < MIN_VECTOR:
+        return None
+    loops.append(node)
+    stores = node.body
+    if len(stores) < 2 or not all(isinstance(s, Store) for s in stores):
+        return None
+    if any(lp.kind is not LoopKind.SERIAL or _constant(lp.lo) is None or _constant(lp.hi) is None
+           for lp in loops):
+        return None
+    used = {n.name for s in stores for i in s.indices for n in walk(i) if isinstance(n, IndexVar)}
+    inner = [k for k, lp in enumerate(loops) if lp.var in used]
+    if not inner or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
+        return None  # the reduction must run outside every loop the block's elements use
+    reduction, block = loops[:inner[0]], loops[inner[0]:]
+    if any(_trips(lp) > 1 and (_constant(lp.lo) != 0 or lp.step != 1) for lp in block):
+        return None
+    buffer = {b.name: b for b in kernel.buffers}
+    written = {s.buffer for s in stores}  # type: ignore[union-attr]
+    for s in stores:
+        if not isinstance(s, Store) or buffer[s.buffer].role is BufferRole.LOCAL:
+            return None
+        reads = [r for r in walk(s.value) if isinstance(r, Read) and r.tensor in written]
+        if not reads or any(r.tensor != s.buffer or r.indices != s.indices for r in reads):
+            return None  # each statement accumulates into its own element, reading no other
+    if not _disjoint(stores):  # type: ignore[arg-type]
+        return None
+    elements = len(stores) * _elements(block)
+    if elements > MAX_ACCUMULATORS or len({buffer[s.buffer].dtype.compute for s in stores}) != 1:  # type: ignore[union-attr]
+        return None
+    return reduction, block, stores  # type: ignore[return-value]
+
+
+def _disjoint(stores: tuple[Store, ...]) -> bool:
+    """Whether the stores write different elements at every step: each pair differs by a
+    nonzero constant in some index (the rows unroll-and-jam made)."""
+    forms = [[affine(i) for i in s.indices] for s in stores]
+
+    def apart(a: list, b: list) -> bool:  # type: ignore[type-arg]
+        return any(x is not None and y is not None and
+                   {k: v for k, v in x.items() if k} == {k: v for k, v in y.items() if k}
+                   and x.get("", 0) != y.get("", 0) for x, y in zip(a, b))
+    return all(apart(forms[i], forms[j]) for i in range(len(forms)) for j in range(i)
+               if stores[i].buffer == stores[j].buffer)
+
+
+def _trips(lp: For) -> int:
+    lo, hi = _constant(lp.lo), _constant(lp.hi)
+    assert lo is not None and hi is not None
+    return max(0, -(-(hi - lo) // lp.step))
+
+
+def _elements(block: list[For]) -> int:
+    n = 1
+    for lp in block:
+        n *= _trips(lp)
+    return n
+
+
+def _promote(top: For, parts: tuple[list[For], list[For], tuple[Store, ...]], name: str,
+             kernel: LoopKernel) -> tuple[Buffer, tuple[Stmt, Stmt, Stmt]]:
+    reduction, block, stores = parts
+    dtype = kernel.buffer(stores[0].buffer).dtype.compute
+    wide = [lp for lp in block if _trips(lp) > 1]
+    buf = Buffer(name, dtype, (len(stores), *(_trips(lp) for lp in wide)), BufferRole.LOCAL)
+
+    def acc(j: int) -> Read:
+        return Read(name, (Literal(j, _I64), *(IndexVar(lp.var, _I64) for lp in wide)), dtype)
+
+    def element(s: Store) -> Read:
+        return Read(s.buffer, s.indices, kernel.buffer(s.buffer).dtype)
+
+    def nest(body: tuple[Stmt, ...], loops: list[For]) -> Stmt:
+        stmt: tuple[Stmt, ...] = body
+        for lp in reversed(loops):
+            stmt = (replace(lp, body=stmt),)
+        return stmt[0]
+
+    def swap(j: int, s: Store):  # type: ignore[no-untyped-def]
+        return lambda e: acc(j) if isinstance(e, Read) and e.tensor == s.buffer and e.indices == s.indices else e
+
+    load = nest(tuple(Store(name, acc(j).indices, element(s)) for j, s in enumerate(stores)), block)
+    update = nest(tuple(Store(name, acc(j).indices, map_expr(s.value, swap(j, s)))
+                        for j, s in enumerate(stores)), reduction + block)
+    store = nest(tuple(Store(s.buffer, s.indices, acc(j)) for j, s in enumerate(stores)), block)
+    return buf, (load, update, store)
