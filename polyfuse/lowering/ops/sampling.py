@@ -98,29 +98,31 @@ def _tables(opts: _Options, size: int, k: int, dims: int, points: list[int],
     """(declarations, statements) of the index and weight tables of spatial dimension
     ``k``, over the grid points ``idx`` (of extents ``points``)."""
     grid = access("G", idx + [str(dims - 1 - k)])   # the grid lists x (the last axis) first
-    lets = _coordinate(opts, size, grid, k)
-    x = f"x{k}"
+    # the coordinate is a table of its own: substituted into each tap's folding, its
+    # expression would grow past what a statement may hold
+    decls = [tensor_param(f"P{k}", (opts.ct, points))]
+    lines = [statement(f"P{k}", idx, f"x{k}", points, _coordinate(opts, size, grid, k))]
+    x = access(f"P{k}", idx)
     if opts.mode == "nearest":
-        read, inside, extra = _tap(opts, size, f"int64({x})", k)
-        lets += extra
-        decls = [tensor_param(f"I{k}", (DType.INT64, points))]
-        lines = [statement(f"I{k}", idx, read, points, lets)]
+        read, inside, lets = _tap(opts, size, f"int64({x})", k)
+        decls.append(tensor_param(f"I{k}", (DType.INT64, points)))
+        lines.append(statement(f"I{k}", idx, read, points, lets))
         if opts.padding == "zeros":
             decls.append(tensor_param(f"V{k}", (DType.BOOL, points)))
             lines.append(statement(f"V{k}", idx, inside, points, lets))
         return decls, lines
     n = _TAPS[opts.mode]
-    lets += [f"b{k} = floor({x})", f"s{k} = int64(b{k}) + t - {n // 2 - 1}"]
+    lets = [f"b{k} = floor({x})", f"s{k} = int64(b{k}) + t - {n // 2 - 1}"]
     read, inside, extra = _tap(opts, size, f"s{k}", k)
     lets += extra
     weight = _weights(opts.mode, "t", f"abs({x} - b{k})", opts.ct)
     if opts.padding == "zeros":
         weight = f"{inside} ? {weight} : {literal(0, opts.ct)}"
     extents = points + [n]
-    decls = [tensor_param(f"I{k}", (DType.INT64, extents)),
-             tensor_param(f"W{k}", (opts.ct, extents))]
-    lines = [statement(f"I{k}", idx + ["t"], read, extents, lets),
-             statement(f"W{k}", idx + ["t"], weight, extents, lets)]
+    decls += [tensor_param(f"I{k}", (DType.INT64, extents)),
+              tensor_param(f"W{k}", (opts.ct, extents))]
+    lines += [statement(f"I{k}", idx + ["t"], read, extents, lets),
+              statement(f"W{k}", idx + ["t"], weight, extents, lets)]
     return decls, lines
 
 
