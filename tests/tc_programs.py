@@ -945,6 +945,88 @@ def negative_divmod(int32(N) A, int32(N) B) -> (Q, R, FQ, FR, Ng, O, P) {
     _negative_divmod,
 )
 
+# --------------------------------------------------------------------------- bits
+
+def _bitwise_inputs(rng: np.random.Generator) -> tuple:
+    A = rng.integers(-128, 128, 12).astype(np.int8)
+    S = rng.integers(-128, 128, 12).astype(np.int8)
+    A[:8], S[:8] = [-128, -8, 127, 64, -1, 3, -8, 5], [7, 8, 9, 127, -1, 0, -128, 1]
+    U = rng.integers(0, 2**16, 12).astype(np.uint16)
+    V = rng.integers(0, 2**16, 12).astype(np.uint16)
+    V[:6] = [0, 1, 15, 16, 17, 65535]
+    L = rng.integers(-2**63, 2**63, 12, dtype=np.int64)
+    W = rng.integers(0, 2**64, 12, dtype=np.uint64)
+    W[0] = 2**64 - 1
+    return A, S, U, V, L, W
+
+
+def _bitwise(A, S, U, V, L, W):
+    i = np.arange(len(A))
+    wide = S.astype(np.int64)
+    return (A << S, A >> S, U << V, U >> V, L << wide, L >> wide, W >> S.astype(np.uint64),
+            (A & S) | (A ^ np.int8(-3)), (U ^ V) & np.uint16(4095), ~A, ~U,
+            (i << 2).astype(np.int8) | ((A + A) >> np.int8(1)))
+
+
+_add(
+    "bitwise",
+    """
+def bits(int8(N) A, int8(N) S, uint16(N) U, uint16(N) V, int64(N) L, uint64(N) W)
+    -> (Sl, Sr, Ul, Ur, Ll, Lr, Wr, Ab, Ub, Nt, Un, Ix) {
+    Sl(i) = A(i) << S(i)                # a count outside 0:8 gives the sign fill
+    Sr(i) = A(i) >> S(i)
+    Ul(i) = U(i) << V(i)
+    Ur(i) = U(i) >> V(i)
+    Ll(i) = L(i) << S(i)
+    Lr(i) = L(i) >> S(i)
+    Wr(i) = W(i) >> uint64(S(i))
+    Ab(i) = A(i) & S(i) | A(i) ^ -3
+    Ub(i) = (U(i) ^ V(i)) & 4095
+    Nt(i) = ~A(i)
+    Un(i) = ~U(i)
+    Ix(i) = i << 2 | A(i) + A(i) >> 1   # the int8 sum wraps before the shift
+}
+""",
+    "bits",
+    _bitwise_inputs,
+    _bitwise,
+)
+
+
+def _reinterpret_inputs(rng: np.random.Generator) -> tuple:
+    F = _u(rng, 10, lo=-3.0, hi=3.0)
+    I = rng.integers(0, 2**30, 10).astype(np.int32)   # the bits of finite floats
+    return (F, I, F.astype(f16), F.astype(bf16), F.astype(f64),
+            rng.integers(-128, 128, 10).astype(np.int8), rng.random(10) < 0.5)
+
+
+def _reinterpret(F, I, H, B, D, C, P):
+    return (F.view(np.int32), (I + 1).view(f32), H.view(np.uint16), -H, B.view(np.int16),
+            D.view(np.uint64), C.view(np.uint8), P.astype(np.uint8),
+            (B.view(np.int16) + np.int16(1)).view(bf16))
+
+
+_add(
+    "reinterpret",
+    """
+def reinterpret(float(N) F, int32(N) I, half(N) H, bfloat16(N) B, double(N) D, int8(N) C,
+                bool(N) P) -> (Fi, If, Hu, Hn, Bi, Du, Cu, Pu, Bn) {
+    Fi(i) = as_int32(F(i))
+    If(i) = as_float32(I(i) + 1)
+    Hu(i) = as_uint16(H(i))
+    Hn(i) = as_float16(as_int16(H(i)) ^ -32768)      # the sign bit flipped
+    Bi(i) = as_int16(B(i))
+    Du(i) = as_uint64(D(i))
+    Cu(i) = as_uint8(C(i))
+    Pu(i) = as_uint8(P(i))
+    Bn(i) = as_bfloat16(as_int16(B(i)) + 1)          # the next bfloat16 away from 0
+}
+""",
+    "reinterpret",
+    _reinterpret_inputs,
+    _reinterpret,
+)
+
 # --------------------------------------------------------------------------- TC's special functions
 
 def _kaiser_oracle(X, T, Beta):

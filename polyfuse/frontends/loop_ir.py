@@ -1,8 +1,9 @@
 """The text form of the loop IR, parsed back: ``parse_kernel(str(k)) == k``.
 
 Expressions use the TC expression syntax (and the TC parser); types follow the loop
-IR's rules: integer nodes are int64, reads take their buffer's type, a cast of a
-literal is that literal, a local takes the type of the value first assigned to it.
+IR's rules: integer nodes are int64, reads take their buffer's type, shifts and bit
+reinterpretations the type they compute in, a cast of a literal is that literal, a local
+takes the type of the value first assigned to it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from polyfuse.errors import TCSyntaxError
 from polyfuse.frontends.tc import ast
 from polyfuse.frontends.tc.lexer import Kind
 from polyfuse.frontends.tc.parser import Parser
-from polyfuse.ir.builtins import BUILTINS
+from polyfuse.ir.builtins import BUILTINS, reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarDecl, ScalarRef, Select, Unary,
                                        UnaryOp)
@@ -187,11 +188,14 @@ class _LoopParser(Parser):
                 return Unary(UnaryOp.NEG, x, _wide(x.dtype) if x.dtype.is_int else x.dtype)
             case ast.UnaryExpr(op="!", operand=a):
                 return Unary(UnaryOp.NOT, self.typed(a), DType.BOOL)
+            case ast.UnaryExpr(op="~", operand=a):
+                x = self.typed(a)
+                return Unary(UnaryOp.BIT_NOT, x, _wide(x.dtype))
             case ast.BinaryExpr(op=op, lhs=a, rhs=b):
                 bop = _BINARY[op]
                 x, y = self.typed(a), self.typed(b)
-                dt = DType.BOOL if bop.is_comparison or bop.is_logical else \
-                    _wide(x.dtype) if x.dtype.is_int or x.dtype.is_bool else x.dtype
+                dt = DType.BOOL if bop.is_comparison or bop.is_logical else x.dtype if bop.is_shift \
+                    else _wide(x.dtype) if x.dtype.is_int or x.dtype.is_bool else x.dtype
                 return Binary(bop, x, y, dt)
             case ast.Ternary(cond=c, then=t, other=o):
                 a, b = self.typed(t), self.typed(o)
@@ -206,6 +210,8 @@ class _LoopParser(Parser):
                 v = a.value
                 return Literal(bool(v) if dt.is_bool else float(v) if dt.is_float else int(v), dt)
             return Cast(dt, a)
+        if reinterpreted(name):
+            return Call(name, tuple(args), reinterpreted(name))  # type: ignore[arg-type]
         if name in BUILTINS:
             dt = args[0].dtype
             return Call(name, tuple(args), _wide(dt) if dt.is_int else dt)

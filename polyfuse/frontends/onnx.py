@@ -72,7 +72,7 @@ def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
 
 # attributes naming an element type: ONNX TensorProto codes in the model, polyfuse dtype
 # names (DType values, e.g. "float32") in the graph IR
-ELEMENT_TYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype"}
+ELEMENT_TYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "BitCast": "to"}
 
 
 def _type_name(code: int) -> str:

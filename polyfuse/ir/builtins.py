@@ -9,10 +9,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from polyfuse.ir.types import DType
+
 
 class BuiltinKind(enum.Enum):
     FLOAT = "float"      # computes on floats; integer arguments are converted to float32
     NUMERIC = "numeric"  # keeps its argument type (abs, max, min)
+    BITS = "bits"        # reads its argument's bits as the type ``result`` (as_float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +23,7 @@ class Builtin:
     name: str
     arity: int
     kind: BuiltinKind
+    result: DType | None = None   # the type of a BITS builtin
 
 
 def _table(kind: BuiltinKind, arity: int, names: str) -> dict[str, Builtin]:
@@ -44,4 +48,13 @@ BUILTINS: dict[str, Builtin] = {
     # floor division and modulo (the divisor's sign), beside `/` and `%`, which truncate
     # as in C: what ONNX lowerings and isl's floord need where a dividend may be negative
     **_table(BuiltinKind.NUMERIC, 2, "floordiv floormod"),
+    # bit reinterpretation between types of one width, named as OpenCL's as_<type>; a
+    # nonzero byte reads as a true bool
+    **{f"as_{d}": Builtin(f"as_{d}", 1, BuiltinKind.BITS, d) for d in DType},
 }
+
+
+def reinterpreted(fn: str) -> DType | None:
+    """The type a bit-reinterpreting builtin gives (``as_int32``: int32), else None."""
+    builtin = BUILTINS.get(fn)
+    return builtin.result if builtin is not None else None

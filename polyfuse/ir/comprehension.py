@@ -8,6 +8,11 @@ fully typed: operands of an arithmetic node share its dtype, implicit conversion
 explicit :class:`Cast` nodes. Index expressions and range bounds use the same nodes
 with integer types; integer ``/`` and ``%`` round toward minus infinity.
 
+The bitwise operators ``& | ^ ~`` and the shifts ``<< >>`` take integers. A shift by
+a count outside ``[0, bits)`` of its type gives what the sign fill alone gives (0, or
+-1 for ``>>`` of a negative value), as numpy and ONNX define it; ``>>`` is arithmetic
+on signed types and logical on unsigned ones.
+
 ``str(node)`` is the node's TC text; the TC front end parses it back to an equal node.
 """
 
@@ -30,6 +35,7 @@ def _loc() -> Loc:
 class UnaryOp(enum.Enum):
     NEG = "-"
     NOT = "!"
+    BIT_NOT = "~"
 
 
 class BinaryOp(enum.Enum):
@@ -46,6 +52,21 @@ class BinaryOp(enum.Enum):
     NE = "!="
     AND = "&&"
     OR = "||"
+    BIT_AND = "&"
+    BIT_OR = "|"
+    BIT_XOR = "^"
+    SHL = "<<"
+    SHR = ">>"
+
+    @property
+    def is_bitwise(self) -> bool:
+        """An operator on the bits of integers (the shifts included)."""
+        return self in (BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR, BinaryOp.SHL,
+                        BinaryOp.SHR)
+
+    @property
+    def is_shift(self) -> bool:
+        return self in (BinaryOp.SHL, BinaryOp.SHR)
 
     @property
     def is_comparison(self) -> bool:
@@ -373,10 +394,12 @@ def map_definition_exprs(d: Definition, fn: Callable[[Expr], Expr]) -> Definitio
 
 # --- printing (TC text) ----------------------------------------------------------------
 
-_PREC = {BinaryOp.OR: 2, BinaryOp.AND: 3, BinaryOp.EQ: 4, BinaryOp.NE: 4, BinaryOp.LT: 5,
-         BinaryOp.LE: 5, BinaryOp.GT: 5, BinaryOp.GE: 5, BinaryOp.ADD: 6, BinaryOp.SUB: 6,
-         BinaryOp.MUL: 7, BinaryOp.DIV: 7, BinaryOp.MOD: 7}
-_PREC_SELECT, _PREC_UNARY, _PREC_ATOM = 1, 8, 9
+# C's precedence levels
+_PREC = {BinaryOp.OR: 2, BinaryOp.AND: 3, BinaryOp.BIT_OR: 4, BinaryOp.BIT_XOR: 5,
+         BinaryOp.BIT_AND: 6, BinaryOp.EQ: 7, BinaryOp.NE: 7, BinaryOp.LT: 8, BinaryOp.LE: 8,
+         BinaryOp.GT: 8, BinaryOp.GE: 8, BinaryOp.SHL: 9, BinaryOp.SHR: 9, BinaryOp.ADD: 10,
+         BinaryOp.SUB: 10, BinaryOp.MUL: 11, BinaryOp.DIV: 11, BinaryOp.MOD: 11}
+_PREC_SELECT, _PREC_UNARY, _PREC_ATOM = 1, 12, 13
 
 
 def _prec(e: Expr) -> int:

@@ -10,6 +10,7 @@ larger than :data:`MAX_BOX` elements are split into chunks. Semantics:
 * 16-bit floats are stored as such but computed in float32;
 * integer ``/`` and ``%`` truncate toward zero as in C (``-7 / 2 == -3``, ``-7 % 2 == -1``),
   ``floordiv`` and ``floormod`` round toward minus infinity; an integer divisor 0 gives 0;
+* bitwise operators and shifts compute in their type's width;
 * in ``c ? a : b`` only the chosen side is read, so only its reads are bounds-checked;
   every other read outside its tensor raises :class:`BoundsError`.
 """
@@ -24,11 +25,12 @@ import numpy as np
 
 from polyfuse.errors import BoundsError
 from polyfuse.ir import special_functions
+from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition, Expr, IndexVar,
                                        Literal, Read, ReduceOp, ScalarRef, Select, SizeVar,
                                        Statement, Unary, UnaryOp)
 from polyfuse.ir.symbolic import evaluate_int
-from polyfuse.ir.types import DType, float_to_int
+from polyfuse.ir.types import DType, float_to_int, reinterpret
 
 MAX_BOX = 1 << 22  # elements of one evaluated chunk
 
@@ -55,6 +57,8 @@ _BINARY = {
     BinaryOp.LT: np.less, BinaryOp.LE: np.less_equal,
     BinaryOp.GT: np.greater, BinaryOp.GE: np.greater_equal, BinaryOp.EQ: np.equal,
     BinaryOp.NE: np.not_equal, BinaryOp.AND: np.logical_and, BinaryOp.OR: np.logical_or,
+    BinaryOp.BIT_AND: np.bitwise_and, BinaryOp.BIT_OR: np.bitwise_or,
+    BinaryOp.BIT_XOR: np.bitwise_xor, BinaryOp.SHL: np.left_shift, BinaryOp.SHR: np.right_shift,
 }
 
 _REDUCE = {ReduceOp.ADD: np.add, ReduceOp.MUL: np.multiply, ReduceOp.MAX: np.maximum,
@@ -142,6 +146,12 @@ class _StatementEval:
                 return np.negative(self.eval(a, mask))
             case Unary(op=UnaryOp.NOT, operand=a):
                 return np.logical_not(self.eval(a, mask))
+            case Unary(op=UnaryOp.BIT_NOT, operand=a, dtype=dt):
+                return np.invert(self.eval(a, mask).astype(dt.numpy))
+            case Binary(op=op, lhs=a, rhs=b, dtype=dt) if op.is_bitwise:
+                # in the operands' own width: numpy shifts as the IR defines (a count
+                # outside [0, bits) leaves the sign fill)
+                return _BINARY[op](self.eval(a, mask).astype(dt.numpy), self.eval(b, mask).astype(dt.numpy))
             case Binary(op=op, lhs=a, rhs=b, dtype=dt):
                 x, y = self.eval(a, mask), self.eval(b, mask)
                 if op is BinaryOp.DIV:
@@ -154,6 +164,8 @@ class _StatementEval:
                 yes = cond if mask is None else np.logical_and(mask, cond)
                 no = np.logical_not(cond) if mask is None else np.logical_and(mask, np.logical_not(cond))
                 return np.where(cond, self.eval(a, yes), self.eval(b, no))
+            case Call(fn=fn, args=(a,), dtype=dt) if reinterpreted(fn):
+                return reinterpret(self.eval(a, mask), a.dtype, dt).astype(_compute(dt))
             case Call(fn=fn, args=args, dtype=dt):
                 out = FUNCTIONS[fn](*(self.eval(a, mask) for a in args))
                 return np.asarray(out).astype(_compute(dt), copy=False)

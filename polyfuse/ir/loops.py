@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import overload
 
+from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, Call, Cast, Expr, Literal, ScalarDecl, Select,
-                                       Unary, UnaryOp, format_expr, map_expr)
+                                       Unary, format_expr, map_expr)
 from polyfuse.ir.types import DType
 
 
@@ -221,17 +222,28 @@ def map_stmt_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> Stmt:
 def widen_ints(e: Expr) -> Expr:
     """The loop-IR form of an integer node: int64 (casts and reads keep their type), but
     uint64 stays uint64 so targets know to divide, compare and convert it unsigned;
-    a cast of a literal becomes the literal."""
+    a cast of a literal becomes the literal.
+
+    What depends on the width keeps its type: a shift, whose operands become values of
+    that type (casts narrow wider ones), and a bit reinterpretation (``as_int8``)."""
     if isinstance(e, Cast) and isinstance(e.operand, Literal):
         v = e.operand.value
         return Literal(bool(v) if e.dtype.is_bool else float(v) if e.dtype.is_float else int(v),
                        e.dtype)
+    if isinstance(e, Binary) and e.op.is_shift:
+        return replace(e, lhs=_narrow(e.lhs, e.dtype), rhs=_narrow(e.rhs, e.dtype))
+    if isinstance(e, Call) and reinterpreted(e.fn):
+        return e
     wide = (DType.INT64, DType.UINT64)
-    if isinstance(e, (Literal, Binary, Select, Call)) and e.dtype.is_int and e.dtype not in wide:
-        return replace(e, dtype=DType.INT64)
-    if isinstance(e, Unary) and e.op is UnaryOp.NEG and e.dtype.is_int and e.dtype not in wide:
+    if isinstance(e, (Literal, Binary, Select, Call, Unary)) and e.dtype.is_int and e.dtype not in wide:
         return replace(e, dtype=DType.INT64)
     return e
+
+
+def _narrow(e: Expr, dt: DType) -> Expr:
+    if e.dtype is dt:
+        return e
+    return Literal(int(e.value), dt) if isinstance(e, Literal) else Cast(dt, e)
 
 
 def map_loops(body: tuple[Stmt, ...], fn: Callable[[For], For]) -> tuple[Stmt, ...]:

@@ -13,17 +13,20 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.comprehension_interpreter import FUNCTIONS
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, Stmt, Store
-from polyfuse.ir.types import DType, float_to_int
+from polyfuse.ir.types import DType, float_to_int, reinterpret
 
 _ARITH = {BinaryOp.ADD: lambda a, b: a + b, BinaryOp.SUB: lambda a, b: a - b,
           BinaryOp.MUL: lambda a, b: a * b, BinaryOp.MOD: lambda a, b: _mod(a, b) if b != 0 else 0 * a,  # floats; integers truncate
           BinaryOp.LT: lambda a, b: a < b, BinaryOp.LE: lambda a, b: a <= b,
           BinaryOp.GT: lambda a, b: a > b, BinaryOp.GE: lambda a, b: a >= b,
-          BinaryOp.EQ: lambda a, b: a == b, BinaryOp.NE: lambda a, b: a != b}
+          BinaryOp.EQ: lambda a, b: a == b, BinaryOp.NE: lambda a, b: a != b,
+          BinaryOp.BIT_AND: lambda a, b: a & b, BinaryOp.BIT_OR: lambda a, b: a | b,
+          BinaryOp.BIT_XOR: lambda a, b: a ^ b}
 
 
 def _wrap(v: int, dtype: np.dtype) -> int:
@@ -34,6 +37,24 @@ def _wrap(v: int, dtype: np.dtype) -> int:
 def _mod(a, b):  # type: ignore[no-untyped-def]
     """Floored modulo; exact Python ints stay Python ints (uint64 values exceed int64)."""
     return a % b if isinstance(a, int) and isinstance(b, int) else np.mod(a, b)
+
+
+def _shift(op: BinaryOp, x: int, y: int, dt: DType) -> int:
+    """``x << y`` or ``x >> y`` in the width of ``dt`` (a count outside [0, bits) leaves
+    the sign fill)."""
+    x, y = _wrap(x, dt.numpy), _wrap(y, dt.numpy)
+    if not 0 <= y < dt.bits:
+        return -1 if op is BinaryOp.SHR and x < 0 else 0
+    return _wrap(x << y, dt.numpy) if op is BinaryOp.SHL else x >> y
+
+
+def _reinterpret(v: object, src: DType, dst: DType) -> object:
+    """``v`` (a value of ``src``, or of any integer type as wide as ``dst``) read as ``dst``."""
+    if src.is_int:
+        src = DType(f"uint{dst.bits}")
+        v = _wrap(int(v), src.numpy)  # type: ignore[call-overload]
+    out = reinterpret(v, src, dst)
+    return bool(out) if dst.is_bool else int(out) if dst.is_int else dst.compute.numpy.type(out)
 
 
 def _truncated_div(a: int, b: int) -> int:
@@ -86,6 +107,8 @@ class _Interpreter:
                     v = np.asarray(v)
                     return int(float_to_int(v, dt) if v.dtype.kind == "f" else v.astype(dt.numpy))
                 return dt.numpy.type(v).astype(dt.compute.numpy) if dt.is_float else dt.numpy.type(v)
+            case Unary(op=UnaryOp.BIT_NOT, operand=a, dtype=dt):
+                return ~int(self.eval(a)) % 2**64 if dt is DType.UINT64 else ~int(self.eval(a))
             case Unary(op=UnaryOp.NEG, operand=a, dtype=DType.UINT64):
                 return -self.eval(a) % 2**64
             case Unary(op=UnaryOp.NEG, operand=a):
@@ -96,6 +119,8 @@ class _Interpreter:
                 return bool(self.eval(a)) and bool(self.eval(b))
             case Binary(op=BinaryOp.OR, lhs=a, rhs=b):
                 return bool(self.eval(a)) or bool(self.eval(b))
+            case Binary(op=op, lhs=a, rhs=b, dtype=dt) if op.is_shift:
+                return _shift(op, int(self.eval(a)), int(self.eval(b)), dt)
             case Binary(op=BinaryOp.DIV, lhs=a, rhs=b, dtype=dt):
                 x, y = self.eval(a), self.eval(b)
                 if dt.is_int or dt.is_bool:
@@ -111,6 +136,8 @@ class _Interpreter:
                 return _ARITH[op](self.eval(a), self.eval(b))
             case Select(cond=c, then=a, other=b):
                 return self.eval(a) if self.eval(c) else self.eval(b)
+            case Call(fn=fn, args=(a,), dtype=dt) if reinterpreted(fn):
+                return _reinterpret(self.eval(a), a.dtype, dt)
             case Call(fn=fn, args=args, dtype=dt):
                 values = [self.eval(a) for a in args]
                 if dt.is_int:

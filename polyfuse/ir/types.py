@@ -122,3 +122,10 @@ def float_to_int(x: object, dst: DType) -> np.ndarray:
     out = np.trunc(np.where(np.isnan(v) | lo | hi, 0.0, v)).astype(np.int64)
     out = np.where(lo, np.int64(-2**63), np.where(hi, np.int64(2**63 - 1), out))
     return out.astype(dst.numpy)
+
+
+def reinterpret(x: object, src: DType, dst: DType) -> np.ndarray:
+    """Values of ``src`` with their bits read as ``dst``, a type as wide; a nonzero byte
+    reads as a true bool."""
+    bits = np.asarray(x).astype(src.numpy).view(np.dtype(f"uint{src.bits}"))
+    return bits != 0 if dst.is_bool else bits.view(dst.numpy)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from polyfuse.errors import IRVerificationError
-from polyfuse.ir.builtins import BUILTINS
+from polyfuse.ir.builtins import BUILTINS, BuiltinKind
 from polyfuse.ir.comprehension import (Binary, Call, Cast, Definition, Expr, IndexVar, Literal,
                                        Read, ReduceOp, ScalarDecl, ScalarRef, Select, SizeVar,
                                        Statement, TensorDecl, Unary, UnaryOp, walk)
@@ -83,6 +83,10 @@ def _typing_problem(n: Expr, tensors: dict[str, TensorDecl], scalars: dict[str, 
                 return "'!' needs bool"
         case Unary(operand=a, dtype=dt) if a.dtype is not dt:
             return "operand type differs from the result type"
+        case Unary(op=UnaryOp.BIT_NOT, dtype=dt) if not dt.is_int:
+            return "'~' needs an integer"
+        case Binary(op=op, dtype=dt) if op.is_bitwise and not dt.is_int:
+            return f"'{op.value}' needs integers"
         case Binary(op=op, lhs=a, rhs=b, dtype=dt):
             if op.is_logical and not (a.dtype is b.dtype is dt is DType.BOOL):
                 return "logical operator needs bool operands"
@@ -96,6 +100,10 @@ def _typing_problem(n: Expr, tensors: dict[str, TensorDecl], scalars: dict[str, 
         case Call(fn=fn, args=args, dtype=dt):
             if fn not in BUILTINS or BUILTINS[fn].arity != len(args):
                 return f"unknown builtin or wrong arity '{fn}'"
+            if BUILTINS[fn].kind is BuiltinKind.BITS:
+                if dt is not BUILTINS[fn].result or args[0].dtype.bits != dt.bits:
+                    return f"'{fn}' needs an argument of {dt.bits} bits and gives {dt}"
+                return None
             if any(a.dtype is not dt for a in args):
                 return "argument types differ from the result type"
         case Cast() | Literal() | IndexVar():

@@ -1,7 +1,7 @@
 """Loop-IR expressions -> CUDA C expressions.
 
 The same semantics as the LLVM emitter: every integer is a ``long long`` (narrowed only
-when stored or cast), bool is ``bool``, float16 and bfloat16 are computed as float and
+when stored or cast; a shift's operands are values of its type), bool is ``bool``, float16 and bfloat16 are computed as float and
 stored as 16-bit patterns (converted with PTX ``cvt`` and round-to-nearest-even bit
 arithmetic, so no CUDA header is needed). Integer division and modulo truncate as in C
 (``floordiv`` and ``floormod`` floor) and give 0 for a zero divisor (uint64, whose bits a ``long long`` holds, divides, compares and
@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 
 from polyfuse.errors import CodegenError
+from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.types import DType
@@ -67,6 +68,13 @@ HELPERS: dict[str, str] = {
     "pf_imax": "__device__ __forceinline__ long long pf_imax(long long a, long long b) { return a > b ? a : b; }",
     "pf_imin": "__device__ __forceinline__ long long pf_imin(long long a, long long b) { return a < b ? a : b; }",
     "pf_iabs": "__device__ __forceinline__ long long pf_iabs(long long a) { return a < 0 ? -a : a; }",
+    # shifts of values of a type ``bits`` wide: a count outside [0, bits) gives the sign fill
+    "pf_shl": """__device__ __forceinline__ long long pf_shl(long long x, long long y, long long bits) {
+  return (unsigned long long)y < (unsigned long long)bits ? (long long)((unsigned long long)x << y) : 0; }""",
+    "pf_shr": """__device__ __forceinline__ long long pf_shr(long long x, long long y, long long bits) {
+  return x >> ((unsigned long long)y < (unsigned long long)bits ? y : bits - 1); }""",
+    "pf_ushr": """__device__ __forceinline__ long long pf_ushr(long long x, long long y, long long bits) {
+  return (unsigned long long)y < (unsigned long long)bits ? (long long)((unsigned long long)x >> y) : 0; }""",
     "pf_checked": """__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
   if ((unsigned long long)i >= (unsigned long long)n) { *error = 1; return 0; }
   return i; }""",
@@ -87,7 +95,8 @@ _STORAGE = {DType.BOOL: "unsigned char", DType.INT8: "signed char", DType.UINT8:
 
 _OPS = {BinaryOp.ADD: "+", BinaryOp.SUB: "-", BinaryOp.MUL: "*", BinaryOp.DIV: "/",
         BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">", BinaryOp.GE: ">=",
-        BinaryOp.EQ: "==", BinaryOp.NE: "!=", BinaryOp.AND: "&", BinaryOp.OR: "|"}
+        BinaryOp.EQ: "==", BinaryOp.NE: "!=", BinaryOp.AND: "&", BinaryOp.OR: "|",
+        BinaryOp.BIT_AND: "&", BinaryOp.BIT_OR: "|", BinaryOp.BIT_XOR: "^"}
 
 # builtin -> C function on double (float adds "f")
 _MATH = {name: name for name in "exp exp2 expm1 log log2 log10 log1p sqrt cbrt tanh sinh cosh erf "
@@ -170,6 +179,30 @@ def literal(value: int | float | bool, dt: DType) -> str:
     return f"__longlong_as_double({bits[True, sign]})" if double else f"__int_as_float({bits[False, sign]})"
 
 
+def to_bits(x: str, dt: DType) -> str:
+    """The storage bits of a register value of ``dt`` in the low bits of a ``long long``
+    (an integer register is its own bits)."""
+    if dt.is_bool:
+        return f"(long long){x}"
+    if dt.is_int:
+        return x
+    return {DType.FLOAT16: f"(long long)pf_f2h({x})", DType.BFLOAT16: f"(long long)pf_f2bf({x})",
+            DType.FLOAT32: f"(long long)__float_as_uint({x})",
+            DType.FLOAT64: f"__double_as_longlong({x})"}[dt]
+
+
+def from_bits(bits: str, dt: DType) -> str:
+    """The register value of ``dt`` whose storage is the low bits of the ``long long`` ``bits``."""
+    if dt.is_bool:
+        return f"((unsigned char)({bits}) != 0)"
+    if dt.is_int:
+        return f"(long long)({_STORAGE[dt]})({bits})"
+    return {DType.FLOAT16: f"pf_h2f((unsigned short)({bits}))",
+            DType.BFLOAT16: f"pf_bf2f((unsigned short)({bits}))",
+            DType.FLOAT32: f"__uint_as_float((unsigned int)({bits}))",
+            DType.FLOAT64: f"__longlong_as_double({bits})"}[dt]
+
+
 class ExprEmitter:
     """Writes expressions; ``load(read)`` gives the C expression of a read's value."""
 
@@ -192,6 +225,8 @@ class ExprEmitter:
                 return f"(-{self.emit(a)})"
             case Unary(op=UnaryOp.NOT, operand=a):
                 return f"(!{self.emit(a)})"
+            case Unary(op=UnaryOp.BIT_NOT, operand=a):
+                return f"(~{self.emit(a)})"
             case Select(cond=c, then=t, other=o):
                 return f"({self.emit(c)} ? {self.emit(t)} : {self.emit(o)})"
             case Binary():
@@ -227,11 +262,17 @@ class ExprEmitter:
             return f"pf_u{'div' if e.op is BinaryOp.DIV else 'mod'}({a}, {b})"
         if e.dtype.is_int and e.op in (BinaryOp.DIV, BinaryOp.MOD):
             return f"pf_{'div' if e.op is BinaryOp.DIV else 'mod'}({a}, {b})"
+        if e.op is BinaryOp.SHL:  # the operands are values of the type; so is the result
+            return self.convert(f"pf_shl({a}, {b}, {e.dtype.bits})", DType.INT64, e.dtype)
+        if e.op is BinaryOp.SHR:
+            return f"pf_{'u' if e.dtype.is_unsigned else ''}shr({a}, {b}, {e.dtype.bits})"
         return f"({a} {_OPS[e.op]} {b})"
 
     def call(self, e: Call) -> str:
         args = [self.emit(a) for a in e.args]
         fn = e.fn
+        if reinterpreted(fn):
+            return from_bits(to_bits(args[0], e.args[0].dtype), e.dtype)
         if e.dtype.is_bool or e.dtype.is_int:  # on 0/1 or 64-bit integers
             if fn not in ("max", "min", "abs", "floordiv", "floormod"):
                 raise CodegenError(f"builtin '{fn}' has no integer form")

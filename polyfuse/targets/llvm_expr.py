@@ -1,7 +1,8 @@
 """Loop-IR expressions -> LLVM IR values (llvmlite.ir).
 
 Register types: every integer is an i64 (narrowed only when stored or cast; uint64 keeps
-its bits, so its division, comparisons, max/min and float conversions are unsigned), bool is
+its bits, so its division, comparisons, max/min and float conversions are unsigned; a
+shift's operands are values of its type, sign- or zero-extended), bool is
 i1, float16 and bfloat16 are computed as float. Integer division and modulo round
 toward minus infinity and give 0 for a zero divisor instead of trapping. A select
 whose sides read memory branches, so the side not chosen is never loaded.
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from polyfuse.errors import CodegenError
+from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp, walk)
 from polyfuse.ir.types import DType
@@ -113,7 +115,7 @@ class ExprEmitter:
             case Unary(op=UnaryOp.NEG, operand=a):
                 x = self.emit(a, b)
                 return b.fneg(x) if e.dtype.is_float else b.sub(ir.Constant(I64, 0), x)
-            case Unary(op=UnaryOp.NOT, operand=a):
+            case Unary(op=UnaryOp.NOT | UnaryOp.BIT_NOT, operand=a):
                 return b.not_(self.emit(a, b))
             case Select(cond=c, then=t, other=o):
                 return self.select(c, t, o, b)
@@ -170,10 +172,14 @@ class ExprEmitter:
     def binary(self, e: Binary, b: ir.IRBuilder) -> ir.Value:
         x, y = self.emit(e.lhs, b), self.emit(e.rhs, b)
         op, operand = e.op, e.lhs.dtype
-        if op is BinaryOp.AND:
+        if op in (BinaryOp.AND, BinaryOp.BIT_AND):
             return b.and_(x, y)
-        if op is BinaryOp.OR:
+        if op in (BinaryOp.OR, BinaryOp.BIT_OR):
             return b.or_(x, y)
+        if op is BinaryOp.BIT_XOR:
+            return b.xor(x, y)
+        if op.is_shift:
+            return _shift(x, y, op is BinaryOp.SHL, e.dtype, b)
         if op.is_comparison:
             if operand.is_float:
                 return b.fcmp_unordered("!=", x, y) if op is BinaryOp.NE else b.fcmp_ordered(_FCMP[op], x, y)
@@ -200,6 +206,8 @@ class ExprEmitter:
     def call(self, e: Call, b: ir.IRBuilder) -> ir.Value:
         args = [self.emit(a, b) for a in e.args]
         dt, fn = e.dtype, e.fn
+        if reinterpreted(fn):
+            return from_bits(to_bits(args[0], e.args[0].dtype, b), dt, b)
         if dt.is_bool:  # computed on 0/1 integers
             return b.icmp_signed("!=", _int_call(fn, args, b), ir.Constant(I64, 0))
         if dt.is_int:
@@ -237,6 +245,51 @@ class ExprEmitter:
                                f"(it is one of CUDA's single-precision functions); cast its "
                                f"argument to float")
         raise CodegenError(f"no code generator for builtin '{fn}' on {dt}")
+
+
+def _shift(x: ir.Value, y: ir.Value, left: bool, dt: DType, b: ir.IRBuilder) -> ir.Value:
+    """``x << y`` or ``x >> y`` on values of ``dt`` (sign- or zero-extended registers): a
+    count outside [0, bits) gives the sign fill, never LLVM's poison."""
+    zero = ir.Constant(I64, 0)
+    outside = b.icmp_unsigned(">=", y, ir.Constant(I64, dt.bits))
+    if not left and not dt.is_unsigned:  # a count of bits - 1 is the sign fill
+        return b.ashr(x, b.select(outside, ir.Constant(I64, dt.bits - 1), y))
+    count = b.select(outside, zero, y)
+    value = b.select(outside, zero, b.shl(x, count) if left else b.lshr(x, count))
+    if not left or dt.bits == 64:
+        return value
+    narrow = b.trunc(value, storage_type(dt))
+    return b.zext(narrow, I64) if dt.is_unsigned else b.sext(narrow, I64)
+
+
+def to_bits(x: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
+    """The storage bits of a register value of ``dt`` in the low bits of an i64 (an
+    integer register is its own bits)."""
+    if dt.is_bool:
+        return b.zext(x, I64)
+    if dt.is_int:
+        return x
+    if dt is DType.FLOAT16:
+        x = b.bitcast(b.fptrunc(x, F16), I16)
+    elif dt is DType.BFLOAT16:
+        x = f32_to_bf16(x, b)
+    else:
+        x = b.bitcast(x, ir.IntType(dt.bits))
+    return b.zext(x, I64) if dt.bits < 64 else x
+
+
+def from_bits(bits: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
+    """The register value of ``dt`` whose storage is the low bits of the i64 ``bits``."""
+    narrow = bits if dt.bits == 64 else b.trunc(bits, ir.IntType(dt.bits))
+    if dt.is_bool:
+        return b.icmp_unsigned("!=", narrow, ir.Constant(narrow.type, 0))
+    if dt.is_int:
+        return narrow if dt.bits == 64 else b.zext(narrow, I64) if dt.is_unsigned else b.sext(narrow, I64)
+    if dt is DType.FLOAT16:
+        return b.fpext(b.bitcast(narrow, F16), F32)
+    if dt is DType.BFLOAT16:
+        return bf16_to_f32(narrow, b)
+    return b.bitcast(narrow, register_type(dt))
 
 
 def round_to_storage(x: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:

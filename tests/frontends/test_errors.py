@@ -108,6 +108,18 @@ CASES = [
         "def f(float(N) A, float(N) F) -> (B) {",
         "    B(i) = A(i) * A(F(i))",
         "}"), 2, 21, "F(i)"),
+    Case("bitwise_operator_on_floats", TCSemanticError, src(
+        "def f(float(N) A) -> (B) {",
+        "    B(i) = A(i) & 1",
+        "}"), 2, 12, "A(i) &", ("float32",)),
+    Case("bitwise_not_of_a_float", TCSemanticError, src(
+        "def f(double(N) A) -> (B) {",
+        "    B(i) = 1 + ~A(i)",
+        "}"), 2, 16, "~A(i)", ("float64", "as_int64")),
+    Case("reinterpret_across_widths", TCSemanticError, src(
+        "def f(float(N) A) -> (B) {",
+        "    B(i) = as_int16(A(i))",
+        "}"), 2, 12, "as_int16", ("float32",)),
     Case("repeated_lhs_index", TCSemanticError, src(
         "def f(float(N) A) -> (O) {",
         "    O(i, i) = A(i)",

@@ -173,9 +173,24 @@ class ExprAnalyzer:
             dt, weak = _join(acc, other)
             acc = Typed(cast(acc.expr, dt), weak)
         dt, weak = _numeric(acc.dtype), acc.weak
+        if builtin.kind is BuiltinKind.BITS:
+            return Typed(self.reinterpret(builtin.result, args[0], node.loc), False)
         if builtin.kind is BuiltinKind.FLOAT and not dt.is_float:
             dt = DType.FLOAT32
         return Typed(Call(node.name, tuple(cast(a.expr, dt) for a in args), dt, node.loc), weak)
+
+    def reinterpret(self, dt: DType, a: Typed, loc: SourceLocation) -> Expr:
+        """``as_<dt>(a)``: a weak literal or index takes the integer type of ``dt``'s width."""
+        value = a.expr
+        if a.weak and not value.dtype.is_float:
+            value = cast(value, DType(f"int{dt.bits}"))
+        elif a.weak:
+            value = cast(value, DType.FLOAT64 if dt.bits == 64 else DType.FLOAT32)
+        if value.dtype.bits != dt.bits:
+            raise self.error(f"as_{dt} reads the bits of a {dt.bits}-bit value; its argument is "
+                             f"{value.dtype} ({value.dtype.bits} bits)", loc,
+                             hint=f"cast the argument to a {dt.bits}-bit type first")
+        return Call(f"as_{dt}", (value,), dt, loc)
 
     def read(self, node: ast.Apply) -> Read:
         s, name = self.scope, node.name
@@ -214,6 +229,12 @@ class ExprAnalyzer:
         if op == "!":
             return Typed(Unary(UnaryOp.NOT, cast(a.expr, DType.BOOL), DType.BOOL, loc), False)
         dt = _numeric(a.dtype)
+        if op == "~":
+            self.integers("~", dt, loc)
+            operand = cast(a.expr, dt)
+            if isinstance(operand, Literal):
+                return Typed(cast(Literal(~int(operand.value), DType.INT64, loc), dt), a.weak)
+            return Typed(Unary(UnaryOp.BIT_NOT, operand, dt, loc), a.weak)
         operand = cast(a.expr, dt)
         if isinstance(operand, Literal):
             return Typed(cast(Literal(-operand.value, DType.INT64 if dt.is_unsigned else dt, loc), dt),
@@ -228,4 +249,12 @@ class ExprAnalyzer:
         if op.is_comparison:
             return Typed(Binary(op, cast(a.expr, dt), cast(b.expr, dt), DType.BOOL, loc), False)
         dt = _numeric(dt)
+        if op.is_bitwise:
+            self.integers(op.value, dt, loc)
         return Typed(Binary(op, cast(a.expr, dt), cast(b.expr, dt), dt, loc), weak)
+
+    def integers(self, op: str, dt: DType, loc: SourceLocation) -> None:
+        if not dt.is_int:
+            raise self.error(f"'{op}' works on the bits of integers; its operands here are {dt}",
+                             loc, hint=f"cast them to an integer type, or read the bits of a float "
+                                       f"with as_int{dt.bits}(...)")

@@ -23,7 +23,9 @@ from polyfuse.ir.limits import MAX_EXPR_DEPTH
 ASSIGN_OPS = frozenset({"=", "+=", "*=", "max=", "min=", "+=!", "*=!", "max=!", "min=!"})
 
 # binary precedence levels, loosest first
-_LEVELS = [("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%")]
+_LEVELS = [("||",), ("&&",), ("|",), ("^",), ("&",), ("==", "!="), ("<", "<=", ">", ">="),
+           ("<<", ">>"), ("+", "-"), ("*", "/", "%")]
+_PREFIX = ("-", "!", "~", "+")
 _LEVEL = {op: level for level, ops in enumerate(_LEVELS) for op in ops}
 
 
@@ -233,9 +235,9 @@ class Parser:
 
     def _operand(self) -> tuple[ast.Node, int]:
         """A literal, name, call or parenthesized expression under any number of prefix
-        operators (``-``, ``!``, ``+``); one function, so a level costs one frame here."""
+        operators (``-``, ``!``, ``~``, ``+``); one function, so a level costs one frame here."""
         prefix = []
-        while self.tok.kind is Kind.OP and self.tok.text in ("-", "!", "+"):
+        while self.tok.kind is Kind.OP and self.tok.text in _PREFIX:
             prefix.append(self.advance())
             self._descend(prefix[-1])
         tok = self.tok

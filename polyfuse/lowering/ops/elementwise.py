@@ -1,4 +1,4 @@
-"""Elementwise ops with numpy broadcasting: arithmetic, comparisons, logic, math
+"""Elementwise ops with numpy broadcasting: arithmetic, comparisons, logic, bits, math
 functions, variadic Max/Min/Sum/Mean, Where, Clip, Cast and the identities.
 
 Each lowering is one expression over named operands; :func:`elementwise` binds every
@@ -148,6 +148,41 @@ def _isinf(ctx: OpContext) -> TCKernel:
     tests = ([f"x == {inf}"] if ctx.attr("detect_positive", 1) else []) + \
             ([f"x == -{inf}"] if ctx.attr("detect_negative", 1) else [])
     return elementwise(ctx, " || ".join(tests) or literal(False, DType.BOOL), DType.BOOL, X)
+
+
+# --- bits -----------------------------------------------------------------------------------
+
+_BITWISE = {"BitwiseAnd": "a & b", "BitwiseOr": "a | b", "BitwiseXor": "a ^ b"}
+
+
+@register(*_BITWISE)
+def _bitwise(ctx: OpContext) -> TCKernel:
+    return elementwise(ctx, _BITWISE[ctx.node.op], ctx.dtype(0), AB)
+
+
+@register("BitwiseNot")
+def _bitwise_not(ctx: OpContext) -> TCKernel:
+    return elementwise(ctx, "~x", ctx.dtype(0), X)
+
+
+@register("BitShift")
+def _bit_shift(ctx: OpContext) -> TCKernel:
+    """A count outside [0, bits) gives the sign fill, as TC's shifts define it."""
+    direction = ctx.attr("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise ctx.malformed(f"attribute direction is {direction!r}; it must be 'LEFT' or 'RIGHT'")
+    return elementwise(ctx, "a << b" if direction == "LEFT" else "a >> b", ctx.dtype(0), AB)
+
+
+@register("BitCast")
+def _bit_cast(ctx: OpContext) -> TCKernel | View:
+    to, dt = ctx.element_type("to"), ctx.dtype(0)
+    if to is None:
+        raise ctx.malformed("BitCast needs the attribute 'to'")
+    if to.bits != dt.bits:
+        raise ctx.malformed(f"BitCast from {dt} ({dt.bits} bits) to {to} ({to.bits} bits); the "
+                            "types must be equally wide")
+    return identity(ctx) if to is dt else elementwise(ctx, f"as_{to}(x)", to, X)
 
 
 # --- unary math ---------------------------------------------------------------------------
