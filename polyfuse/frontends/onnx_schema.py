@@ -2,7 +2,7 @@
 
 :func:`dtype_of` turns an ONNX ``TensorProto`` element-type code into a
 :class:`~polyfuse.ir.types.DType` (the front end turns the element-type attributes of
-Cast and EyeLike into dtype names with it). The table is written out (the codes are
+Cast, EyeLike and BitCast into dtype names with it). The table is written out (the codes are
 fixed by the ONNX standard) so that importing the op library, and so ``import
 polyfuse``, does not import onnx. :func:`check_signature` holds a node's inputs to its
 op's schema; it imports onnx the first time a node is checked (compiling a model).

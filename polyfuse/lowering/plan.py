@@ -16,7 +16,8 @@ import numpy as np
 
 from polyfuse.errors import CodegenError, DTypeError, FrontendError, ModelError, ShapeError
 from polyfuse.frontends.tc import parse
-from polyfuse.ir.comprehension import Definition, TensorDecl
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Definition, Expr, Literal, Read, TensorDecl,
+                                       map_expr)
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.limits import check_bytes, check_tensor_size
@@ -191,6 +192,12 @@ class _Planner:
 
     def kernel(self, label: str, d: Definition, source: str, names: list[str], outs: list[str],
                types: list[TensorType]) -> None:
+        inlined = inline_scalars(d, {p.name: self.consts[n] for p, n in zip(d.params, names)
+                                     if n in self.consts})
+        if inlined is not d:
+            kept = {p.name for p in inlined.params}
+            names = [n for p, n in zip(d.params, names) if p.name in kept]
+            d, source = inlined, str(inlined)
         temps = tuple(f"{label}#{t.name}" for t in d.outputs[len(outs):])
         for name, t in zip(outs + list(temps), types):
             self.types[name] = t
@@ -220,6 +227,51 @@ class _Planner:
         sizes = self.sizes(what, d, list(composed.params))
         self.kernel(label, d, str(d), list(composed.params), outs, self.output_types(what, d, sizes, outs))
         return True
+
+
+# element types whose one-element constants become literals in the kernels reading them
+_LITERAL_TYPES = (DType.FLOAT32, DType.FLOAT64, DType.INT32, DType.INT64, DType.BOOL)
+
+
+def inline_scalars(d: Definition, values: Mapping[str, np.ndarray]) -> Definition:
+    """``d`` with its one-element constant parameters (``values``, by parameter name, of a
+    fixed shape) read as literals and dropped from its parameters, as onnxruntime and TVM
+    fold scalar initializers into the kernels using them: a GELU's ``pow(x, 3)`` then is
+    ``x * x * x``, not exp and log, and LLVM sees every constant operand."""
+    scalars = {p.name: values[p.name].reshape(()).item() for p in d.params
+               if isinstance(p, TensorDecl) and p.name in values and values[p.name].size == 1
+               and p.dtype in _LITERAL_TYPES and _fixed(p)}
+    if not scalars:
+        return d
+    dtypes = {p.name: p.dtype for p in d.params if p.name in scalars}
+
+    def literal(e: Expr) -> Expr:
+        if isinstance(e, Read) and e.tensor in scalars:
+            return Literal(scalars[e.tensor], dtypes[e.tensor])
+        return _integer_power(e)
+
+    statements = tuple(replace(st, rhs=map_expr(st.rhs, literal)) for st in d.statements)
+    return replace(d, params=tuple(p for p in d.params if p.name not in scalars), statements=statements)
+
+
+def _fixed(p: TensorDecl) -> bool:
+    try:
+        return all(evaluate_int(s, {}) >= 0 for s in p.shape)
+    except ValueError:  # a size that names a symbol: the parameter binds it
+        return False
+
+
+def _integer_power(e: Expr) -> Expr:
+    """``pow(x, 2)`` and ``pow(x, 3)`` of an element ``x`` as products, ``pow(x, 1)`` as
+    ``x`` (as onnxruntime computes its Pow with these exponents); other calls unchanged."""
+    if isinstance(e, Call) and e.fn == "pow" and e.dtype.is_float and isinstance(e.args[0], Read) \
+            and isinstance(e.args[1], Literal) and e.args[1].value in (1, 2, 3):
+        x = e.args[0]
+        out = x
+        for _ in range(int(e.args[1].value) - 1):
+            out = Binary(BinaryOp.MUL, out, x, e.dtype)
+        return out
+    return e
 
 
 def _units(nodes: tuple[Node, ...]) -> list[list[Node]]:

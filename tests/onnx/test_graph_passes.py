@@ -225,3 +225,23 @@ def test_silu_and_a_squeeze_excite_gate_inline_without_repeating_work():
     [sigmoid] = [line for line in text.splitlines() if "sigmoid(" in line]
     assert "* " not in sigmoid and "where" not in sigmoid, text   # per channel, not in the map's statement
     assert "fusion=<Fusion.MIN" in gate.stages["options"]
+
+
+def test_scalar_constants_become_literals_and_small_powers_products():
+    """GPT-2's tanh GELU: its scalar initializers are literals in the fused kernel (no
+    parameters besides the activation) and ``Pow(x, 3)`` is ``x * x * x``, not exp and
+    log; a vector constant stays a parameter."""
+    n = helper.make_node
+    nodes = [n("Pow", ["x", "three"], ["p"], name="pow"), n("Mul", ["p", "k"], ["q"], name="scale"),
+             n("Add", ["x", "q"], ["s"], name="add"), n("Tanh", ["s"], ["t"], name="tanh"),
+             n("Mul", ["t", "v"], ["y"], name="weigh")]
+    inits = {"three": np.array(3.0, np.float32), "k": np.array([0.044715], np.float32),
+             "v": RNG.standard_normal(7).astype(np.float32)}
+    model = _model(nodes, {"x": [5, 7]}, {"y": [5, 7]}, inits)
+    compiled = pf.compile(model, target="host")
+    x = RNG.standard_normal((5, 7)).astype(np.float32) * 3
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-6, compiled=compiled)
+    [(step, kernel)] = list(compiled.plan_for().steps())
+    text = kernel.stages["specialized"]
+    assert "pow(" not in text and "0.044714998" in text, text
+    assert text.startswith("def fused(float32(5, 7) v0, float32(7) ") and text.count("float32(7)") == 1, text
