@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from polyfuse.errors import ArgumentError
 from polyfuse.frontends.einsum import einsum_source
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast_indices,
@@ -52,6 +54,15 @@ def _gemm(ctx: OpContext) -> TCKernel:
     m_ext = ctx.shape(0)[1 if ta else 0]
     n_ext = ctx.shape(1)[0 if tb else 1]
     params = [tensor_param("A", ctx.types[0]), tensor_param("B", ctx.types[1])]  # type: ignore[arg-type]
+    constants: tuple[np.ndarray, ...] = ()
+    weights = ctx.values[1]
+    if tb and weights is not None:
+        # constant weights (n, k), as torch's Linear exports them: transposed once at
+        # compile time, so the product reads rows of output columns (the register-blocked
+        # micro-kernel) instead of a dot product per output
+        constants = (np.ascontiguousarray(weights.T),)
+        params[1] = tensor_param("B", (ctx.dtype(1), constants[0].shape))
+        b = "B(k, n)"
     lines = [f"  Y(m, n) +=! {a} * {b} where m in 0:{m_ext}, n in 0:{n_ext}"]
     if alpha != 1.0:
         lines.append(f"  Y(m, n) = Y(m, n) * {dt}({alpha!r})")
@@ -65,8 +76,11 @@ def _gemm(ctx: OpContext) -> TCKernel:
         scale = "" if beta == 1.0 else f" * {dt}({beta!r})"
         lines.append(f"  Y(m, n) = Y(m, n) + {c}{scale}")
         inputs = (0, 1, 2)
+    if constants:   # B follows the node inputs, as the kernel's last parameter
+        params.append(params.pop(1))
+        inputs = tuple(i for i in inputs if i != 1)
     src = f"def k({', '.join(params)}) -> (Y) {{\n" + "\n".join(lines) + "\n}\n"
-    return TCKernel(src, inputs)
+    return TCKernel(src, inputs, constants=constants)
 
 
 @register("Einsum")
