@@ -77,7 +77,8 @@ def _axes(ctx: OpContext, transform: str) -> list[_Axis]:
     shape = ctx.shape(0)
     rank = len(shape)
     legacy = ctx.opset < 11
-    scales = _given(ctx, 1 if legacy else 2, "scales")
+    scales = _given(ctx, 1 if legacy else 2, "scales") if ctx.attr("scales") is None else \
+        np.asarray(ctx.attr("scales"), np.float32)  # Upsample-7's attribute
     sizes = None if legacy else _given(ctx, 3, "sizes")
     given = ctx.attr("axes")
     axes = list(range(rank)) if given is None else ctx.axes(given, rank)
@@ -264,7 +265,7 @@ def _combine(dt: DType, read: str, weights: list[str], taps: list[str],
         statement("Y", idx, f"{dt}({value})", out)]
 
 
-@register("Resize")
+@register("Resize", "Upsample")  # Upsample (opsets 7 and 9) is Resize-10
 def _resize(ctx: OpContext) -> TCKernel:
     opts = _options(ctx)
     if opts.mode not in ("nearest", "linear", "cubic"):
