@@ -17,8 +17,8 @@ from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
-from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, pack_operands, promote_accumulators,
-                                             promote_register_blocks,
+from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, fuse_epilogues, pack_operands,
+                                            promote_accumulators, promote_register_blocks,
                                             separate_full_tiles, unroll_and_jam)
 from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import MappingOptions
@@ -30,7 +30,7 @@ GpuPass = Callable[[GpuKernel], GpuKernel]
 def cpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
     """The loop passes of a CPU kernel, in order."""
     return (separate_full_tiles, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
-            promote_accumulators, promote_register_blocks, pack_operands)
+            promote_accumulators, promote_register_blocks, fuse_epilogues, pack_operands)
 
 
 def gpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:

@@ -19,8 +19,8 @@ from polyfuse.ir.passes import Pass
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
 from polyfuse.scheduler.gpu_mapping import DeviceLimits
-from polyfuse.scheduler.loop_passes import (LoopPassManager, promote_accumulators, promote_register_blocks,
-                                             unroll_and_jam)
+from polyfuse.scheduler.loop_passes import (LoopPassManager, fuse_epilogues, promote_accumulators,
+                                             promote_register_blocks, unroll_and_jam)
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition, schedule_gpu_definition
 
@@ -141,8 +141,8 @@ def test_the_pipeline_keeps_the_loops_after_each_named_pass():
     kernel = schedule_definition(d, {"M": 4, "K": 3, "N": 6}, MappingOptions(unroll_jam=3), stages)
     names = [s for s in stages if s.startswith("loops")]
     assert names == ["loops:lower_schedule", "loops:separate_full_tiles", "loops:unroll_and_jam",
-                     "loops:promote_accumulators", "loops:promote_register_blocks", "loops:pack_operands",
-                     "loops"]
+                     "loops:promote_accumulators", "loops:promote_register_blocks", "loops:fuse_epilogues",
+                     "loops:pack_operands", "loops"]
     assert stages["loops:lower_schedule"] == MM and stages["loops:unroll_and_jam"] == MM_JAMMED_3
     assert stages["loops"] == stages["loops:pack_operands"] == str(kernel)
     for name in names:
@@ -290,3 +290,62 @@ def test_register_blocks_are_left_alone_where_hoisting_would_change_the_result(c
     kernel = parse_kernel(BLOCK.replace(*change).replace("in float32(4, 6) A", "in float32(9, 6) A")
                           .replace("out float32(4, 10) C", "out float32(9, 10) C"))
     assert promote_register_blocks(kernel) == kernel
+
+
+# BLOCK_PROMOTED with a bias and ReLU epilogue as a nest of its own (T the product)
+EPILOGUE = BLOCK_PROMOTED.replace("out float32(4, 10) C,", "in float32(10) D, out float32(4, 10) Y, "
+                                  "out float32(4, 10) C,").replace("""      }
+    }
+  }
+}""", """      }
+    }
+  }
+  for c4 in 0:4 {
+    for c5 in 0:10 vectorize(16) {
+      Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)
+    }
+  }
+}""")
+
+
+def test_an_epilogue_nest_runs_in_the_register_blocks_stores():
+    """The bias and ReLU apply to the accumulators where the block stores them; nothing
+    else reads the product, so it is no longer stored, and the epilogue nest goes."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    bias = RNG.standard_normal(10).astype(np.float32)
+    out = fuse_epilogues(parse_kernel(EPILOGUE))
+    text = str(out)
+    assert "for c4" not in text and "C(c1, c0 + c2) = acc" not in text, text
+    assert "Y(c1 + 1, c0 + c2) = max(acc(1, c2) + D(c0 + c2), 0.0)" in text, text
+    got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
+    np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_an_epilogue_after_a_tiled_reduction_runs_on_its_last_tile():
+    """With the reduction tiled (c9 outside the block), the block stores partial sums on
+    every tile and applies the epilogue on the last one only."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    bias = RNG.standard_normal(10).astype(np.float32)
+    tiled = EPILOGUE.replace("    for c1 in 0:4 step 2 {\n", "    for c9 in 0:6 step 3 {\n    for c1 in 0:4 step 2 {\n") \
+        .replace("      for c3 in 0:6 {", "      for c3 in c9:c9 + 3 {").replace("""    }
+  }
+  for c4""", """    }
+    }
+  }
+  for c4""")
+    out = fuse_epilogues(parse_kernel(tiled))
+    text = str(out)
+    assert "if c9 == 3 {" in text and "C(c1, c0 + c2) = acc(0, c2)" in text and "for c4" not in text, text
+    got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
+    np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("change", [
+    ("Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)", "Y(c4, c5) = max(C(c4, c5) + D(9 - c5), 0.0)"),  # D reversed
+    ("Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)", "Y(c4, c5) = C(c4, 9 - c5)"),                  # T reversed
+    ("Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)", "Y(c4, c5) = C(c4, c5) + c5"),                 # its position
+    ("Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)", "Y(c4, c5) = A(c4, 0)"),                       # not T
+])
+def test_epilogues_that_do_not_read_the_block_element_for_element_stay_apart(change):
+    kernel = parse_kernel(EPILOGUE.replace(*change))
+    assert fuse_epilogues(kernel) == kernel

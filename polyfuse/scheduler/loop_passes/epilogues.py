@@ -1,0 +1,192 @@
+"""Epilogues applied where a register block stores its result: a loop-IR pass.
+
+A contraction with a pointwise consumer (a conv's bias, batch norm, ReLU and residual
+add; a matmul's bias and GELU) schedules as two nests: the contraction writes ``T``,
+then a second pass reads all of ``T`` back (with the bias and the residual) and writes
+``Y``. That pass streams the whole result through memory once more. oneDNN applies such
+post-ops to the accumulators before they leave the registers; this pass does the same
+for the nests ``promote_register_blocks`` leaves, whose blocks end in
+``T(F) = acc(j, v)``::
+
+    for ...: T(F) = acc(j, v)                          # the block's store
+    if <the reduction's last tile>:                     # (tiled reductions only)
+      for ...: Y(F) = max(acc(j, v) + B(F3) + R(F), 0)  # the epilogue, on the block
+
+and the epilogue's nest goes. It applies when the epilogue nest follows the contraction's
+directly and every statement of it is ``Y(E) = f(T(E), ...)``, the same ``f`` for every
+statement, whose other reads index only by whole indices of ``E`` (``B(E3)``, ``R(E)``):
+then ``f`` at the block's element ``F`` is ``f`` with ``E`` replaced by ``F``. The block
+must store every element of ``T`` from an ``acc``; loops around it that its element does
+not move with are reduction tiles, and the epilogue runs on their last iteration. Where
+nothing else reads ``T`` and the reduction is not tiled, ``T`` is no longer stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
+from polyfuse.ir.loops import (Assign, BufferRole, For, If, LoopKernel, Stmt, Store, rewrite,
+                               walk_stmts)
+from polyfuse.ir.types import DType
+
+_I64 = DType.INT64
+_SLOT = "__epilogue_index"
+
+
+def fuse_epilogues(kernel: LoopKernel) -> LoopKernel:
+    """Apply each pointwise epilogue nest in the stores of the register blocks before it."""
+    body = list(kernel.body)
+    k = 0
+    while k + 1 < len(body):
+        fused = _fuse(body[k], body[k + 1], kernel, body[:k] + body[k + 2:])
+        if fused is None:
+            k += 1
+        else:
+            body[k:k + 2] = [fused]
+    return replace(kernel, body=tuple(body)) if len(body) != len(kernel.body) else kernel
+
+
+def _innermost(nest: Stmt) -> tuple[Store, ...] | None:
+    """The statements at the bottom of a perfect loop nest, if they are all stores."""
+    node = nest
+    while isinstance(node, For) and len(node.body) == 1 and isinstance(node.body[0], For):
+        node = node.body[0]
+    if not isinstance(node, For) or not all(isinstance(s, Store) for s in node.body):
+        return None
+    return node.body  # type: ignore[return-value]
+
+
+def _template(s: Store, source: str) -> Expr | None:
+    """``s``'s value with each of its own indices replaced by a slot ``k`` (the read of
+    ``source`` at the stored element included), or None when a read indexes by anything
+    else or a loop index appears outside reads."""
+    slots = {e: IndexVar(f"{_SLOT}{k}", _I64) for k, e in enumerate(s.indices)}
+
+    def abstract(e: Expr) -> Expr:
+        if isinstance(e, Read):
+            if any(i not in slots and any(isinstance(n, IndexVar) for n in walk(i)) for i in e.indices):
+                raise _Unfit
+            return replace(e, indices=tuple(slots.get(i, i) for i in e.indices))
+        return e
+
+    try:
+        out = map_expr(s.value, abstract)
+    except _Unfit:
+        return None
+    if any(isinstance(n, IndexVar) and not n.name.startswith(_SLOT) for n in walk(out)):
+        return None   # a loop index outside the reads (a select on the position)
+    own = [r for r in walk(out) if isinstance(r, Read) and r.tensor == source]
+    if not own or any(r.indices != tuple(slots.values()) for r in own):
+        return None
+    return out
+
+
+class _Unfit(Exception):
+    pass
+
+
+def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, rest: list[Stmt]) -> Stmt | None:
+    stores = _innermost(second)
+    if not isinstance(first, For) or not stores:
+        return None
+    target = stores[0].buffer
+    written = {s.buffer for s in walk_stmts((first,)) if isinstance(s, Store)}
+    sources = {r.tensor for s in stores for r in walk(s.value) if isinstance(r, Read)} & written
+    if len(sources) != 1 or any(s.buffer != target for s in stores) or target in written:
+        return None
+    source = sources.pop()
+    dtype = kernel.buffer(source).dtype
+    if dtype.compute is not dtype or kernel.buffer(target).role is BufferRole.LOCAL:
+        return None  # a 16-bit T is rounded before the epilogue reads it; acc is not
+    template = _template(stores[0], source)
+    if template is None or any(_template(s, source) != template for s in stores[1:]):
+        return None
+    if any(r.tensor in written - {source} for r in walk(template) if isinstance(r, Read)) or \
+            any(isinstance(r, Read) and r.tensor == target for st in walk_stmts((first,)) for r in _reads(st)):
+        return None
+    blocks: list[tuple[For, list[For]]] = []   # each block's store nest, its reduction tiles
+    if not _find_blocks(first, source, kernel, [], blocks):
+        return None
+    read_later = any(isinstance(r, Read) and r.tensor == source
+                     for s in walk_stmts(tuple(rest)) for r in _reads(s))
+    return rewrite((first,), pre=lambda s: _apply(s, blocks, source, target, template, read_later))[0]
+
+
+def _reads(s: Stmt) -> list[Expr]:
+    exprs: list[Expr] = []
+    if isinstance(s, Store):
+        exprs = [*s.indices, s.value]
+    elif isinstance(s, (Assign,)):
+        exprs = [s.value]
+    elif isinstance(s, If):
+        exprs = [s.cond]
+    elif isinstance(s, For):
+        exprs = [s.lo, s.hi]
+    return [n for e in exprs for n in walk(e)]
+
+
+def _is_block_store(s: Stmt, source: str, kernel: LoopKernel) -> bool:
+    """A nest whose statements all store an ``acc`` element into ``source``."""
+    stores = _innermost(s)
+    return bool(stores) and all(
+        st.buffer == source and isinstance(st.value, Read)
+        and kernel.buffer(st.value.tensor).role is BufferRole.LOCAL for st in stores)  # type: ignore[union-attr]
+
+
+def _find_blocks(s: Stmt, source: str, kernel: LoopKernel, path: list[For],
+                 found: list[tuple[For, list[For]]]) -> bool:
+    """Collect the block store nests under ``s`` with the loops around them; False when
+    ``source`` is stored any other way."""
+    if isinstance(s, For) and _is_block_store(s, source, kernel):
+        stores = _innermost(s)
+        assert stores is not None
+        used = {n.name for st in stores for i in st.indices for n in walk(i) if isinstance(n, IndexVar)}
+        tiles = [lp for lp in path if lp.var not in used]
+        if any(not (isinstance(lp.lo, Literal) and isinstance(lp.hi, Literal)) for lp in tiles):
+            return False
+        found.append((s, tiles))
+        return True
+    if isinstance(s, Store):
+        return s.buffer != source
+    if isinstance(s, For):
+        return all(_find_blocks(c, source, kernel, path + [s], found) for c in s.body)
+    if isinstance(s, If):
+        return all(_find_blocks(c, source, kernel, path, found) for c in (*s.then, *s.other))
+    return True
+
+
+def _last(lp: For) -> Expr:
+    """``lp``'s variable is at its last iteration."""
+    lo, hi = int(lp.lo.value), int(lp.hi.value)  # type: ignore[attr-defined]
+    last = lo + (hi - lo - 1) // lp.step * lp.step
+    return Binary(BinaryOp.EQ, IndexVar(lp.var, _I64), Literal(last, _I64), DType.BOOL)
+
+
+def _apply(s: Stmt, blocks: list[tuple[For, list[For]]], source: str, target: str,
+           template: Expr, read_later: bool) -> tuple[Stmt, ...] | None:
+    block = next(((b, tiles) for b, tiles in blocks if b is s), None)
+    if block is None:
+        return None
+    nest, tiles = block
+
+    def epilogue(st: Stmt) -> Stmt | None:
+        if not isinstance(st, Store) or st.buffer != source:
+            return None
+        at = {f"{_SLOT}{k}": e for k, e in enumerate(st.indices)}
+
+        def place(e: Expr) -> Expr:
+            if isinstance(e, Read) and e.tensor == source:
+                return st.value
+            if isinstance(e, IndexVar) and e.name in at:
+                return at[e.name]
+            return e
+        return Store(target, st.indices, map_expr(template, place))
+
+    applied = rewrite((nest,), pre=epilogue)[0]
+    if not tiles:
+        return (nest, applied) if read_later else (applied,)
+    cond = _last(tiles[0])
+    for lp in tiles[1:]:
+        cond = Binary(BinaryOp.AND, cond, _last(lp), DType.BOOL)
+    return nest, If(cond, (applied,))
