@@ -72,7 +72,9 @@ def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
 
 # attributes naming an element type: ONNX TensorProto codes in the model, polyfuse dtype
 # names (DType values, e.g. "float32") in the graph IR
-ELEMENT_TYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "BitCast": "to"}
+ELEMENT_TYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "BitCast": "to",
+                      **{op: "output_datatype" for op in ("HannWindow", "HammingWindow",
+                                                          "BlackmanWindow", "MelWeightMatrix")}}
 
 
 def _type_name(code: int) -> str:
