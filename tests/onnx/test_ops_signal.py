@@ -168,3 +168,21 @@ def test_bad_nodes_are_polyfuse_errors_naming_the_node():
                            {"step": np.array(2, np.int64), "len": np.array(20, np.int64)}, opset=17)
     with pytest.raises(pf.ModelError, match="'STFT_0' .*frame length 20"):
         pf.compile(model, target="host").run({"x": x})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_deform_conv_groups_stride_dilation_mask_bias_match_the_reference(target):
+    from onnx.reference import ReferenceEvaluator
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.standard_normal((2, 4, 7, 6)).astype(np.float32),
+             "w": rng.standard_normal((6, 2, 2, 3)).astype(np.float32),
+             "off": (2 * rng.standard_normal((2, 2 * 6 * 2, 4, 2))).astype(np.float32),
+             "b": rng.standard_normal(6).astype(np.float32),
+             "m": rng.random((2, 2 * 6, 4, 2)).astype(np.float32)}
+    node = helper.make_node("DeformConv", list(feeds), ["y"], group=2, offset_group=2,
+                            strides=[2, 2], dilations=[2, 1], pads=[1, 0, 1, 0])
+    model = one_node_model(node, feeds, {"y": F}, opset=22)
+    got = pf.compile(model, target=target).run(feeds)["y"]
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    assert got.shape == (2, 6, 4, 2)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
