@@ -309,16 +309,17 @@ EPILOGUE = BLOCK_PROMOTED.replace("out float32(4, 10) C,", "in float32(10) D, ou
 
 
 def test_an_epilogue_nest_runs_in_the_register_blocks_stores():
-    """The bias and ReLU apply to the accumulators where the block stores them; nothing
-    else reads the product, so it is no longer stored, and the epilogue nest goes."""
+    """The bias and ReLU apply to the accumulators where the block stores them, and the
+    epilogue nest goes; the product is still stored (a TC caller may read it)."""
     a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
     bias = RNG.standard_normal(10).astype(np.float32)
     out = fuse_epilogues(parse_kernel(EPILOGUE))
     text = str(out)
-    assert "for c4" not in text and "C(c1, c0 + c2) = acc" not in text, text
+    assert "for c4" not in text and "C(c1, c0 + c2) = acc(0, c2)" in text, text
     assert "Y(c1 + 1, c0 + c2) = max(acc(1, c2) + D(c0 + c2), 0.0)" in text, text
-    got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
-    np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
+    got = interpret_kernel(out, {"A": a, "B": b, "D": bias})
+    np.testing.assert_allclose(got["Y"], np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["C"], a @ b, rtol=1e-5, atol=1e-6)
 
 
 def test_an_epilogue_after_a_tiled_reduction_runs_on_its_last_tile():
@@ -349,3 +350,19 @@ def test_an_epilogue_after_a_tiled_reduction_runs_on_its_last_tile():
 def test_epilogues_that_do_not_read_the_block_element_for_element_stay_apart(change):
     kernel = parse_kernel(EPILOGUE.replace(*change))
     assert fuse_epilogues(kernel) == kernel
+
+
+@pytest.mark.parametrize("k", [64, 300])   # one reduction tile; three, the last partial
+def test_a_tc_product_and_its_epilogue_both_come_back(k):
+    """On the host the epilogue runs in the product's register blocks; the product, an
+    output of the definition, still holds the sums."""
+    mm = pf.define("def f(float(M,K) A, float(K,N) B, float(N) D) -> (Y, T) {\n"
+                   "  T(m, n) +=! A(m, k) * B(k, n)\n  Y(m, n) = max(T(m, n) + D(n), 0.0)\n}",
+                   target="host").f
+    a, b = RNG.standard_normal((128, k)).astype(np.float32), RNG.standard_normal((k, 128)).astype(np.float32)
+    d = RNG.standard_normal(128).astype(np.float32)
+    spec = mm.specialize(a, b, d)
+    assert "loops:fuse_epilogues" in spec.stages and "max(acc" in spec.stages["loops"]
+    y, t = spec(a, b, d)
+    np.testing.assert_allclose(t, a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, np.maximum(a @ b + d, 0), rtol=1e-4, atol=1e-4)

@@ -17,12 +17,13 @@ directly and every statement of it is ``Y(E) = f(T(E), ...)``, the same ``f`` fo
 statement, whose other reads index only by whole indices of ``E`` (``B(E3)``, ``R(E)``):
 then ``f`` at the block's element ``F`` is ``f`` with ``E`` replaced by ``F``. The block
 must store every element of ``T`` from an ``acc``; loops around it that its element does
-not move with are reduction tiles, and the epilogue runs on their last iteration. Where
-nothing else reads ``T`` and the reduction is not tiled, ``T`` is no longer stored.
+not move with are reduction tiles, and the epilogue runs on their last iteration. ``T``
+is still stored: it is an output of the definition, which a TC caller gets back.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
@@ -39,7 +40,7 @@ def fuse_epilogues(kernel: LoopKernel) -> LoopKernel:
     body = list(kernel.body)
     k = 0
     while k + 1 < len(body):
-        fused = _fuse(body[k], body[k + 1], kernel, body[:k] + body[k + 2:])
+        fused = _fuse(body[k], body[k + 1], kernel)
         if fused is None:
             k += 1
         else:
@@ -55,6 +56,17 @@ def _innermost(nest: Stmt) -> tuple[Store, ...] | None:
     if not isinstance(node, For) or not all(isinstance(s, Store) for s in node.body):
         return None
     return node.body  # type: ignore[return-value]
+
+
+def _trips(nest: Stmt) -> int:
+    """Iterations of a perfect nest with constant bounds (0 if a bound is not constant)."""
+    n = 1
+    while isinstance(nest, For):
+        if not (isinstance(nest.lo, Literal) and isinstance(nest.hi, Literal)):
+            return 0
+        n *= max(0, -(-(int(nest.hi.value) - int(nest.lo.value)) // nest.step))
+        nest = nest.body[0]
+    return n
 
 
 def _template(s: Store, source: str) -> Expr | None:
@@ -86,7 +98,7 @@ class _Unfit(Exception):
     pass
 
 
-def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, rest: list[Stmt]) -> Stmt | None:
+def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel) -> Stmt | None:
     stores = _innermost(second)
     if not isinstance(first, For) or not stores:
         return None
@@ -99,6 +111,9 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, rest: list[Stmt]) -> St
     dtype = kernel.buffer(source).dtype
     if dtype.compute is not dtype or kernel.buffer(target).role is BufferRole.LOCAL:
         return None  # a 16-bit T is rounded before the epilogue reads it; acc is not
+    if kernel.buffer(target).shape != kernel.buffer(source).shape or \
+            _trips(second) * len(stores) != math.prod(kernel.buffer(target).shape):
+        return None  # the epilogue writes every element of Y, as the blocks store every one of T
     template = _template(stores[0], source)
     if template is None or any(_template(s, source) != template for s in stores[1:]):
         return None
@@ -108,9 +123,7 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, rest: list[Stmt]) -> St
     blocks: list[tuple[For, list[For]]] = []   # each block's store nest, its reduction tiles
     if not _find_blocks(first, source, kernel, [], blocks):
         return None
-    read_later = any(isinstance(r, Read) and r.tensor == source
-                     for s in walk_stmts(tuple(rest)) for r in _reads(s))
-    return rewrite((first,), pre=lambda s: _apply(s, blocks, source, target, template, read_later))[0]
+    return rewrite((first,), pre=lambda s: _apply(s, blocks, source, target, template))[0]
 
 
 def _reads(s: Stmt) -> list[Expr]:
@@ -164,7 +177,7 @@ def _last(lp: For) -> Expr:
 
 
 def _apply(s: Stmt, blocks: list[tuple[For, list[For]]], source: str, target: str,
-           template: Expr, read_later: bool) -> tuple[Stmt, ...] | None:
+           template: Expr) -> tuple[Stmt, ...] | None:
     block = next(((b, tiles) for b, tiles in blocks if b is s), None)
     if block is None:
         return None
@@ -185,7 +198,7 @@ def _apply(s: Stmt, blocks: list[tuple[For, list[For]]], source: str, target: st
 
     applied = rewrite((nest,), pre=epilogue)[0]
     if not tiles:
-        return (nest, applied) if read_later else (applied,)
+        return nest, applied
     cond = _last(tiles[0])
     for lp in tiles[1:]:
         cond = Binary(BinaryOp.AND, cond, _last(lp), DType.BOOL)

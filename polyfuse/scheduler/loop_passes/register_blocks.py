@@ -93,7 +93,7 @@ def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[St
         return None
     loops.append(node)
     stores = node.body
-    if len(stores) < 2 or not all(isinstance(s, Store) for s in stores):
+    if not stores or not all(isinstance(s, Store) for s in stores):
         return None
     if any(lp.kind is not LoopKind.SERIAL or _constant(lp.lo) is None or _constant(lp.hi) is None
            for lp in loops):
