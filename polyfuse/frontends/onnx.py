@@ -72,9 +72,11 @@ def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
 
 # attributes naming an element type: ONNX TensorProto codes in the model, polyfuse dtype
 # names (DType values, e.g. "float32") in the graph IR
-ELEMENT_TYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "BitCast": "to",
-                      **{op: "output_datatype" for op in ("HannWindow", "HammingWindow",
-                                                          "BlackmanWindow", "MelWeightMatrix")}}
+ELEMENT_TYPE_ATTRS = {"Cast": ("to",), "EyeLike": ("dtype",), "BitCast": ("to",),
+                      "QuantizeLinear": ("output_dtype", "precision"),
+                      "DequantizeLinear": ("output_dtype",),
+                      **{op: ("output_datatype",) for op in ("HannWindow", "HammingWindow",
+                                                             "BlackmanWindow", "MelWeightMatrix")}}
 
 
 def _type_name(code: int) -> str:
@@ -130,15 +132,16 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
             unsupported.setdefault(n.op_type, []).append(name)
             continue
         attrs = tuple((a.name, _attr(a)) for a in n.attribute)
-        key = ELEMENT_TYPE_ATTRS.get(n.op_type)
-        code = dict(attrs).get(key) if key else None
-        if isinstance(code, int):
-            dt = dtype_of(code)
-            if dt is None:
-                unsupported.setdefault(f"{n.op_type} to element type "
-                                       f"{_type_name(code)}", []).append(name)
-                continue
-            attrs = tuple((k, dt.value if k == key else v) for k, v in attrs)
+        keys = ELEMENT_TYPE_ATTRS.get(n.op_type, ())
+        codes = {k: v for k, v in attrs if k in keys and isinstance(v, int)}
+        unknown = [k for k, code in codes.items() if code and dtype_of(code) is None]
+        if unknown:
+            unsupported.setdefault(f"{n.op_type} {unknown[0]} element type "
+                                   f"{_type_name(codes[unknown[0]])}", []).append(name)
+            continue
+        # UNDEFINED (0) is such an attribute's default: the op picks the type itself
+        attrs = tuple((k, dtype_of(codes[k]).value if k in codes else v)  # type: ignore[union-attr]
+                      for k, v in attrs if codes.get(k, 1))
         nodes.append(Node(n.op_type, name, tuple(n.input), tuple(n.output), attrs))
     for c in constants:
         if DType.from_numpy(c.array.dtype) not in SUPPORTED_DTYPES:

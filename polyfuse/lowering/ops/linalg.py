@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from polyfuse.errors import ArgumentError
@@ -10,12 +12,31 @@ from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, broadcast
                                    View, broadcast_shape, register, tensor_param)
 
 
-@register("MatMul")
-def _matmul(ctx: OpContext) -> TCKernel:
-    ctx.rank(0, least=1)
-    ctx.rank(1, least=1)
-    a, b = ctx.shape(0), ctx.shape(1)
-    dt = ctx.dtype(0)
+@dataclass(frozen=True)
+class Product:
+    """numpy's matmul of node inputs ``inputs`` as indices: ``Y(out) +=! A(a) * B(b)``,
+    with ``k`` summed and ``out`` ranging over ``extents``; ``m`` and ``n`` index A's rows
+    and B's columns (also where a vector has none)."""
+
+    inputs: tuple[int, int]
+    a: list[str]
+    b: list[str]
+    out: list[str]
+    extents: list[int]
+    m: str
+    n: str
+
+    @property
+    def where(self) -> str:
+        ranges = ", ".join(f"{i} in 0:{e}" for i, e in zip(self.out, self.extents))
+        return f" where {ranges}" if ranges else ""
+
+
+def matmul_product(ctx: OpContext, ia: int = 0, ib: int = 1) -> Product:
+    """The product of node inputs ``ia`` and ``ib``, checked to multiply."""
+    ctx.rank(ia, least=1)
+    ctx.rank(ib, least=1)
+    a, b = ctx.shape(ia), ctx.shape(ib)
     a2 = (1,) + a if len(a) == 1 else a    # numpy: promote vectors, drop the dimension later
     b2 = b + (1,) if len(b) == 1 else b
     if a2[-1] != b2[-2]:
@@ -24,19 +45,27 @@ def _matmul(ctx: OpContext) -> TCKernel:
     batch = broadcast_shape(a2[:-2], b2[:-2])
     nb = len(batch)
     m, n = INDEX[nb], INDEX[nb + 1]
-    ia = broadcast_indices(a2[:-2], batch) + [m, "k"]
-    ib = broadcast_indices(b2[:-2], batch) + ["k", n]
+    read_a = broadcast_indices(a2[:-2], batch) + [m, "k"]
+    read_b = broadcast_indices(b2[:-2], batch) + ["k", n]
     if len(a) == 1:
-        ia = ia[:-2] + ["k"]
+        read_a = read_a[:-2] + ["k"]
     if len(b) == 1:
-        ib = ib[:-2] + ["k"]
+        read_b = read_b[:-2] + ["k"]
     out = list(INDEX[:nb]) + ([m] if len(a) > 1 else []) + ([n] if len(b) > 1 else [])
     extents = list(batch) + ([a2[-2]] if len(a) > 1 else []) + ([b2[-1]] if len(b) > 1 else [])
-    where = ", ".join(f"{i} in 0:{e}" for i, e in zip(out, extents))
-    src = (f"def k({tensor_param('A', (dt, a))}, {tensor_param('B', (dt, b))}) -> (Y) {{\n"
-           f"  Y({', '.join(out)}) +=! {access('A', ia)} * {access('B', ib)}"
-           f"{' where ' + where if where else ''}\n}}\n")
+    return Product((ia, ib), read_a, read_b, out, extents, m, n)
+
+
+@register("MatMul")
+def _matmul(ctx: OpContext) -> TCKernel:
+    p, dt = matmul_product(ctx), ctx.dtype(0)
+    params = f"{tensor_param('A', (dt, ctx.shape(0)))}, {tensor_param('B', (dt, ctx.shape(1)))}"
+    src = (f"def k({params}) -> (Y) {{\n"
+           f"  Y({', '.join(p.out)}) +=! {access('A', p.a)} * {access('B', p.b)}{p.where}\n}}\n")
     return TCKernel(src, (0, 1))
+
+
+TRANSPOSE_ROWS = 8   # rows of A from which Gemm multiplies constant weights' transpose
 
 
 @register("Gemm")
@@ -56,10 +85,11 @@ def _gemm(ctx: OpContext) -> TCKernel:
     params = [tensor_param("A", ctx.types[0]), tensor_param("B", ctx.types[1])]  # type: ignore[arg-type]
     constants: tuple[np.ndarray, ...] = ()
     weights = ctx.values[1]
-    if tb and weights is not None:
+    if tb and weights is not None and m_ext >= TRANSPOSE_ROWS:
         # constant weights (n, k), as torch's Linear exports them: transposed once at
         # compile time, so the product reads rows of output columns (the register-blocked
-        # micro-kernel) instead of a dot product per output
+        # micro-kernel) instead of a dot product per output; a few rows (a classifier
+        # head on one image) keep the dot products, which read each weight row in order
         constants = (np.ascontiguousarray(weights.T),)
         params[1] = tensor_param("B", (ctx.dtype(1), constants[0].shape))
         b = "B(k, n)"

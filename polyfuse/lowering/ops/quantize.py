@@ -1,0 +1,288 @@
+"""The quantization ops: QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear, and
+the integer products MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
+
+Integer arithmetic is exact: zero points are subtracted and products summed in int32.
+A float becomes an integer as ONNX's reference makes one: rounded half to even
+(``rint``), the zero point added, then clamped to the type's range while still a float
+(a cast of a float outside the range would wrap). Requantization multiplies the int32
+sum by the factor ``scale_a * scale_b / scale_y`` (rounded to the scales' type) in
+float64, where that product is exact, so only ``rint`` rounds it.
+
+Every kernel names node input ``i`` ``I<i>``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from polyfuse.ir.types import DType, promote
+from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, literal, register,
+                                   tensor_param)
+from polyfuse.lowering.ops.conv import WindowAxis, affine, guarded, where, window_axes
+from polyfuse.lowering.ops.linalg import Product, matmul_product
+
+QUANTIZED = (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16)
+
+
+Declared = tuple[str, DType, Sequence[int]]   # a TC output: name, type, shape
+
+
+def _kernel(ctx: OpContext, lines: Sequence[str], outputs: Sequence[Declared],
+            count: int = 1) -> TCKernel:
+    """A TC def reading every given node input as ``I<i>``; the first ``count`` of
+    ``outputs`` are the node's outputs, the rest temporaries."""
+    inputs = tuple(i for i in range(len(ctx.types)) if ctx.has(i))
+    params = ", ".join(tensor_param(f"I{i}", ctx.type(i)) for i in inputs)
+    decls = ", ".join(tensor_param(name, (dt, shape)) for name, dt, shape in outputs)
+    body = "".join(f"  {line}\n" for line in lines)
+    return TCKernel(f"def k({params}) -> ({decls}) {{\n{body}}}\n", inputs, tuple(range(count)))
+
+
+def _saturated(value: str, dt: DType, f: DType) -> str:
+    """``value`` (a float of type ``f``, already whole) clamped to ``dt``'s range, then cast."""
+    info = np.iinfo(dt.numpy)
+    return f"{dt}(min(max({value}, {literal(info.min, f)}), {literal(info.max, f)}))"
+
+
+def _requantized(acc: str, factor: str, zero: str, dt: DType) -> str:
+    """The int32 sum ``acc`` in the output's quantization: ``acc * factor + zero``, saturated."""
+    return _saturated(f"rint(float64({acc}) * float64({factor})) + float64({zero})", dt,
+                      DType.FLOAT64)
+
+
+def _shifted(read: str, zero: str) -> str:
+    """An integer read as int32, less its zero point (if any)."""
+    return f"(int32({read}) - int32({zero}))" if zero else f"int32({read})"
+
+
+def _one_or_each(ctx: OpContext, i: int, what: str, index: str, count: int, per: str) -> str:
+    """How input ``i`` is read: its one value, or (a vector of ``count``) the one at
+    ``index``; nothing if the input is omitted."""
+    if not ctx.has(i):
+        return ""
+    shape = ctx.shape(i)
+    if math.prod(shape) == 1:
+        return access(f"I{i}", ["0"] * len(shape))
+    if shape == (count,):
+        return access(f"I{i}", [index])
+    raise ctx.malformed(f"the {what} (input {i}) has shape {shape}; it must hold one value or "
+                        f"{count}, one per {per}")
+
+
+# --- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear ----------------------------------
+
+def _per_element(ctx: OpContext, i: int) -> str:
+    """How the scale or zero point input ``i`` is read at element ``INDEX`` of input 0: one
+    value for all, one per index along ``axis`` (a vector), or one per ``block_size``
+    indices along it (a tensor of input 0's rank)."""
+    x, s = ctx.shape(0), ctx.shape(i)
+    block = ctx.ints(ctx.attr("block_size", 0), "block_size", 1, least=0)[0]
+    if math.prod(s) == 1 and (not block or len(s) <= 1):
+        return access(f"I{i}", ["0"] * len(s))
+    axis = ctx.axis(ctx.attr("axis", 1), len(x))
+    if not block and s == (x[axis],):
+        return access(f"I{i}", [INDEX[axis]])
+    blocks = x[:axis] + (-(-x[axis] // block),) + x[axis + 1:] if block else None
+    if s == blocks:
+        return access(f"I{i}", [f"{INDEX[d]} / {block}" if d == axis else INDEX[d]
+                                for d in range(len(x))])
+    want = (f"{blocks} (blocks of {block} along axis {axis})" if block else
+            f"() or ({x[axis]},) (one per index along axis {axis})")
+    raise ctx.malformed(f"input {i} has shape {s}; for an input of shape {x} it must be {want}")
+
+
+def _elementwise(ctx: OpContext, expr: str, dt: DType) -> TCKernel:
+    """``expr`` of ``x``, ``s`` and (if given) ``z``, inputs 0, 1, 2, at every element of x."""
+    shape = ctx.shape(0)
+    index = INDEX[:len(shape)]
+    lets = [f"{d} in 0:{n}" for d, n in zip(index, shape)] + [f"x = {access('I0', index)}"]
+    lets += [f"{name} = {_per_element(ctx, i)}" for i, name in ((1, "s"), (2, "z")) if ctx.has(i)]
+    return _kernel(ctx, [f"{access('Y', index)} = {expr} where {', '.join(lets)}"],
+                   [("Y", dt, shape)])
+
+
+def _quantized_type(ctx: OpContext) -> DType:
+    """The zero point's type, else ``output_dtype``, else uint8."""
+    wanted = ctx.element_type("output_dtype")
+    dt = ctx.dtype(2) if ctx.has(2) else wanted or DType.UINT8
+    if wanted is not None and wanted is not dt:
+        raise ctx.malformed(f"output_dtype {wanted} differs from the zero point's type {dt}")
+    if dt not in QUANTIZED:
+        raise ctx.unsupported(f"quantizing to {dt}; polyfuse quantizes to "
+                              f"{', '.join(map(str, QUANTIZED))}")
+    return dt
+
+
+@register("QuantizeLinear")
+def _quantize_linear(ctx: OpContext) -> TCKernel:
+    """``saturate(rint(x / scale) + zero_point)``, x / scale rounded to ``precision`` (by
+    default the type of x and the scale together)."""
+    dt = _quantized_type(ctx)
+    p = ctx.element_type("precision") or promote(ctx.dtype(0), ctx.dtype(1))
+    p = p if p.is_float else DType.FLOAT32
+    f = p.compute
+    q = f"{f}(x) / {f}(s)" if p is f else f"{f}({p}({f}(x) / {f}(s)))"
+    zero = f" + {f}(z)" if ctx.has(2) else ""
+    return _elementwise(ctx, _saturated(f"rint({q}){zero}", dt, f), dt)
+
+
+@register("DequantizeLinear")
+def _dequantize_linear(ctx: OpContext) -> TCKernel:
+    """``(x - zero_point) * scale``, exact up to the product (int32 inputs in float64)."""
+    out = ctx.element_type("output_dtype") or ctx.dtype(1)
+    if not out.is_float:
+        raise ctx.malformed(f"output_dtype {out} is not a float type")
+    f = DType.FLOAT64 if ctx.dtype(0).bits > 16 else DType.FLOAT32
+    x = f"({f}(x) - {f}(z))" if ctx.has(2) else f"{f}(x)"
+    return _elementwise(ctx, f"{out}({x} * {f}(s))", out)
+
+
+@register("DynamicQuantizeLinear")
+def _dynamic_quantize_linear(ctx: OpContext) -> TCKernel:
+    """uint8 over the range of x widened to hold 0: ``scale = (hi - lo) / 255`` and the
+    zero point that 0 maps to, as ONNX's reference computes them in float32."""
+    shape = ctx.shape(0)
+    index = INDEX[:len(shape)]
+    x = access("I0", index)
+    ranges = where(list(zip(index, shape)))
+    lines = [f"Lo() min=! I0({', '.join(index)}){ranges}",
+             f"Hi() max=! I0({', '.join(index)}){ranges}",
+             "Lo() = min(Lo(), 0.0)",
+             "Hi() = max(Hi(), 0.0)",
+             "S() = (Hi() == Lo() ? 1.0 : Hi() - Lo()) / 255.0",
+             f"Z() = {_saturated('rint(0.0 - Lo() / S())', DType.UINT8, DType.FLOAT32)}",
+             f"{access('Y', index)} = "
+             f"{_saturated(f'rint({x} / S()) + float32(Z())', DType.UINT8, DType.FLOAT32)}"
+             f"{ranges}"]
+    return _kernel(ctx, lines, [("Y", DType.UINT8, shape), ("S", DType.FLOAT32, ()),
+                                ("Z", DType.UINT8, ()), ("Lo", DType.FLOAT32, ()),
+                                ("Hi", DType.FLOAT32, ())], count=3)
+
+
+# --- MatMulInteger, QLinearMatMul ---------------------------------------------------------------
+
+def _integer_matmul(ctx: OpContext, a: int, za: int, b: int, zb: int) -> tuple[str, Product]:
+    """The statement summing ``(A - za) * (B - zb)`` into int32 ``T``, and the product."""
+    p = matmul_product(ctx, a, b)
+    lhs = _shifted(access(f"I{a}", p.a), _per_row(ctx, za, "zero point of A", p))
+    rhs = _shifted(access(f"I{b}", p.b), _per_column(ctx, zb, "zero point of B", p))
+    return f"{access('T', p.out)} +=! {lhs} * {rhs}{p.where}", p
+
+
+def _per_row(ctx: OpContext, i: int, what: str, p: Product) -> str:
+    a = ctx.shape(p.inputs[0])
+    return _one_or_each(ctx, i, what, p.m, a[-2] if len(a) > 1 else 1, "row of A")
+
+
+def _per_column(ctx: OpContext, i: int, what: str, p: Product) -> str:
+    return _one_or_each(ctx, i, what, p.n, ctx.shape(p.inputs[1])[-1], "column of B")
+
+
+@register("MatMulInteger")
+def _matmul_integer(ctx: OpContext) -> TCKernel:
+    line, p = _integer_matmul(ctx, 0, 2, 1, 3)
+    return _kernel(ctx, [line], [("T", DType.INT32, p.extents)])
+
+
+def _factor(ctx: OpContext, a: str, b: str, y: str) -> str:
+    """``a * b / y`` of the scales, rounded to their type after each operation."""
+    st = ctx.dtype(1)
+    return f"{st}({st}({a} * {b}) / {y})"
+
+
+@register("QLinearMatMul")
+def _qlinear_matmul(ctx: OpContext) -> TCKernel:
+    line, p = _integer_matmul(ctx, 0, 2, 3, 5)
+    factor = _factor(ctx, _per_row(ctx, 1, "scale of A", p), _per_column(ctx, 4, "scale of B", p),
+                     _one_or_each(ctx, 6, "scale of Y", "0", 1, "tensor"))
+    zero = _one_or_each(ctx, 7, "zero point of Y", "0", 1, "tensor")
+    dt = ctx.dtype(7)
+    result = _requantized(access("T", p.out), factor, zero, dt)
+    return _kernel(ctx, [line, f"{access('Y', p.out)} = {result}{p.where}"],
+                   [("Y", dt, p.extents), ("T", DType.INT32, p.extents)])
+
+
+# --- ConvInteger, QLinearConv ----------------------------------------------------------------
+
+def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int,
+                  bias: int | None) -> tuple[list[str], list[tuple[str, int]], list[Declared]]:
+    """Statements summing ``(X - zx) * (W - zw)`` over each window into int32 ``T(n, m, o...)``
+    (plus the bias, if any), T's indices with their extents, and the temporaries. Reads
+    of the padding give 0; where the scheduler copes with it, a first statement copies
+    the shifted input into a temporary ``P`` with its padding, which the reduction then
+    reads unguarded."""
+    x, ws = ctx.shape(0), ctx.shape(w)
+    ctx.rank(0, least=3)
+    if len(ws) != len(x):
+        raise ctx.malformed(f"the weights have shape {ws}; they need the rank of the input {x}")
+    kernel = ctx.ints(ctx.attr("kernel_shape") or ws[2:], "kernel_shape")
+    if tuple(kernel) != ws[2:]:
+        raise ctx.malformed(f"kernel_shape {tuple(kernel)} differs from the weights' {ws[2:]}")
+    axes = window_axes(ctx, kernel)
+    groups = ctx.ints(ctx.attr("group", 1), "group", 1, least=1)[0]
+    m_out, c_group = ws[0], ws[1]
+    if x[1] != c_group * groups or m_out % groups:
+        raise ctx.malformed(f"{x[1]} input and {m_out} output channels do not split into "
+                            f"{groups} group(s) of {c_group} inputs for weights {ws}")
+    o = [f"o{d}" for d in range(len(axes))]
+    k = [f"k{d}" for d in range(len(axes))]
+    group = "m" if m_out == groups else f"(m / {m_out // groups})"
+    xc = "c" if groups == 1 else group if c_group == 1 else f"{group} * {c_group} + c"
+    weights = _shifted(f"I{w}(m, c, {', '.join(k)})",
+                       _one_or_each(ctx, zw, "zero point of w", "m", m_out, "output channel"))
+    lines, temporaries = [], []
+    if groups in (1, m_out):
+        lines.append(_padded_copy(ctx, axes, zx))
+        temporaries.append(("P", DType.INT32, x[:2] + tuple(a.span for a in axes)))
+        axes = [a.padded() for a in axes]
+        inputs = f"P(n, {xc}, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+    else:  # (isl takes minutes over P read through the quasi-affine group m / per_group)
+        read = f"I0(n, {xc}, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+        inputs = guarded([c for a, oi, ki in zip(axes, o, k) for c in a.inside(oi, ki)],
+                         _shifted(read, zx), "0")
+    out = [("n", x[0]), ("m", m_out)] + [(oi, a.out) for oi, a in zip(o, axes)]
+    index = ", ".join(i for i, _ in out)
+    window = [("c", c_group)] + [(ki, a.kernel) for ki, a in zip(k, axes)]
+    lines.append(f"T({index}) +=! ({inputs}) * {weights}{where(out + window)}")
+    if bias is not None:
+        lines.append(f"T({index}) = T({index}) + "
+                     f"{_one_or_each(ctx, bias, 'bias', 'm', m_out, 'output channel')}")
+    return lines, out, temporaries
+
+
+def _padded_copy(ctx: OpContext, axes: Sequence[WindowAxis], zero: str) -> str:
+    """``P(n, c, h...)``: the input as int32 less its zero point, with 0 in the padding."""
+    h = [f"h{d}" for d in range(len(axes))]
+    read = f"I0(n, c, {', '.join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))})"
+    inside = [cond for hi, a in zip(h, axes) for cond in
+              ([f"{hi} >= {a.pad}"] if a.pad > 0 else [])
+              + ([f"{hi} < {a.pad + a.size}"] if a.span > a.pad + a.size else [])]
+    extents = [("n", ctx.shape(0)[0]), ("c", ctx.shape(0)[1])] + \
+        [(hi, a.span) for hi, a in zip(h, axes)]
+    return (f"P({', '.join(i for i, _ in extents)}) = "
+            f"{guarded(inside, _shifted(read, zero), '0')}{where(extents)}")
+
+
+@register("ConvInteger")
+def _conv_integer(ctx: OpContext) -> TCKernel:
+    zx = _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor")
+    lines, out, temporaries = _integer_conv(ctx, 1, zx, 3, None)
+    return _kernel(ctx, lines, [("T", DType.INT32, [e for _, e in out]), *temporaries])
+
+
+@register("QLinearConv")
+def _qlinear_conv(ctx: OpContext) -> TCKernel:
+    zx = _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor")
+    lines, out, temporaries = _integer_conv(ctx, 3, zx, 5, 8 if ctx.has(8) else None)
+    m_out = ctx.shape(3)[0]
+    factor = _factor(ctx, _one_or_each(ctx, 1, "scale of x", "0", 1, "tensor"),
+                     _one_or_each(ctx, 4, "scale of w", "m", m_out, "output channel"),
+                     _one_or_each(ctx, 6, "scale of y", "0", 1, "tensor"))
+    zero = _one_or_each(ctx, 7, "zero point of y", "0", 1, "tensor")
+    dt, index = ctx.dtype(7), ", ".join(i for i, _ in out)
+    lines.append(f"Y({index}) = {_requantized(f'T({index})', factor, zero, dt)}{where(out)}")
+    shape = [e for _, e in out]
+    return _kernel(ctx, lines, [("Y", dt, shape), ("T", DType.INT32, shape), *temporaries])
