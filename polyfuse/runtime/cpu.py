@@ -26,8 +26,8 @@ from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
 from polyfuse.targets import Target
-from polyfuse.targets.cpu import (JitKernel, compile_kernel, compile_object, load_object, runs_natively,
-                                  target_description, vector_bits)
+from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, load_object,
+                                  runs_natively, target_description, vector_bits)
 
 _COMPILED: dict[str, Any] = {}
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
@@ -91,6 +91,8 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
         lambda obj, meta: executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target),
         lambda: _compile(d, sizes, target, options, key))
     stages.update(exe.stages)
+    if "asm" not in stages and "llvm_opt" in stages and hasattr(stages, "later"):
+        stages.later("asm", lambda: assembly(stages["llvm_opt"], target))
     return exe
 
 

@@ -90,6 +90,31 @@ def check_target(target: Target) -> None:
         target_machine(target)
 
 
+class Stages(dict):
+    """Stage name -> text. A stage costly to print and seldom read (a CPU kernel's
+    assembly) is registered with :meth:`later` and printed the first time it is read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._later: dict[str, Callable[[], str]] = {}
+
+    def later(self, name: str, make: Callable[[], str]) -> None:
+        self._later[name] = make
+
+    def __missing__(self, name: str) -> str:
+        make = self._later.pop(name, None)
+        if make is None:
+            raise KeyError(name)
+        self[name] = text = make()
+        return text
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name) or name in self._later
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[name] if name in self else default
+
+
 @dataclass(frozen=True)
 class SpecializedKernel:
     """A kernel fixed to concrete sizes and dtypes; ``stages`` maps stage name -> text."""
@@ -240,8 +265,8 @@ class Kernel:
                     f"{sizes}: the inputs are too small for the statement that writes it")
             # a shift by 2**62 asks for more memory than any machine has
             check_tensor_size(f"{self.name}: output '{t.name}'", t.dtype, tuple(extents))
-        stages = {"source": self.source, "comprehension": str(self.definition),
-                  "specialized": str(specialized)}
+        stages = Stages({"source": self.source, "comprehension": str(self.definition),
+                         "specialized": str(specialized)})
         try:
             run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages)
         except AccessRangeError as e:

@@ -155,7 +155,8 @@ _libraries = itertools.count()
 
 def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0, *,
                    parallel_for: int) -> JitKernel:
-    """JIT-compile a loop kernel for this machine; stages get "llvm", "llvm_opt" and "asm".
+    """JIT-compile a loop kernel for this machine; stages get "llvm" and "llvm_opt"
+    (:func:`assembly` prints "asm" from the latter when it is asked for).
     ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
     (``polyfuse.runtime.native.parallel_for_threads_address()``)."""
     obj, stages = compile_object(kernel, target, num_threads)
@@ -164,7 +165,7 @@ def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0, *,
 
 def compile_object(kernel: LoopKernel, target: Target, num_threads: int = 0) -> tuple[bytes, dict[str, str]]:
     """Compile a loop kernel to a relocatable object for any CPU target (no JIT): the
-    object and the stages "llvm", "llvm_opt" and "asm"."""
+    object and the stages "llvm" and "llvm_opt"."""
     tm = target_machine(target)
     mod, stages = _optimized_module(kernel, target, tm, num_threads)
     return tm.emit_object(mod), stages
@@ -175,7 +176,13 @@ def _optimized_module(kernel: LoopKernel, target: Target, tm: llvm.TargetMachine
     text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads, "sve" in target.features)
     mod = parse_module(text, f"kernel '{kernel.name}'")
     optimize(mod, tm)
-    return mod, {"llvm": text, "llvm_opt": str(mod), "asm": tm.emit_assembly(mod)}
+    return mod, {"llvm": text, "llvm_opt": str(mod)}
+
+
+def assembly(llvm_opt: str, target: Target) -> str:
+    """The assembly of an optimized module's text for ``target`` (printed on demand: for
+    every kernel of a model it took an eighth of the compile time)."""
+    return target_machine(target).emit_assembly(parse_module(llvm_opt, "the assembly stage"))
 
 
 def parse_module(text: str, what: str) -> llvm.ModuleRef:
