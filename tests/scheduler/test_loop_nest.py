@@ -60,10 +60,11 @@ def test_the_heaviest_statement_is_the_nest():
 def test_the_heuristics_write_their_choices_on_the_named_members():
     d, mm = nest(MM, "mm", MM_SIZES)
     named = mm.to_named(default_options(d, MM_SIZES, 512))
-    # cache tiles 64 rows of m by 128 columns of n (384 columns: 256 would make one whole
-    # tile and a half one for the threads); k's 256 steps, not much more than the 128-step
-    # tile, stay whole; 4 x 64 register blocks; column panels outermost (BLIS)
-    assert named.tile_sizes == (("m", 64), ("n", 128), ("k", 0))
+    # cache tiles 64 rows of m by 64 columns of n (384 columns: 256 would make one whole
+    # tile and a half one for the threads, 128 three tiles, an odd number); k's 256 steps,
+    # not much more than the 128-step tile, stay whole; 4 x 64 register blocks; column
+    # panels outermost (BLIS)
+    assert named.tile_sizes == (("m", 64), ("n", 64), ("k", 0))
     assert named.tile_order == ("n", "k", "m")
     assert named.register_tile == (("m", 4), ("n", 64), ("k", 0))
     assert named.point_order == ("k", "m", "n")   # reduction outermost, n vectorized innermost
