@@ -109,8 +109,9 @@ def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Targe
 def _compile(d: Definition, sizes: dict[str, int], target: Target, options: MappingOptions,
              key: str) -> Any:
     stages = {"options": repr(options)}
-    kernel = schedule_definition(d, sizes, options, stages)
-    layout = Layout.of(kernel, zero_filled_outputs(d, sizes))
+    initialized: set[str] = set()
+    kernel = schedule_definition(d, sizes, options, stages, initialized)
+    layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized)
     if runs_natively(target):
         jit = compile_kernel(kernel, target, options.num_threads,
                              parallel_for=native.parallel_for_threads_address())

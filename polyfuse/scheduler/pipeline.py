@@ -3,6 +3,7 @@ loop kernel (CPUs) or GPU kernel (CUDA)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import ClassVar
@@ -20,17 +21,28 @@ from polyfuse.scheduler.gpu_promotion import promote_to_shared
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, fuse_epilogues, pack_operands,
                                             promote_accumulators, promote_register_blocks,
                                             separate_full_tiles, unroll_and_jam)
-from polyfuse.scheduler.model import build_model
+from polyfuse.scheduler.model import build_model, skipped_inits
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
 
 GpuPass = Callable[[GpuKernel], GpuKernel]
 
 
-def cpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
-    """The loop passes of a CPU kernel, in order."""
+def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(),
+                    initialized: set[str] | None = None) -> tuple[LoopPass, ...]:
+    """The loop passes of a CPU kernel, in order (``zeroed`` and ``initialized`` as
+    :func:`~polyfuse.scheduler.loop_passes.promote_register_blocks` takes them)."""
     return (separate_full_tiles, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
-            promote_accumulators, promote_register_blocks, fuse_epilogues, pack_operands)
+            promote_accumulators,
+            Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),
+            fuse_epilogues, pack_operands)
+
+
+def zero_started(d: Definition) -> frozenset[str]:
+    """Tensors written by one statement alone, a ``+=!`` whose init the runtime's zeros
+    replace (:func:`~polyfuse.scheduler.model.skipped_inits`)."""
+    writers = Counter(st.tensor for st in d.statements)
+    return frozenset(d.statements[k].tensor for k in skipped_inits(d) if writers[d.statements[k].tensor] == 1)
 
 
 def gpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
@@ -69,19 +81,21 @@ def _run(manager: PassManager[IR], ir: IR, stages: dict[str, str] | None, stage:
 
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
-                        stages: dict[str, str] | None = None) -> LoopKernel:
+                        stages: dict[str, str] | None = None,
+                        initialized: set[str] | None = None) -> LoopKernel:
     """Model, schedule, tile and lower ``d`` for concrete ``sizes``.
 
     ``stages`` (if given) receives the text of the isl schedule tree and the loop IR.
     Accesses not proven inside their tensors are refused or checked at run time
-    (:mod:`polyfuse.scheduler.bounds`).
+    (:mod:`polyfuse.scheduler.bounds`). ``initialized`` (if given) receives the outputs
+    the kernel starts at zero itself, which the runtime then need not fill.
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes)
     if stages is not None:
         stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, options)
-    return run_loop_passes(kernel, cpu_loop_passes(options), stages)
+    return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized), stages)
 
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

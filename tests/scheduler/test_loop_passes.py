@@ -366,3 +366,21 @@ def test_a_tc_product_and_its_epilogue_both_come_back(k):
     y, t = spec(a, b, d)
     np.testing.assert_allclose(t, a @ b, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(y, np.maximum(a @ b + d, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_a_block_summing_the_whole_reduction_into_a_zeroed_output_starts_at_zero():
+    """C starts as zeros (a +=!'s output) and one block sums all of k: its accumulators
+    start at 0 instead of loading C, and C is reported initialized (the runtime need not
+    fill it). With the reduction tiled (c9 around the block) they load the partial sums."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    initialized: set[str] = set()
+    out = promote_register_blocks(parse_kernel(BLOCK), frozenset({"C"}), initialized)
+    assert "acc(1, c2) = 0.0" in str(out) and "= C(" not in str(out) and initialized == {"C"}
+    np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
+    tiled = BLOCK.replace("    for c1 in 0:4 step 2 {\n", "    for c9 in 0:6 step 3 {\n    for c1 in 0:4 step 2 {\n") \
+        .replace("      for c3 in 0:6 {", "      for c3 in 0:3 {").replace("    }\n  }\n}", "    }\n    }\n  }\n}") \
+        .replace(", c3)", ", c9 + c3)").replace("B(c3,", "B(c9 + c3,")
+    initialized = set()
+    out = promote_register_blocks(parse_kernel(tiled), frozenset({"C"}), initialized)
+    assert "acc(1, c2) = C(c1 + 1, c0 + c2)" in str(out) and not initialized
+    np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Expr, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import Buffer, BufferRole, For, LoopKernel, LoopKind, Stmt, Store, rewrite
+from polyfuse.ir.loops import Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import affine
 
@@ -46,25 +46,72 @@ MIN_VECTOR = 8
 _I64 = DType.INT64
 
 
-def promote_register_blocks(kernel: LoopKernel) -> LoopKernel:
+def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozenset(),
+                            initialized: set[str] | None = None) -> LoopKernel:
     """Hoist the accumulator loads and stores of each register block out of its
-    reduction loops into a ``local`` array (``acc``, ``acc2``, ...)."""
+    reduction loops into a ``local`` array (``acc``, ``acc2``, ...).
+
+    ``zeroed`` names outputs that start as zeros (a ``+=!``'s, the runtime fills them)
+    and that one statement writes: a block summing the whole reduction into one (no
+    reduction tile around it) starts its accumulators at zero instead of loading them.
+    Those outputs whose initial zeros the kernel then never reads go into
+    ``initialized``: the runtime need not fill them."""
     taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
     buffers: list[Buffer] = []
+    from_zero: set[str] = set()   # outputs some block started at zero
+    loaded: set[str] = set()      # outputs some block (or plain store) loads from memory
 
-    def visit(s: Stmt) -> tuple[Stmt, ...] | None:
-        if not isinstance(s, For) or s.kind is not LoopKind.SERIAL:
-            return None
-        block = _block(s, kernel)
-        if block is None:
-            return None
-        name = _fresh("acc", taken)
-        buf, (load, update, store) = _promote(s, block, name, kernel)
-        buffers.append(buf)
-        return load, update, store
+    def visit(body: tuple[Stmt, ...], path: list[For]) -> tuple[Stmt, ...]:
+        out: list[Stmt] = []
+        for s in body:
+            block = _block(s, kernel) if isinstance(s, For) and s.kind is LoopKind.SERIAL else None
+            if block is not None:
+                target = block[2][0].buffer
+                used = {n.name for st in block[2] for i in st.indices for n in walk(i)
+                        if isinstance(n, IndexVar)}
+                zero = target in zeroed and all(lp.var in used for lp in path)
+                (from_zero if zero else loaded).add(target)
+                buf, stmts = _promote(s, block, _fresh("acc", taken), kernel, zero)  # type: ignore[arg-type]
+                buffers.append(buf)
+                out += stmts
+            elif isinstance(s, For):
+                out.append(replace(s, body=visit(s.body, path + [s])))
+            elif isinstance(s, If):
+                out.append(replace(s, then=visit(s.then, path), other=visit(s.other, path)))
+            else:
+                out.append(s)
+        return tuple(out)
 
-    body = rewrite(kernel.body, pre=visit)
-    return replace(kernel, buffers=kernel.buffers + tuple(buffers), body=body) if buffers else kernel
+    body = visit(kernel.body, [])
+    if not buffers:
+        return kernel
+    if initialized is not None:
+        initialized |= {t for t in from_zero - loaded if not _reads_before_written(body, t)}
+    return replace(kernel, buffers=kernel.buffers + tuple(buffers), body=body)
+
+
+def _reads_before_written(body: tuple[Stmt, ...], tensor: str) -> bool:
+    """Whether a top-level nest of ``body`` reads ``tensor`` while it, or one before it,
+    still writes it (the reads of nests after the last writer see only written values)."""
+    nests = [s for s in body]
+    writers = [k for k, s in enumerate(nests) if any(isinstance(t, Store) and t.buffer == tensor
+                                                     for t in walk_stmts((s,)))]
+    last = max(writers, default=-1)
+    return any(isinstance(r, Read) and r.tensor == tensor
+               for s in nests[:last + 1] for t in walk_stmts((s,)) for r in _expressions(t))
+
+
+def _expressions(s: Stmt) -> list[Expr]:
+    exprs: tuple[Expr, ...] = ()
+    if isinstance(s, Store):
+        exprs = (*s.indices, s.value)
+    elif isinstance(s, For):
+        exprs = (s.lo, s.hi)
+    elif isinstance(s, If):
+        exprs = (s.cond,)
+    elif isinstance(s, Assign):
+        exprs = (s.value,)
+    return [n for e in exprs for n in walk(e)]
 
 
 def _fresh(base: str, taken: set[str]) -> str:
@@ -148,7 +195,7 @@ def _elements(block: list[For]) -> int:
 
 
 def _promote(top: For, parts: tuple[list[For], list[For], tuple[Store, ...]], name: str,
-             kernel: LoopKernel) -> tuple[Buffer, tuple[Stmt, Stmt, Stmt]]:
+             kernel: LoopKernel, zero: bool) -> tuple[Buffer, tuple[Stmt, Stmt, Stmt]]:
     reduction, block, stores = parts
     dtype = kernel.buffer(stores[0].buffer).dtype.compute
     wide = [lp for lp in block if _trips(lp) > 1]
@@ -169,7 +216,8 @@ def _promote(top: For, parts: tuple[list[For], list[For], tuple[Store, ...]], na
     def swap(j: int, s: Store):  # type: ignore[no-untyped-def]
         return lambda e: acc(j) if isinstance(e, Read) and e.tensor == s.buffer and e.indices == s.indices else e
 
-    load = nest(tuple(Store(name, acc(j).indices, element(s)) for j, s in enumerate(stores)), block)
+    load = nest(tuple(Store(name, acc(j).indices, Literal(0.0 if dtype.is_float else 0, dtype) if zero
+                            else element(s)) for j, s in enumerate(stores)), block)
     update = nest(tuple(Store(name, acc(j).indices, map_expr(s.value, swap(j, s)))
                         for j, s in enumerate(stores)), reduction + block)
     store = nest(tuple(Store(s.buffer, s.indices, acc(j)) for j, s in enumerate(stores)), block)
