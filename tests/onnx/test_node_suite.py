@@ -21,6 +21,11 @@ EXCLUDED: dict[str, str] = {
         "scores, exp and their sum); polyfuse computes the softmax in float32 and rounds the "
         "probabilities once, which lands up to 2 float16 steps away (relative 1.2e-3, the "
         "suite allows 1e-3)",
+    r"^test_dft_inverse(_opset19)?_cpu$":
+        "the expected output is numpy's float32 inverse FFT, which leaves rounding noise of "
+        "about 1.9e-7 at the Nyquist bins' imaginary parts, whose exact value is 0; polyfuse "
+        "sums in float64 and gives about 3e-15 there, and the suite allows 1e-7 (onnxruntime "
+        "fails both cases too)",
 }
 
 
