@@ -71,7 +71,7 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     d, conv = nest(CONV, "conv", CONV_SIZES)
     named = conv.to_named(default_options(d, CONV_SIZES, 512))
     # one tile of columns covers the 28 outputs of a row (too few to split over threads)
-    assert dict(named.tile_sizes)["w"] == 64 and dict(named.register_tile)["m"] == 4
+    assert dict(named.tile_sizes)["w"] == 28 and dict(named.register_tile)["m"] == 4
     # 64 channels by 3 x 3 taps: 8 channels make a tile of about 128 steps
     assert dict(named.tile_sizes)["c"] == 8
     assert named.point_order == ("c", "kh", "kw", "n", "h", "m", "w")
