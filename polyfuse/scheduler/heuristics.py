@@ -106,8 +106,7 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         tile_order = [vec] + red + others
         if rows_first:
             tile_order = others[:1] + [vec] + red + others[1:]
-            if first is not None and extents[vec] // cols >= 1:
-                # a few of its rows per tile, in an even number of tiles
+            if first is not None:   # a few of its rows per tile, in an even number of tiles
                 tiles[first] = _even_tiles(extents[first], 2 * CACHE_ROWS // max(1, extents[jam]))
                 registers[first] = 1
         outer = [i for i in others if i != jam and tile_order[0] != i]
