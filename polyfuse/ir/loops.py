@@ -31,7 +31,7 @@ from typing import overload
 
 from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, Call, Cast, Expr, Literal, ScalarDecl, Select,
-                                       Unary, format_expr, map_expr)
+                                       Unary, format_expr, map_expr, walk)
 from polyfuse.ir.types import DType
 
 
@@ -249,6 +249,22 @@ def _narrow(e: Expr, dt: DType) -> Expr:
 def map_loops(body: tuple[Stmt, ...], fn: Callable[[For], For]) -> tuple[Stmt, ...]:
     """Apply ``fn`` to every loop of ``body``, innermost first (its body already mapped)."""
     return rewrite(body, post=lambda s: fn(s) if isinstance(s, For) else None)
+
+
+def stmt_nodes(s: Stmt) -> Iterator[Expr]:
+    """Every expression node of ``s`` itself (a loop's bounds, a condition, a store's
+    indices and value, an assignment's value), not of the statements in its body."""
+    own: tuple[Expr, ...] = ()
+    if isinstance(s, For):
+        own = (s.lo, s.hi)
+    elif isinstance(s, If):
+        own = (s.cond,)
+    elif isinstance(s, Store):
+        own = (*s.indices, s.value)
+    elif isinstance(s, Assign):
+        own = (s.value,)
+    for e in own:
+        yield from walk(e)
 
 
 def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:

@@ -27,8 +27,7 @@ import math
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import (Assign, BufferRole, For, If, LoopKernel, Stmt, Store, rewrite,
-                               walk_stmts)
+from polyfuse.ir.loops import BufferRole, For, If, LoopKernel, Stmt, Store, rewrite, stmt_nodes, walk_stmts
 from polyfuse.ir.types import DType
 
 _I64 = DType.INT64
@@ -118,25 +117,12 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel) -> Stmt | None:
     if template is None or any(_template(s, source) != template for s in stores[1:]):
         return None
     if any(r.tensor in written - {source} for r in walk(template) if isinstance(r, Read)) or \
-            any(isinstance(r, Read) and r.tensor == target for st in walk_stmts((first,)) for r in _reads(st)):
+            any(isinstance(r, Read) and r.tensor == target for st in walk_stmts((first,)) for r in stmt_nodes(st)):
         return None
     blocks: list[tuple[For, list[For]]] = []   # each block's store nest, its reduction tiles
     if not _find_blocks(first, source, kernel, [], blocks):
         return None
     return rewrite((first,), pre=lambda s: _apply(s, blocks, source, target, template))[0]
-
-
-def _reads(s: Stmt) -> list[Expr]:
-    exprs: list[Expr] = []
-    if isinstance(s, Store):
-        exprs = [*s.indices, s.value]
-    elif isinstance(s, (Assign,)):
-        exprs = [s.value]
-    elif isinstance(s, If):
-        exprs = [s.cond]
-    elif isinstance(s, For):
-        exprs = [s.lo, s.hi]
-    return [n for e in exprs for n in walk(e)]
 
 
 def _is_block_store(s: Stmt, source: str, kernel: LoopKernel) -> bool:

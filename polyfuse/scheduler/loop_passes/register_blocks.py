@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Expr, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, walk_stmts
+from polyfuse.ir.loops import (Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, stmt_nodes,
+                               walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import affine
 
@@ -98,20 +99,7 @@ def _reads_before_written(body: tuple[Stmt, ...], tensor: str) -> bool:
                                                      for t in walk_stmts((s,)))]
     last = max(writers, default=-1)
     return any(isinstance(r, Read) and r.tensor == tensor
-               for s in nests[:last + 1] for t in walk_stmts((s,)) for r in _expressions(t))
-
-
-def _expressions(s: Stmt) -> list[Expr]:
-    exprs: tuple[Expr, ...] = ()
-    if isinstance(s, Store):
-        exprs = (*s.indices, s.value)
-    elif isinstance(s, For):
-        exprs = (s.lo, s.hi)
-    elif isinstance(s, If):
-        exprs = (s.cond,)
-    elif isinstance(s, Assign):
-        exprs = (s.value,)
-    return [n for e in exprs for n in walk(e)]
+               for s in nests[:last + 1] for t in walk_stmts((s,)) for r in stmt_nodes(t))
 
 
 def _fresh(base: str, taken: set[str]) -> str:
