@@ -178,8 +178,10 @@ def _register_rows(extent: int, near: bool) -> tuple[int, int]:
 
 
 def _vector_block(cols: int, width: int, vectors: int) -> tuple[int, int]:
-    """Columns of a register block and the vector width: up to ``vectors`` full vectors."""
+    """Columns of a register block and the vector width: the most full vectors, up to
+    ``vectors``, whose block divides ``cols`` (96 columns: three vectors of 16, not one)."""
     for vw in (width, width // 2):
         if vw >= 1 and cols % vw == 0:
-            return min(cols, vectors * vw) if cols % min(cols, vectors * vw) == 0 else vw, vw
+            n = max(v for v in range(1, vectors + 1) if cols % (v * vw) == 0)
+            return min(cols, n * vw), vw
     return 0, width

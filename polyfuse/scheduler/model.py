@@ -119,10 +119,10 @@ def skipped_inits(d: Definition) -> set[int]:
     for k, st in enumerate(d.statements):
         first.setdefault(st.tensor, k)
     return {k for t, k in first.items() if d.statements[k].op is ReduceOp.ADD
-            and d.statements[k].init and _covers(d.statements[k], d.tensor(t).shape)}
+            and d.statements[k].init and covers(d.statements[k], d.tensor(t).shape)}
 
 
-def _covers(st: Statement, shape: tuple[Expr, ...]) -> bool:
+def covers(st: Statement, shape: tuple[Expr, ...]) -> bool:
     """Whether ``st``'s left-hand side ranges are ``0:extent`` for every size (symbolically)."""
     try:
         return all(to_sympy(st.range_of(i).lo) == 0 and sympy.expand(to_sympy(st.range_of(i).hi)

@@ -21,7 +21,7 @@ from polyfuse.scheduler.gpu_promotion import promote_to_shared
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, fuse_epilogues, pack_operands,
                                             promote_accumulators, promote_register_blocks,
                                             separate_full_tiles, unroll_and_jam)
-from polyfuse.scheduler.model import build_model, skipped_inits
+from polyfuse.scheduler.model import build_model, covers, skipped_inits
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
 
@@ -29,13 +29,23 @@ GpuPass = Callable[[GpuKernel], GpuKernel]
 
 
 def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(),
-                    initialized: set[str] | None = None) -> tuple[LoopPass, ...]:
+                    initialized: set[str] | None = None,
+                    whole: frozenset[str] = frozenset()) -> tuple[LoopPass, ...]:
     """The loop passes of a CPU kernel, in order (``zeroed`` and ``initialized`` as
-    :func:`~polyfuse.scheduler.loop_passes.promote_register_blocks` takes them)."""
+    :func:`~polyfuse.scheduler.loop_passes.promote_register_blocks` takes them, ``whole``
+    as :func:`~polyfuse.scheduler.loop_passes.fuse_epilogues`)."""
     return (separate_full_tiles, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
             promote_accumulators,
             Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),
-            fuse_epilogues, pack_operands)
+            Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)), pack_operands)
+
+
+def written_whole(d: Definition) -> frozenset[str]:
+    """Tensors one statement writes, every element of them (distinct indices whose ranges
+    cover the shape)."""
+    writers = Counter(st.tensor for st in d.statements)
+    return frozenset(st.tensor for st in d.statements if writers[st.tensor] == 1
+                     and len(set(st.indices)) == len(st.indices) and covers(st, d.tensor(st.tensor).shape))
 
 
 def zero_started(d: Definition) -> frozenset[str]:
@@ -95,7 +105,8 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
     if stages is not None:
         stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, options)
-    return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized), stages)
+    return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized, written_whole(d)),
+                           stages)
 
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

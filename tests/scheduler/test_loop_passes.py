@@ -384,3 +384,29 @@ def test_a_block_summing_the_whole_reduction_into_a_zeroed_output_starts_at_zero
     out = promote_register_blocks(parse_kernel(tiled), frozenset({"C"}), initialized)
     assert "acc(1, c2) = C(c1 + 1, c0 + c2)" in str(out) and not initialized
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
+
+
+def test_an_epilogue_split_into_full_and_partial_tiles_fuses_when_it_writes_its_output_whole():
+    """The epilogue nest in two pieces (rows 0:3 and 3:4, as separate_full_tiles splits
+    a partial tile): fused when its output is written whole by one statement (``whole``,
+    from the definition), left alone otherwise (nothing then says the pieces cover it)."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    bias = RNG.standard_normal(10).astype(np.float32)
+    piece = """    for c4 in {} {{
+      for c5 in 0:10 vectorize(16) {{
+        Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)
+      }}
+    }}
+"""
+    split = EPILOGUE.replace("""  for c4 in 0:4 {
+    for c5 in 0:10 vectorize(16) {
+      Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)
+    }
+  }
+""", "  for c6 in 0:1 {\n" + piece.format("0:3") + piece.format("3:4") + "  }\n")
+    kernel = parse_kernel(split)
+    assert fuse_epilogues(kernel) == kernel
+    out = fuse_epilogues(kernel, frozenset({"Y"}))
+    assert "for c6" not in str(out) and "max(acc(1, c2)" in str(out)
+    got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
+    np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)

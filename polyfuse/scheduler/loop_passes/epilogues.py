@@ -34,12 +34,17 @@ _I64 = DType.INT64
 _SLOT = "__epilogue_index"
 
 
-def fuse_epilogues(kernel: LoopKernel) -> LoopKernel:
-    """Apply each pointwise epilogue nest in the stores of the register blocks before it."""
+def fuse_epilogues(kernel: LoopKernel, whole: frozenset[str] = frozenset()) -> LoopKernel:
+    """Apply each pointwise epilogue nest in the stores of the register blocks before it.
+
+    ``whole`` names outputs one statement writes entirely: an epilogue nest writing one
+    of them may be split into full and partial tiles (its stores are still every
+    element); any other must be one perfect nest whose iterations cover the output."""
     body = list(kernel.body)
     k = 0
     while k + 1 < len(body):
-        fused = _fuse(body[k], body[k + 1], kernel)
+        others = body[:k] + body[k + 2:]
+        fused = _fuse(body[k], body[k + 1], kernel, whole, others)
         if fused is None:
             k += 1
         else:
@@ -97,11 +102,24 @@ class _Unfit(Exception):
     pass
 
 
-def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel) -> Stmt | None:
+def _all_stores(nest: Stmt) -> tuple[Store, ...] | None:
+    """Every statement under ``nest`` when all of them are stores (loops and ifs around)."""
+    stmts = [s for s in walk_stmts((nest,)) if not isinstance(s, (For, If))]
+    return tuple(stmts) if stmts and all(isinstance(s, Store) for s in stmts) else None  # type: ignore[misc]
+
+
+def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, whole: frozenset[str],
+          others: list[Stmt]) -> Stmt | None:
     stores = _innermost(second)
+    split = stores is None   # full and partial tiles: fine for an output written whole
+    if split:
+        stores = _all_stores(second)
     if not isinstance(first, For) or not stores:
         return None
     target = stores[0].buffer
+    if split and (target not in whole or any(isinstance(s, Store) and s.buffer == target
+                                             for s in walk_stmts(tuple(others)))):
+        return None
     written = {s.buffer for s in walk_stmts((first,)) if isinstance(s, Store)}
     sources = {r.tensor for s in stores for r in walk(s.value) if isinstance(r, Read)} & written
     if len(sources) != 1 or any(s.buffer != target for s in stores) or target in written:
@@ -110,8 +128,8 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel) -> Stmt | None:
     dtype = kernel.buffer(source).dtype
     if dtype.compute is not dtype or kernel.buffer(target).role is BufferRole.LOCAL:
         return None  # a 16-bit T is rounded before the epilogue reads it; acc is not
-    if kernel.buffer(target).shape != kernel.buffer(source).shape or \
-            _trips(second) * len(stores) != math.prod(kernel.buffer(target).shape):
+    if kernel.buffer(target).shape != kernel.buffer(source).shape or (
+            not split and _trips(second) * len(stores) != math.prod(kernel.buffer(target).shape)):
         return None  # the epilogue writes every element of Y, as the blocks store every one of T
     template = _template(stores[0], source)
     if template is None or any(_template(s, source) != template for s in stores[1:]):
