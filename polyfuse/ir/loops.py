@@ -251,6 +251,23 @@ def map_loops(body: tuple[Stmt, ...], fn: Callable[[For], For]) -> tuple[Stmt, .
     return rewrite(body, post=lambda s: fn(s) if isinstance(s, For) else None)
 
 
+def constant_trips(loop: For) -> int | None:
+    """The iterations of a loop whose bounds are literals (None otherwise)."""
+    if not (isinstance(loop.lo, Literal) and isinstance(loop.hi, Literal)):
+        return None
+    return max(0, -(-(int(loop.hi.value) - int(loop.lo.value)) // loop.step))
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base2``, ``base3``, ... if taken; the name returned is taken then."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{k}"
+    taken.add(name)
+    return name
+
+
 def stmt_nodes(s: Stmt) -> Iterator[Expr]:
     """Every expression node of ``s`` itself (a loop's bounds, a condition, a store's
     indices and value, an assignment's value), not of the statements in its body."""

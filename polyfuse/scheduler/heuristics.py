@@ -107,7 +107,8 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         if rows_first:
             tile_order = others[:1] + [vec] + red + others[1:]
             if first is not None:   # a few of its rows per tile, in an even number of tiles
-                tiles[first] = _even_tiles(extents[first], 2 * CACHE_ROWS // max(1, extents[jam]))
+                tiles[first] = _divisor_at_most(extents[first], 2 * CACHE_ROWS // max(1, extents[jam]),
+                                                PARALLEL_TILES)
                 registers[first] = 1
         outer = [i for i in others if i != jam and tile_order[0] != i]
         if outer:
@@ -147,16 +148,11 @@ def _depth_tile(extents: dict[str, int], red: list[str], depth: str) -> int:
     return 1 << (max(1, CACHE_DEPTH // rest).bit_length() - 1)
 
 
-def _divisor_at_most(extent: int, most: int) -> int:
-    """The largest divisor of ``extent`` no larger than ``most`` (at least 1)."""
-    return max(d for d in range(1, max(1, min(extent, most)) + 1) if extent % d == 0)
-
-
-def _even_tiles(extent: int, most: int) -> int:
-    """The largest divisor of ``extent`` no larger than ``most`` that cuts it into an even
-    number of tiles (1 if none does)."""
+def _divisor_at_most(extent: int, most: int, parts: int = 1) -> int:
+    """The largest divisor of ``extent`` no larger than ``most`` that cuts it into a
+    multiple of ``parts`` tiles (at least 1)."""
     fits = [d for d in range(1, max(1, min(extent, most)) + 1)
-            if extent % d == 0 and (extent // d) % PARALLEL_TILES == 0]
+            if extent % d == 0 and (extent // d) % parts == 0]
     return max(fits, default=1)
 
 

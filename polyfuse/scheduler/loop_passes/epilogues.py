@@ -27,7 +27,8 @@ import math
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import BufferRole, For, If, LoopKernel, Stmt, Store, rewrite, stmt_nodes, walk_stmts
+from polyfuse.ir.loops import (BufferRole, For, If, LoopKernel, Stmt, Store, constant_trips, rewrite, stmt_nodes,
+                               walk_stmts)
 from polyfuse.ir.types import DType
 
 _I64 = DType.INT64
@@ -66,9 +67,7 @@ def _trips(nest: Stmt) -> int:
     """Iterations of a perfect nest with constant bounds (0 if a bound is not constant)."""
     n = 1
     while isinstance(nest, For):
-        if not (isinstance(nest.lo, Literal) and isinstance(nest.hi, Literal)):
-            return 0
-        n *= max(0, -(-(int(nest.hi.value) - int(nest.lo.value)) // nest.step))
+        n *= constant_trips(nest) or 0
         nest = nest.body[0]
     return n
 
@@ -175,8 +174,7 @@ def _find_blocks(s: Stmt, source: str, kernel: LoopKernel, path: list[For],
 
 def _last(lp: For) -> Expr:
     """``lp``'s variable is at its last iteration."""
-    lo, hi = int(lp.lo.value), int(lp.hi.value)  # type: ignore[attr-defined]
-    last = lo + (hi - lo - 1) // lp.step * lp.step
+    last = int(lp.lo.value) + ((constant_trips(lp) or 1) - 1) * lp.step  # type: ignore[attr-defined]
     return Binary(BinaryOp.EQ, IndexVar(lp.var, _I64), Literal(last, _I64), DType.BOOL)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, walk
 from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
-                               map_body_exprs)
+                               constant_trips, fresh_name, map_body_exprs)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine
 
@@ -165,12 +165,7 @@ class _Packer:
         return stmt
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}{k}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
 
 def _sites(top: For, inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None:
@@ -263,11 +258,8 @@ def _loops_of(sites: list[_Site]) -> list[_Loop]:
 
 
 def _constant_loop(s: For) -> _Loop | None:
-    if not (isinstance(s.lo, Literal) and isinstance(s.hi, Literal)):
-        return None
-    lo, hi = int(s.lo.value), int(s.hi.value)
-    trips = -(-(hi - lo) // s.step)
-    return _Loop(s.var, lo, trips, s.step, s.vector) if trips > 0 else None
+    trips = constant_trips(s)
+    return _Loop(s.var, int(s.lo.value), trips, s.step, s.vector) if trips else None  # type: ignore[attr-defined]
 
 
 def _tensors_in(body: tuple[Stmt, ...]) -> set[str]:

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from polyfuse.ir.comprehension import Expr, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import (Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, stmt_nodes,
-                               walk_stmts)
+from polyfuse.ir.comprehension import IndexVar, Literal, Read, map_expr, walk
+from polyfuse.ir.loops import (Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, constant_trips,
+                               fresh_name, stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import affine
 
@@ -72,7 +72,7 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
                         if isinstance(n, IndexVar)}
                 zero = target in zeroed and all(lp.var in used for lp in path)
                 (from_zero if zero else loaded).add(target)
-                buf, stmts = _promote(s, block, _fresh("acc", taken), kernel, zero)  # type: ignore[arg-type]
+                buf, stmts = _promote(s, block, fresh_name("acc", taken), kernel, zero)  # type: ignore[arg-type]
                 buffers.append(buf)
                 out += stmts
             elif isinstance(s, For):
@@ -102,19 +102,6 @@ def _reads_before_written(body: tuple[Stmt, ...], tensor: str) -> bool:
                for s in nests[:last + 1] for t in walk_stmts((s,)) for r in stmt_nodes(t))
 
 
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}{k}"
-    taken.add(name)
-    return name
-
-
-def _constant(e: Expr) -> int | None:
-    return e.value if isinstance(e, Literal) and isinstance(e.value, int) else None
-
-
 def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[Store, ...]] | None:
     """``top``'s nest split into reduction loops (``top`` first), block loops (the last
     one vectorized) and the accumulating stores, or None if it is not a register block
@@ -130,15 +117,14 @@ def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[St
     stores = node.body
     if not stores or not all(isinstance(s, Store) for s in stores):
         return None
-    if any(lp.kind is not LoopKind.SERIAL or _constant(lp.lo) is None or _constant(lp.hi) is None
-           for lp in loops):
+    if any(lp.kind is not LoopKind.SERIAL or constant_trips(lp) is None for lp in loops):
         return None
     used = {n.name for s in stores for i in s.indices for n in walk(i) if isinstance(n, IndexVar)}
     inner = [k for k, lp in enumerate(loops) if lp.var in used]
     if not inner or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
         return None  # the reduction must run outside every loop the block's elements use
     reduction, block = loops[:inner[0]], loops[inner[0]:]
-    if any(_trips(lp) > 1 and (_constant(lp.lo) != 0 or lp.step != 1) for lp in block):
+    if any(_trips(lp) > 1 and (lp.lo.value != 0 or lp.step != 1) for lp in block):  # type: ignore[attr-defined]
         return None
     buffer = {b.name: b for b in kernel.buffers}
     written = {s.buffer for s in stores}  # type: ignore[union-attr]
@@ -170,9 +156,9 @@ def _disjoint(stores: tuple[Store, ...]) -> bool:
 
 
 def _trips(lp: For) -> int:
-    lo, hi = _constant(lp.lo), _constant(lp.hi)
-    assert lo is not None and hi is not None
-    return max(0, -(-(hi - lo) // lp.step))
+    trips = constant_trips(lp)
+    assert trips is not None
+    return trips
 
 
 def _elements(block: list[For]) -> int:
