@@ -17,8 +17,8 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, Index
                                        LocalRef, Read, ScalarDecl, ScalarRef, Select, Unary,
                                        UnaryOp)
 from polyfuse.ir.limits import MAX_NEST_DEPTH
-from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt,
-                               Store)
+from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Packing,
+                               Stmt, Store)
 from polyfuse.ir.types import DType
 
 _I64 = DType.INT64
@@ -53,6 +53,41 @@ class _LoopParser(Parser):
             raise self.error(f"expected an integer, found {self.tok.describe()}")
         return -int(self.advance().text) if negative else int(self.advance().text)
 
+    def packing(self, rank: int) -> Packing:
+        """``= pack SOURCE(form, ...)``, each form a sum of ``c*pA``, ``pA`` and integers."""
+        self.advance()
+        self.expect_word("pack")
+        source = self.ident("the packed buffer's source").id
+        self.expect("(")
+        offsets, coefs = [], []
+        while True:
+            offset, row = 0, [0] * rank
+            while True:
+                if self.tok.kind is Kind.IDENT:
+                    c, axis = 1, self.advance()
+                else:
+                    c, axis = self.integer(), None
+                    if self.at("*"):
+                        self.advance()
+                        axis = self.advance()
+                if axis is None:
+                    offset += c
+                elif not (axis.text.startswith("p") and axis.text[1:].isdigit()
+                          and int(axis.text[1:]) < rank):
+                    raise self.error(f"'{axis.text}' is not an axis p0..p{rank - 1} of the packed buffer")
+                else:
+                    row[int(axis.text[1:])] += c
+                if not self.at("+"):
+                    break
+                self.advance()
+            offsets.append(offset)
+            coefs.append(tuple(row))
+            if not self.at(","):
+                break
+            self.advance()
+        self.expect(")")
+        return Packing(source, tuple(offsets), tuple(coefs))
+
     def dtype(self) -> DType:
         name = self.ident("a type")
         dt = DType.from_name(name.id)
@@ -72,7 +107,8 @@ class _LoopParser(Parser):
                 self.expect("(")
                 shape = tuple(self.comma_list(")", self.integer))
                 self.expect(")")
-                b = Buffer(self.ident("a buffer name").id, dt, shape, role)
+                buffer = self.ident("a buffer name").id
+                b = Buffer(buffer, dt, shape, role, packing=self.packing(len(shape)) if self.at("=") else None)
                 self.buffers[b.name] = b
                 buffers.append(b)
             else:

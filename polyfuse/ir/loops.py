@@ -2,7 +2,8 @@
 
 A :class:`LoopKernel` is a list of buffers (each marked in, out, inout or temp, with a
 dtype, a fixed shape and an alignment; ``local`` buffers, such as packed operand panels,
-belong to the kernel, one per thread, and are not arguments), the scalar parameters, and a body of loops,
+belong to the kernel, one per thread, and are not arguments; a *packed* input is made from
+another input by a :class:`Packing` before the kernel runs), the scalar parameters, and a body of loops,
 guards and stores. Loops carry how they should run: serially, on the thread pool
 (``parallel``), as SIMD (``vectorize`` with a width) or unrolled (``unroll`` with a
 factor). Expressions are comprehension-IR expressions: a :class:`Read` loads from a
@@ -29,6 +30,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import overload
 
+import numpy as np
+
+from polyfuse.errors import IRVerificationError
 from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, Call, Cast, Expr, Literal, ScalarDecl, Select,
                                        Unary, format_expr, map_expr, walk)
@@ -61,12 +65,54 @@ class LoopKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Packing:
+    """An input made from input ``source`` before the kernel runs (BLIS's packed panels of
+    a constant operand, made once instead of on every call): element ``i`` of the packed
+    buffer is ``source[offsets[d] + sum_a coefs[d][a] * i[a] for each dimension d]``."""
+
+    source: str
+    offsets: tuple[int, ...]              # per dimension of the source
+    coefs: tuple[tuple[int, ...], ...]    # per dimension of the source, per packed axis
+
+    def bounds(self, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+        """The least and greatest index read in each dimension of the source, packing a
+        buffer of ``shape``."""
+        out = []
+        for off, row in zip(self.offsets, self.coefs):
+            ends = [(c * (n - 1), 0) for c, n in zip(row, shape)]
+            out.append((off + sum(min(e) for e in ends), off + sum(max(e) for e in ends)))
+        return out
+
+    def inside(self, shape: tuple[int, ...], source: tuple[int, ...]) -> bool:
+        """Whether packing a buffer of ``shape`` reads only inside a source of shape ``source``."""
+        return all(0 <= lo and hi < n for (lo, hi), n in zip(self.bounds(shape), source))
+
+    def apply(self, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The packed buffer of ``shape`` made from ``array`` (the source's values)."""
+        axes = [np.arange(n).reshape((-1,) + (1,) * (len(shape) - a - 1)) for a, n in enumerate(shape)]
+        if not self.inside(shape, array.shape):
+            raise IRVerificationError(f"{self} of shape {shape} reads outside its source, of "
+                                      f"shape {array.shape}")
+        index = tuple(sum((c * ax for c, ax in zip(row, axes) if c), np.int64(off))
+                      for off, row in zip(self.offsets, self.coefs))
+        return np.ascontiguousarray(np.broadcast_to(array[index], shape))
+
+    def __str__(self) -> str:
+        terms = []
+        for off, row in zip(self.offsets, self.coefs):
+            parts = [f"{c}*p{a}" if c != 1 else f"p{a}" for a, c in enumerate(row) if c]
+            terms.append(" + ".join(parts + ([str(off)] if off or not parts else [])))
+        return f"pack {self.source}({', '.join(terms)})"
+
+
+@dataclass(frozen=True, slots=True)
 class Buffer:
     name: str
     dtype: DType
     shape: tuple[int, ...]
     role: BufferRole
     alignment: int = 64
+    packing: Packing | None = None     # an input made from another before the kernel runs
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -78,7 +124,8 @@ class Buffer:
         return tuple(reversed(out))
 
     def __str__(self) -> str:
-        return f"{self.role.value} {self.dtype}({', '.join(map(str, self.shape))}) {self.name}"
+        text = f"{self.role.value} {self.dtype}({', '.join(map(str, self.shape))}) {self.name}"
+        return f"{text} = {self.packing}" if self.packing is not None else text
 
 
 class Stmt:

@@ -165,11 +165,18 @@ class _Interpreter:
 
 
 def interpret_kernel(kernel: LoopKernel, args: Mapping[str, object]) -> dict[str, np.ndarray]:
-    """Run ``kernel`` on input arrays and scalars by name; outputs start zero-filled."""
+    """Run ``kernel`` on input arrays and scalars by name; outputs start zero-filled, packed
+    inputs not given are made from their sources."""
     buffers: dict[str, np.ndarray] = {}
     for b in kernel.buffers:
-        buffers[b.name] = np.asarray(args[b.name]) if b.name in args else np.zeros(b.shape, b.dtype.numpy)
+        if b.name in args:
+            buffers[b.name] = np.asarray(args[b.name])
+        elif b.packing is not None:
+            buffers[b.name] = b.packing.apply(np.asarray(args[b.packing.source]), b.shape)
+        else:
+            buffers[b.name] = np.zeros(b.shape, b.dtype.numpy)
     scalars = {s.name: args[s.name] for s in kernel.scalars}
     with np.errstate(all="ignore"):
         _Interpreter(kernel, buffers, scalars).run(kernel.body)
-    return {b.name: buffers[b.name] for b in kernel.parameters if b.name not in args}
+    return {b.name: buffers[b.name] for b in kernel.parameters
+            if b.name not in args and b.packing is None}

@@ -16,6 +16,18 @@ def verify_kernel(k: LoopKernel) -> None:
         raise fail(f"parameter names repeat: {names}")
     buffers = {b.name: b for b in k.buffers}
     scalars = {s.name for s in k.scalars}
+    for b in k.buffers:
+        p = b.packing
+        if p is None:
+            continue
+        source = buffers.get(p.source)
+        if b.role is not BufferRole.IN or source is None or source.role is not BufferRole.IN \
+                or source.packing is not None or source.dtype is not b.dtype:
+            raise fail(f"packed buffer {b} must be an input packed from an unpacked input of its type")
+        if len(p.offsets) != len(source.shape) or any(len(row) != len(b.shape) for row in p.coefs):
+            raise fail(f"packed buffer {b}: its packing does not match the ranks of {source} and itself")
+        if not p.inside(b.shape, source.shape):
+            raise fail(f"packed buffer {b} reads {source} outside its bounds")
 
     def check_expr(e: Expr, loops: set[str], locals_: set[str]) -> None:
         for n in walk(e):

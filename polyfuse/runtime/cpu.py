@@ -49,7 +49,7 @@ class CpuExecutable:
         # aligned, and reused from freed outputs of the same size (no page faults)
         outs = {n: native.empty_aligned(s, dt, 64, z) if n not in values else _aligned(values[n])
                 for n, s, dt, z in self._outputs}
-        args: list[object] = [np.ascontiguousarray(values[n]) for n in layout.inputs]
+        args: list[object] = list(layout.arguments(values))
         args += outs.values()
         error = np.zeros(1, np.int64)
         if layout.checks_indices:
@@ -78,18 +78,20 @@ def _aligned(given: object) -> np.ndarray:
 
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,
-          options: MappingOptions | None, stages: dict[str, str]) -> Any:
+          options: MappingOptions | None, stages: dict[str, str],
+          constants: frozenset[str] = frozenset()) -> Any:
     """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled;
     a :class:`CpuExecutable`, or a :class:`~polyfuse.runtime.cross.CrossExecutable`
-    for code this process cannot run."""
+    for code this process cannot run. Parameters in ``constants`` take the same values
+    on every call (weights), which lets the kernel read them packed ahead of time."""
     sizes = dict(sizes)
     options = options or default_options(d, sizes, vector_bits(target))
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
-                           target_description(target), repr(options))
+                           target_description(target), repr(options), repr(sorted(constants)))
     exe = cache.fetch(
         key, _COMPILED, STATS,
         lambda obj, meta: executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target),
-        lambda: _compile(d, sizes, target, options, key))
+        lambda: _compile(d, sizes, target, options, key, constants))
     stages.update(exe.stages)
     if "asm" not in stages and "llvm_opt" in stages and hasattr(stages, "later"):
         stages.later("asm", lambda: assembly(stages["llvm_opt"], target))
@@ -107,10 +109,10 @@ def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Targe
 
 
 def _compile(d: Definition, sizes: dict[str, int], target: Target, options: MappingOptions,
-             key: str) -> Any:
+             key: str, constants: frozenset[str]) -> Any:
     stages = {"options": repr(options)}
     initialized: set[str] = set()
-    kernel = schedule_definition(d, sizes, options, stages, initialized)
+    kernel = schedule_definition(d, sizes, options, stages, initialized, constants)
     layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized)
     if runs_natively(target):
         jit = compile_kernel(kernel, target, options.num_threads,

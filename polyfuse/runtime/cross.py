@@ -204,7 +204,7 @@ class CrossExecutable:
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
         """The outputs; outputs named in ``values`` (``out=``) are sent in with their
         contents and updated in place."""
-        arrays = [np.ascontiguousarray(values[n]) for n in self.layout.inputs]
+        arrays = self.layout.arguments(values)
         scalars = [_scalar_slot(values[n]) for n in self.layout.scalars]
         names = [n for n, _, _, _ in self.layout.outputs]
         given = {n: values[n] for n in names if n in values}

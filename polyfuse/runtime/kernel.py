@@ -46,24 +46,27 @@ class Tuning(Protocol):
              label: str = "") -> Any: ...
 
 
-Builder = Callable[[Definition, Mapping[str, int], Target, "MappingOptions | None", dict[str, str]],
-                   Executable]
+Builder = Callable[[Definition, Mapping[str, int], Target, "MappingOptions | None", dict[str, str],
+                    frozenset[str]], Executable]
 
 
 def _build_reference(d: Definition, sizes: Mapping[str, int], target: Target,
-                     options: MappingOptions | None, stages: dict[str, str]) -> Executable:
+                     options: MappingOptions | None, stages: dict[str, str],
+                     constants: frozenset[str] = frozenset()) -> Executable:
     check_accesses(d, sizes)  # the refusals of the native targets, before anything runs
     return lambda values: interpret(d, values, sizes)
 
 
 def _build_cpu(d: Definition, sizes: Mapping[str, int], target: Target,
-               options: MappingOptions | None, stages: dict[str, str]) -> Executable:
+               options: MappingOptions | None, stages: dict[str, str],
+               constants: frozenset[str] = frozenset()) -> Executable:
     from polyfuse.runtime import cpu  # loads LLVM and the native runtime
-    return cpu.build(d, sizes, target, options, stages)
+    return cpu.build(d, sizes, target, options, stages, constants)
 
 
 def _build_cuda(d: Definition, sizes: Mapping[str, int], target: Target,
-                options: MappingOptions | None, stages: dict[str, str]) -> Executable:
+                options: MappingOptions | None, stages: dict[str, str],
+                constants: frozenset[str] = frozenset()) -> Executable:
     from polyfuse.runtime import cuda  # loads NVRTC; the driver only when a kernel runs
     return cuda.build(d, sizes, target, options, stages)
 
@@ -75,7 +78,8 @@ CODEGEN_BUILDERS: dict[Codegen, Builder] = {
     Codegen.CUDA: _build_cuda,
 }
 
-# target name -> builder(definition, sizes, target, options, stages to fill) -> executable
+# target name -> builder(definition, sizes, target, options, stages to fill, constant
+# parameters) -> executable
 BUILDERS: dict[str, Builder] = {name: CODEGEN_BUILDERS[b.codegen] for name, b in BACKENDS.items()}
 
 
@@ -198,8 +202,12 @@ class Kernel:
     """One TC definition compiled for one target; call it with numpy arrays."""
 
     def __init__(self, definition: Definition, target: Target, source: str,
-                 options: MappingOptions | None = None, tuning: Tuning | None = None) -> None:
+                 options: MappingOptions | None = None, tuning: Tuning | None = None,
+                 constants: frozenset[str] = frozenset()) -> None:
+        """``constants``: parameters whose values every call shares (a model's weights),
+        which CPU kernels may read from copies packed ahead of time."""
         check_target(target)
+        self.constants = constants
         self.definition = definition
         self.target = target
         self.source = source
@@ -268,7 +276,8 @@ class Kernel:
         stages = Stages({"source": self.source, "comprehension": str(self.definition),
                          "specialized": str(specialized)})
         try:
-            run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages)
+            run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages,
+                                             self.constants)
         except AccessRangeError as e:
             raise e.with_source(self.source) from None
         return SpecializedKernel(specialized, dict(sizes), self.target, stages, run, self.definition)

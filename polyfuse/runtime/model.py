@@ -48,7 +48,8 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
         if isinstance(st, ViewStep):
             kernels.append(None)
             continue
-        kernel = Kernel(st.definition, target, st.source, options, tuning)
+        constants = frozenset(p.name for p, n in zip(st.definition.params, st.inputs) if n in plan.constants)
+        kernel = Kernel(st.definition, target, st.source, options, tuning, constants)
         spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
         if spec.output_shapes != tuple(tuple(plan.types[n].shape) for n in st.defines):
             raise IRVerificationError(f"step {st.label}: the kernel's outputs have shapes "

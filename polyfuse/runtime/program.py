@@ -17,14 +17,14 @@ Three things run a compiled model's kernels as one unit: the in-process native p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from polyfuse.ir.comprehension import Definition
-from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel
+from polyfuse.ir.comprehension import Definition, Read
+from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel, Packing, stmt_nodes, walk_stmts
 from polyfuse.ir.plan import KernelStep, Plan, aligned
 
 
@@ -40,6 +40,7 @@ class CompiledKernel(Protocol):
 
 # bases of an argument's location (the numbering of native.Program)
 ARENA, INPUT, OUTPUT, CONSTANT, ERROR = range(5)
+UNREAD = "<unread>"   # the constant passed for inputs a kernel never reads
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,28 @@ class CompiledPlan:
                 yield st, kernel
 
 
+def packed_copy(source: np.ndarray, shape: tuple[int, ...], packing: Packing) -> np.ndarray:
+    """``source`` packed by ``packing`` into a new 64-byte aligned array of ``shape`` (its
+    panels start on cache lines, as the kernel's own packed copies do)."""
+    from polyfuse.runtime import native
+    out = native.empty_aligned(shape, source.dtype)
+    np.copyto(out, packing.apply(source, shape))
+    return out
+
+
 @dataclass(frozen=True)
 class Layout:
-    """How to call a compiled kernel: its arguments in order and the outputs to allocate."""
+    """How to call a compiled kernel: its arguments in order and the outputs to allocate.
+    Inputs named in ``packed`` are made from another input (their packing's source) before
+    the call: once per plan for constants, else on each call."""
 
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[tuple[str, tuple[int, ...], str, bool], ...]  # name, shape, dtype, zeroed
     checks_indices: bool
     scalars: tuple[str, ...]
+    packed: tuple[tuple[str, tuple[int, ...], Packing], ...] = ()  # name, shape, packing
+    unread: tuple[str, ...] = ()     # inputs the code never reads (a packed input's source)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -77,23 +91,37 @@ class Layout:
 
     @staticmethod
     def of(kernel: LoopKernel, zeroed: set[str]) -> Layout:
+        read = {e.tensor for st in walk_stmts(kernel.body) for e in stmt_nodes(st) if isinstance(e, Read)}
         return Layout(kernel.name,
                       tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN),
                       tuple((b.name, b.shape, b.dtype.value, b.name in zeroed)
                             for b in kernel.buffers if b.role is BufferRole.OUT),
                       any(b.name == ERROR_BUFFER for b in kernel.buffers),
-                      tuple(s.name for s in kernel.scalars))
+                      tuple(s.name for s in kernel.scalars),
+                      tuple((b.name, b.shape, b.packing) for b in kernel.buffers if b.packing is not None),
+                      tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN and b.name not in read))
+
+    def arguments(self, values: Mapping[str, Any]) -> list[np.ndarray]:
+        """The input arrays in order; packed inputs not in ``values`` made from their sources."""
+        packed = {name: (shape, p) for name, shape, p in self.packed}
+        return [np.ascontiguousarray(values[n]) if n in values or n not in packed
+                else packed_copy(np.asarray(values[packed[n][1].source]), *packed[n]) for n in self.inputs]
 
     def to_json(self) -> dict:
         return {"name": self.name, "inputs": list(self.inputs), "scalars": list(self.scalars),
                 "outputs": [[n, list(s), dt, z] for n, s, dt, z in self.outputs],
-                "checks_indices": self.checks_indices}
+                "checks_indices": self.checks_indices,
+                "packed": [[n, list(s), p.source, list(p.offsets), [list(r) for r in p.coefs]]
+                           for n, s, p in self.packed], "unread": list(self.unread)}
 
     @staticmethod
     def from_json(j: dict) -> Layout:
         return Layout(j["name"], tuple(j["inputs"]),
                       tuple((n, tuple(s), dt, bool(z)) for n, s, dt, z in j["outputs"]),
-                      bool(j["checks_indices"]), tuple(j["scalars"]))
+                      bool(j["checks_indices"]), tuple(j["scalars"]),
+                      tuple((n, tuple(s), Packing(src, tuple(off), tuple(tuple(r) for r in coefs)))
+                            for n, s, src, off, coefs in j.get("packed", ())),
+                      tuple(j.get("unread", ())))
 
 
 @dataclass(frozen=True)
@@ -169,12 +197,29 @@ class ProgramLayout:
             constants.setdefault(r, np.ascontiguousarray(plan.constants[r]))
             return (CONSTANT, r, 0)
 
+        def packed(value: str, shape: tuple[int, ...], packing: Packing) -> tuple[int, Any, int]:
+            """A constant's packed copy, made once (kernels packing it alike share it)."""
+            name = f"{value}={packing}{list(shape)}"
+            if name not in constants:
+                constants[name] = packed_copy(np.asarray(plan.constants[value]), shape, packing)
+            return (CONSTANT, name, 0)
+
+        def nothing() -> tuple[int, Any, int]:
+            """What a kernel gets for a constant it does not read (weights read only packed):
+            not the weights, which would then be kept, and bundled, twice."""
+            constants.setdefault(UNREAD, np.zeros(1, np.uint8))
+            return (CONSTANT, UNREAD, 0)
+
         calls = []
         for st, kernel in compiled.steps():
             layout = kernel.run.layout
             by_param = dict(zip((p.name for p in kernel.definition.params), st.inputs))
             by_output = dict(zip((t.name for t in kernel.definition.outputs), st.defines))
-            args = [location(by_param[n]) for n in layout.input_names]
+            packings = {n: (shape, p) for n, shape, p in getattr(layout, "packed", ())}
+            unread = set(getattr(layout, "unread", ()))
+            args = [packed(by_param[packings[n][1].source], *packings[n]) if n in packings
+                    else nothing() if n in unread and by_param[n] in plan.constants
+                    else location(by_param[n]) for n in layout.input_names]
             zero = []
             for name, shape, dtype, zeroed in layout.outputs:
                 nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize

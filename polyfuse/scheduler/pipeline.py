@@ -29,15 +29,17 @@ GpuPass = Callable[[GpuKernel], GpuKernel]
 
 
 def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(),
-                    initialized: set[str] | None = None,
-                    whole: frozenset[str] = frozenset()) -> tuple[LoopPass, ...]:
+                    initialized: set[str] | None = None, whole: frozenset[str] = frozenset(),
+                    constants: frozenset[str] = frozenset()) -> tuple[LoopPass, ...]:
     """The loop passes of a CPU kernel, in order (``zeroed`` and ``initialized`` as
     :func:`~polyfuse.scheduler.loop_passes.promote_register_blocks` takes them, ``whole``
-    as :func:`~polyfuse.scheduler.loop_passes.fuse_epilogues`)."""
+    as :func:`~polyfuse.scheduler.loop_passes.fuse_epilogues`, ``constants`` as
+    :func:`~polyfuse.scheduler.loop_passes.pack_operands`)."""
     return (separate_full_tiles, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
             promote_accumulators,
             Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),
-            Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)), pack_operands)
+            Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)),
+            Pass("pack_operands", lambda k: pack_operands(k, constants)))
 
 
 def written_whole(d: Definition) -> frozenset[str]:
@@ -92,21 +94,24 @@ def _run(manager: PassManager[IR], ir: IR, stages: dict[str, str] | None, stage:
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
                         stages: dict[str, str] | None = None,
-                        initialized: set[str] | None = None) -> LoopKernel:
+                        initialized: set[str] | None = None,
+                        constants: frozenset[str] = frozenset()) -> LoopKernel:
     """Model, schedule, tile and lower ``d`` for concrete ``sizes``.
 
     ``stages`` (if given) receives the text of the isl schedule tree and the loop IR.
     Accesses not proven inside their tensors are refused or checked at run time
     (:mod:`polyfuse.scheduler.bounds`). ``initialized`` (if given) receives the outputs
-    the kernel starts at zero itself, which the runtime then need not fill.
+    the kernel starts at zero itself, which the runtime then need not fill. Parameters
+    named in ``constants`` have the same values on every call (weights): their panels
+    are packed once, before the kernel runs (packed input buffers).
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes)
     if stages is not None:
         stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, options)
-    return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized, written_whole(d)),
-                           stages)
+    return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized, written_whole(d),
+                                                    constants), stages)
 
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

@@ -1,6 +1,7 @@
 """pack_operands, filecheck style: a micro-kernel's vector operand is copied into
-contiguous panels (a local buffer), the result prints as expected and parses back, and
-it computes what the kernel before it does, in the loop-IR interpreter and natively
+contiguous panels (a local buffer), or, for a constant operand, read from panels packed
+before the kernel runs (a packed input); the result prints as expected and parses back,
+and it computes what the kernel before it does, in the loop-IR interpreter and natively
 (x86 and aarch64), at shapes its blocks do not divide."""
 
 import numpy as np
@@ -67,6 +68,51 @@ def test_a_vector_operand_reused_by_row_blocks_is_packed_into_contiguous_panels(
     np.testing.assert_allclose(got["C"], A @ B, rtol=1e-5)
 
 
+# the same box of a constant B, packed before the kernel runs: no copy in the kernel
+PREPACKED = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, in float32(3, 16, 8) B_prepacked = pack B(p1, 8*p0 + p2), out float32(8, 24) C) {
+  for c0 in 0:8 step 2 {
+    for c1 in 0:24 step 8 {
+      for c2 in 0:16 {
+        for c3 in 0:8 vectorize(4) {
+          C(c0, c1 + c3) = C(c0, c1 + c3) + A(c0, c2) * B_prepacked(c1 / 8, c2, c3)
+          C(c0 + 1, c1 + c3) = C(c0 + 1, c1 + c3) + A(c0 + 1, c2) * B_prepacked(c1 / 8, c2, c3)
+        }
+      }
+    }
+  }
+}"""
+
+
+def test_a_constant_operand_is_packed_before_the_kernel_runs():
+    out = pack_operands(parse_kernel(MICRO), frozenset({"B"}))
+    assert str(out) == PREPACKED
+    assert parse_kernel(PREPACKED) == out
+    assert [b.name for b in out.parameters] == ["A", "B", "B_prepacked", "C"]
+    got = interpret_kernel(out, {"A": A, "B": B})
+    assert set(got) == {"C"}
+    np.testing.assert_allclose(got["C"], A @ B, rtol=1e-5)
+
+
+def test_a_prepacked_operand_holds_every_box_its_enclosing_tile_loops_visit():
+    # column tiles of 24 on the threads around the nest: one box per tile, tile numbers first
+    text = MICRO.replace("(16, 24) B", "(16, 48) B").replace("(8, 24) C", "(8, 48) C") \
+        .replace("B(c2, c1 + c3)", "B(c2, t + c1 + c3)").replace("C(c0, c1 + c3)", "C(c0, t + c1 + c3)") \
+        .replace("C(c0 + 1, c1 + c3)", "C(c0 + 1, t + c1 + c3)")
+    lines = text.splitlines()
+    text = "\n".join([lines[0], "  parallel for t in 0:48 step 24 {", *("  " + ln for ln in lines[1:-1]), "  }", "}"])
+    out = pack_operands(parse_kernel(text), frozenset({"B"}))
+    packed = out.buffer("B_prepacked")
+    assert packed.shape == (2, 3, 16, 8) and str(packed.packing) == "pack B(p2, 24*p0 + 8*p1 + p3)"
+    assert "A(c0, c2) * B_prepacked(t / 24, c1 / 8, c2, c3)" in str(out)
+    b = RNG.standard_normal((16, 48)).astype(np.float32)
+    got = interpret_kernel(out, {"A": A, "B": b})
+    np.testing.assert_allclose(got["C"], A @ b, rtol=1e-5, atol=1e-5)
+    # the packed input given ready-made (as a compiled model binds it) computes the same
+    given = packed.packing.apply(b, packed.shape)
+    np.testing.assert_allclose(interpret_kernel(out, {"A": A, "B": b, "B_prepacked": given})["C"], A @ b,
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("change", [
     ("for c0 in 0:8 step 2", "for c0 in 0:2 step 2"),           # no reuse: one row block
     ("        for c3 in 0:8 vectorize(4) {", "        if c0 < 6 {\n        for c3 in 0:8 vectorize(4) {"),
@@ -80,6 +126,8 @@ def test_what_the_pass_cannot_copy_exactly_or_would_not_reuse_stays(change):
         text = text.replace("        }\n      }\n    }\n  }\n}", "        }\n        }\n      }\n    }\n  }\n}")
     kernel = parse_kernel(text)
     assert pack_operands(kernel) == kernel
+    # nor is a constant B: its reads are guarded, strided or moving with loops of varying bounds
+    assert "B_prepacked" not in str(pack_operands(kernel, frozenset({"B"})))
 
 
 def test_a_box_past_the_budget_is_not_packed():
@@ -126,3 +174,55 @@ def test_aarch64_kernels_read_packed_panels():
     spec = kernel.specialize(a, b)
     assert "local float32(" in spec.stages["loops"]
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=2e-3)
+
+
+def test_a_kernel_given_constants_packs_them_per_call_when_run_alone():
+    from polyfuse.frontends.tc import parse
+    from polyfuse.runtime.kernel import Kernel
+    a = RNG.standard_normal((197, 300)).astype(np.float32)
+    b = RNG.standard_normal((300, 520)).astype(np.float32)
+    target = pf.define(MM, target="host").mm.target
+    kernel = Kernel(parse(MM).definitions[0], target, MM, constants=frozenset({"B"}))
+    assert "B_prepacked = pack B(" in kernel.specialize(a, b).stages["loops"]
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=2e-3)
+
+
+def test_models_read_their_weights_packed_once():
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = RNG.standard_normal((300, 520)).astype(np.float32)
+    k = RNG.standard_normal((96, 3, 3, 40)).astype(np.float32) * 0.1
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]),
+         helper.make_node("Conv", ["img", "k"], ["z"], pads=[1, 1, 1, 1])],
+        "weights", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [197, 300]),
+                    helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 40, 23, 23])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [197, 520]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 96, 23, 23])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(k.transpose(0, 3, 1, 2).copy(), "k")])
+    model = pf.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), target="host")
+    x = RNG.standard_normal((197, 300)).astype(np.float32)
+    img = RNG.standard_normal((1, 40, 23, 23)).astype(np.float32)
+    for _ in range(2):   # the packed copies are made once, then reused
+        y, z = model(x, img)
+        np.testing.assert_allclose(y, x @ w, rtol=2e-4, atol=2e-3)
+    assert model.dump("loops").count("_prepacked = pack") >= 2
+    import onnxruntime as ort
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(z, session.run(None, {"x": x, "img": img})[1], rtol=1e-3, atol=1e-3)
+
+
+def test_a_bundle_carries_packed_weights_not_the_originals(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+    w = RNG.standard_normal((256, 512)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 512])], [numpy_helper.from_array(w, "w")])
+    model = pf.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), target="host")
+    x = RNG.standard_normal((64, 256)).astype(np.float32)
+    np.testing.assert_allclose(model(x), x @ w, rtol=2e-4, atol=2e-3)
+    assert "B_prepacked = pack B(" in model.dump("loops")
+    layout = model.plan_for().program.layout
+    assert sum(a.nbytes for a in layout.constants.values()) < 1.1 * w.nbytes   # not w twice

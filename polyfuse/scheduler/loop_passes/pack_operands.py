@@ -21,6 +21,13 @@ A read is packed at the outermost loop (the nest's top) where
   :data:`MIN_REUSE` times per copy;
 * the box takes at most :data:`PACK_BYTES`, and a kernel's packed buffers together at most
   :data:`LOCAL_BYTES`.
+
+A *constant* operand (weights: the same values on every call) is packed once instead, before
+the kernel runs: every box the nest's enclosing loops visit goes into one input buffer
+(a :class:`~polyfuse.ir.loops.Packing` of the operand, indexed first by those loops' tile
+numbers), and the micro-kernel reads its panel there, with no copy in the kernel. This is
+BLIS's and oneDNN's prepacked weights: the packing's memory traffic leaves the call, and
+threads that would each pack the same panels share one copy.
 """
 
 from __future__ import annotations
@@ -31,14 +38,15 @@ import numpy as np
 from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, walk
-from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
-                               constant_trips, fresh_name, map_body_exprs)
+from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Packing, Stmt,
+                               Store, constant_trips, fresh_name, map_body_exprs)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine
 
 PACK_BYTES = 128 << 10     # one packed box at most (L2-resident; its micro-panels fit L1)
 LOCAL_BYTES = 192 << 10    # all packed boxes of a kernel together (they live on the stack)
 MIN_REUSE = 4              # reads of each packed element per copy, at least
+PREPACK_GROWTH = 2         # a prepacked operand takes at most this many times its own size
 
 _I64 = DType.INT64
 
@@ -67,52 +75,66 @@ class _Site:
     vector: _Loop                 # the vector loop moving the last index
 
 
-def pack_operands(kernel: LoopKernel) -> LoopKernel:
-    """Pack the vector-read operands of ``kernel``'s micro-kernels into local buffers."""
-    packer = _Packer(kernel)
-    body = packer.body(kernel.body, inside_parallel=False)
+def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset()) -> LoopKernel:
+    """Pack the vector-read operands of ``kernel``'s micro-kernels into local buffers; those
+    named in ``constants`` (inputs whose values every call shares) into packed inputs."""
+    packer = _Packer(kernel, constants)
+    body = packer.body(kernel.body, ())
     if not packer.buffers:
         return kernel
-    return replace(kernel, buffers=kernel.buffers + tuple(packer.buffers), body=body)
+    # packed inputs go after the kernel's inputs: calls pass every input before the outputs
+    last_in = max((k for k, b in enumerate(kernel.buffers) if b.role is BufferRole.IN), default=-1)
+    ins = tuple(b for b in packer.buffers if b.role is BufferRole.IN)
+    buffers = kernel.buffers[:last_in + 1] + ins + kernel.buffers[last_in + 1:] + \
+        tuple(b for b in packer.buffers if b.role is not BufferRole.IN)
+    return replace(kernel, buffers=buffers, body=body)
 
 
 class _Packer:
-    def __init__(self, kernel: LoopKernel) -> None:
+    def __init__(self, kernel: LoopKernel, constants: frozenset[str]) -> None:
         self.inputs = {b.name: b for b in kernel.buffers if b.role is BufferRole.IN and b.shape}
+        self.constants = constants
         self.taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
         self.buffers: list[Buffer] = []
         self.budget = LOCAL_BYTES
 
-    def body(self, stmts: tuple[Stmt, ...], inside_parallel: bool) -> tuple[Stmt, ...]:
+    def body(self, stmts: tuple[Stmt, ...], enclosing: tuple[For, ...]) -> tuple[Stmt, ...]:
+        """``stmts`` under the loops ``enclosing`` (outermost first) with their nests'
+        operands packed."""
+        inside_parallel = any(lp.kind is LoopKind.PARALLEL for lp in enclosing)
         out: list[Stmt] = []
         for s in stmts:
             if isinstance(s, For):
                 copies: list[Stmt] = []
                 if inside_parallel or s.kind is LoopKind.SERIAL:
-                    s, copies = self.nest(s)
+                    s, copies = self.nest(s, enclosing)
                 out += copies
-                out.append(replace(s, body=self.body(s.body, inside_parallel or s.kind is LoopKind.PARALLEL)))
+                out.append(replace(s, body=self.body(s.body, enclosing + (s,))))
             elif isinstance(s, If):
-                out.append(replace(s, then=self.body(s.then, inside_parallel),
-                                   other=self.body(s.other, inside_parallel)))
+                out.append(replace(s, then=self.body(s.then, enclosing),
+                                   other=self.body(s.other, enclosing)))
             else:
                 out.append(s)
         return tuple(out)
 
-    def nest(self, top: For) -> tuple[For, list[Stmt]]:
+    def nest(self, top: For, enclosing: tuple[For, ...]) -> tuple[For, list[Stmt]]:
         """``top`` with its packable operands read from packed copies, and the copies."""
         sites = _sites(top, self.inputs)
         if sites is None:
             return top, []
         copies: list[Stmt] = []
         for tensor in sorted(sites):
-            packed = self.pack(top, tensor, sites[tensor])
+            tiles = _tiles(sites[tensor], enclosing) if tensor in self.constants else None
+            packed = self.pack(top, tensor, sites[tensor], tiles)
             if packed is not None:
                 top, copy = packed
-                copies.append(copy)
+                copies += copy
         return top, copies
 
-    def pack(self, top: For, tensor: str, sites: list[_Site]) -> tuple[For, Stmt] | None:
+    def pack(self, top: For, tensor: str, sites: list[_Site],
+             tiles: list[_Loop] | None) -> tuple[For, list[Stmt]] | None:
+        """The nest reading ``tensor`` packed, and the copy filling the packed buffer (none
+        when ``tiles``, the enclosing loops its boxes move with, prepack every box)."""
         source = self.inputs[tensor]
         rank = len(source.shape)
         if any(s.outer != sites[0].outer for s in sites) or any(
@@ -128,12 +150,26 @@ class _Packer:
         size = math.prod(extents) * np.dtype(source.dtype.numpy).itemsize
         used = {v for s in sites for form in s.inner for v in form}
         reuse = math.prod(lp.trips for lp in _loops_of(sites) if lp.var not in used)
-        if size > min(PACK_BYTES, self.budget) or reuse < MIN_REUSE:
+        if reuse < MIN_REUSE:
             return None
-        self.budget -= size
-        name = self.fresh(f"{tensor}_packed")
-        shape = (extents[-1] // nr, *extents[:-1], nr)
-        self.buffers.append(Buffer(name, source.dtype, shape, BufferRole.LOCAL))
+        box = (extents[-1] // nr, *extents[:-1], nr)
+        packing = _packing(tensor, sites[0], tiles, lows, nr, len(box)) if tiles is not None else None
+        shape = (*(lp.trips for lp in tiles or ()), *box)
+        # every box the tile loops visit, even those an enclosing guard skips (a partial
+        # last tile), must lie inside the operand
+        prepacked = packing is not None and packing.inside(shape, source.shape) \
+            and math.prod(shape) <= PREPACK_GROWTH * math.prod(source.shape)
+        if tiles is not None and packing is not None and prepacked:
+            name = self.fresh(f"{tensor}_prepacked")
+            self.buffers.append(Buffer(name, source.dtype, shape, BufferRole.IN, packing=packing))
+            lead = [_tile_number(lp) for lp in tiles]
+        elif size <= min(PACK_BYTES, self.budget):
+            self.budget -= size
+            name = self.fresh(f"{tensor}_packed")
+            self.buffers.append(Buffer(name, source.dtype, box, BufferRole.LOCAL))
+            lead = []
+        else:
+            return None
 
         def packed_read(e: Expr) -> Expr:
             site = next((s for s in sites if s.read == e), None)
@@ -144,9 +180,10 @@ class _Packer:
             rest.pop(v)
             panel = Binary(BinaryOp.DIV, _expr(rest), Literal(nr, _I64), _I64)
             within = [_expr({**f, "": f.get("", 0) - lo}) for f, lo in zip(site.inner[:-1], lows)]
-            return Read(name, (panel, *within, IndexVar(v, _I64)), source.dtype)
+            return Read(name, (*lead, panel, *within, IndexVar(v, _I64)), source.dtype)
 
-        return replace(top, body=map_body_exprs(top.body, packed_read)), self.copy(name, source, sites[0], lows, shape, nr)
+        top = replace(top, body=map_body_exprs(top.body, packed_read))
+        return top, [] if prepacked else [self.copy(name, source, sites[0], lows, box, nr)]
 
     def copy(self, name: str, source: Buffer, site: _Site, lows: list[int],
              shape: tuple[int, ...], nr: int) -> Stmt:
@@ -166,6 +203,46 @@ class _Packer:
 
     def fresh(self, base: str) -> str:
         return fresh_name(base, self.taken)
+
+
+def _tiles(sites: list[_Site], enclosing: tuple[For, ...]) -> list[_Loop] | None:
+    """The enclosing loops the sites' boxes move with (outermost first), when each has
+    constant bounds (then every box they visit is one the kernel reads); else None."""
+    moving = {v for form in sites[0].outer for v in form}
+    tiles = [_constant_loop(lp) for lp in enclosing if lp.var in moving]
+    if len(tiles) != len(moving) or any(lp is None for lp in tiles):
+        return None
+    return tiles  # type: ignore[return-value]
+
+
+def _tile_number(lp: _Loop) -> Expr:
+    """``(var - lo) / step``: which of its iterations loop ``lp`` is in."""
+    at: Expr = IndexVar(lp.var, _I64)
+    if lp.lo:
+        at = Binary(BinaryOp.SUB, at, Literal(lp.lo, _I64), _I64)
+    return Binary(BinaryOp.DIV, at, Literal(lp.step, _I64), _I64) if lp.step != 1 else at
+
+
+def _packing(tensor: str, site: _Site, tiles: list[_Loop], lows: list[int], nr: int, rank: int) -> Packing:
+    """Element ``(t..., panel, e..., v)`` of the prepacked buffer: the box of tile
+    numbers ``t`` of the loops ``tiles``, laid out as :meth:`_Packer.copy` lays out one box."""
+    axes = len(tiles) + rank
+    offsets, coefs = [], []
+    for d, form in enumerate(site.outer):
+        row = [0] * axes
+        offset = lows[d]
+        for k, lp in enumerate(tiles):
+            c = form.get(lp.var, 0)
+            offset += c * lp.lo
+            row[k] = c * lp.step
+        if d == len(site.outer) - 1:
+            row[len(tiles)] += nr
+            row[axes - 1] += 1
+        else:
+            row[len(tiles) + 1 + d] += 1
+        offsets.append(offset)
+        coefs.append(tuple(row))
+    return Packing(tensor, tuple(offsets), tuple(coefs))
 
 
 def _sites(top: For, inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None:
