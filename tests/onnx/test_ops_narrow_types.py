@@ -14,6 +14,8 @@ from onnx.reference import ReferenceEvaluator
 
 import polyfuse as pf
 from polyfuse.errors import DTypeError, UnsupportedOpError
+from tests.cuda.emulator import CXX
+from tests.cuda.test_emulated import emulated  # noqa: F401 - a fixture
 from tests.onnx.ort_compare import onnxruntime_outputs
 
 RNG = np.random.default_rng(11)
@@ -165,6 +167,24 @@ def test_a_cast_inside_a_graph_rounds_in_the_kernel():
     np.testing.assert_array_equal(got["z"], x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32).T + y)
 
 
+def test_folded_casts_pads_and_constants_of_shape_keep_narrow_types():
+    """A Cast of an initializer (folded at compile time), a Pad of float8 values with a
+    float8 pad value and a ConstantOfShape of an int4 value."""
+    nodes = [helper.make_node("Cast", ["c"], ["q"], to=TP.FLOAT8E4M3FN, saturate=0),
+             helper.make_node("Cast", ["x"], ["xq"], to=TP.FLOAT8E4M3FN),
+             helper.make_node("Pad", ["xq", "pads", "pv"], ["p"]),
+             helper.make_node("ConstantOfShape", ["shape"], ["k"],
+                              value=numpy_helper.from_array(np.array([5], ml_dtypes.int4)))]
+    constants = {"c": np.linspace(-600, 600, 41).astype(np.float32),
+                 "pads": np.array([1, 2], np.int64), "pv": np.array(3.5, ml_dtypes.float8_e4m3fn),
+                 "shape": np.array([2, 3], np.int64)}
+    m = graph_model(nodes, {"x": (TP.FLOAT, [6])}, {"q": (TP.FLOAT8E4M3FN, [41]),
+                    "p": (TP.FLOAT8E4M3FN, [9]), "k": (TP.INT4, [2, 3])}, constants)
+    got = check(m, {"x": np.array([1.3, -500, 0.01, 7, np.nan, -0.0], np.float32)})
+    assert np.isnan(got["q"].astype(np.float32)[-5:]).all()   # past 464 without saturation
+    assert got["p"][0] == 3.5 and (got["k"] == 5).all()
+
+
 # --- QuantizeLinear, DequantizeLinear -------------------------------------------------------------
 
 @pytest.mark.parametrize("saturate", [1, 0])
@@ -229,3 +249,21 @@ def test_bitcast_of_float8_is_refused_naming_the_node():
     m = graph_model([node], {"x": (TP.FLOAT8E4M3FN, [3])}, {"y": (TP.UINT8, [3])}, opset=26)
     with pytest.raises(UnsupportedOpError, match="bits"):
         pf.compile(m, target="host").run({"x": np.zeros(3, ml_dtypes.float8_e4m3fn)})
+
+
+# --- the CUDA C of the rounding (run by the emulator on machines without a GPU) ------------------
+
+@pytest.mark.skipif(CXX is None, reason="the emulator needs a C++20 compiler")
+@pytest.mark.parametrize("code,attrs", [(TP.FLOAT8E4M3FN, {"saturate": 0}),
+                                        (TP.FLOAT8E5M2, {}), (TP.FLOAT4E2M1, {}),
+                                        (TP.FLOAT8E8M0, {"round_mode": "nearest"}), (TP.INT4, {})])
+def test_cuda_kernels_round_the_same(code, attrs, emulated):
+    x = edge_values(ml_dtypes.float8_e4m3fn) * np.float32(3.3)
+    check(cast_model(TP.FLOAT, code, len(x), **attrs), {"x": x}, target="cuda")
+    assert emulated.launches
+
+
+def test_a_bundle_refuses_narrow_inputs(tmp_path):
+    m = pf.compile(cast_model(TP.FLOAT8E4M3FN, TP.FLOAT, 3), target="x86")
+    with pytest.raises(pf.ArgumentError, match="'x' is float8e4m3fn"):
+        m.save_bundle(tmp_path, shapes={"x": (3,)})
