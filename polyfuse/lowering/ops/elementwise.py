@@ -275,8 +275,9 @@ def _cast(ctx: OpContext, to: DType) -> TCKernel | View:
     """A value of a narrow type (float8, int4, ...) is its storage type's: casting from
     one reads it; casting to one rounds in the kernel (:mod:`.narrow`)."""
     saturate = ctx.flag("saturate", 1)
+    # a saturating cast to e5m2 turns even e5m2's infinities into its largest value
     if to is ctx.element(0) and not (saturate and to is DType.FLOAT8E5M2) or \
-            to is ctx.dtype(0) and not to.is_narrow:   # (saturating e5m2 has no infinity)
+            to is ctx.dtype(0) and not to.is_narrow:
         return holding(identity(ctx), to)
     if not to.is_narrow:
         return holding(elementwise(ctx, "x", to, X), to)

@@ -55,7 +55,7 @@ def narrowed(x: str, src: DType, to: DType, *, saturate: bool = True,
     """An expression (with the names it binds, ``lets``) of the value of narrow type
     ``to`` that ``x``, of storage type ``src``, converts to, in ``to``'s storage type."""
     if to is DType.FLOAT8E8M0:
-        return _power_of_two(x, src, saturate, round_mode)
+        return _power_of_two(x, saturate, round_mode)
     if to.is_float:
         return _rounded(x, src, to, saturate)
     lo, hi = (int(v) for v in (ml_dtypes.iinfo(to.numpy).min, ml_dtypes.iinfo(to.numpy).max))
@@ -63,12 +63,14 @@ def narrowed(x: str, src: DType, to: DType, *, saturate: bool = True,
         f = DType.FLOAT64 if src is DType.FLOAT64 else DType.FLOAT32
         inside = f"n_x > {literal(lo - 1, f)} && n_x < {literal(hi + 1, f)}"
         return f"({inside}) ? {to.storage}(n_x) : {literal(0, to.storage)}", {"n_x": f"{f}({x})"}
-    wide = f"int64({x})"
-    low = f"({wide} & {hi - lo})"
+    low = f"(int64({x}) & {hi - lo})"
     return (low if lo == 0 else f"(({low} ^ {-lo}) - {-lo})"), {}
 
 
 def _rounded(x: str, src: DType, to: DType, saturate: bool) -> tuple[str, Lets]:
+    """``x`` rounded to the float format ``to`` (the module docstring), in float64 for a
+    float64 ``x`` (so it rounds once), else in float32, which holds every other type's
+    values exactly or rounds them far past the format's range."""
     fmt = _FORMATS[to]
     f = DType.FLOAT64 if src is DType.FLOAT64 else DType.FLOAT32
     i, fraction, bias = (DType.INT64, 52, 1023) if f is DType.FLOAT64 else (DType.INT32, 23, 127)
@@ -91,7 +93,7 @@ def _rounded(x: str, src: DType, to: DType, saturate: bool) -> tuple[str, Lets]:
     return f"n_x != n_x ? {nan} : {signed}", lets
 
 
-def _power_of_two(x: str, src: DType, saturate: bool, round_mode: str) -> tuple[str, Lets]:
+def _power_of_two(x: str, saturate: bool, round_mode: str) -> tuple[str, Lets]:
     """Float8 e8m0: the biased float32 exponent ``n_e`` (255: NaN), plus one where the
     rounding goes up; below 2^-126 the value is float32's subnormal 2^-127."""
     up = {"up": "(n_b & 8388607) != 0",
