@@ -19,6 +19,10 @@ ELEMENT_TYPES = {
     1: DType.FLOAT32, 11: DType.FLOAT64, 10: DType.FLOAT16, 16: DType.BFLOAT16,
     3: DType.INT8, 5: DType.INT16, 6: DType.INT32, 7: DType.INT64,
     2: DType.UINT8, 4: DType.UINT16, 12: DType.UINT32, 13: DType.UINT64, 9: DType.BOOL,
+    # the narrow types, held in a wider storage type (see polyfuse.ir.types)
+    17: DType.FLOAT8E4M3FN, 18: DType.FLOAT8E4M3FNUZ, 19: DType.FLOAT8E5M2,
+    20: DType.FLOAT8E5M2FNUZ, 21: DType.UINT4, 22: DType.INT4, 23: DType.FLOAT4E2M1,
+    24: DType.FLOAT8E8M0, 25: DType.UINT2, 26: DType.INT2,
 }
 _CODES = {dt: code for code, dt in ELEMENT_TYPES.items()}
 SUPPORTED_DTYPES = frozenset(_CODES)
@@ -44,6 +48,31 @@ def type_str(dt: DType) -> str:
 _FROM_TYPE_STR = {type_str(dt): dt for dt in SUPPORTED_DTYPES}
 
 
+def _schema(op: str, opset: int):  # noqa: ANN202 - onnx's OpSchema, imported lazily
+    import onnx  # here, not at module level: see the module docstring
+    try:
+        return onnx.defs.get_schema(op, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+def narrow_outputs(node: Node, types: list[TensorType | None], opset: int) -> tuple[DType | None, ...]:
+    """The narrow element types (float8, int4, ...) of ``node``'s outputs that its op's
+    schema ties to a narrow input's type (Reshape's output is its data's type; CastLike's
+    the type of its second input): None for the others, which hold their own type."""
+    schema = _schema(node.op, opset) if opset >= 1 else None
+    if schema is None:
+        return (None,) * len(node.outputs)
+    formals = list(schema.inputs)
+    tied: dict[str, DType] = {}
+    for k, t in enumerate(types):
+        if t is not None and t.dtype.is_narrow and formals:
+            tied.setdefault(formals[min(k, len(formals) - 1)].type_str, t.dtype)
+    outs = list(schema.outputs)
+    return tuple(tied.get(outs[min(k, len(outs) - 1)].type_str) if outs else None
+                 for k in range(len(node.outputs)))
+
+
 def check_signature(node: Node, types: list[TensorType | None], opset: int) -> None:
     """``node``'s inputs against its op's ONNX schema at ``opset``: how many, that the
     required ones are given, and each one's dtype (inputs sharing a type parameter share
@@ -52,9 +81,8 @@ def check_signature(node: Node, types: list[TensorType | None], opset: int) -> N
     if opset < 1:
         return
     import onnx  # here, not at module level: see the module docstring
-    try:
-        schema = onnx.defs.get_schema(node.op, opset, "")
-    except onnx.defs.SchemaError:
+    schema = _schema(node.op, opset)
+    if schema is None:
         return
     where = f"node '{node.name}' ({node.op}-{schema.since_version})"
     formals = list(schema.inputs)

@@ -50,7 +50,8 @@ BUILTINS: dict[str, Builtin] = {
     **_table(BuiltinKind.NUMERIC, 2, "floordiv floormod"),
     # bit reinterpretation between types of one width, named as OpenCL's as_<type>; a
     # nonzero byte reads as a true bool
-    **{f"as_{d}": Builtin(f"as_{d}", 1, BuiltinKind.BITS, d) for d in DType},
+    **{f"as_{d}": Builtin(f"as_{d}", 1, BuiltinKind.BITS, d) for d in DType
+       if not d.is_narrow},
 }
 
 

@@ -1,4 +1,17 @@
-"""Element types shared by every IR level."""
+"""Element types shared by every IR level.
+
+The narrow types ONNX defines (float8 in its five formats, float4 e2m1, int4, uint4,
+int2, uint2) are *storage types* of the graph level only: a value of one is held in a
+wider type, its :attr:`DType.storage` (float32 for the floats, int8 or uint8 for the
+integers), from the graph's inputs through every kernel to its outputs, and crosses the
+API in its own ml_dtypes dtype (:attr:`DType.numpy`), converted at the feed and at the
+outputs. The comprehension and loop levels, the scheduler and the targets never see
+them: an op that makes such a value (Cast, QuantizeLinear) rounds it in its kernel to
+a value of the narrow type, so the wider container only ever holds values the narrow
+type has, and everything else (movement, memory plans, every target) works unchanged
+on the container. Holding them packed would ask every target for sub-byte loads and
+stores and float8 arithmetic for a handful of ops that only convert.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +37,17 @@ class DType(enum.Enum):
     BFLOAT16 = "bfloat16"
     FLOAT32 = "float32"
     FLOAT64 = "float64"
+    # the narrow storage types (see the module docstring), named as ONNX names them
+    FLOAT8E4M3FN = "float8e4m3fn"
+    FLOAT8E4M3FNUZ = "float8e4m3fnuz"
+    FLOAT8E5M2 = "float8e5m2"
+    FLOAT8E5M2FNUZ = "float8e5m2fnuz"
+    FLOAT8E8M0 = "float8e8m0"
+    FLOAT4E2M1 = "float4e2m1"
+    INT4 = "int4"
+    UINT4 = "uint4"
+    INT2 = "int2"
+    UINT2 = "uint2"
 
     def __str__(self) -> str:
         return self.value
@@ -54,9 +78,25 @@ class DType(enum.Enum):
         return _NUMPY[self]
 
     @property
+    def numpy_name(self) -> str:
+        """How Python code names :attr:`numpy`: ``np.float32``, ``ml_dtypes.int4``."""
+        return f"ml_dtypes.{self.numpy.name}" if self in _ML_DTYPES else f"np.{self.numpy.name}"
+
+    @property
     def compute(self) -> DType:
         """The type arithmetic runs in: 16-bit floats are storage types computed in float32."""
-        return DType.FLOAT32 if self in (DType.FLOAT16, DType.BFLOAT16) else self
+        return DType.FLOAT32 if self in (DType.FLOAT16, DType.BFLOAT16) else self.storage
+
+    @property
+    def storage(self) -> DType:
+        """The type kernels hold this type's values in: itself, or for a narrow type
+        (float8, float4, int4, ...) the wider type of the module docstring."""
+        return _STORAGE.get(self, self)
+
+    @property
+    def is_narrow(self) -> bool:
+        """Whether this is a narrow type, which only the graph level names."""
+        return self in _STORAGE
 
     @staticmethod
     def from_name(name: str) -> DType | None:
@@ -69,16 +109,27 @@ class DType(enum.Enum):
         return _FROM_NUMPY.get(np.dtype(dtype))
 
 
-_FLOATS = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64})
-_UNSIGNED = frozenset({DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64})
-_INTS = frozenset({DType.INT8, DType.INT16, DType.INT32, DType.INT64}) | _UNSIGNED
+_ML_DTYPES = {DType.BFLOAT16: ml_dtypes.bfloat16, DType.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn,
+              DType.FLOAT8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
+              DType.FLOAT8E5M2: ml_dtypes.float8_e5m2, DType.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
+              DType.FLOAT8E8M0: ml_dtypes.float8_e8m0fnu, DType.FLOAT4E2M1: ml_dtypes.float4_e2m1fn,
+              DType.INT4: ml_dtypes.int4, DType.UINT4: ml_dtypes.uint4, DType.INT2: ml_dtypes.int2,
+              DType.UINT2: ml_dtypes.uint2}
+_STORAGE = {DType.INT4: DType.INT8, DType.INT2: DType.INT8, DType.UINT4: DType.UINT8,
+            DType.UINT2: DType.UINT8} | {d: DType.FLOAT32 for d in _ML_DTYPES
+                                        if d.value.startswith(("float8", "float4"))}
+_FLOATS = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64}) | \
+    frozenset(d for d, s in _STORAGE.items() if s is DType.FLOAT32)
+_UNSIGNED = frozenset({DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64, DType.UINT4, DType.UINT2})
+_INTS = frozenset({DType.INT8, DType.INT16, DType.INT32, DType.INT64, DType.INT4, DType.INT2}) | _UNSIGNED
 _BITS = {DType.BOOL: 8, DType.INT8: 8, DType.INT16: 16, DType.INT32: 32, DType.INT64: 64,
          DType.UINT8: 8, DType.UINT16: 16, DType.UINT32: 32, DType.UINT64: 64, DType.FLOAT16: 16, DType.BFLOAT16: 16, DType.FLOAT32: 32,
-         DType.FLOAT64: 64}
-_NUMPY = {d: np.dtype(d.value) for d in DType if d is not DType.BFLOAT16}
-_NUMPY[DType.BFLOAT16] = np.dtype(ml_dtypes.bfloat16)
+         DType.FLOAT64: 64, DType.INT4: 4, DType.UINT4: 4, DType.INT2: 2, DType.UINT2: 2,
+         DType.FLOAT4E2M1: 4} | {d: 8 for d in _STORAGE if d.value.startswith("float8")}
+_NUMPY = {d: np.dtype(_ML_DTYPES[d] if d in _ML_DTYPES else d.value) for d in DType}
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items()}
-_NAMES = {d.value: d for d in DType} | {
+# the names TC source may use: no narrow type (kernels hold those in their storage)
+_NAMES = {d.value: d for d in DType if not d.is_narrow} | {
     "float": DType.FLOAT32, "double": DType.FLOAT64, "half": DType.FLOAT16,
     "int": DType.INT32, "long": DType.INT64, "char": DType.INT8, "short": DType.INT16,
 }

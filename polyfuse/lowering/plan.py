@@ -45,10 +45,14 @@ class _Planner:
         self.graph = graph
         self.shapes = shapes
         self.steps: list[Step] = []
-        self.types: dict[str, TensorType] = {v.name: TensorType(v.type.dtype, tuple(shapes[v.name]))
+        self.types: dict[str, TensorType] = {v.name: TensorType(v.type.dtype.storage, tuple(shapes[v.name]))
                                              for v in graph.inputs}
-        self.consts: dict[str, np.ndarray] = {c.name: c.array for c in graph.constants} | values
-        self.types.update({c.name: c.type for c in graph.constants})
+        # values holding a narrow type (float8, int4, ...) in their storage type (self.types)
+        self.narrow: dict[str, DType] = {v.name: v.type.dtype for v in graph.inputs
+                                         if v.type.dtype.is_narrow}
+        self.consts: dict[str, np.ndarray] = dict(values)
+        for c in graph.constants:
+            self.constant(c.name, c.array)
         self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
 
     def plan(self) -> Plan:
@@ -66,10 +70,11 @@ class _Planner:
                 for node in unit:
                     self.node(node)
         for v in g.outputs:   # onnxruntime refuses such a model too
-            if v.name in self.types and self.types[v.name].dtype is not v.type.dtype:
+            computed = self.narrow.get(v.name) or self.types[v.name].dtype if v.name in self.types else None
+            if computed is not None and computed is not v.type.dtype:
                 raise ModelError(f"graph output '{v.name}' is declared {v.type.dtype}, but the model "
-                                 f"computes it as {self.types[v.name].dtype}; correct the output's "
-                                 "element type in the model")
+                                 f"computes it as {computed}; correct the output's element type in "
+                                 "the model")
         steps = tuple(self.steps)
         memory = plan_memory(steps, self.types, outputs)
         check_bytes(f"the activation arena of graph '{g.name}' for input shapes {self.shapes} would take",
@@ -87,7 +92,24 @@ class _Planner:
             t = types[0]
             types[0] = TensorType(t.dtype, tuple(t.shape[p] for p in channels_first(t.rank)))
         return OpContext(node, types, [self.consts.get(i) if i else None for i in node.inputs],
-                         self.graph.opset)
+                         self.graph.opset, [self.narrow.get(i) if i else None for i in node.inputs])
+
+    def constant(self, name: str, array: np.ndarray) -> TensorType:
+        """Record a constant value; one of a narrow type is kept in its storage type."""
+        t = _type(array)
+        if t.dtype.is_narrow:
+            self.narrow[name] = t.dtype
+            t = TensorType(t.dtype.storage, t.shape)
+            array = array.astype(t.dtype.numpy)
+        self.consts[name] = array
+        self.types[name] = t
+        return t
+
+    def hold(self, names: list[str] | tuple[str, ...], lowered: TCKernel | View) -> None:
+        """Record which of ``names`` (the outputs of ``lowered``) hold a narrow type."""
+        for name, narrow in zip(names, lowered.narrow or ()):
+            if narrow is not None:
+                self.narrow[name] = narrow
 
     def define(self, what: str, name: str, t: TensorType) -> None:
         """Record the type of value ``name`` (defined by ``what``, a node or group) once its
@@ -130,11 +152,11 @@ class _Planner:
         what = f"node '{node.name}' ({node.op})"
         if isinstance(lowered, Folded):
             for name, array in zip(node.outputs, lowered.arrays):
-                self.consts[name] = array
-                self.define(what, name, _type(array))
+                self.define(what, name, self.constant(name, array))
         elif isinstance(lowered, View):
             src = node.inputs[lowered.input]
             self.define(what, node.outputs[0], TensorType(self.types[src].dtype, lowered.shape))
+            self.hold(node.outputs[:1], lowered)
             if src in self.consts:
                 self.consts[node.outputs[0]] = self.consts[src].reshape(lowered.shape)
             else:
@@ -145,6 +167,7 @@ class _Planner:
             outs = [node.outputs[i] for i in lowered.outputs]
             sizes = self.sizes(what, d, names)
             types = self.output_types(what, d, sizes, outs)
+            self.hold(outs, lowered)
             if all(n in self.consts for n in names):  # fold at compile time with the interpreter
                 results = interpret(d, {p.name: self.consts[n] for p, n in zip(d.params, names)}, sizes)
                 for name, t in zip(outs, d.outputs):
@@ -186,8 +209,7 @@ class _Planner:
         """Names for the arrays a lowering computed at compile time (repacked weights)."""
         names = [f"{node.name}:const{j}" for j in range(len(k.constants))]
         for name, array in zip(names, k.constants):
-            self.consts[name] = array
-            self.types[name] = _type(array)
+            self.constant(name, array)
         return names
 
     def kernel(self, label: str, d: Definition, source: str, names: list[str], outs: list[str],
@@ -217,6 +239,7 @@ class _Planner:
             what = f"node '{node.name}' ({node.op})"
             bound = bind_sizes(d, self.sizes(what, d, names))
             outs = tuple(node.outputs[i] for i in lowered.outputs)
+            self.hold(outs, lowered)
             for name, t in zip(outs, bound.outputs):
                 self.define(what, name, TensorType(t.dtype, tuple(evaluate_int(e, {}) for e in t.shape)))
             members.append(Member(bound, tuple(names), outs))

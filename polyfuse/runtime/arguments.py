@@ -15,7 +15,6 @@ import numpy as np
 from polyfuse.errors import ArgumentError, DTypeError, ShapeError
 from polyfuse.ir.comprehension import Definition, ScalarDecl, TensorDecl
 from polyfuse.ir.sizes import sizes_of_shapes
-from polyfuse.ir.types import DType
 from polyfuse.runtime.device_arrays import DeviceArray, as_device_array
 
 
@@ -84,16 +83,11 @@ def _tensor(d: Definition, p: TensorDecl, v: object) -> np.ndarray | DeviceArray
 def _checked(d: Definition, p: TensorDecl, array: np.ndarray | DeviceArray) -> np.ndarray | DeviceArray:
     if array.dtype != p.dtype.numpy:
         raise DTypeError(f"{d.name}: argument '{p.name}' must be {p.dtype}, got {array.dtype}; "
-                         f"convert it with .astype({_numpy_name(p.dtype)}) if that is intended")
+                         f"convert it with .astype({p.dtype.numpy_name}) if that is intended")
     if array.ndim != p.rank:
         raise ShapeError(f"{d.name}: argument '{p.name}' must have rank {p.rank} "
                          f"({p.dtype}({', '.join(map(str, p.shape))})), got shape {array.shape}")
     return array
-
-
-def _numpy_name(dt: DType) -> str:
-    return "ml_dtypes.bfloat16" if dt is DType.BFLOAT16 else f"np.{dt.numpy.name}"
-
 
 def check_scalars(d: Definition, values: dict[str, object]) -> dict[str, object]:
     """``values`` with each scalar parameter's value checked and converted to its dtype:

@@ -63,6 +63,10 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _RESERVED or name.startswith("polyfuse_"):
         raise ArgumentError(f"a bundle's name is a C identifier (it names the entry point) other "
                             f"than main, a C keyword or polyfuse_*; got {name!r}")
+    narrow = [v for v in model.graph.inputs + model.graph.outputs if v.type.dtype.is_narrow]
+    if narrow:   # the plan holds them in their storage types, which C callers would see
+        raise ArgumentError(f"bundles take no tensors of the narrow types (float8, float4, int4, "
+                            f"int2); '{narrow[0].name}' is {narrow[0].type.dtype}")
     plan = model.plan_for(shapes)
     # the plan's program (native or emulated) has laid its calls out already
     layout = plan.program.layout if plan.program is not None else ProgramLayout.of(plan)

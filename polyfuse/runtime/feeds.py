@@ -1,6 +1,10 @@
 """What a compiled model is called with, checked before anything runs: feeds (names,
 kinds, dtypes, ranks, fixed sizes) and shapes given for its inputs. Errors list the
-inputs as the model declares them."""
+inputs as the model declares them.
+
+Inputs and outputs of a narrow type (float8, int4, ...) cross the API in their ml_dtypes
+dtype; the kernels hold them in their storage type (see :mod:`polyfuse.ir.types`), so
+the feed converts them on the way in and :func:`declared_outputs` on the way out."""
 
 from __future__ import annotations
 
@@ -93,7 +97,8 @@ def check_feed(inputs: tuple[Value, ...], feed: Any, *, on_gpu: bool
     shapes: dict[str, tuple[int, ...]] = {}
     for name, v in expected.items():
         a = feed[name]
-        if on_gpu and not isinstance(a, (np.ndarray, np.generic)) and is_device_array(a):
+        if on_gpu and not isinstance(a, (np.ndarray, np.generic)) and is_device_array(a) \
+                and not v.type.dtype.is_narrow:
             view = as_device_array(a)   # torch, CuPy, ...: used in place on the GPU
             assert view is not None
             shape, dtype = view.shape, view.dtype
@@ -101,20 +106,28 @@ def check_feed(inputs: tuple[Value, ...], feed: Any, *, on_gpu: bool
             a = np.asarray(a, order="C")  # keeps 0-d arrays 0-d
             shape, dtype = a.shape, a.dtype
         else:
-            kinds = "a numpy array or a CUDA array (torch, CuPy)" if on_gpu else "a numpy array"
+            kinds = "a numpy array or a CUDA array (torch, CuPy)" if on_gpu and not v.type.dtype.is_narrow \
+                else "a numpy array"
             raise ArgumentError(f"input '{name}' must be {kinds}, got {type(a).__name__}; pass "
-                                f"np.asarray(x, dtype=np.{v.type.dtype.numpy.name}) of shape "
+                                f"np.asarray(x, dtype={v.type.dtype.numpy_name}) of shape "
                                 f"{v.type.shape}")
         if dtype != v.type.dtype.numpy:
             raise DTypeError(f"input '{name}' must be {v.type.dtype}, got {dtype}; convert it "
-                             f"with .astype(np.{v.type.dtype.numpy.name})")
+                             f"with .astype({v.type.dtype.numpy_name})")
         if len(shape) != v.type.rank or any(isinstance(d, int) and d != e
                                             for d, e in zip(v.type.shape, shape)):
             raise ShapeError(f"input '{name}' must have shape {v.type.shape}, got {tuple(shape)}"
                              f" (names are sizes bound by the call; rank {v.type.rank})")
-        env[name] = a
+        env[name] = a.astype(v.type.dtype.storage.numpy) if v.type.dtype.is_narrow else a
         shapes[name] = tuple(int(d) for d in shape)
     return env, shapes
+
+
+def declared_outputs(outputs: tuple[Value, ...], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (by output name) with those of a narrow type converted from their
+    storage type, whose every value the narrow type holds exactly, to its ml_dtypes dtype."""
+    narrow = {v.name: v.type.dtype.numpy for v in outputs if v.type.dtype.is_narrow}
+    return {n: np.asarray(a).astype(narrow[n]) if n in narrow else a for n, a in values.items()}
 
 
 def positional_feed(inputs: tuple[Value, ...], arrays: tuple, named: dict[str, Any]

@@ -21,7 +21,8 @@ from polyfuse.ir.graph import Graph, TensorType, Value
 from polyfuse.ir.plan import MemoryPlan, Plan, Step, ViewStep
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import placeholder
-from polyfuse.runtime.feeds import all_shapes, check_feed, check_shapes, positional_feed, shape_arg, signature
+from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
+                                    shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
 from polyfuse.scheduler.options import MappingOptions
@@ -256,11 +257,11 @@ class CompiledModel:
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         compiled, env = self._prepare(feed)
         if compiled.program is not None:
-            return compiled.program.run(env)
+            return declared_outputs(self.graph.outputs, compiled.program.run(env))
         env.update(compiled.plan.constants)
         for step, kernel in zip(compiled.plan.steps, compiled.kernels):
             _run_step(step, kernel, env)
-        return {v.name: env[v.name] for v in self.graph.outputs}
+        return declared_outputs(self.graph.outputs, {v.name: env[v.name] for v in self.graph.outputs})
 
     def profile(self, feed: Mapping[str, Any], repeat: int = 10) -> list[tuple[str, float]]:
         """Each kernel's median seconds over ``repeat`` runs of ``feed`` (after one

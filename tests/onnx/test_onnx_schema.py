@@ -17,7 +17,8 @@ def test_element_types_are_onnx_codes():
         if dt is not DType.BFLOAT16:   # numpy has no bfloat16
             assert onnx.helper.tensor_dtype_to_np_dtype(code) == dt.numpy
     assert SUPPORTED_DTYPES == set(ELEMENT_TYPES.values())
-    assert dtype_of(onnx.TensorProto.STRING) is None and dtype_of(onnx.TensorProto.INT4) is None
+    assert dtype_of(onnx.TensorProto.STRING) is None and dtype_of(onnx.TensorProto.COMPLEX64) is None
+    assert dtype_of(onnx.TensorProto.INT4) is DType.INT4
 
 
 def test_every_dtype_has_its_onnx_type_name():

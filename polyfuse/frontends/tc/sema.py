@@ -41,7 +41,7 @@ class DefinitionAnalyzer:
         dt = DType.from_name(t.name)
         if dt is None:
             raise self.error(f"unknown type '{t.name}'", t.loc,
-                             hint="types: " + ", ".join(d.value for d in DType) + ", float, double, int")
+                             hint="types: " + ", ".join(d.value for d in DType if not d.is_narrow) + ", float, double, int")
         return dt
 
     def claim(self, name: ast.Name, what: str) -> None:

@@ -9,6 +9,12 @@ returns one of:
 * :class:`View`: the output is an input with another shape (Reshape, Squeeze, ...);
 * :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...).
 
+A value of a narrow type (float8, int4, ...; see :mod:`polyfuse.ir.types`) reaches a
+lowering as its storage type (``ctx.dtype``; ``ctx.element`` names the narrow type), so
+movement ops need not know them; a kernel or view names the narrow types its outputs
+hold (``narrow``), which :func:`lower` takes from the op's schema where the lowering
+leaves it open.
+
 Kernels whose inputs are all constants are evaluated at compile time (folding).
 
 Every node goes through :func:`lower`, which first checks its inputs against the op's
@@ -22,13 +28,13 @@ the node and say what is allowed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import numpy as np
 
 from polyfuse.errors import ModelError, NeedsValue, UnsupportedOpError
-from polyfuse.frontends.onnx_schema import check_signature
+from polyfuse.frontends.onnx_schema import check_signature, narrow_outputs
 from polyfuse.ir.graph import Node, TensorType
 from polyfuse.ir.types import DType
 
@@ -45,12 +51,16 @@ class TCKernel:
     # arrays computed at compile time (e.g. weights repacked for the kernel), passed
     # as the parameters after the node inputs, in this order
     constants: tuple[np.ndarray, ...] = ()
+    # the narrow type each node output (positions as ``outputs``) holds in its storage
+    # type, None for none; left None, the op's schema decides
+    narrow: tuple[DType | None, ...] | None = None
 
 
 @dataclass(frozen=True)
 class View:
     input: int
     shape: tuple[int, ...]
+    narrow: tuple[DType | None, ...] | None = None   # as TCKernel's
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,8 @@ class OpContext:
     types: list[TensorType | None]        # concrete input types; None for omitted inputs
     values: list[np.ndarray | None]       # constant inputs' values, else None
     opset: int
+    # the narrow type each input holds in its storage type (``types``), None for none
+    narrow: list[DType | None] = field(default_factory=list)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.node.attr(key, default)
@@ -76,6 +88,16 @@ class OpContext:
 
     def dtype(self, i: int) -> DType:
         return self.type(i).dtype
+
+    def element(self, i: int) -> DType:
+        """Input ``i``'s element type as the model declares it: a narrow type (float8,
+        int4, ...) where ``dtype`` gives the storage type holding it."""
+        return (self.narrow[i] if i < len(self.narrow) else None) or self.dtype(i)
+
+    def declared(self) -> list[TensorType | None]:
+        """The input types as the model declares them (narrow types included)."""
+        return [t if t is None else TensorType(self.element(i), t.shape)
+                for i, t in enumerate(self.types)]
 
     def type(self, i: int) -> TensorType:
         t = self.types[i] if i < len(self.types) else None
@@ -176,12 +198,26 @@ def lower(ctx: OpContext) -> Lowered:
     """The node lowered by its op's lowering, after the checks every op shares: its
     inputs against the op's ONNX schema (count, dtypes) and their ranks against the
     indices a TC text can name."""
-    check_signature(ctx.node, ctx.types, ctx.opset)
+    check_signature(ctx.node, ctx.declared(), ctx.opset)
     for i, t in enumerate(ctx.types):
         if t is not None and len(t.shape) > MAX_RANK:
             raise ctx.unsupported(f"input {i} has rank {len(t.shape)}; polyfuse supports "
                                   f"tensors of rank at most {MAX_RANK}")
-    return OPS[ctx.node.op](ctx)
+    lowered = OPS[ctx.node.op](ctx)
+    if isinstance(lowered, (TCKernel, View)) and lowered.narrow is None:
+        narrow = narrow_outputs(ctx.node, ctx.declared(), ctx.opset) if any(ctx.narrow) else ()
+        positions = lowered.outputs if isinstance(lowered, TCKernel) else (0,)
+        lowered = replace(lowered, narrow=tuple(narrow[i] if i < len(narrow) else None
+                                                for i in positions))
+    return lowered
+
+
+HeldLowering = TypeVar("HeldLowering", TCKernel, View)
+
+
+def holding(lowered: HeldLowering, to: DType) -> HeldLowering:
+    """``lowered``, whose output 0 holds values of ``to`` (perhaps a narrow type)."""
+    return replace(lowered, narrow=(to if to.is_narrow else None,))
 
 
 def register(*ops: str) -> Callable[[Lowering], Lowering]:

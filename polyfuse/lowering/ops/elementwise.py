@@ -16,8 +16,9 @@ import numpy as np
 
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, View, access, balanced,
-                                   broadcast_indices, broadcast_shape, literal, register,
+                                   broadcast_indices, broadcast_shape, holding, literal, register,
                                    tensor_param)
+from polyfuse.lowering.ops.narrow import ROUND_MODES, narrowed
 
 X = {"x": 0}               # operands of a unary op
 AB = {"a": 0, "b": 1}      # operands of a binary op
@@ -179,6 +180,9 @@ def _bit_cast(ctx: OpContext) -> TCKernel | View:
     to, dt = ctx.element_type("to"), ctx.dtype(0)
     if to is None:
         raise ctx.malformed("BitCast needs the attribute 'to'")
+    if to.is_narrow or ctx.element(0).is_narrow:
+        raise ctx.unsupported(f"BitCast from {ctx.element(0)} to {to}: polyfuse holds the narrow "
+                              "types (float8, float4, int4, int2) in wider types, not in their bits")
     if to.bits != dt.bits:
         raise ctx.malformed(f"BitCast from {dt} ({dt.bits} bits) to {to} ({to.bits} bits); the "
                             "types must be equally wide")
@@ -268,7 +272,20 @@ def _clip(ctx: OpContext) -> TCKernel | View:
 # --- casts and identities -------------------------------------------------------------------
 
 def _cast(ctx: OpContext, to: DType) -> TCKernel | View:
-    return identity(ctx) if to is ctx.dtype(0) else elementwise(ctx, "x", to, X)
+    """A value of a narrow type (float8, int4, ...) is its storage type's: casting from
+    one reads it; casting to one rounds in the kernel (:mod:`.narrow`)."""
+    saturate = ctx.flag("saturate", 1)
+    # a saturating cast to e5m2 turns even e5m2's infinities into its largest value
+    if to is ctx.element(0) and not (saturate and to is DType.FLOAT8E5M2) or \
+            to is ctx.dtype(0) and not to.is_narrow:
+        return holding(identity(ctx), to)
+    if not to.is_narrow:
+        return holding(elementwise(ctx, "x", to, X), to)
+    mode = ctx.attr("round_mode", "up")
+    if mode not in ROUND_MODES:
+        raise ctx.malformed(f"round_mode is {mode!r}; it must be one of {', '.join(ROUND_MODES)}")
+    expr, lets = narrowed("x", ctx.dtype(0), to, saturate=saturate, round_mode=mode)
+    return holding(elementwise(ctx, expr, to.storage, X, lets=lets), to)
 
 
 @register("Cast")
@@ -281,7 +298,7 @@ def _cast_to(ctx: OpContext) -> TCKernel | View:
 
 @register("CastLike")
 def _cast_like(ctx: OpContext) -> TCKernel | View:
-    return _cast(ctx, ctx.dtype(1))
+    return _cast(ctx, ctx.element(1))
 
 
 @register("Identity")
@@ -298,6 +315,9 @@ def _dropout(ctx: OpContext) -> TCKernel | View:
     ratio = ctx.values[1] if ctx.has(1) else None
     training = ctx.opset >= 12 and ctx.has(2) and (ctx.values[2] is None or bool(ctx.values[2]))
     if training and not (ratio is not None and float(ratio) == 0):
+        if ctx.element(0).is_narrow:
+            raise ctx.unsupported(f"training Dropout of {ctx.element(0)} values (the scaled "
+                                  "values would need rounding to the type)")
         return _training_dropout(ctx, mask)
     if not mask:
         return identity(ctx)

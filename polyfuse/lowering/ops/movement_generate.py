@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from polyfuse.ir.types import DType
-from polyfuse.lowering.ops import INDEX, OpContext, TCKernel, access, literal, register, tensor_param
+from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, holding, literal, register,
+                                   tensor_param)
 from polyfuse.lowering.ops.movement import definition, one_input, parameter, statement
 from polyfuse.lowering.ops.movement_gather import normalized
 
@@ -35,8 +36,9 @@ def _constant_of_shape(ctx: OpContext) -> TCKernel:
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
     if value.size != 1:
         raise ctx.malformed(f"the value attribute has {value.size} elements; it must have one")
-    dt = _dtype(ctx, value)
-    return _generated(dt, shape, literal(value.reshape(-1)[0].item(), dt))
+    dt = _dtype(ctx, value)   # a narrow type (float8, int4) is made in its storage type
+    v = value.reshape(-1)[0].astype(dt.storage.numpy).item()
+    return holding(_generated(dt.storage, shape, literal(v, dt.storage)), dt)
 
 
 @register("Range")

@@ -4,7 +4,11 @@ the integer products MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
 Integer arithmetic is exact: zero points are subtracted and products summed in int32.
 A float becomes an integer as ONNX's reference makes one: rounded half to even
 (``rint``), the zero point added, then clamped to the type's range while still a float
-(a cast of a float outside the range would wrap). Requantization multiplies the int32
+(a cast of a float outside the range would wrap). The narrow types (int4, uint4, int2,
+uint2, float8, float4 e2m1) are held in their storage types (see
+:mod:`polyfuse.ir.types`): int4 and int2 quantize like int8 to their own range; a float
+type rounds ``x / scale`` to its values (:mod:`.narrow`), with no zero point (ONNX asks
+it to be 0 for float8; float4 adds it first, as the reference does). Requantization multiplies the int32
 sum by the factor ``scale_a * scale_b / scale_y`` (rounded to the scales' type) in
 float64, where that product is exact, so only ``rint`` rounds it.
 
@@ -16,15 +20,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from polyfuse.ir.types import DType, promote
-from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, literal, register,
+from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, holding, literal, register,
                                    tensor_param)
 from polyfuse.lowering.ops.conv import WindowAxis, affine, guarded, where, window_axes
 from polyfuse.lowering.ops.linalg import Product, matmul_product
+from polyfuse.lowering.ops.narrow import narrowed
 
-QUANTIZED = (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16)
+QUANTIZED = (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.UINT4, DType.INT4,
+             DType.UINT2, DType.INT2, DType.FLOAT8E4M3FN, DType.FLOAT8E4M3FNUZ, DType.FLOAT8E5M2,
+             DType.FLOAT8E5M2FNUZ, DType.FLOAT4E2M1)
 
 
 Declared = tuple[str, DType, Sequence[int]]   # a TC output: name, type, shape
@@ -42,9 +50,10 @@ def _kernel(ctx: OpContext, lines: Sequence[str], outputs: Sequence[Declared],
 
 
 def _saturated(value: str, dt: DType, f: DType) -> str:
-    """``value`` (a float of type ``f``, already whole) clamped to ``dt``'s range, then cast."""
-    info = np.iinfo(dt.numpy)
-    return f"{dt}(min(max({value}, {literal(info.min, f)}), {literal(info.max, f)}))"
+    """``value`` (a float of type ``f``, already whole) clamped to ``dt``'s range, then cast
+    (to its storage type)."""
+    info = ml_dtypes.iinfo(dt.numpy)
+    return f"{dt.storage}(min(max({value}, {literal(int(info.min), f)}), {literal(int(info.max), f)}))"
 
 
 def _requantized(acc: str, factor: str, zero: str, dt: DType) -> str:
@@ -94,20 +103,22 @@ def _per_element(ctx: OpContext, i: int) -> str:
     raise ctx.malformed(f"input {i} has shape {s}; for an input of shape {x} it must be {want}")
 
 
-def _elementwise(ctx: OpContext, expr: str, dt: DType) -> TCKernel:
-    """``expr`` of ``x``, ``s`` and (if given) ``z``, inputs 0, 1, 2, at every element of x."""
+def _elementwise(ctx: OpContext, expr: str, dt: DType, more: dict[str, str] | None = None) -> TCKernel:
+    """``expr`` of ``x``, ``s`` and (if given) ``z``, inputs 0, 1, 2, at every element of x
+    (and of the names ``more`` binds to expressions of those)."""
     shape = ctx.shape(0)
     index = INDEX[:len(shape)]
     lets = [f"{d} in 0:{n}" for d, n in zip(index, shape)] + [f"x = {access('I0', index)}"]
     lets += [f"{name} = {_per_element(ctx, i)}" for i, name in ((1, "s"), (2, "z")) if ctx.has(i)]
+    lets += [f"{name} = {e}" for name, e in (more or {}).items()]
     return _kernel(ctx, [f"{access('Y', index)} = {expr} where {', '.join(lets)}"],
-                   [("Y", dt, shape)])
+                   [("Y", dt.storage, shape)])
 
 
 def _quantized_type(ctx: OpContext) -> DType:
     """The zero point's type, else ``output_dtype``, else uint8."""
     wanted = ctx.element_type("output_dtype")
-    dt = ctx.dtype(2) if ctx.has(2) else wanted or DType.UINT8
+    dt = ctx.element(2) if ctx.has(2) else wanted or DType.UINT8
     if wanted is not None and wanted is not dt:
         raise ctx.malformed(f"output_dtype {wanted} differs from the zero point's type {dt}")
     if dt not in QUANTIZED:
@@ -119,24 +130,32 @@ def _quantized_type(ctx: OpContext) -> DType:
 @register("QuantizeLinear")
 def _quantize_linear(ctx: OpContext) -> TCKernel:
     """``saturate(rint(x / scale) + zero_point)``, x / scale rounded to ``precision`` (by
-    default the type of x and the scale together)."""
+    default the type of x and the scale together); to a float type, x / scale rounded to
+    it (saturating unless ``saturate`` is 0)."""
     dt = _quantized_type(ctx)
     p = ctx.element_type("precision") or promote(ctx.dtype(0), ctx.dtype(1))
     p = p if p.is_float else DType.FLOAT32
     f = p.compute
     q = f"{f}(x) / {f}(s)" if p is f else f"{f}({p}({f}(x) / {f}(s)))"
+    if dt.is_float:
+        zero = f" + {f}(z)" if ctx.has(2) and dt is DType.FLOAT4E2M1 else ""
+        expr, lets = narrowed("n_y", f, dt, saturate=ctx.flag("saturate", 1))
+        return holding(_elementwise(ctx, expr, dt, {"n_y": q + zero, **lets}), dt)
     zero = f" + {f}(z)" if ctx.has(2) else ""
-    return _elementwise(ctx, _saturated(f"rint({q}){zero}", dt, f), dt)
+    return holding(_elementwise(ctx, _saturated(f"rint({q}){zero}", dt, f), dt), dt)
 
 
 @register("DequantizeLinear")
 def _dequantize_linear(ctx: OpContext) -> TCKernel:
     """``(x - zero_point) * scale``, exact up to the product (int32 inputs in float64)."""
     out = ctx.element_type("output_dtype") or ctx.dtype(1)
-    if not out.is_float:
+    if not out.is_float or out.is_narrow:
         raise ctx.malformed(f"output_dtype {out} is not a float type")
-    f = DType.FLOAT64 if ctx.dtype(0).bits > 16 else DType.FLOAT32
-    x = f"({f}(x) - {f}(z))" if ctx.has(2) else f"{f}(x)"
+    f = DType.FLOAT64 if ctx.element(0).bits > 16 else DType.FLOAT32
+    floats = ctx.element(0).is_float
+    if floats and ctx.has(2) and ctx.values[2] is not None and np.any(ctx.values[2]):
+        raise ctx.malformed(f"the zero point of {ctx.element(0)} values must be 0")
+    x = f"({f}(x) - {f}(z))" if ctx.has(2) and not floats else f"{f}(x)"
     return _elementwise(ctx, f"{out}({x} * {f}(s))", out)
 
 
@@ -195,6 +214,8 @@ def _factor(ctx: OpContext, a: str, b: str, y: str) -> str:
 
 @register("QLinearMatMul")
 def _qlinear_matmul(ctx: OpContext) -> TCKernel:
+    if any(ctx.element(i).is_float for i in (0, 3, 7) if ctx.has(i)):
+        raise ctx.unsupported("QLinearMatMul of float8 values; polyfuse multiplies integers only")
     line, p = _integer_matmul(ctx, 0, 2, 3, 5)
     factor = _factor(ctx, _per_row(ctx, 1, "scale of A", p), _per_column(ctx, 4, "scale of B", p),
                      _one_or_each(ctx, 6, "scale of Y", "0", 1, "tensor"))
