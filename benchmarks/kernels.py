@@ -1,23 +1,33 @@
 """TC kernels compiled for this machine's CPU against numpy, in one process.
 
-    python benchmarks/kernels.py [--repeat 7] [--only matmul1024,softmax]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/kernels.py \
+        [--repeat 7] [--only matmul1024,softmax]
 
 For each kernel: the compile time (specialization: scheduling, LLVM, JIT), the
-median time of --repeat runs after a warm-up for polyfuse and for numpy, the rate
-(GFLOP/s or GB/s of compulsory traffic) and speed-up = numpy time / polyfuse time.
+median time of --repeat runs after a warm-up for polyfuse and for numpy (timed in
+alternation), the rate (GFLOP/s or GB/s of compulsory traffic), GFLOP/s as a fraction of
+the FMA peak measured on as many threads (``peak.py``), and speed-up = numpy time /
+polyfuse time. The OpenBLAS variables are unset because they select numpy's slower
+kernels; OpenBLAS's threads sleep soon after a call (``OPENBLAS_THREAD_TIMEOUT``), as
+polyfuse's do, instead of spinning on the cores the next polyfuse run needs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before numpy loads OpenBLAS
+
 import numpy as np
 
 import polyfuse as pf
-from timing import median_time
+from peak import fma_peak
+from polyfuse.runtime import native
+from timing import interleaved_times
 
 
 @dataclass
@@ -62,6 +72,8 @@ CASES = [
          lambda a, b: a @ b, 2 * 1024 ** 3),
     Case("matmul2048", MATMUL, lambda r: (_f32(r, 2048, 2048), _f32(r, 2048, 2048)),
          lambda a, b: a @ b, 2 * 2048 ** 3),
+    Case("matmul4096", MATMUL, lambda r: (_f32(r, 4096, 4096), _f32(r, 4096, 4096)),
+         lambda a, b: a @ b, 2 * 4096 ** 3),
     Case("tbmm", "def tbmm(float(B,K,M) A, float(B,N,K) W) -> (C) "
                  "{ C(b,m,n) +=! A(b,k,m) * W(b,n,k) }",
          lambda r: (_f32(r, 8, 256, 256), _f32(r, 8, 256, 256)),
@@ -101,8 +113,10 @@ def main() -> None:
     args = parser.parse_args()
     wanted = set(filter(None, args.only.split(",")))
     rng = np.random.default_rng(0)
+    peak = fma_peak(native.get_num_threads())
+    print(f"FMA peak on {native.get_num_threads()} threads: {peak:.1f} GFLOP/s")
     print(f"{'kernel':<12} {'compile s':>9} {'polyfuse ms':>12} {'numpy ms':>9} "
-          f"{'rate':>16} {'vs numpy':>9}")
+          f"{'rate':>16} {'of peak':>8} {'vs numpy':>9}")
     for case in CASES:
         if wanted and case.name not in wanted:
             continue
@@ -111,14 +125,16 @@ def main() -> None:
         t = time.perf_counter()
         spec = kernel.specialize(*inputs)
         compile_s = time.perf_counter() - t
-        ours = median_time(lambda: spec(*inputs), args.repeat)
-        ref = median_time(lambda: case.numpy(*inputs), args.repeat)
+        times = interleaved_times({"ours": lambda: spec(*inputs), "numpy": lambda: case.numpy(*inputs)},
+                                  args.repeat, calls=1)
+        ours, ref = times["ours"], times["numpy"]
         got = spec(*inputs)
         got = got[0] if isinstance(got, tuple) else got
         np.testing.assert_allclose(got, case.numpy(*inputs), rtol=2e-3, atol=2e-3)
         rate = case.work / ours / 1e9
+        of_peak = f"{rate / peak:7.0%}" if case.unit == "GFLOP/s" else ""
         print(f"{case.name:<12} {compile_s:9.2f} {ours * 1e3:12.2f} {ref * 1e3:9.2f} "
-              f"{rate:9.1f} {case.unit:<6} {ref / ours:8.2f}x", flush=True)
+              f"{rate:9.1f} {case.unit:<6} {of_peak:>8} {ref / ours:8.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Real architectures, exported from torch, against onnxruntime and torch eager, in one process.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/real_models.py \\
-        [--only resnet50,mobilenet_v3_small,efficientnet_b0,vit_b16,bert,gpt2] [--repeat 9] [--layers 2]
+        [--only resnet50,mobilenet_v3_small,efficientnet_b0,vit_b16,bert,gpt2] [--repeat 9] [--layers 2] [--convs]
 
 Needs ``pip install torch torchvision transformers`` (nothing is downloaded: every
 model is built with random weights). The OpenBLAS variables are unset because they
@@ -144,8 +144,45 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:100]
 
 
-def bench(name: str, layers: int, repeat: int, tmp: str) -> str:
-    """One row of the table."""
+def conv_flops(path: str) -> dict[str, tuple[str, float]]:
+    """Each Conv node's name -> (its kernel size and map, e.g. '3x3 256->256 14x14', its flops)."""
+    import onnx
+    model = onnx.shape_inference.infer_shapes(onnx.load(path))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in (*model.graph.value_info, *model.graph.output, *model.graph.input)}
+    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type == "Conv" and node.input[1] in weights and node.output[0] in shapes:
+            f, c, kh, kw = weights[node.input[1]]
+            n, _, h, w = shapes[node.output[0]]
+            out[node.name] = (f"{kh}x{kw} {c}->{f} {h}x{w}", 2.0 * n * f * h * w * c * kh * kw)
+    return out
+
+
+def conv_table(name: str, path: str, compiled: object, feed: dict, threads: int) -> str:
+    """The 3x3 convolutions' kernels (with what is fused into them): time, GFLOP/s and the
+    fraction of the FMA peak measured on as many threads."""
+    from peak import fma_peak
+    peak = fma_peak(threads)
+    flops = conv_flops(path)
+    lines = [f"\n{name}: 3x3 convolutions, {threads} thread(s), FMA peak {peak:.0f} GFLOP/s",
+             f"{'kernel':<44} | {'conv':<22} | {'ms':>6} | {'GFLOP/s':>7} | of peak"]
+    for label, seconds in compiled.profile(feed, repeat=9):   # type: ignore[attr-defined]
+        names = label.split("[", 1)[-1].rstrip("]").split()
+        convs = [flops[n] for n in names if n in flops and flops[n][0].startswith("3x3")]
+        if convs:
+            rate = sum(f for _, f in convs) / seconds / 1e9
+            lines.append(f"{names[0][:44]:<44} | {convs[0][0]:<22} | {seconds * 1e3:6.3f} | {rate:7.1f} | "
+                         f"{rate / peak:6.0%}")
+    return "\n".join(lines)
+
+
+AFTER: list[str] = []   # tables printed after the main one
+
+
+def bench(name: str, layers: int, repeat: int, tmp: str, convs: bool = False) -> str:
+    """One row of the table (and, with ``convs``, the table of its 3x3 convolutions)."""
     model, x = MODELS[name](layers)
     path = os.path.join(tmp, f"{name}.onnx")
     export(model, x, path)
@@ -172,6 +209,9 @@ def bench(name: str, layers: int, repeat: int, tmp: str) -> str:
         except AssertionError:
             note = f"MISMATCH max|d| {diff:.1e}"
         fns = {"pf": lambda: compiled.run(feed), **fns}
+        if convs:
+            from polyfuse.runtime import native
+            AFTER.append(conv_table(name, path, compiled, feed, native.get_num_threads()))
     except Exception as e:  # noqa: BLE001 - a benchmark row, not a test: report and go on
         note = f"FAILED {first_line(e)}"
     times = interleaved_times(fns, rounds=repeat, calls=1)
@@ -186,6 +226,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help=f"comma-separated, of {','.join(MODELS)}")
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--layers", type=int, default=2, help="BERT and GPT-2 layers")
+    parser.add_argument("--convs", action="store_true",
+                        help="also list each model's 3x3 convolution kernels against the FMA peak")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n] or DEFAULT
     unknown = [n for n in names if n not in MODELS]
@@ -198,10 +240,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             try:
-                row = bench(name, args.layers, args.repeat, tmp)
+                row = bench(name, args.layers, args.repeat, tmp, args.convs)
             except Exception as e:  # noqa: BLE001 - export or baseline failed: report and go on
                 row = f"{name:<18} | FAILED before polyfuse: {first_line(e)}"
             print(row, flush=True)
+    for table in AFTER:
+        print(table)
 
 
 if __name__ == "__main__":
