@@ -65,9 +65,11 @@ class PolyfuseBackend(Backend):
 
 
 def supported_ops() -> set[str]:
-    """Op types polyfuse lowers (``Constant`` is read by the front end)."""
+    """Op types polyfuse lowers (``Constant`` is read by the front end; control flow is
+    planned or run around its subgraphs)."""
+    from polyfuse.ir.graph import SUBGRAPH_ATTRS
     from polyfuse.lowering.ops import OPS
-    return set(OPS) | {"Constant"}
+    return set(OPS) | {"Constant"} | set(SUBGRAPH_ATTRS)
 
 
 prepare = PolyfuseBackend.prepare

@@ -18,9 +18,10 @@ import numpy as np
 
 from polyfuse.errors import ArgumentError, BoundsError, IRVerificationError, NeedsValue, ShapeError
 from polyfuse.ir.graph import Graph, TensorType, Value
-from polyfuse.ir.plan import MemoryPlan, Plan, Step, ViewStep
+from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Step, ViewStep
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import placeholder
+from polyfuse.runtime.control import retyped, run_tail
 from polyfuse.runtime.feeds import all_shapes, check_feed, check_shapes, positional_feed, shape_arg, signature
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
@@ -38,6 +39,8 @@ VALUE_INPUT_MAX = 64
 
 # what lowers the graph for input shapes (and the values of small inputs) into a Plan
 Planner = Callable[[dict[str, tuple[int, ...]], dict[str, np.ndarray]], Plan]
+# a subgraph (True: through the graph passes) or the rest of a graph, and its planner
+Planning = Callable[[Graph, bool], tuple[Graph, Planner]]
 
 
 def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
@@ -136,16 +139,22 @@ class CompiledModel:
     def __init__(self, graph: Graph, target: Target, planner: Planner, *,
                  options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 stages: Mapping[str, object] | None = None, tuning: Tuning | None = None) -> None:
+                 stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
+                 planning: Planning | None = None, specialize_ints: bool = True) -> None:
         self.graph = graph
         self.target = target
         self.options = options
         self.tuning = tuning
         self._planner = planner
+        self._subgraph_planning = planning   # bodies, branches, the rest after control flow
         self._stages = dict(stages or {})
         self._plans: dict[tuple, CompiledPlan] = {}
         self._planning = threading.Lock()  # threads calling at a new shape plan it once
         self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
+        # plans specialize to the values of every small integer input, else only to those a
+        # lowering asks for (bodies: not a plan per iteration number)
+        self._specialize_ints = specialize_ints
+        self._submodels: dict[tuple, tuple[object, CompiledModel]] = {}   # bodies, branches, rests
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
                              f"{type(input_shapes).__name__}; the inputs are {signature(self.graph.inputs)}")
@@ -254,12 +263,37 @@ class CompiledModel:
 
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         compiled, env = self._prepare(feed)
+        plan = compiled.plan
         if compiled.program is not None:
-            return compiled.program.run(env)
-        env.update(compiled.plan.constants)
-        for step, kernel in zip(compiled.plan.steps, compiled.kernels):
-            _run_step(step, kernel, env)
-        return {v.name: env[v.name] for v in self.graph.outputs}
+            results = compiled.program.run(env)
+        else:
+            env.update(plan.constants)
+            for step, kernel in zip(plan.steps, compiled.kernels):
+                _run_step(step, kernel, env)
+            results = {name: env[name] for name in plan.outputs}
+        if plan.tail is None:
+            return results
+        # data-dependent control flow: run from Python (see polyfuse.runtime.control)
+        return run_tail(plan.tail, env | results, self.graph, self._submodel)
+
+    def _submodel(self, owner: object, make: Callable[[], Graph],
+                  feed: Mapping[str, np.ndarray]) -> CompiledModel:
+        """A subgraph or the rest of this graph (``make`` builds it) compiled as a model
+        of its own, for inputs of the element types and ranks of ``feed``; cached per
+        ``owner`` (the subgraph, or the plan's ControlStep)."""
+        key = (id(owner), tuple((n, a.dtype.str, a.ndim) for n, a in feed.items()))
+        found = self._submodels.get(key)
+        if found is not None and found[0] is owner:
+            return found[1]
+        if self._subgraph_planning is None:
+            raise ArgumentError("this model was compiled without a planner for subgraphs; compile "
+                                "it with polyfuse.compile() to run data-dependent control flow")
+        rest = isinstance(owner, ControlStep)
+        graph, planner = self._subgraph_planning(retyped(make(), dict(feed)), not rest)
+        model = CompiledModel(graph, self.target, planner, options=self.options, tuning=self.tuning,
+                              planning=self._subgraph_planning, specialize_ints=rest)
+        self._submodels[key] = (owner, model)   # the owner held: its id stays its own
+        return model
 
     def profile(self, feed: Mapping[str, Any], repeat: int = 10) -> list[tuple[str, float]]:
         """Each kernel's median seconds over ``repeat`` runs of ``feed`` (after one
@@ -292,12 +326,16 @@ class CompiledModel:
         env, shapes = check_feed(self.graph.inputs, feed, on_gpu=self.target.backend.device is Device.GPU)
         while True:
             values = {n: a for n, a in env.items() if isinstance(a, np.ndarray)
-                      and a.size <= VALUE_INPUT_MAX and (a.dtype.kind in "iu" or n in self._value_inputs)}
+                      and a.size <= VALUE_INPUT_MAX
+                      and ((self._specialize_ints and a.dtype.kind in "iu") or n in self._value_inputs)}
             try:
                 plan = self._plan(shapes, values)
                 break
             except NeedsValue as need:  # e.g. Resize scales fed at run time
                 name = need.value_name
+                if name not in env and not self._specialize_ints:
+                    self._specialize_ints = True   # a value computed from small inputs
+                    continue
                 if name not in env or name in values or not isinstance(env[name], np.ndarray) \
                         or env[name].size > VALUE_INPUT_MAX:
                     raise
