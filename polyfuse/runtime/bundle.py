@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from polyfuse.errors import ArgumentError, TargetError
+from polyfuse.errors import ArgumentError, TargetError, UnsupportedOpError
 from polyfuse.runtime.link import link_program
 from polyfuse.runtime.program import ProgramLayout
 from polyfuse.targets import Target
@@ -64,6 +64,11 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
         raise ArgumentError(f"a bundle's name is a C identifier (it names the entry point) other "
                             f"than main, a C keyword or polyfuse_*; got {name!r}")
     plan = model.plan_for(shapes)
+    tail = plan.plan.tail
+    if tail is not None:
+        raise UnsupportedOpError(f"node '{tail.node.name}' ({tail.node.op}) branches or loops on "
+                                 "values computed at run time, which a bundle's straight-line "
+                                 "program cannot; only control flow resolved when planning bundles")
     # the plan's program (native or emulated) has laid its calls out already
     layout = plan.program.layout if plan.program is not None else ProgramLayout.of(plan)
     for t in layout.inputs + layout.outputs:
