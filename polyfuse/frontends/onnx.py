@@ -24,7 +24,7 @@ from onnx import numpy_helper
 
 from polyfuse.errors import ModelError, UnsupportedOpError
 from polyfuse.frontends.onnx_schema import SUPPORTED_DTYPES, dtype_of
-from polyfuse.ir.control import control_parts
+from polyfuse.ir.control import batched_scan, control_parts
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
 from polyfuse.ir.types import DType
 
@@ -174,6 +174,8 @@ def _import_nodes(g: onnx.GraphProto, opset: int, supported: set[str] | None,
         node = Node(n.op_type, name, tuple(n.input), tuple(n.output), attrs)
         if node.subgraphs:
             node = _with_captures(node)
+            if node.op == "Scan" and opset < 9:
+                node = batched_scan(node)
             control_parts(node)   # refuses malformed bodies now
         nodes.append(node)
     for c in constants:

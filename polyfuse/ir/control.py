@@ -9,7 +9,7 @@ parts through :func:`control_parts`, checked once here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from polyfuse.errors import ModelError, UnsupportedOpError
 from polyfuse.ir.graph import SUBGRAPH_ATTRS, Graph, Node
@@ -68,9 +68,6 @@ def control_parts(node: Node) -> ControlParts:
     if not isinstance(scanned, int) or not 1 <= scanned <= len(own):
         raise bad(f"its num_scan_inputs ({scanned!r}) must be between 1 and its {len(own)} inputs")
     carried = len(own) - scanned
-    if len(body.inputs) == len(own) - 1:   # opset 8's form: sequence_lens, then a batch axis
-        raise UnsupportedOpError(f"node '{node.name}' (Scan): the opset-8 Scan (sequence_lens and a "
-                                 "batch axis) is not supported; export the model with opset 9 or later")
     if len(body.inputs) != len(own):
         raise bad(f"its body takes {len(body.inputs)} inputs; the node gives {len(own)}")
     scan_outputs = len(body.outputs) - carried
@@ -86,6 +83,33 @@ def control_parts(node: Node) -> ControlParts:
         if given is not None and "directions" in key and any(d not in (0, 1) for d in given):
             raise bad(f"its {key} {list(given)} must be 0 (forward) or 1 (reverse)")
     return ControlParts(own, captures, carried, scanned, scan_outputs)
+
+
+def batched_scan(node: Node) -> Node:
+    """An opset-8 Scan (input 0 ``sequence_lens``, then states and scan inputs with a
+    batch axis 0 before the sequence axis) as the opset-9 Scan meaning the same: an outer
+    Scan over the batch (every state and scan input a scan input, every output a scan
+    output) whose body is a Scan of the original body over one batch element."""
+    body: Graph = node.attr("body")
+    split = len(node.inputs) - len(body.captures)
+    own, captures = node.inputs[:split], node.inputs[split:]
+    if own and own[0]:
+        raise UnsupportedOpError(f"node '{node.name}' (Scan): opset 8's sequence_lens (sequences of "
+                                 "different lengths in a batch) is not supported; leave it empty")
+    scanned = node.attr("num_scan_inputs")
+    if not isinstance(scanned, int) or len(body.inputs) != len(own) - 1:
+        raise ModelError(f"node '{node.name}' (Scan): its body takes {len(body.inputs)} inputs; "
+                         f"the node gives {len(own) - 1} states and scan inputs")
+    element = [replace(v, name=f"{node.name}/element{k}") for k, v in enumerate(body.inputs)]
+    results = [replace(v, name=f"{node.name}/result{k}") for k, v in enumerate(body.outputs)]
+    inner = Node("Scan", f"{node.name}/sequence",
+                 tuple(v.name for v in element) + captures, tuple(v.name for v in results),
+                 (("body", body), ("num_scan_inputs", scanned),
+                  ("scan_input_directions", tuple(node.attr("directions", (0,) * scanned)))))
+    per_element = Graph(f"{body.name}/element", tuple(element), tuple(results), (inner,),
+                        opset=body.opset, captures=body.captures)
+    return Node("Scan", node.name, own[1:] + captures, node.outputs,
+                (("body", per_element), ("num_scan_inputs", len(element))))
 
 
 def scan_attr(node: Node, key: str, count: int) -> tuple[int, ...]:

@@ -5,6 +5,10 @@ are all constants fold at compile time (the comprehension interpreter runs their
 reshapes become views, fusion groups compose into one definition
 (:mod:`polyfuse.lowering.compose`), and every other node becomes a kernel step. Each
 value's size is checked against the memory limit before anything is allocated.
+
+Control flow (If, Loop, Scan) that the planner can resolve for these shapes and values is
+inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); the first that
+depends on data ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail.
 """
 
 from __future__ import annotations
@@ -57,22 +61,24 @@ class _Planner:
         g = self.graph
         nodes = list(g.nodes)
         outputs = {v.name for v in g.outputs}
+        readers = _last_readers(nodes)
         tail = None
         k = 0
         while k < len(nodes):
             node = nodes[k]
             if node.subgraphs:
-                wanted = {i for n in nodes[k + 1:] for i in n.inputs if i} | outputs
+                wanted = {v for v, last in readers.items() if last > k} | outputs
                 inlined = self.control(node, wanted)
                 if inlined is None:   # depends on data: the plan ends, the runtime runs it
                     tail = self.tail(node, nodes[k + 1:])
                     break
                 nodes[k:k + 1] = inlined
+                readers = _last_readers(nodes)
                 continue
             unit = _unit_at(nodes, k)
             k += len(unit)
-            read_later = {i for n in nodes[k:] for i in n.inputs if i}
-            exported = {o for n in unit for o in n.outputs if o and (o in outputs or o in read_later)}
+            exported = {o for n in unit for o in n.outputs
+                        if o and (o in outputs or readers.get(o, -1) >= k)}
             if len(unit) == 1 or not self.fused(unit, exported):
                 for node in unit:
                     self.node(node)
@@ -310,6 +316,11 @@ def _integer_power(e: Expr) -> Expr:
             out = Binary(BinaryOp.MUL, out, x, e.dtype)
         return out
     return e
+
+
+def _last_readers(nodes: list[Node]) -> dict[str, int]:
+    """Each value read and the position of its last reader."""
+    return {i: k for k, node in enumerate(nodes) for i in node.inputs if i}
 
 
 def _unit_at(nodes: list[Node], k: int) -> list[Node]:

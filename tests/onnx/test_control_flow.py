@@ -180,6 +180,22 @@ def test_scan_with_two_states(reverse_in, out_axis, in_axis):
         _check(model, feeds)
 
 
+def test_opset8_scan_runs_per_batch_element():
+    body = helper.make_graph([helper.make_node("Add", ["acc", "row"], ["acc_out"]),
+                              helper.make_node("Mul", ["acc_out", "row"], ["out"])], "body",
+                             [helper.make_tensor_value_info(n, F, [3]) for n in ("acc", "row")],
+                             [helper.make_tensor_value_info(n, F, [3]) for n in ("acc_out", "out")])
+    node = helper.make_node("Scan", ["", "s0", "x"], ["s", "z"], body=body, num_scan_inputs=1,
+                            directions=[1])
+    model = _model([node], [helper.make_tensor_value_info("s0", F, [2, 3]),
+                            helper.make_tensor_value_info("x", F, [2, 4, 3])],
+                   [helper.make_tensor_value_info("s", F, [2, 3]),
+                    helper.make_tensor_value_info("z", F, [2, 4, 3])], opset=8)
+    rng = np.random.default_rng(8)
+    assert_matches_onnxruntime(model, {"s0": rng.standard_normal((2, 3)).astype(np.float32),
+                                       "x": rng.standard_normal((2, 4, 3)).astype(np.float32)})
+
+
 def test_loop_past_the_unroll_limit_runs_per_iteration():
     model = _loop_model(trip_input=False)
     model.graph.initializer[0].CopyFrom(helper.make_tensor("M", TensorProto.INT64, [], [300]))

@@ -28,8 +28,6 @@ EXCLUDED: dict[str, str] = {
         "fails both cases too)",
     r"^test_(if_seq|if_opt|loop13_seq|loop16_seq_none)_cpu$":
         "control flow over sequence and optional values; polyfuse supports tensors only",
-    r"^test_scan_sum_cpu$":
-        "the opset-8 Scan (sequence_lens and a batch axis); polyfuse runs Scan from opset 9",
 }
 
 
