@@ -255,3 +255,15 @@ def test_unsupported_op_in_a_body_is_listed():
     model.opset_import.append(helper.make_opsetid("custom", 1))
     with pytest.raises(UnsupportedOpError, match="custom.MyOp"):
         pf.compile(model, target="host")
+
+
+def test_graphs_with_subgraphs_print_and_parse_back():
+    from polyfuse.frontends.graph_text import parse_graph
+    from polyfuse.frontends.onnx import to_graph
+    big = np.arange(40, dtype=np.float32).reshape(2, 20)   # printed as a digest
+    model = _loop_model(trip_input=True)
+    model.graph.node[0].attribute[0].g.initializer.append(onnx.numpy_helper.from_array(big, "w"))
+    g = to_graph(model)
+    text = str(g)
+    assert "captures(%x)" in text and "body=graph body(" in text
+    assert parse_graph(text, g) == g
