@@ -36,8 +36,9 @@ from polyfuse.targets import Device, Target
 # have llvm and asm, cuda has gpu (the mapped loops), cuda (CUDA C), ptx and cubin
 KERNEL_STAGES = ("specialized", "loops", "llvm", "asm", "gpu", "cuda", "ptx", "cubin")
 
-# Small integer inputs (shapes, axes, indices fed at run time) are treated as constants
-# when planning, and the plan is specialized to their values.
+# Small integer inputs (shapes, axes, indices fed at run time) and boolean scalars (flags,
+# an If's condition: the plan then holds the branch taken) are treated as constants when
+# planning, and the plan is specialized to their values.
 VALUE_INPUT_MAX = 64
 
 # what lowers the graph for input shapes (and the values of small inputs) into a Plan
@@ -329,9 +330,9 @@ class CompiledModel:
         also arrays in GPU memory, used in place)."""
         env, shapes = check_feed(self.graph.inputs, feed, on_gpu=self.target.backend.device is Device.GPU)
         while True:
-            values = {n: a for n, a in env.items() if isinstance(a, np.ndarray)
-                      and a.size <= VALUE_INPUT_MAX
-                      and ((self._specialize_ints and a.dtype.kind in "iu") or n in self._value_inputs)}
+            values = {n: a for n, a in env.items() if isinstance(a, np.ndarray) and a.size <= VALUE_INPUT_MAX
+                      and ((self._specialize_ints and (a.dtype.kind in "iu" or a.dtype == bool and a.size == 1))
+                           or n in self._value_inputs)}
             try:
                 plan = self._plan(shapes, values)
                 break

@@ -53,10 +53,23 @@ def test_if_with_a_constant_condition_is_its_branch():
 
 
 @pytest.mark.parametrize("value", [True, False])
-def test_if_on_a_graph_input(value):
+def test_if_on_a_graph_input_is_the_branch_of_its_value(value):
     model = _if_model([], [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])])
     x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
     _check(model, {"x": x, "cond": np.array(value)})
+    compiled = pf.compile(model, target="host")
+    compiled.run({"x": x, "cond": np.array(value)})
+    plan = compiled.dump("plan")
+    assert ("Mul" in plan) == value and "then at run time" not in plan
+
+
+def test_if_on_a_graph_input_of_unbound_value_runs_per_call():
+    model = _if_model([], [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])])
+    compiled = pf.compile(model, target="host", input_shapes={"x": (3, 4), "cond": ()})
+    assert "then at run time: If" in compiled.dump("plan")
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    for value in (True, False):
+        assert_matches_onnxruntime(model, {"x": x, "cond": np.array(value)}, compiled=compiled)
 
 
 def test_if_on_a_computed_condition_takes_both_branches():
