@@ -68,7 +68,8 @@ check("Loop n times", loop_model, feeds)
 
 # while sum(y) < limit: y = y * 2 (the data decides how often)
 body = helper.make_graph(
-    [helper.make_node("Mul", ["y_in", "two"], ["y_out"]), helper.make_node("ReduceSum", ["y_out"], ["s"], keepdims=0),
+    [helper.make_node("Mul", ["y_in", "two"], ["y_out"]),
+     helper.make_node("ReduceSum", ["y_out"], ["s"], keepdims=0),
      helper.make_node("Less", ["s", "limit"], ["c_out"])],
     "body", [tensor("i", I64, []), tensor("c_in", B, []), tensor("y_in", F, [3])],
     [tensor("c_out", B, []), tensor("y_out", F, [3])])
@@ -86,6 +87,7 @@ body = helper.make_graph([helper.make_node("Add", ["acc", "row"], ["acc_out"]),
                          [tensor("acc_out", F, [2]), tensor("out", F, [2])])
 scan_model = model_of([helper.make_node("Scan", ["s0", "xs"], ["s", "sums"], body=body, num_scan_inputs=1,
                                         scan_input_directions=[1])],
-                      [tensor("s0", F, [2]), tensor("xs", F, [5, 2])], [tensor("s", F, [2]), tensor("sums", F, [5, 2])])
+                      [tensor("s0", F, [2]), tensor("xs", F, [5, 2])],
+                      [tensor("s", F, [2]), tensor("sums", F, [5, 2])])
 check("Scan, reversed", scan_model, [{"s0": np.zeros(2, np.float32),
                                       "xs": rng.standard_normal((5, 2)).astype(np.float32)}])

@@ -10,8 +10,9 @@ values threaded through, scan outputs stacked by Unsqueeze and Concat, a Scan's 
 directions honoured). The inlined nodes then fuse and fold like any others.
 
 What is not known, would unroll past :data:`UNROLL_MAX_TRIPS` iterations or
-:data:`UNROLL_MAX_NODES` nodes, or is a loop with control flow in its body, stays a node: the planner ends its plan there and the
-runtime runs it (:mod:`polyfuse.runtime.control`).
+:data:`UNROLL_MAX_NODES` nodes, or is a loop with control flow in its body, stays a node:
+the planner ends its plan there and the runtime runs it, iteration by iteration, the body
+compiled once (:mod:`polyfuse.runtime.control`).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def _bind(node: Node, out: Inlined, values: list[str], names: tuple[str, ...]) -
     """The node's outputs ``names`` defined as the inlined ``values`` (omitted ones skipped)."""
     for k, (src, name) in enumerate(zip(values, names)):
         if name:
-            out.nodes.append(Node("Identity", f"{node.name}/out{k}", (src,), (name,)))
+            out.nodes.append(Node("Identity", f"{node.name}:out{k}", (src,), (name,)))
 
 
 def _constant(out: Inlined, name: str, value: np.ndarray) -> str:
@@ -129,14 +130,15 @@ def _unroll_loop(node: Node, parts: ControlParts, consts: Mapping[str, np.ndarra
     scans: list[list[str]] = [[] for _ in range(parts.scan_outputs)]
     for k in range(trips):
         prefix = f"{node.name}/{k}/"
-        counter = _constant(out, prefix + "iteration", np.array(k, np.int64))
-        flag = _constant(out, prefix + "condition", np.array(True))
+        # names no inlined body value has: those are all "{prefix}{name}"
+        counter = _constant(out, f"{node.name}/{k}:iteration", np.array(k, np.int64))
+        flag = _constant(out, f"{node.name}/{k}:condition", np.array(True))
         names = [v.name for v in body.inputs]
         values = _inline(node, body, parts, dict(zip(names, [counter, flag, *carried])), prefix, out)
         carried = values[1:1 + parts.carried]
         for scan, value in zip(scans, values[1 + parts.carried:]):
             scan.append(value)
-    stacked = [_stack(node, out, f"{node.name}/scan{j}", parts_, 0, opset)
+    stacked = [_stack(node, out, f"{node.name}:scan{j}", parts_, 0, opset)
                for j, parts_ in enumerate(scans)]
     _bind(node, out, carried + stacked, node.outputs)
     return out
@@ -204,8 +206,9 @@ def _unroll_scan(node: Node, parts: ControlParts, types: Mapping[str, TensorType
         prefix = f"{node.name}/{k}/"
         slices = []
         for j, (x, a, back) in enumerate(zip(scanned, axes, reverse)):
-            index = _constant(out, f"{prefix}index{j}", np.array(length - 1 - k if back else k, np.int64))
-            slices.append(f"{prefix}slice{j}")
+            at = length - 1 - k if back else k
+            index = _constant(out, f"{node.name}/{k}:index{j}", np.array(at, np.int64))
+            slices.append(f"{node.name}/{k}:slice{j}")
             out.nodes.append(Node("Gather", slices[-1], (x, index), (slices[-1],), (("axis", a),)))
         values = _inline(node, body, parts, dict(zip(names, states + slices)), prefix, out)
         states = values[:parts.carried]
@@ -216,7 +219,7 @@ def _unroll_scan(node: Node, parts: ControlParts, types: Mapping[str, TensorType
     stacked = []
     for j, (values, axis, back) in enumerate(zip(scans, out_axes, out_reverse)):
         # a negative axis counts from the end of the stacked rank: Unsqueeze's and Concat's too
-        stacked.append(_stack(node, out, f"{node.name}/scan{j}", values[::-1] if back else values,
+        stacked.append(_stack(node, out, f"{node.name}:scan{j}", values[::-1] if back else values,
                               axis, opset))
     _bind(node, out, states + stacked, node.outputs)
     return out

@@ -36,6 +36,7 @@ class Runnable(Protocol):
 
     def run(self, feed: Arrays) -> Arrays: ...
 
+
 # the compiled model of a graph (a subgraph, or the rest of a graph) for arrays of the
 # element types and ranks given; cached per owner (the subgraph, or the ControlStep),
 # which ``make`` builds the graph of
@@ -58,6 +59,7 @@ def run_tail(tail: ControlStep, env: Arrays, graph: Graph, submodel: Submodel) -
                                                                       if v.name not in defined)
     feed = {n: np.asarray(env[n]) for n in needed if n not in tail.constants}
     constants = tuple(Constant(n, np.asarray(tail.constants[n])) for n in needed if n in tail.constants)
+
     def make() -> Graph:
         return Graph(f"{graph.name}/{node.name}", (), outputs, tail.rest, constants, graph.opset)
     return submodel(tail, make, feed).run(feed)

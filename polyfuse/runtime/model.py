@@ -330,9 +330,7 @@ class CompiledModel:
         also arrays in GPU memory, used in place)."""
         env, shapes = check_feed(self.graph.inputs, feed, on_gpu=self.target.backend.device is Device.GPU)
         while True:
-            values = {n: a for n, a in env.items() if isinstance(a, np.ndarray) and a.size <= VALUE_INPUT_MAX
-                      and ((self._specialize_ints and (a.dtype.kind in "iu" or a.dtype == bool and a.size == 1))
-                           or n in self._value_inputs)}
+            values = {n: a for n, a in env.items() if self._is_value(n, a)}
             try:
                 plan = self._plan(shapes, values)
                 break
@@ -346,6 +344,13 @@ class CompiledModel:
                     raise
                 self._value_inputs.add(name)
         return plan, env
+
+    def _is_value(self, name: str, a: Any) -> bool:
+        """Whether the plan is specialized to the value of input ``name`` (see VALUE_INPUT_MAX)."""
+        if not isinstance(a, np.ndarray) or a.size > VALUE_INPUT_MAX:
+            return False
+        flag = a.dtype == bool and a.size == 1
+        return name in self._value_inputs or (self._specialize_ints and (a.dtype.kind in "iu" or flag))
 
     def __call__(self, *arrays: Any, **named: Any) -> tuple[np.ndarray, ...] | np.ndarray:
         """The outputs for the inputs in order (or all by name); one output alone, several

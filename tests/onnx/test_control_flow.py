@@ -42,7 +42,8 @@ def _check(model, feeds, **kw):
 
 
 def test_if_with_a_constant_condition_is_its_branch():
-    cond = helper.make_node("Constant", [], ["cond"], value=helper.make_tensor("c", TensorProto.BOOL, [], [False]))
+    false = helper.make_tensor("c", TensorProto.BOOL, [], [False])
+    cond = helper.make_node("Constant", [], ["cond"], value=false)
     model = _if_model([cond], [])
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     _check(model, {"x": x})
@@ -280,3 +281,19 @@ def test_graphs_with_subgraphs_print_and_parse_back():
     text = str(g)
     assert "captures(%x)" in text and "body=graph body(" in text
     assert parse_graph(text, g) == g
+
+
+def test_loop_that_never_ends_is_refused():
+    model = _loop_model(trip_input=False)
+    model.graph.node[0].input[0] = ""   # no trip count; the condition passes through, true
+    del model.graph.initializer[0]
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(ModelError, match="never ends"):
+        pf.compile(model, target="host").run({"x": x, "y0": x})
+
+
+def test_if_on_a_condition_of_several_elements_is_refused():
+    model = _if_model([], [helper.make_tensor_value_info("cond", TensorProto.BOOL, [2])])
+    compiled = pf.compile(model, target="host")
+    with pytest.raises(ModelError, match="condition has 2 elements"):
+        compiled.run({"x": np.ones((3, 4), np.float32), "cond": np.array([True, False])})
