@@ -10,8 +10,10 @@ often the body runs, and carries the loop-carried values between iterations. The
 the graph then runs as a model of its own too, planned for the shapes the node produced:
 so a Loop's scan outputs, whose length the data decides, have exactly that length.
 
-Python, not the native program, drives these steps: the per-iteration cost is a call of
-a compiled program (microseconds), the kernels themselves are native.
+Python, not the native program, drives these steps (the native runtime runs straight-line
+programs only): the kernels are native, but each iteration costs a call of a compiled
+program from Python, tens of microseconds, where onnxruntime's loops, run in C++, take a
+few. The feeds made here are trusted (``run_trusted``: not checked again).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ Arrays = dict[str, np.ndarray]
 class Runnable(Protocol):
     """A compiled model (:class:`~polyfuse.runtime.model.CompiledModel`)."""
 
-    def run(self, feed: Arrays) -> Arrays: ...
+    def run_trusted(self, feed: Arrays) -> Arrays: ...
 
 
 # the compiled model of a graph (a subgraph, or the rest of a graph) for arrays of the
@@ -57,12 +59,12 @@ def run_tail(tail: ControlStep, env: Arrays, graph: Graph, submodel: Submodel) -
     needed = dict.fromkeys(i for n in tail.rest for i in n.inputs
                            if i and i not in defined) | dict.fromkeys(v.name for v in outputs
                                                                       if v.name not in defined)
-    feed = {n: np.asarray(env[n]) for n in needed if n not in tail.constants}
+    feed = {n: np.asarray(env[n], order="C") for n in needed if n not in tail.constants}
     constants = tuple(Constant(n, np.asarray(tail.constants[n])) for n in needed if n in tail.constants)
 
     def make() -> Graph:
         return Graph(f"{graph.name}/{node.name}", (), outputs, tail.rest, constants, graph.opset)
-    return submodel(tail, make, feed).run(feed)
+    return submodel(tail, make, feed).run_trusted(feed)
 
 
 def run_control(node: Node, env: Arrays, submodel: Submodel) -> list[np.ndarray]:
@@ -87,8 +89,8 @@ def _truth(node: Node, cond: np.ndarray) -> bool:
 
 def _run_body(body: Graph, bound: Arrays, captured: Arrays, submodel: Submodel) -> list[np.ndarray]:
     """``body`` run on its inputs ``bound`` (by body input name) and its captures."""
-    feed = bound | captured
-    outs = submodel(body, lambda: body, feed).run(feed)
+    feed = {n: np.asarray(a, order="C") for n, a in (bound | captured).items()}
+    outs = submodel(body, lambda: body, feed).run_trusted(feed)
     return [outs[v.name] for v in body.outputs]
 
 
@@ -131,7 +133,7 @@ def _scan(node: Node, parts: ControlParts, env: Arrays, captured: Arrays,
     scans: list[list[np.ndarray]] = [[] for _ in range(parts.scan_outputs)]
     names = [v.name for v in body.inputs]
     for k in range(length):
-        slices = [np.ascontiguousarray(np.take(x, length - 1 - k if back else k, axis=a))
+        slices = [np.asarray(np.take(x, length - 1 - k if back else k, axis=a))
                   for x, a, back in zip(scanned, axes, reverse)]
         values = _run_body(body, dict(zip(names, states + slices)), captured, submodel)
         states = values[:parts.carried]
