@@ -57,17 +57,30 @@ class PolyfuseBackend(Backend):
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
         ops = supported_ops()
-        if not all(n.op_type in ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        if not all(n.op_type in ops and n.domain in ("", "ai.onnx") for n in _nodes(model.graph)):
             return False
         values = list(model.graph.input) + list(model.graph.output)
         return all(v.type.HasField("tensor_type") and dtype_of(v.type.tensor_type.elem_type)
                    for v in values)
 
 
+def _nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of ``graph`` and of its nodes' subgraphs (bodies, branches)."""
+    found = []
+    for n in graph.node:
+        found.append(n)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                found += _nodes(a.g)
+    return found
+
+
 def supported_ops() -> set[str]:
-    """Op types polyfuse lowers (``Constant`` is read by the front end)."""
+    """Op types polyfuse lowers (``Constant`` is read by the front end; control flow is
+    planned or run around its subgraphs)."""
+    from polyfuse.ir.graph import SUBGRAPH_ATTRS
     from polyfuse.lowering.ops import OPS
-    return set(OPS) | {"Constant"}
+    return set(OPS) | {"Constant"} | set(SUBGRAPH_ATTRS)
 
 
 prepare = PolyfuseBackend.prepare

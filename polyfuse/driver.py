@@ -73,8 +73,9 @@ def _front_end(model: Any) -> Graph:
         from polyfuse.frontends.torch import from_exported
         return from_exported(model)
     from polyfuse.frontends.onnx import to_graph
+    from polyfuse.ir.graph import SUBGRAPH_ATTRS
     from polyfuse.lowering.ops import OPS
-    return to_graph(model, set(OPS))
+    return to_graph(model, set(OPS) | set(SUBGRAPH_ATTRS))
 
 
 def _optimized(graph: Graph) -> tuple[Graph, dict[str, object]]:
@@ -119,7 +120,16 @@ def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
     shown = {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
     return CompiledModel(graph, target, functools.partial(plan_graph, graph), options=options,
                          input_shapes=input_shapes, stages=shown,
-                         tuning=Tuning(Records.open(tuning_records)))
+                         tuning=Tuning(Records.open(tuning_records)), planning=_planning)
+
+
+def _planning(graph: Graph, passes: bool) -> tuple[Graph, Any]:
+    """A subgraph (through the graph passes when ``passes``) or the rest of a graph after
+    data-dependent control flow, and its planner (see :mod:`polyfuse.runtime.control`)."""
+    from polyfuse.lowering.plan import plan_graph
+    if passes:
+        graph, _ = _optimized(graph)
+    return graph, functools.partial(plan_graph, graph)
 
 
 @functools.lru_cache(maxsize=256)

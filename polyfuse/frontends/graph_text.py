@@ -2,8 +2,8 @@
 
 Grammar (white space, new lines included, only separates tokens)::
 
-    graph    := 'graph' name '(' [value (',' value)*] ')' '->' '(' [value (',' value)*] ')'
-                ['opset' INT] '{' (constant | node)* '}'
+    graph    := 'graph' name '(' [value (',' value)*] ')' ['captures' '(' [VALUE (',' VALUE)*] ')']
+                '->' '(' [value (',' value)*] ')' ['opset' INT] '{' (constant | node)* '}'
     value    := VALUE ':' type                        # VALUE is %name
     type     := NAME '[' [dim (',' dim)*] ']'         # dim: INT or name
     constant := VALUE '=' 'constant' type data
@@ -11,13 +11,13 @@ Grammar (white space, new lines included, only separates tokens)::
     out      := VALUE | '_'                           # '_': an omitted optional value
     arg      := out | name '=' attr
     attr     := INT | FLOAT | STRING | 'true' | 'false' | '[' [attr (',' attr)*] ']'
-              | 'tensor' '<' type '>' data
+              | 'tensor' '<' type '>' data | graph     # graph: a body or branch
     data     := '[' [scalar (',' scalar)*] ']' | DIGEST   # flat C-order values, or sha:hex
     name     := NAME | STRING
 
 Data printed as a digest comes from ``weights``: a constant's under its name, a large
-tensor attribute's under its digest text (``sha:...``); passing the original Graph
-supplies both.
+tensor attribute's or a subgraph's constant's under its digest text (``sha:...``);
+passing the original Graph supplies all.
 """
 
 from __future__ import annotations
@@ -77,9 +77,17 @@ def parse_graph(text: str, weights: Mapping[str, np.ndarray] | Graph | None = No
 def _weights_of(g: Graph) -> dict[str, np.ndarray]:
     found = {c.name: c.array for c in g.constants}
 
+    def visit_graph(sub: Graph) -> None:
+        for c in sub.constants:
+            found["sha:" + c.digest()] = c.array
+        for n in sub.nodes:
+            visit([v for _, v in n.attrs])
+
     def visit(v: Any) -> None:
         if isinstance(v, np.ndarray):
             found["sha:" + Constant("", v).digest()] = v
+        elif isinstance(v, Graph):
+            visit_graph(v)
         elif isinstance(v, tuple | list):
             for x in v:
                 visit(x)
@@ -180,11 +188,18 @@ class _Parser:
         return self.value_name()
 
     # --- graph ---
-    def graph(self) -> Graph:
+    def graph(self, nested: bool = False) -> Graph:
+        """A graph: the text's, or (``nested``) a subgraph in an attribute, whose
+        constants' data comes by digest."""
         self.expect("graph")
         name = self.name("the graph name")
         self.expect("(")
         inputs = self.comma_list(")", self.value)
+        captures: list[str] = []
+        if self.at("captures"):
+            self.advance()
+            self.expect("(")
+            captures = self.comma_list(")", self.value_name)
         self.expect("->")
         self.expect("(")
         outputs = self.comma_list(")", self.value)
@@ -196,15 +211,16 @@ class _Parser:
         constants, types, nodes = [], [], []
         while not self.at("}"):
             if self.tok.kind == "value" and self.at("=", 1) and self.at("constant", 2):
-                constants.append(self.constant())
+                constants.append(self.constant(nested))
             elif self.tok.kind == "value" and self.at(":", 1):
                 types.append(self.value())
             else:
                 nodes.append(self.node())
         self.expect("}")
-        self.take("eof", "end of input after the graph")
+        if not nested:
+            self.take("eof", "end of input after the graph")
         return Graph(name, tuple(inputs), tuple(outputs), tuple(nodes), tuple(constants), opset,
-                     tuple(types))
+                     tuple(types), tuple(captures))
 
     def value(self) -> Value:
         name = self.value_name()
@@ -223,11 +239,11 @@ class _Parser:
     def dim(self) -> int | str:
         return int(self.advance().text) if self.tok.kind == "int" else self.name("a dimension")
 
-    def constant(self) -> Constant:
+    def constant(self, nested: bool = False) -> Constant:
         name = self.value_name()
         self.expect("=")
         self.expect("constant")
-        return Constant(name, self.data(self.type(), name))
+        return Constant(name, self.data(self.type(), None if nested else name))
 
     def node(self) -> Node:
         outputs = [self.out()]
@@ -272,6 +288,8 @@ class _Parser:
             items = tuple(self.comma_list("]", self.attr))
             self.lists -= 1
             return items
+        if self.at("graph"):
+            return self.graph(nested=True)
         if self.at("tensor"):
             self.advance()
             self.expect("<")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from onnx import numpy_helper
 
 from polyfuse.errors import ModelError, UnsupportedOpError
 from polyfuse.frontends.onnx_schema import SUPPORTED_DTYPES, dtype_of
+from polyfuse.ir.control import batched_scan, control_parts
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
 from polyfuse.ir.types import DType
 
@@ -53,6 +55,10 @@ UNKNOWN_DIM_PARAMS = frozenset({"", "?", "-1", "None", "unk"})
 
 
 def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
+    kind = vi.type.WhichOneof("value")
+    if kind not in (None, "tensor_type"):
+        raise UnsupportedOpError(f"value '{vi.name}' is of {kind.replace('_type', '')} type; polyfuse "
+                                 "supports tensors only")
     t = vi.type.tensor_type
     dt = dtype_of(t.elem_type)
     if dt is None:
@@ -114,12 +120,34 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
     proto = checked(load_model(model))
     g = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    constants = [Constant(t.name, numpy_helper.to_array(t)) for t in g.initializer]
-    initialized = {c.name for c in constants}
-    nodes: list[Node] = []
     unsupported: dict[str, list[str]] = {}
+    inferred = _inferred(proto)
+    # the nodes as inferred: subgraphs' inputs and outputs then have element types
+    nodes, constants = _import_nodes(g if inferred is None else inferred.graph, opset, supported,
+                                     unsupported)
+    initialized = {t.name for t in g.initializer}
+    if unsupported:
+        listing = "; ".join(f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+                            for op, names in sorted(unsupported.items()))
+        raise UnsupportedOpError(f"the model uses {len(unsupported)} op type"
+                                 f"{'s' if len(unsupported) > 1 else ''} polyfuse does not "
+                                 f"support: {listing}")
+    inputs = tuple(Value(v.name, _type_of(v)) for v in g.input if v.name not in initialized)
+    outputs = tuple(Value(v.name, _type_of(v)) for v in g.output)
+    return Graph(g.name or "model", inputs, outputs, tuple(nodes), tuple(constants), opset,
+                 _inferred_types(inferred, {v.name for v in inputs + outputs} | initialized))
+
+
+def _import_nodes(g: onnx.GraphProto, opset: int, supported: set[str] | None,
+                  unsupported: dict[str, list[str]], scope: str = ""
+                  ) -> tuple[list[Node], list[Constant]]:
+    """The nodes and constants of ``g`` (a model's graph or a subgraph, whose unnamed
+    nodes are named after ``scope``); ops outside ``supported`` and constants of element
+    types polyfuse lacks go to ``unsupported`` (what -> node names), bodies' included."""
+    constants = [Constant(t.name, numpy_helper.to_array(t)) for t in g.initializer]
+    nodes: list[Node] = []
     for k, n in enumerate(g.node):
-        name = n.name or f"{n.op_type}_{k}"
+        name = n.name or f"{scope}{n.op_type}_{k}"
         if n.domain not in ("", "ai.onnx"):
             unsupported.setdefault(f"{n.domain}.{n.op_type}", []).append(name)
             continue
@@ -131,7 +159,8 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
         if supported is not None and n.op_type not in supported:
             unsupported.setdefault(n.op_type, []).append(name)
             continue
-        attrs = tuple((a.name, _attr(a)) for a in n.attribute)
+        attrs = tuple((a.name, _subgraph(a.g, name, opset, supported, unsupported)
+                       if a.type == onnx.AttributeProto.GRAPH else _attr(a)) for a in n.attribute)
         keys = ELEMENT_TYPE_ATTRS.get(n.op_type, ())
         codes = {k: v for k, v in attrs if k in keys and isinstance(v, int)}
         unknown = [k for k, code in codes.items() if code and dtype_of(code) is None]
@@ -142,20 +171,49 @@ def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
         # UNDEFINED (0) is such an attribute's default: the op picks the type itself
         attrs = tuple((k, dtype_of(codes[k]).value if k in codes else v)  # type: ignore[union-attr]
                       for k, v in attrs if codes.get(k, 1))
-        nodes.append(Node(n.op_type, name, tuple(n.input), tuple(n.output), attrs))
+        node = Node(n.op_type, name, tuple(n.input), tuple(n.output), attrs)
+        if node.subgraphs:
+            node = _with_captures(node)
+            if node.op == "Scan" and opset < 9:
+                node = batched_scan(node)
+            control_parts(node)   # refuses malformed bodies now
+        nodes.append(node)
     for c in constants:
         if DType.from_numpy(c.array.dtype) not in SUPPORTED_DTYPES:
             unsupported.setdefault(f"constants of element type {c.array.dtype}", []).append(c.name)
-    if unsupported:
-        listing = "; ".join(f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
-                            for op, names in sorted(unsupported.items()))
-        raise UnsupportedOpError(f"the model uses {len(unsupported)} op type"
-                                 f"{'s' if len(unsupported) > 1 else ''} polyfuse does not "
-                                 f"support: {listing}")
-    inputs = tuple(Value(v.name, _type_of(v)) for v in g.input if v.name not in initialized)
-    outputs = tuple(Value(v.name, _type_of(v)) for v in g.output)
-    return Graph(g.name or "model", inputs, outputs, tuple(nodes), tuple(constants), opset,
-                 _inferred_types(proto, {v.name for v in inputs + outputs} | initialized))
+    return nodes, constants
+
+
+def _subgraph(g: onnx.GraphProto, owner: str, opset: int, supported: set[str] | None,
+              unsupported: dict[str, list[str]]) -> Graph:
+    """A body or branch of node ``owner``; the names it reads and does not define are
+    its captures (values of the enclosing graphs)."""
+    nodes, constants = _import_nodes(g, opset, supported, unsupported, f"{owner}/")
+    try:
+        inputs = tuple(Value(v.name, _type_of(v)) for v in g.input)
+        outputs = tuple(Value(v.name, _type_of(v)) for v in g.output)
+    except UnsupportedOpError as err:
+        raise UnsupportedOpError(f"node '{owner}': its subgraph '{g.name}': {err}") from None
+    defined = {v.name for v in inputs} | {c.name for c in constants}
+    captures: list[str] = []
+    for n in nodes:
+        captures += [i for i in n.inputs if i and i not in defined and i not in captures]
+        defined.update(n.outputs)
+    captures += [v.name for v in outputs if v.name not in defined and v.name not in captures]
+    return Graph(g.name or owner, inputs, outputs, tuple(nodes), tuple(constants), opset,
+                 captures=tuple(captures))
+
+
+def _with_captures(node: Node) -> Node:
+    """``node`` reading its subgraphs' captures as inputs after its own, once each in the
+    order first captured; each subgraph lists them all (the node's inputs feed them by
+    position), so renaming enclosing values renames what the bodies read."""
+    captured: list[str] = []
+    for body in node.subgraphs:
+        captured += [c for c in body.captures if c not in captured]
+    attrs = tuple((k, replace(v, captures=tuple(captured)) if isinstance(v, Graph) else v)
+                  for k, v in node.attrs)
+    return replace(node, inputs=node.inputs + tuple(captured), attrs=attrs)
 
 
 class ModelWarning(UserWarning):
@@ -251,16 +309,22 @@ def checked(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _inferred_types(proto: onnx.ModelProto, known: set[str]) -> tuple[Value, ...]:
-    """The types onnx's shape inference gives the model's intermediate values (those it
-    could infer completely); none if inference fails (polyfuse infers shapes itself when
-    it lowers each node for concrete input shapes)."""
+def _inferred(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The model after onnx's shape inference, or None where it fails."""
     if any(_crashes_inference(n) for n in proto.graph.node):
-        return ()
-    proto = _without_negative_dims(proto)
+        return None
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(_without_negative_dims(proto), strict_mode=False,
+                                                 data_prop=True)
     except Exception:  # noqa: BLE001 - onnx raises many kinds; the types are optional
+        return None
+
+
+def _inferred_types(inferred: onnx.ModelProto | None, known: set[str]) -> tuple[Value, ...]:
+    """The types onnx's shape inference gives the model's intermediate values (those it
+    could infer completely); none if inference failed (polyfuse infers shapes itself when
+    it lowers each node for concrete input shapes)."""
+    if inferred is None:
         return ()
     values = []
     for vi in inferred.graph.value_info:

@@ -24,6 +24,11 @@ from polyfuse.ir.types import DType
 Dim = int | str
 
 INLINE_MAX = 16
+
+# control-flow ops and their attributes holding subgraphs (bodies and branches): each
+# subgraph is a Graph whose ``captures`` are the enclosing values it reads, fed by the
+# node's inputs after its own ONNX inputs, in order
+SUBGRAPH_ATTRS = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
 # Names print bare when they match these (after % and @ they may start with a digit);
 # anything else, and bare words the parser reads as values or keywords, print as JSON strings.
 NAME_PATTERN = r"[A-Za-z_/][A-Za-z0-9_./-]*"
@@ -97,6 +102,11 @@ class Node:
                 return v
         return default
 
+    @property
+    def subgraphs(self) -> tuple[Graph, ...]:
+        """The bodies or branches of a control-flow node (none for other ops)."""
+        return tuple(self.attr(key) for key in SUBGRAPH_ATTRS.get(self.op, ()))
+
     def __str__(self) -> str:
         outs = ", ".join(format_name(o, "%") if o else "_" for o in self.outputs)
         args = [format_name(i, "%") if i else "_" for i in self.inputs]
@@ -122,6 +132,8 @@ def format_array(a: np.ndarray) -> str:
 
 
 def _format_attr(v: Any) -> str:
+    if isinstance(v, Graph):
+        return str(v).replace("\n", "\n    ")
     if isinstance(v, np.generic):
         v = v.item()
     if isinstance(v, np.ndarray):
@@ -144,6 +156,7 @@ class Graph:
     constants: tuple[Constant, ...] = ()
     opset: int = 0
     types: tuple[Value, ...] = ()    # inferred types of intermediate values (those known)
+    captures: tuple[str, ...] = ()   # a subgraph's values of the enclosing graph, by name
 
     def constant(self, name: str) -> Constant | None:
         return next((c for c in self.constants if c.name == name), None)
@@ -158,7 +171,9 @@ class Graph:
 
     def __str__(self) -> str:
         opset = f" opset {self.opset}" if self.opset else ""
-        lines = [f"graph {format_name(self.name)}({', '.join(map(str, self.inputs))}) "
+        captures = (f" captures({', '.join(format_name(c, '%') for c in self.captures)})"
+                    if self.captures else "")
+        lines = [f"graph {format_name(self.name)}({', '.join(map(str, self.inputs))}){captures} "
                  f"-> ({', '.join(map(str, self.outputs))}){opset} {{"]
         lines += [f"  {format_name(c.name, '%')} = constant {c.type} {format_array(c.array)}"
                   for c in self.constants]
@@ -170,7 +185,7 @@ class Graph:
 
 def verify_graph(g: Graph) -> None:
     """Every value is defined once, before use; every output is defined."""
-    defined: set[str] = set()
+    defined: set[str] = set(g.captures)
     for v in g.inputs:
         _define(g, defined, v.name, "input")
     for c in g.constants:
@@ -183,6 +198,8 @@ def verify_graph(g: Graph) -> None:
         for o in n.outputs:
             if o:
                 _define(g, defined, o, f"output of node '{n.name}'")
+        for body in n.subgraphs:
+            verify_graph(body)
     for v in g.outputs:
         if v.name not in defined:
             raise IRVerificationError(f"graph '{g.name}': output '{v.name}' is never defined")

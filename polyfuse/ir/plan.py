@@ -29,7 +29,7 @@ import numpy as np
 
 from polyfuse.errors import IRVerificationError, ShapeError
 from polyfuse.ir.comprehension import Definition
-from polyfuse.ir.graph import TensorType, format_name
+from polyfuse.ir.graph import Node, TensorType, format_name
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 
@@ -79,6 +79,21 @@ class ViewStep:
 
 
 Step = KernelStep | ViewStep
+
+
+@dataclass(frozen=True)
+class ControlStep:
+    """A control-flow node whose branch or trip count depends on data: it ends its plan.
+    The runtime runs it (its subgraphs compiled as models of their own, planned for the
+    shapes they are given) and then ``rest``, the nodes after it, planned for the shapes
+    computed. ``reads`` are the values the node and ``rest`` read (and graph outputs
+    defined before it): the plan's inputs, its outputs and ``constants`` (those the
+    planner folded)."""
+
+    node: Node
+    rest: tuple[Node, ...]
+    constants: Mapping[str, np.ndarray] = field(repr=False)
+    reads: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -149,11 +164,12 @@ class Plan:
 
     name: str
     inputs: tuple[str, ...]            # the graph's inputs, in order
-    outputs: tuple[str, ...]           # the graph's outputs, in order
+    outputs: tuple[str, ...]           # the graph's outputs, in order (with a tail: what it reads)
     types: Mapping[str, TensorType]    # every buffer's type, dimensions concrete
     constants: Mapping[str, np.ndarray] = field(repr=False)   # those the steps or outputs read
     steps: tuple[Step, ...]
     memory: MemoryPlan
+    tail: ControlStep | None = None    # data-dependent control flow after the steps
 
     @property
     def kernels(self) -> tuple[KernelStep, ...]:
@@ -274,6 +290,9 @@ class Plan:
             results = ", ".join(buffer(n) for n in st.outputs)
             temps = f" temp ({', '.join(buffer(n) for n in st.temporaries)})" if st.temporaries else ""
             lines.append(f"  ({results}){temps} = {st.definition.name}({args})  // {st.label}")
+        if self.tail is not None:
+            lines.append(f"  then at run time: {self.tail.node.op} {format_name(self.tail.node.name)} "
+                         f"and {len(self.tail.rest)} nodes after it")
         lines.append("}")
         defs = [f"// {st.label}\n{st.definition}" for st in self.kernels]
         return "\n".join(lines) + ("\n\n" + "\n\n".join(defs) if defs else "")

@@ -35,6 +35,8 @@ def eliminate_dead_nodes(g: Graph) -> Graph:
 
 
 def _attr_key(value: object) -> object:
+    if isinstance(value, Graph):   # subgraphs: the same object only
+        return ("graph", id(value))
     if isinstance(value, np.ndarray):
         return ("array", value.dtype.str, value.shape, value.tobytes())
     if isinstance(value, tuple):

@@ -5,6 +5,10 @@ are all constants fold at compile time (the comprehension interpreter runs their
 reshapes become views, fusion groups compose into one definition
 (:mod:`polyfuse.lowering.compose`), and every other node becomes a kernel step. Each
 value's size is checked against the memory limit before anything is allocated.
+
+Control flow (If, Loop, Scan) that the planner can resolve for these shapes and values is
+inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); the first that
+depends on data ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Definition, Expr,
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.limits import check_bytes, check_tensor_size
-from polyfuse.ir.plan import KernelStep, Plan, Step, ViewStep, plan_memory
+from polyfuse.ir.plan import ControlStep, KernelStep, Plan, Step, ViewStep, plan_memory
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.compose import Member, compose
+from polyfuse.lowering.control import live_nodes, resolve_control_flow
+from polyfuse.lowering.fusion import partition_fusion_groups
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
 from polyfuse.lowering.ops import Folded, Lowered, OpContext, TCKernel, View, lower
 
@@ -57,33 +63,71 @@ class _Planner:
 
     def plan(self) -> Plan:
         g = self.graph
-        readers: dict[str, int] = {}   # value -> position of its last reader
-        for k, node in enumerate(g.nodes):
-            readers.update({i: k for i in node.inputs if i})
-        position = {node.name: k for k, node in enumerate(g.nodes)}
+        nodes = list(g.nodes)
         outputs = {v.name for v in g.outputs}
-        for unit in _units(g.nodes):
-            last = position[unit[-1].name]
+        readers = _last_readers(nodes)
+        tail = None
+        k = 0
+        while k < len(nodes):
+            node = nodes[k]
+            if node.subgraphs:
+                wanted = {v for v, last in readers.items() if last > k} | outputs
+                inlined = self.control(node, wanted)
+                if inlined is None:   # depends on data: the plan ends, the runtime runs it
+                    tail = self.tail(node, nodes[k + 1:])
+                    break
+                nodes[k:k + 1] = inlined
+                readers = _last_readers(nodes)
+                continue
+            unit = _unit_at(nodes, k)
+            k += len(unit)
             exported = {o for n in unit for o in n.outputs
-                        if o and (o in outputs or readers.get(o, -1) > last)}
+                        if o and (o in outputs or readers.get(o, -1) >= k)}
             if len(unit) == 1 or not self.fused(unit, exported):
                 for node in unit:
                     self.node(node)
-        for v in g.outputs:   # onnxruntime refuses such a model too
+        if tail is None:
+            self.check_outputs()
+        returned = tuple(n for n in tail.reads if n in self.types and n not in self.consts
+                         and n not in self.shapes) if tail else tuple(v.name for v in g.outputs)
+        steps = tuple(self.steps)
+        memory = plan_memory(steps, self.types, set(returned) if tail else outputs)
+        check_bytes(f"the activation arena of graph '{g.name}' for input shapes {self.shapes} would take",
+                    memory.arena_bytes)
+        read = {n for st in steps for n in st.inputs} | set(returned)
+        plan = Plan(g.name, tuple(v.name for v in g.inputs), returned,
+                    self.types, {n: a for n, a in self.consts.items() if n in read}, steps, memory, tail)
+        plan.verify()
+        return plan
+
+    def check_outputs(self) -> None:
+        for v in self.graph.outputs:   # onnxruntime refuses such a model too
             computed = self.narrow.get(v.name) or self.types[v.name].dtype if v.name in self.types else None
             if computed is not None and computed is not v.type.dtype:
                 raise ModelError(f"graph output '{v.name}' is declared {v.type.dtype}, but the model "
                                  f"computes it as {computed}; correct the output's element type in "
                                  "the model")
-        steps = tuple(self.steps)
-        memory = plan_memory(steps, self.types, outputs)
-        check_bytes(f"the activation arena of graph '{g.name}' for input shapes {self.shapes} would take",
-                    memory.arena_bytes)
-        read = {n for st in steps for n in st.inputs} | outputs
-        plan = Plan(g.name, tuple(v.name for v in g.inputs), tuple(v.name for v in g.outputs),
-                    self.types, {n: a for n, a in self.consts.items() if n in read}, steps, memory)
-        plan.verify()
-        return plan
+
+    def control(self, node: Node, wanted: set[str]) -> list[Node] | None:
+        """The nodes replacing control-flow ``node`` (its constants recorded), those
+        computing ``wanted`` values, grouped for fusion; None when it depends on data."""
+        inlined = resolve_control_flow(node, self.types, self.consts, self.graph.opset)
+        if inlined is None:
+            return None
+        for name, array in inlined.constants.items():
+            self.consts[name] = array
+            self.types[name] = _type(array)
+        live = Graph(node.name, (), (), tuple(live_nodes(inlined.nodes, wanted)))
+        grouped = partition_fusion_groups(live).nodes
+        return [replace(n, group=f"{node.name}/{n.group}") if n.group else n for n in grouped]
+
+    def tail(self, node: Node, rest: list[Node]) -> ControlStep:
+        """The step ending the plan at data-dependent ``node``: what it and ``rest`` read."""
+        outputs = [v.name for v in self.graph.outputs]
+        wanted = [i for n in [node, *rest] for i in n.inputs if i] + outputs
+        reads = tuple(dict.fromkeys(n for n in wanted if n in self.types))
+        return ControlStep(node, tuple(rest), {n: self.consts[n] for n in reads if n in self.consts},
+                           reads)
 
     def context(self, node: Node) -> OpContext:
         """What ``node``'s lowering sees; a channels-last node's input 0 in ONNX's layout."""
@@ -297,15 +341,18 @@ def _integer_power(e: Expr) -> Expr:
     return e
 
 
-def _units(nodes: tuple[Node, ...]) -> list[list[Node]]:
-    """The nodes in runs: each fusion group's members together, other nodes alone."""
-    units: list[list[Node]] = []
-    for n in nodes:
-        if n.group and units and units[-1][0].group == n.group:
-            units[-1].append(n)
-        else:
-            units.append([n])
-    return units
+def _last_readers(nodes: list[Node]) -> dict[str, int]:
+    """Each value read and the position of its last reader."""
+    return {i: k for k, node in enumerate(nodes) for i in node.inputs if i}
+
+
+def _unit_at(nodes: list[Node], k: int) -> list[Node]:
+    """The node at ``k`` with the members of its fusion group after it (a group's
+    members stand together), or alone."""
+    unit = [nodes[k]]
+    while unit[0].group and k + len(unit) < len(nodes) and nodes[k + len(unit)].group == unit[0].group:
+        unit.append(nodes[k + len(unit)])
+    return unit
 
 
 def _type(array: np.ndarray) -> TensorType:

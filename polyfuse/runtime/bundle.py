@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from polyfuse.errors import ArgumentError, TargetError
+from polyfuse.errors import ArgumentError, TargetError, UnsupportedOpError
 from polyfuse.runtime.link import link_program
 from polyfuse.runtime.program import ProgramLayout
 from polyfuse.targets import Target
@@ -68,6 +68,11 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
         raise ArgumentError(f"bundles take no tensors of the narrow types (float8, float4, int4, "
                             f"int2); '{narrow[0].name}' is {narrow[0].type.dtype}")
     plan = model.plan_for(shapes)
+    tail = plan.plan.tail
+    if tail is not None:
+        raise UnsupportedOpError(f"node '{tail.node.name}' ({tail.node.op}) branches or loops on "
+                                 "values computed at run time, which a bundle's straight-line "
+                                 "program cannot; only control flow resolved when planning bundles")
     # the plan's program (native or emulated) has laid its calls out already
     layout = plan.program.layout if plan.program is not None else ProgramLayout.of(plan)
     for t in layout.inputs + layout.outputs:

@@ -3,7 +3,10 @@
 A :class:`CompiledModel` holds the graph; for each set of input shapes its planner lowers
 it into a :class:`~polyfuse.ir.plan.Plan` (``lowering.plan.plan_graph``), whose kernel
 steps are compiled here for the target (cached per shapes). ``run`` checks the feed, then
-runs the plan's steps: as one native program where the target allows.
+runs the plan's steps: as one native program where the target allows. A plan that ends at
+control flow the data decides (its ``tail``) is continued by :mod:`polyfuse.runtime.control`,
+from Python: the branch or loop body, then the rest of the graph, each a CompiledModel of
+its own (``planning`` makes their planners).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import numpy as np
 
 from polyfuse.errors import ArgumentError, BoundsError, IRVerificationError, NeedsValue, ShapeError
 from polyfuse.ir.graph import Graph, TensorType, Value
-from polyfuse.ir.plan import MemoryPlan, Plan, Step, ViewStep
+from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Step, ViewStep
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import placeholder
+from polyfuse.runtime.control import retyped, run_tail
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
@@ -33,12 +37,15 @@ from polyfuse.targets import Device, Target
 # have llvm and asm, cuda has gpu (the mapped loops), cuda (CUDA C), ptx and cubin
 KERNEL_STAGES = ("specialized", "loops", "llvm", "asm", "gpu", "cuda", "ptx", "cubin")
 
-# Small integer inputs (shapes, axes, indices fed at run time) are treated as constants
-# when planning, and the plan is specialized to their values.
+# Small integer inputs (shapes, axes, indices fed at run time) and boolean scalars (flags,
+# an If's condition: the plan then holds the branch taken) are treated as constants when
+# planning, and the plan is specialized to their values.
 VALUE_INPUT_MAX = 64
 
 # what lowers the graph for input shapes (and the values of small inputs) into a Plan
 Planner = Callable[[dict[str, tuple[int, ...]], dict[str, np.ndarray]], Plan]
+# a subgraph (True: through the graph passes) or the rest of a graph, and its planner
+Planning = Callable[[Graph, bool], tuple[Graph, Planner]]
 
 
 def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
@@ -138,16 +145,22 @@ class CompiledModel:
     def __init__(self, graph: Graph, target: Target, planner: Planner, *,
                  options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 stages: Mapping[str, object] | None = None, tuning: Tuning | None = None) -> None:
+                 stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
+                 planning: Planning | None = None, specialize_ints: bool = True) -> None:
         self.graph = graph
         self.target = target
         self.options = options
         self.tuning = tuning
         self._planner = planner
+        self._subgraph_planning = planning   # bodies, branches, the rest after control flow
         self._stages = dict(stages or {})
         self._plans: dict[tuple, CompiledPlan] = {}
         self._planning = threading.Lock()  # threads calling at a new shape plan it once
         self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
+        # plans specialize to the values of every small integer input, else only to those a
+        # lowering asks for (bodies: not a plan per iteration number)
+        self._specialize_ints = specialize_ints
+        self._submodels: dict[tuple, tuple[object, CompiledModel]] = {}   # bodies, branches, rests
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
                              f"{type(input_shapes).__name__}; the inputs are {signature(self.graph.inputs)}")
@@ -255,18 +268,53 @@ class CompiledModel:
         return self._plan(all_shapes(self.graph.inputs, shapes, "memory_plan")).plan.memory
 
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        compiled, env = self._prepare(feed)
+        return self._run(*self._prepare(feed))
+
+    def run_trusted(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``run`` on a feed the runtime made (a body's or the rest's: contiguous numpy
+        arrays, every input, of the element types and ranks the model was made for; the
+        dimensions are bound by the call), without checking it again."""
+        shapes = {n: a.shape for n, a in feed.items()}
+        return self._run(self._planned(shapes, feed), dict(feed))
+
+    def _run(self, compiled: CompiledPlan, env: dict[str, Any]) -> dict[str, np.ndarray]:
+        plan = compiled.plan
         if compiled.program is not None:
-            return declared_outputs(self.graph.outputs, compiled.program.run(env))
-        env.update(compiled.plan.constants)
-        for step, kernel in zip(compiled.plan.steps, compiled.kernels):
-            _run_step(step, kernel, env)
-        return declared_outputs(self.graph.outputs, {v.name: env[v.name] for v in self.graph.outputs})
+            results = compiled.program.run(env)
+        else:
+            env.update(plan.constants)
+            for step, kernel in zip(plan.steps, compiled.kernels):
+                _run_step(step, kernel, env)
+            results = {name: env[name] for name in plan.outputs}
+        if plan.tail is not None:
+            # data-dependent control flow: run from Python (see polyfuse.runtime.control)
+            results = run_tail(plan.tail, env | results, self.graph, self._submodel)
+        return declared_outputs(self.graph.outputs, results)
+
+    def _submodel(self, owner: object, make: Callable[[], Graph],
+                  feed: Mapping[str, np.ndarray]) -> CompiledModel:
+        """A subgraph or the rest of this graph (``make`` builds it) compiled as a model
+        of its own, for inputs of the element types and ranks of ``feed``; cached per
+        ``owner`` (the subgraph, or the plan's ControlStep)."""
+        key = (id(owner), tuple((n, a.dtype.str, a.ndim) for n, a in feed.items()))
+        found = self._submodels.get(key)
+        if found is not None and found[0] is owner:
+            return found[1]
+        if self._subgraph_planning is None:
+            raise ArgumentError("this model was compiled without a planner for subgraphs; compile "
+                                "it with polyfuse.compile() to run data-dependent control flow")
+        rest = isinstance(owner, ControlStep)
+        graph, planner = self._subgraph_planning(retyped(make(), dict(feed)), not rest)
+        model = CompiledModel(graph, self.target, planner, options=self.options, tuning=self.tuning,
+                              planning=self._subgraph_planning, specialize_ints=rest)
+        self._submodels[key] = (owner, model)   # the owner held: its id stays its own
+        return model
 
     def profile(self, feed: Mapping[str, Any], repeat: int = 10) -> list[tuple[str, float]]:
         """Each kernel's median seconds over ``repeat`` runs of ``feed`` (after one
         warm-up run), in the order they run: ``(label, seconds)``; a label names the node,
-        or the fusion group and its nodes."""
+        or the fusion group and its nodes. Kernels after data-dependent control flow (a
+        plan's tail) are not listed."""
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise ArgumentError(f"profile's repeat must be a positive int, got {repeat!r}")
         compiled, env = self._prepare(feed)
@@ -292,19 +340,32 @@ class CompiledModel:
         """The plan for ``feed`` and the checked inputs (numpy arrays; on the cuda target
         also arrays in GPU memory, used in place)."""
         env, shapes = check_feed(self.graph.inputs, feed, on_gpu=self.target.backend.device is Device.GPU)
+        return self._planned(shapes, env), env
+
+    def _planned(self, shapes: dict[str, tuple[int, ...]], env: Mapping[str, Any]) -> CompiledPlan:
+        """The plan for inputs of these shapes, specialized to the values it asks for."""
         while True:
-            values = {n: a for n, a in env.items() if isinstance(a, np.ndarray)
-                      and a.size <= VALUE_INPUT_MAX and (a.dtype.kind in "iu" or n in self._value_inputs)}
+            values = {n: a for n, a in env.items() if self._is_value(n, a)}
             try:
                 plan = self._plan(shapes, values)
                 break
             except NeedsValue as need:  # e.g. Resize scales fed at run time
                 name = need.value_name
+                if name not in env and not self._specialize_ints:
+                    self._specialize_ints = True   # a value computed from small inputs
+                    continue
                 if name not in env or name in values or not isinstance(env[name], np.ndarray) \
                         or env[name].size > VALUE_INPUT_MAX:
                     raise
                 self._value_inputs.add(name)
-        return plan, env
+        return plan
+
+    def _is_value(self, name: str, a: Any) -> bool:
+        """Whether the plan is specialized to the value of input ``name`` (see VALUE_INPUT_MAX)."""
+        if not isinstance(a, np.ndarray) or a.size > VALUE_INPUT_MAX:
+            return False
+        flag = a.dtype == bool and a.size == 1
+        return name in self._value_inputs or (self._specialize_ints and (a.dtype.kind in "iu" or flag))
 
     def __call__(self, *arrays: Any, **named: Any) -> tuple[np.ndarray, ...] | np.ndarray:
         """The outputs for the inputs in order (or all by name); one output alone, several
