@@ -2,7 +2,8 @@
 
 Every node goes through the op library (:mod:`polyfuse.lowering.ops`): nodes whose inputs
 are all constants fold at compile time (the comprehension interpreter runs their TC),
-reshapes become views, fusion groups compose into one definition
+reshapes become views, expansions (recurrences) plan the nodes they expand into,
+fusion groups compose into one definition
 (:mod:`polyfuse.lowering.compose`), and every other node becomes a kernel step. Each
 value's size is checked against the memory limit before anything is allocated.
 """
@@ -27,7 +28,7 @@ from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
-from polyfuse.lowering.ops import Folded, Lowered, OpContext, TCKernel, View, lower
+from polyfuse.lowering.ops import Expansion, Folded, Lowered, OpContext, TCKernel, View, lower
 
 
 def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
@@ -132,13 +133,17 @@ class _Planner:
             for name, array in zip(node.outputs, lowered.arrays):
                 self.consts[name] = array
                 self.define(what, name, _type(array))
+        elif isinstance(lowered, Expansion):
+            for part in lowered.nodes:
+                self.node(part)
         elif isinstance(lowered, View):
-            src = node.inputs[lowered.input]
-            self.define(what, node.outputs[0], TensorType(self.types[src].dtype, lowered.shape))
+            src, shape, start = node.inputs[lowered.input], tuple(lowered.shape), lowered.offset
+            self.define(what, node.outputs[0], TensorType(self.types[src].dtype, shape))
             if src in self.consts:
-                self.consts[node.outputs[0]] = self.consts[src].reshape(lowered.shape)
+                flat = self.consts[src].reshape(-1)
+                self.consts[node.outputs[0]] = flat[start:start + int(np.prod(shape))].reshape(shape)
             else:
-                self.steps.append(ViewStep(node.name, src, node.outputs[0], tuple(lowered.shape)))
+                self.steps.append(ViewStep(node.name, src, node.outputs[0], shape, start))
         else:
             assert d is not None
             names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)

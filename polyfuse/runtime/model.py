@@ -66,7 +66,8 @@ def _placeholder(t: TensorType) -> np.ndarray:
 def _run_step(st: Step, kernel: SpecializedKernel | None, env: dict[str, Any]) -> None:
     """Run one step of a plan on ``env`` (values by name), adding what it defines."""
     if isinstance(st, ViewStep):
-        env[st.output] = env[st.input].reshape(st.shape)
+        size = int(np.prod(st.shape))
+        env[st.output] = env[st.input].reshape(-1)[st.offset:st.offset + size].reshape(st.shape)
         return
     assert kernel is not None
     d = st.definition

@@ -7,7 +7,9 @@ returns one of:
 * :class:`TCKernel`: a TC definition computing the node (one scheduler and every
   target then serve graphs and TC alike);
 * :class:`View`: the output is an input with another shape (Reshape, Squeeze, ...);
-* :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...).
+* :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...);
+* :class:`Expansion`: other nodes computing it (RNN, GRU, LSTM: a projection, then
+  one step node per time step).
 
 Kernels whose inputs are all constants are evaluated at compile time (folding).
 
@@ -49,8 +51,13 @@ class TCKernel:
 
 @dataclass(frozen=True)
 class View:
+    """The output is input ``input``'s storage as ``shape``, starting ``offset`` elements
+    in (a reshape at 0; a slice along the first dimension, such as one time step of a
+    sequence, further in)."""
+
     input: int
     shape: tuple[int, ...]
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,17 @@ class Folded:
     arrays: tuple[np.ndarray, ...]
 
 
-Lowered = TCKernel | View | Folded
+@dataclass(frozen=True)
+class Expansion:
+    """The node computed by other nodes (``nodes``, in order), each lowered in its turn:
+    for an op whose structure depends on the input shapes (a recurrence unrolled over
+    the time steps), planned per shape. They read the node's inputs and each other's
+    values and define the node's outputs."""
+
+    nodes: tuple[Node, ...]
+
+
+Lowered = TCKernel | View | Folded | Expansion
 
 
 @dataclass
