@@ -202,11 +202,12 @@ class Plan:
                 self._verify_kernel(st, where)
             else:
                 src, dst = self.types[st.input], self.types[st.output]
-                if src.dtype is not dst.dtype or tuple(dst.shape) != tuple(st.shape) or st.offset < 0 \
-                        or st.offset * src.dtype.bits // 8 + nbytes(dst) > nbytes(src):
+                if src.dtype is not dst.dtype or tuple(dst.shape) != tuple(st.shape):
                     raise IRVerificationError(f"{where}: a view of {src} as {dst} (shape "
-                                              f"{list(st.shape)}, offset {st.offset}) reads "
-                                              "past its storage")
+                                              f"{list(st.shape)}) changes the storage")
+                if st.offset < 0 or st.offset * src.dtype.bits // 8 + nbytes(dst) > nbytes(src):
+                    raise IRVerificationError(f"{where}: a view of {src} as {dst} at offset "
+                                              f"{st.offset} reads outside its storage")
                 if st.output in self.outputs and (st.offset or nbytes(src) != nbytes(dst)):
                     raise IRVerificationError(f"{where}: graph output '{st.output}' is a slice "
                                               "of another value; outputs are whole buffers")

@@ -51,6 +51,7 @@ class _Planner:
         self.consts: dict[str, np.ndarray] = {c.name: c.array for c in graph.constants} | values
         self.types.update({c.name: c.type for c in graph.constants})
         self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
+        self._parsed: dict[str, Definition] = {}   # TC text -> its definition (steps share one)
 
     def plan(self) -> Plan:
         g = self.graph
@@ -160,16 +161,20 @@ class _Planner:
 
     def lowered(self, node: Node) -> tuple[Lowered, Definition | None]:
         """``node`` through the op library, and a kernel's definition: each node lowered and
-        its TC parsed once (a fusion group that does not fuse lowers its nodes again)."""
+        each TC text parsed once (a fusion group that does not fuse lowers its nodes again;
+        the steps of a recurrence share one text)."""
         if node.name not in self._lowered:
             lowered = lower(self.context(node))
             d = None
             if isinstance(lowered, TCKernel):
-                try:
-                    d = parse(lowered.source).definitions[0]
-                except FrontendError as err:   # a defect of the op library, named here
-                    raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC that "
-                                       f"does not compile: {err}") from None
+                d = self._parsed.get(lowered.source)
+                if d is None:
+                    try:
+                        d = parse(lowered.source).definitions[0]
+                    except FrontendError as err:   # a defect of the op library, named here
+                        raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC "
+                                           f"that does not compile: {err}") from None
+                    self._parsed[lowered.source] = d
             if node.attr(CHANNELS_LAST):
                 lowered, d = self.channels_last(node, lowered, d)
             self._lowered[node.name] = (lowered, d)

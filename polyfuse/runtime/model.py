@@ -42,14 +42,19 @@ Planner = Callable[[dict[str, tuple[int, ...]], dict[str, np.ndarray]], Plan]
 
 def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                   tuning: Tuning | None) -> CompiledPlan:
-    """Every kernel step of ``plan`` compiled for ``target``, and what runs them."""
+    """Every kernel step of ``plan`` compiled for ``target``, and what runs them. Steps of
+    one TC text on buffers of one type (a recurrence's time steps) share one kernel."""
     kernels: list[SpecializedKernel | None] = []
+    made: dict[tuple, SpecializedKernel] = {}
     for st in plan.steps:
         if isinstance(st, ViewStep):
             kernels.append(None)
             continue
-        kernel = Kernel(st.definition, target, st.source, options, tuning)
-        spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
+        key = (st.source, tuple(plan.types[n] for n in st.inputs))
+        spec = made.get(key)
+        if spec is None:
+            kernel = Kernel(st.definition, target, st.source, options, tuning)
+            spec = made[key] = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
         if spec.output_shapes != tuple(tuple(plan.types[n].shape) for n in st.defines):
             raise IRVerificationError(f"step {st.label}: the kernel's outputs have shapes "
                                       f"{spec.output_shapes}, the plan's buffers "

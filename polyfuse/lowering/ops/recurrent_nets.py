@@ -23,11 +23,13 @@ starts at its own last step) and its Y is put back in time order.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from polyfuse.ir.graph import Node
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import Expansion, OpContext, register
+from polyfuse.lowering.ops.linalg import TRANSPOSE_ROWS
 from polyfuse.lowering.ops.recurrent_cells import FUNCTIONS
 
 X, W, R, B, LENS, H0, C0, P = range(8)
@@ -35,6 +37,7 @@ X, W, R, B, LENS, H0, C0, P = range(8)
 # op -> (gates, default activations per direction)
 _CELLS = {"RNN": (1, ("Tanh",)), "GRU": (3, ("Sigmoid", "Tanh")),
           "LSTM": (4, ("Sigmoid", "Tanh", "Tanh"))}
+_CHUNK = 16   # steps stacked by one kernel, at least
 _DIRECTIONS = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}
 
 
@@ -151,7 +154,10 @@ def _expand(ctx: OpContext) -> Expansion:
     acc = ctx.dtype(X).compute
     xw = b.add("RecurrentProjection", "xw", (b.input(X), b.input(W), b.input(B)),
                layout=s.layout, folded=2 * n if lbr else width)[0]
-    rt = b.add("Transpose", "rt", (b.input(R),), perm=(0, 2, 1))[0]
+    # as Gemm does: R's rows are dot products for a few batch rows; from TRANSPOSE_ROWS
+    # on, transposed, the product reads rows of output columns (the register blocks)
+    transposed = s.batch >= TRANSPOSE_ROWS
+    rt = b.add("Transpose", "rt", (b.input(R),), perm=(0, 2, 1))[0] if transposed else b.input(R)
     lens = b.input(LENS)
     mask = b.add("RecurrentMask", "mask", (lens,), steps=s.steps, dtype=acc.value)[0] if lens else ""
     reversed_xw = b.add("RecurrentReverse", "xw_reversed", (xw, lens))[0] \
@@ -160,13 +166,13 @@ def _expand(ctx: OpContext) -> Expansion:
     c = _initial(b, s, C0, "c", acc) if op == "LSTM" else [""] * dirs
     weights = []
     for d in range(dirs):
-        r = b.view(rt, f"r.{d}", d * n * width, (n, width))
+        r = b.view(rt, f"r.{d}", d * n * width, (n, width) if transposed else (width, n))
         p = b.view(b.input(P), f"p.{d}", d * 3 * n, (3 * n,)) if op == "LSTM" and ctx.has(P) else ""
         rb = b.view(b.input(B), f"rb.{d}", d * 2 * width + width + 2 * n, (n,)) \
             if lbr and ctx.has(B) else ""
         weights.append((r, p, rb))
     attrs = {"clip": clip, "input_forget": int(ctx.attr("input_forget", 0) or 0),
-             "linear_before_reset": int(lbr)}
+             "linear_before_reset": int(lbr), "transposed": int(transposed)}
     per = len(defaults)
     outputs: list[str] = []
     for step in range(s.steps):
@@ -191,14 +197,24 @@ def _expand(ctx: OpContext) -> Expansion:
 
 def _outputs(b: _Builder, s: _Shape, outputs: list[str], h: list[str], c: list[str],
              lens: str) -> None:
-    """Y, Y_h and Y_c from the steps' outputs and last states: those the node defines."""
+    """Y, Y_h and Y_c from the steps' outputs and last states: those the node defines.
+    A long sequence's outputs are stacked in chunks of about sqrt(steps) consecutive
+    steps (each chunk of one size has one text), then the chunks into Y."""
     dirs = len(s.reverse)
     flip = tuple(int(r and not lens) for r in s.reverse)
     if b.output(0):
-        unreverse = lens and s.reverse[-1]
-        stacked = b.add("RecurrentStack", "y", tuple(outputs), steps=s.steps, directions=dirs,
-                        layout=s.layout, flip=flip)[0]
-        if unreverse:
+        parts, firsts = outputs, [(step, d) for step in range(s.steps) for d in range(dirs)]
+        size = max(_CHUNK, math.isqrt(s.steps - 1) + 1)
+        if s.steps > size:
+            parts, firsts = [], []
+            for d in range(dirs):
+                for first in range(0, s.steps, size):
+                    chunk = tuple(outputs[step * dirs + d] for step in range(first, min(first + size, s.steps)))
+                    parts += b.add("RecurrentChunk", f"y{first}.{d}", chunk)
+                    firsts.append((first, d))
+        stacked = b.add("RecurrentStack", "y", tuple(parts), steps=s.steps, directions=dirs,
+                        layout=s.layout, flip=flip, parts=tuple(firsts))[0]
+        if lens and s.reverse[-1]:
             stacked = b.add("RecurrentUnreverse", "y_ordered", (stacked, lens), layout=s.layout)[0]
         b.nodes[-1] = _renamed(b.nodes[-1], stacked, b.output(0))
     for i, states in ((1, h), (2, c)):
@@ -206,7 +222,7 @@ def _outputs(b: _Builder, s: _Shape, outputs: list[str], h: list[str], c: list[s
             b.nodes.append(Node("RecurrentStack", f"{b.name}/y{'hc'[i - 1]}", tuple(states),
                                 (b.output(i),), (("steps", 1), ("directions", dirs),
                                                  ("layout", s.layout), ("flip", (0,) * dirs),
-                                                 ("state", 1))))
+                                                 ("state", 1), ("parts", tuple((0, d) for d in range(dirs))))))
 
 
 def _renamed(node: Node, old: str, new: str) -> Node:

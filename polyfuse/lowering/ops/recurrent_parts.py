@@ -10,8 +10,8 @@ made only by :mod:`polyfuse.lowering.ops.recurrent_nets`):
 * ``RecurrentMask``: ``M(t, b) = 1`` while batch b's sequence runs (``t < L(b)``);
 * ``RecurrentReverse``: one direction of XW with each batch's first ``L(b)`` steps
   reversed (a reverse direction with ``sequence_lens`` starts at its own last step);
-* ``RecurrentStack``: the steps' outputs as Y (or the last states as Y_h, Y_c) in the
-  op's layout; one input is a reshape;
+* ``RecurrentChunk`` and ``RecurrentStack``: the steps' outputs, in parts of
+  consecutive steps, as Y (or the last states as Y_h, Y_c) in the op's layout;
 * ``RecurrentUnreverse``: Y's reverse direction put back in time order, per batch length;
 * ``RecurrentZeros``: a zero initial state.
 """
@@ -113,31 +113,52 @@ def _axes(layout: int) -> tuple[int, int, int]:
     return (1, 2, 0) if layout else (0, 1, 2)
 
 
+@register("RecurrentChunk")
+def _chunk(ctx: OpContext) -> TCKernel:
+    """Inputs (batch, hidden), consecutive steps of one direction -> (steps, batch,
+    hidden): a part of Y, so that no kernel stacks a whole long sequence (a definition
+    of hundreds of statements takes long to schedule)."""
+    params, lines = [], []
+    batch, hidden = ctx.shape(0)
+    for k in range(len(ctx.types)):
+        params.append(tensor_param(f"X{k}", ctx.type(k)))
+        lines.append(statement("Y", INDEX[:3], f"X{k}(i1, i2)", [f"{k}:{k + 1}", batch, hidden]))
+    out = (ctx.dtype(0), (len(ctx.types), batch, hidden))
+    return TCKernel(definition(params, [tensor_param("Y", out)], lines), tuple(range(len(ctx.types))))
+
+
 @register("RecurrentStack")
 def _stack(ctx: OpContext) -> TCKernel | View:
-    """Inputs (batch, hidden), step-major (``s * directions + d``) -> Y: (steps,
-    directions, batch, hidden) or, with ``layout`` 1, (batch, steps, directions, hidden);
-    ``flip`` says per direction whether its steps run back in time. With ``state`` (one
-    step: the last states) the time axis is left out: Y_h and Y_c."""
+    """Parts of the output, each one step's (batch, hidden) or consecutive steps' (n,
+    batch, hidden) of one direction, ``parts`` giving each one's first step and direction
+    -> Y: (steps, directions, batch, hidden) or, with ``layout`` 1, (batch, steps,
+    directions, hidden); ``flip`` says per direction whether its steps run back in time.
+    With ``state`` (the last states: one step) the time axis is left out: Y_h and Y_c."""
     steps, dirs, layout = int(ctx.attr("steps")), int(ctx.attr("directions")), int(ctx.attr("layout"))
     flip, state = [int(f) for f in ctx.attr("flip")], int(ctx.attr("state", 0))
-    batch, hidden = ctx.shape(0)
+    batch, hidden = ctx.shape(0)[-2:]
     axes = ["b", "t", "d", "h"] if layout else ["t", "d", "b", "h"]
     if state:
         axes.remove("t")
     extent = {"t": steps, "d": dirs, "b": batch, "h": hidden}
     out = [extent[a] for a in axes]
-    if len(ctx.types) == 1:
+    if len(ctx.types) == 1 and len(ctx.shape(0)) == 2:
         return View(0, tuple(out))
     at = {a: INDEX[k] for k, a in enumerate(axes)}
     params, lines = [], []
-    for k in range(len(ctx.types)):
-        s, d = divmod(k, dirs)
-        place = {"t": steps - 1 - s if flip[d] else s, "d": d}
-        extents: list[int | str] = [f"{place[a]}:{place[a] + 1}" if a in place else extent[a]
-                                    for a in axes]
+    for k, (first, d) in enumerate(ctx.attr("parts")):
+        shape = ctx.shape(k)
+        count = shape[0] if len(shape) == 3 else 1
+        # the part's steps first..first+count-1 at these times; its index of time t
+        start, index = ((steps - first - count, f"{steps - 1 - first} - {at.get('t')}") if flip[d]
+                        else (first, f"{at.get('t')} - {first}"))
+        place = {"t": (start, start + count), "d": (d, d + 1)}
+        extents: list[int | str] = [f"{place[a][0]}:{place[a][1]}" if a in place and a in at
+                                    else extent[a] for a in axes]
+        read = [index] if len(shape) == 3 else []
         params.append(tensor_param(f"X{k}", ctx.type(k)))
-        lines.append(statement("Y", INDEX[:len(axes)], f"X{k}({at['b']}, {at['h']})", extents))
+        lines.append(statement("Y", INDEX[:len(axes)],
+                               f"X{k}({', '.join(read + [at['b'], at['h']])})", extents))
     return TCKernel(definition(params, [tensor_param("Y", (ctx.dtype(0), out))], lines),
                     tuple(range(len(ctx.types))))
 
