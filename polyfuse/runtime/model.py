@@ -213,16 +213,19 @@ class CompiledModel:
 
     def tasks(self, **shapes: tuple[int, ...]) -> list[Any]:
         """Every kernel of the model as a tuning task, for these input shapes (those given
-        to ``compile`` or of the latest call when none are given here)."""
+        to ``compile`` or of the latest call when none are given here); steps sharing one
+        kernel (a recurrence's time steps) are one task, named by the first."""
         if self.tuning is None:
             raise ArgumentError("this model was compiled without the autotuner; compile it with "
                                 "polyfuse.compile() to list its tuning tasks")
         compiled = self._plan(all_shapes(self.graph.inputs, shapes, "tasks")) if shapes \
             else self._latest_plan("tasks")
         types = compiled.plan.types
+        first = {id(kernel): st for st, kernel in reversed(list(compiled.steps()))}
         return [self.tuning.task(st.definition, [_placeholder(types[n]) for n in st.inputs],
                                  self.target, st.label)
-                for st, _ in compiled.steps() if not st.definition.scalars]
+                for st, kernel in compiled.steps()
+                if first[id(kernel)] is st and not st.definition.scalars]
 
     def _latest_plan(self, what: str) -> CompiledPlan:
         """The plan of the latest run (or of ``input_shapes``); for a model whose inputs

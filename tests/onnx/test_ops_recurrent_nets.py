@@ -100,6 +100,34 @@ def test_activations_with_alpha_beta_and_clip():
     _check("RNN", activations=["Relu"], lens=[2, 5, 3])
 
 
+def test_eight_or_more_batch_rows_read_r_transposed():
+    _check("GRU", batch=9, direction="bidirectional", lens=[5, 4, 3, 2, 1, 5, 4, 3, 2])
+    _check("LSTM", batch=8, direction="bidirectional", peepholes=True, constant_weights=True)
+
+
+@pytest.mark.parametrize("dtype, code, tolerance", [(np.float64, TensorProto.DOUBLE, 1e-12),
+                                                     (np.float16, TensorProto.FLOAT16, 3e-3)])
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_float64_and_float16_against_the_onnx_reference(op, dtype, code, tolerance):
+    """onnxruntime runs these ops in float32 only; the reference computes float16 in
+    float16, polyfuse in float32 rounding each state to float16."""
+    from onnx.reference import ReferenceEvaluator
+    rng = np.random.default_rng(1)
+    g = GATES[op]
+    feeds = {"X": rng.standard_normal((4, 2, 3)), "W": rng.standard_normal((2, g * 5, 3)) * 0.5,
+             "R": rng.standard_normal((2, g * 5, 5)) * 0.5, "B": rng.standard_normal((2, 2 * g * 5)),
+             "initial_h": rng.standard_normal((2, 2, 5))}
+    feeds = {n: a.astype(dtype) for n, a in feeds.items()}
+    node = helper.make_node(op, ["X", "W", "R", "B", "", "initial_h"], ["Y", "Y_h"], hidden_size=5,
+                            direction="bidirectional")
+    model = one_node_model(node, feeds, {"Y": code, "Y_h": code}, opset=22)
+    got = pf.compile(model, target="host").run(feeds)
+    for name, want in zip(["Y", "Y_h"], ReferenceEvaluator(model).run(None, feeds)):
+        assert got[name].dtype == dtype
+        np.testing.assert_allclose(got[name].astype(np.float64), want.astype(np.float64),
+                                   rtol=tolerance, atol=tolerance)
+
+
 def test_long_sequences_stack_in_chunks():
     _check("RNN", steps=37, batch=2, size=3, hidden=4, direction="bidirectional", layout=1)
     _check("GRU", steps=21, batch=2, size=3, hidden=3, direction="reverse", lens=[21, 9])
@@ -135,6 +163,9 @@ def test_steps_are_one_kernel_each_compiled_once():
     # the projection, the step, Y, and Y_h with Y_c (one text): each built once
     assert len(kernels) == 1 + 18 + 3
     assert len({id(k) for _, k in kernels}) == 4 == sum(cpu.STATS.values()) - before
+    assert [t.name.split("/")[-1] for t in compiled.tasks()][:2] == ["xw", "step0.f"]
+    assert len(compiled.tasks()) == 4      # the autotuner tunes the step once
+    assert "= view %\"LSTM_0:xw\" +40  // LSTM_0/step1.f.xw" in compiled.dump("plan")
 
 
 def test_wrong_shapes_and_activations_name_the_node():
@@ -147,6 +178,10 @@ def test_wrong_shapes_and_activations_name_the_node():
     model, feeds = _model("RNN", activations=["Gelu"])
     with pytest.raises(pf.UnsupportedOpError, match="activation 'Gelu' is not one of"):
         pf.compile(model, target="host").run(feeds)
+    # polyfuse's own step ops are no ONNX ops: the backend does not claim them
+    import polyfuse.backend
+    assert {"RNN", "GRU", "LSTM"} <= polyfuse.backend.supported_ops()
+    assert not {"LSTMStep", "TimeSlice", "RecurrentStack"} & polyfuse.backend.supported_ops()
 
 
 @pytest.mark.filterwarnings("ignore")   # the TorchScript exporter's notices

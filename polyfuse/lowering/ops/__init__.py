@@ -187,6 +187,9 @@ class OpContext:
 
 Lowering = Callable[[OpContext], Lowered]
 OPS: dict[str, Lowering] = {}
+# polyfuse's own ops, which only expansions make (a recurrence's steps): a model naming
+# one is refused as unsupported, like any op outside OPS
+INTERNAL: dict[str, Lowering] = {}
 
 
 def lower(ctx: OpContext) -> Lowered:
@@ -198,13 +201,13 @@ def lower(ctx: OpContext) -> Lowered:
         if t is not None and len(t.shape) > MAX_RANK:
             raise ctx.unsupported(f"input {i} has rank {len(t.shape)}; polyfuse supports "
                                   f"tensors of rank at most {MAX_RANK}")
-    return OPS[ctx.node.op](ctx)
+    return (OPS.get(ctx.node.op) or INTERNAL[ctx.node.op])(ctx)
 
 
-def register(*ops: str) -> Callable[[Lowering], Lowering]:
+def register(*ops: str, internal: bool = False) -> Callable[[Lowering], Lowering]:
     def add(fn: Lowering) -> Lowering:
         for op in ops:
-            OPS[op] = fn
+            (INTERNAL if internal else OPS)[op] = fn
         return fn
     return add
 

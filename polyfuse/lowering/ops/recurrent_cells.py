@@ -121,7 +121,7 @@ class _Step:
                         outputs)
 
 
-@register("RNNStep")
+@register("RNNStep", internal=True)
 def _rnn_step(ctx: OpContext) -> TCKernel:
     """``H = f(XW + Hp R)``."""
     s = _Step(ctx, 1)
@@ -130,7 +130,7 @@ def _rnn_step(ctx: OpContext) -> TCKernel:
     return s.kernel()
 
 
-@register("GRUStep")
+@register("GRUStep", internal=True)
 def _gru_step(ctx: OpContext) -> TCKernel:
     """Gates z, r, h: ``H = (1 - z) n + z Hp`` with ``n = g(XW_h + (r Hp) R_h)``, or
     with ``linear_before_reset`` ``n = g(XW_h + r (Hp R_h + Rb_h))``."""
@@ -160,7 +160,7 @@ def _gru_step(ctx: OpContext) -> TCKernel:
     return s.kernel()
 
 
-@register("LSTMStep")
+@register("LSTMStep", internal=True)
 def _lstm_step(ctx: OpContext) -> TCKernel:
     """Gates i, o, f, c: ``C = f Cp + i g(c)``, ``H = o h(C)``; peepholes add ``P_i Cp``
     and ``P_f Cp`` to i and f and ``P_o C`` to o; ``input_forget`` makes f = 1 - i."""

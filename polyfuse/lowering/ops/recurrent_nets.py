@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 from polyfuse.ir.graph import Node
-from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import Expansion, OpContext, register
 from polyfuse.lowering.ops.linalg import TRANSPOSE_ROWS
 from polyfuse.lowering.ops.recurrent_cells import FUNCTIONS
@@ -114,8 +113,10 @@ class _Builder:
         self.nodes: list[Node] = []
 
     def add(self, op: str, label: str, inputs: tuple[str, ...], outputs: int = 1,
-            **attrs: object) -> tuple[str, ...]:
-        names = tuple(f"{self.name}:{label}" + (f".{k}" if outputs > 1 else "") for k in range(outputs))
+            names: tuple[str, ...] = (), **attrs: object) -> tuple[str, ...]:
+        """A node ``op`` reading ``inputs``; its outputs, named ``names`` or after ``label``."""
+        names = names or tuple(f"{self.name}:{label}" + (f".{k}" if outputs > 1 else "")
+                               for k in range(outputs))
         self.nodes.append(Node(op, f"{self.name}/{label}", inputs, names, tuple(attrs.items())))
         return names
 
@@ -129,7 +130,7 @@ class _Builder:
         return self.ctx.node.outputs[i] if i < len(self.ctx.node.outputs) else ""
 
 
-def _initial(b: _Builder, s: _Shape, i: int, label: str, acc: DType) -> list[str]:
+def _initial(b: _Builder, s: _Shape, i: int, label: str) -> list[str]:
     """Each direction's initial state (batch, hidden): views of input ``i``, or zeros."""
     dirs, size = len(s.reverse), s.batch * s.hidden
     if not b.ctx.has(i):
@@ -142,50 +143,61 @@ def _initial(b: _Builder, s: _Shape, i: int, label: str, acc: DType) -> list[str
     return [b.view(source, f"{label}0.{d}", d * size, (s.batch, s.hidden)) for d in range(dirs)]
 
 
+def _weights(b: _Builder, s: _Shape, gates: int, lbr: bool) -> list[tuple[str, str, str]]:
+    """Per direction: R (as the step reads it), the peepholes and the GRU's h-gate
+    recurrent bias (or "")."""
+    dirs, n, width = len(s.reverse), s.hidden, gates * s.hidden
+    # as Gemm does: R's rows are dot products for a few batch rows; from TRANSPOSE_ROWS
+    # on, transposed, the product reads rows of output columns (the register blocks)
+    r = b.add("Transpose", "rt", (b.input(R),), perm=(0, 2, 1))[0] if _transposed(s) else b.input(R)
+    out = []
+    for d in range(dirs):
+        rd = b.view(r, f"r.{d}", d * n * width, (n, width) if _transposed(s) else (width, n))
+        p = b.view(b.input(P), f"p.{d}", d * 3 * n, (3 * n,)) if gates == 4 and b.ctx.has(P) else ""
+        rb = b.view(b.input(B), f"rb.{d}", d * 2 * width + width + 2 * n, (n,)) \
+            if lbr and b.ctx.has(B) else ""
+        out.append((rd, p, rb))
+    return out
+
+
+def _transposed(s: _Shape) -> bool:
+    return s.batch >= TRANSPOSE_ROWS
+
+
+@register("RNN", "GRU", "LSTM")
 def _expand(ctx: OpContext) -> Expansion:
     op = ctx.node.op
     gates, defaults = _CELLS[op]
     s = _shape(ctx, gates)
-    dirs, width, n = len(s.reverse), gates * s.hidden, s.hidden
+    dirs, width, per = len(s.reverse), gates * s.hidden, len(defaults)
     functions = _activations(ctx, defaults, dirs)
-    clip = float(ctx.attr("clip", 0.0) or 0.0)
     lbr = op == "GRU" and int(ctx.attr("linear_before_reset", 0)) != 0
     b = _Builder(ctx)
-    acc = ctx.dtype(X).compute
     xw = b.add("RecurrentProjection", "xw", (b.input(X), b.input(W), b.input(B)),
-               layout=s.layout, folded=2 * n if lbr else width)[0]
-    # as Gemm does: R's rows are dot products for a few batch rows; from TRANSPOSE_ROWS
-    # on, transposed, the product reads rows of output columns (the register blocks)
-    transposed = s.batch >= TRANSPOSE_ROWS
-    rt = b.add("Transpose", "rt", (b.input(R),), perm=(0, 2, 1))[0] if transposed else b.input(R)
+               layout=s.layout, folded=2 * s.hidden if lbr else width)[0]
     lens = b.input(LENS)
-    mask = b.add("RecurrentMask", "mask", (lens,), steps=s.steps, dtype=acc.value)[0] if lens else ""
+    mask = b.add("RecurrentMask", "mask", (lens,), steps=s.steps,
+                 dtype=ctx.dtype(X).compute.value)[0] if lens else ""
+    # the reverse direction's rows, each batch's reversed within its length
     reversed_xw = b.add("RecurrentReverse", "xw_reversed", (xw, lens))[0] \
         if lens and s.reverse[-1] else ""
-    h = _initial(b, s, H0, "h", acc)
-    c = _initial(b, s, C0, "c", acc) if op == "LSTM" else [""] * dirs
-    weights = []
-    for d in range(dirs):
-        r = b.view(rt, f"r.{d}", d * n * width, (n, width) if transposed else (width, n))
-        p = b.view(b.input(P), f"p.{d}", d * 3 * n, (3 * n,)) if op == "LSTM" and ctx.has(P) else ""
-        rb = b.view(b.input(B), f"rb.{d}", d * 2 * width + width + 2 * n, (n,)) \
-            if lbr and ctx.has(B) else ""
-        weights.append((r, p, rb))
-    attrs = {"clip": clip, "input_forget": int(ctx.attr("input_forget", 0) or 0),
-             "linear_before_reset": int(lbr), "transposed": int(transposed)}
-    per = len(defaults)
+    h = _initial(b, s, H0, "h")
+    c = _initial(b, s, C0, "c") if op == "LSTM" else [""] * dirs
+    weights = _weights(b, s, gates, lbr)
+    attrs = {"clip": float(ctx.attr("clip", 0.0) or 0.0), "linear_before_reset": int(lbr),
+             "input_forget": int(ctx.attr("input_forget", 0) or 0), "transposed": int(_transposed(s))}
+    rows = s.batch * width
     outputs: list[str] = []
     for step in range(s.steps):
         for d in range(dirs):
             label = f"step{step}" + (f".{'rf'[d == 0]}" if dirs > 1 else "")
             if s.reverse[d] and lens:
-                part = b.view(reversed_xw, f"{label}.xw", step * s.batch * width, (s.batch, width))
+                part = b.view(reversed_xw, f"{label}.xw", step * rows, (s.batch, width))
             else:
                 t = s.steps - 1 - step if s.reverse[d] else step
-                part = b.view(xw, f"{label}.xw", (d * s.steps + t) * s.batch * width, (s.batch, width))
+                part = b.view(xw, f"{label}.xw", (d * s.steps + t) * rows, (s.batch, width))
             m = b.view(mask, f"{label}.m", step * s.batch, (s.batch,)) if mask else ""
-            r, p, rb = weights[d]
-            results = b.add(f"{op}Step", label, (part, h[d], c[d], r, p, rb, m),
+            results = b.add(f"{op}Step", label, (part, h[d], c[d], *weights[d], m),
                             outputs=1 + (op == "LSTM") + bool(mask),
                             activations=tuple(functions[d * per:(d + 1) * per]), **attrs)
             h[d] = results[0]
@@ -201,7 +213,6 @@ def _outputs(b: _Builder, s: _Shape, outputs: list[str], h: list[str], c: list[s
     A long sequence's outputs are stacked in chunks of about sqrt(steps) consecutive
     steps (each chunk of one size has one text), then the chunks into Y."""
     dirs = len(s.reverse)
-    flip = tuple(int(r and not lens) for r in s.reverse)
     if b.output(0):
         parts, firsts = outputs, [(step, d) for step in range(s.steps) for d in range(dirs)]
         size = max(_CHUNK, math.isqrt(s.steps - 1) + 1)
@@ -209,25 +220,18 @@ def _outputs(b: _Builder, s: _Shape, outputs: list[str], h: list[str], c: list[s
             parts, firsts = [], []
             for d in range(dirs):
                 for first in range(0, s.steps, size):
-                    chunk = tuple(outputs[step * dirs + d] for step in range(first, min(first + size, s.steps)))
-                    parts += b.add("RecurrentChunk", f"y{first}.{d}", chunk)
+                    steps = range(first, min(first + size, s.steps))
+                    parts += b.add("RecurrentChunk", f"y{first}.{d}",
+                                   tuple(outputs[step * dirs + d] for step in steps))
                     firsts.append((first, d))
-        stacked = b.add("RecurrentStack", "y", tuple(parts), steps=s.steps, directions=dirs,
-                        layout=s.layout, flip=flip, parts=tuple(firsts))[0]
-        if lens and s.reverse[-1]:
-            stacked = b.add("RecurrentUnreverse", "y_ordered", (stacked, lens), layout=s.layout)[0]
-        b.nodes[-1] = _renamed(b.nodes[-1], stacked, b.output(0))
+        unreverse = bool(lens) and s.reverse[-1]
+        y = b.add("RecurrentStack", "y", tuple(parts), names=() if unreverse else (b.output(0),),
+                  steps=s.steps, directions=dirs, layout=s.layout, parts=tuple(firsts),
+                  flip=tuple(int(r and not lens) for r in s.reverse))[0]
+        if unreverse:
+            b.add("RecurrentUnreverse", "y_ordered", (y, lens), names=(b.output(0),), layout=s.layout)
     for i, states in ((1, h), (2, c)):
         if b.output(i):
-            b.nodes.append(Node("RecurrentStack", f"{b.name}/y{'hc'[i - 1]}", tuple(states),
-                                (b.output(i),), (("steps", 1), ("directions", dirs),
-                                                 ("layout", s.layout), ("flip", (0,) * dirs),
-                                                 ("state", 1), ("parts", tuple((0, d) for d in range(dirs))))))
-
-
-def _renamed(node: Node, old: str, new: str) -> Node:
-    return Node(node.op, node.name, node.inputs, tuple(new if o == old else o for o in node.outputs),
-                node.attrs)
-
-
-register("RNN", "GRU", "LSTM")(_expand)
+            b.add("RecurrentStack", f"y{'hc'[i - 1]}", tuple(states), names=(b.output(i),), steps=1,
+                  directions=dirs, layout=s.layout, flip=(0,) * dirs, state=1,
+                  parts=tuple((0, d) for d in range(dirs)))

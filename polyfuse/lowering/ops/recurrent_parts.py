@@ -31,7 +31,7 @@ def _cast(expr: str, dt: object, acc: object) -> str:
     return expr if dt == acc else f"{acc}({expr})"
 
 
-@register("RecurrentProjection")
+@register("RecurrentProjection", internal=True)
 def _projection(ctx: OpContext) -> TCKernel:
     """Inputs X, W and B (optional); ``layout`` 1 reads X as (batch, time, input);
     ``folded`` is how many leading columns of the gates take R's bias (B's second half)
@@ -68,7 +68,7 @@ def _projection(ctx: OpContext) -> TCKernel:
                     constants=constants)
 
 
-@register("TimeSlice")
+@register("TimeSlice", internal=True)
 def _time_slice(ctx: OpContext) -> View:
     shape = tuple(int(d) for d in ctx.attr("shape"))
     start = int(ctx.attr("offset"))
@@ -78,7 +78,7 @@ def _time_slice(ctx: OpContext) -> View:
     return View(0, shape, start)
 
 
-@register("RecurrentMask")
+@register("RecurrentMask", internal=True)
 def _mask(ctx: OpContext) -> TCKernel:
     steps, batch = int(ctx.attr("steps")), ctx.shape(0)[0]
     acc = ctx.element_type("dtype")
@@ -96,7 +96,7 @@ def _reversed(data: str, at: list[str], time: int, batch: int) -> str:
     return f"{at[time]} < {length} ? {data}({', '.join(flipped)}) : {data}({', '.join(at)})"
 
 
-@register("RecurrentReverse")
+@register("RecurrentReverse", internal=True)
 def _reverse(ctx: OpContext) -> TCKernel:
     """XW (directions, time, batch, gates), lengths -> the last direction, each batch's
     sequence reversed: what that direction reads at each of its steps."""
@@ -113,7 +113,7 @@ def _axes(layout: int) -> tuple[int, int, int]:
     return (1, 2, 0) if layout else (0, 1, 2)
 
 
-@register("RecurrentChunk")
+@register("RecurrentChunk", internal=True)
 def _chunk(ctx: OpContext) -> TCKernel:
     """Inputs (batch, hidden), consecutive steps of one direction -> (steps, batch,
     hidden): a part of Y, so that no kernel stacks a whole long sequence (a definition
@@ -127,7 +127,7 @@ def _chunk(ctx: OpContext) -> TCKernel:
     return TCKernel(definition(params, [tensor_param("Y", out)], lines), tuple(range(len(ctx.types))))
 
 
-@register("RecurrentStack")
+@register("RecurrentStack", internal=True)
 def _stack(ctx: OpContext) -> TCKernel | View:
     """Parts of the output, each one step's (batch, hidden) or consecutive steps' (n,
     batch, hidden) of one direction, ``parts`` giving each one's first step and direction
@@ -163,7 +163,7 @@ def _stack(ctx: OpContext) -> TCKernel | View:
                     tuple(range(len(ctx.types))))
 
 
-@register("RecurrentUnreverse")
+@register("RecurrentUnreverse", internal=True)
 def _unreverse(ctx: OpContext) -> TCKernel:
     """Y (in ``layout``) and the lengths -> Y with its last direction's steps, which ran
     in each batch's reversed order, back in time order."""
@@ -182,7 +182,7 @@ def _unreverse(ctx: OpContext) -> TCKernel:
                                [tensor_param("Y", ctx.type(0))], lines), (0, 1))
 
 
-@register("RecurrentZeros")
+@register("RecurrentZeros", internal=True)
 def _zeros(ctx: OpContext) -> Folded:
     dt = ctx.element_type("dtype")
     assert dt is not None
