@@ -150,7 +150,7 @@ def test_constant_weights_odd_shapes_and_the_interpreter():
            target="reference", initial=True)
 
 
-def test_steps_are_one_kernel_each_compiled_once():
+def test_steps_are_one_kernel_each_compiled_once(capfd):
     model, feeds = _model("LSTM", steps=9, batch=2, size=3, hidden=5, direction="bidirectional",
                           constant_weights=True, seed=3)
     before = sum(cpu.STATS.values())
@@ -166,6 +166,7 @@ def test_steps_are_one_kernel_each_compiled_once():
     assert [t.name.split("/")[-1] for t in compiled.tasks()][:2] == ["xw", "step0.f"]
     assert len(compiled.tasks()) == 4      # the autotuner tunes the step once
     assert "= view %\"LSTM_0:xw\" +40  // LSTM_0/step1.f.xw" in compiled.dump("plan")
+    assert capfd.readouterr().err == ""     # compiling is quiet
 
 
 def test_wrong_shapes_and_activations_name_the_node():

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from polyfuse.ir.graph import Node
 from polyfuse.lowering.ops import Expansion, OpContext, register
-from polyfuse.lowering.ops.linalg import TRANSPOSE_ROWS
 from polyfuse.lowering.ops.recurrent_cells import FUNCTIONS
 
 X, W, R, B, LENS, H0, C0, P = range(8)
@@ -147,21 +146,18 @@ def _weights(b: _Builder, s: _Shape, gates: int, lbr: bool) -> list[tuple[str, s
     """Per direction: R (as the step reads it), the peepholes and the GRU's h-gate
     recurrent bias (or "")."""
     dirs, n, width = len(s.reverse), s.hidden, gates * s.hidden
-    # as Gemm does: R's rows are dot products for a few batch rows; from TRANSPOSE_ROWS
-    # on, transposed, the product reads rows of output columns (the register blocks)
-    r = b.add("Transpose", "rt", (b.input(R),), perm=(0, 2, 1))[0] if _transposed(s) else b.input(R)
+    # transposed (at compile time when constant): the product with the state reads rows
+    # of its output columns, vectors of the gates (register blocks, even for one batch
+    # row: R is small and stays in cache from step to step)
+    r = b.add("Transpose", "rt", (b.input(R),), perm=(0, 2, 1))[0]
     out = []
     for d in range(dirs):
-        rd = b.view(r, f"r.{d}", d * n * width, (n, width) if _transposed(s) else (width, n))
+        rd = b.view(r, f"r.{d}", d * n * width, (n, width))
         p = b.view(b.input(P), f"p.{d}", d * 3 * n, (3 * n,)) if gates == 4 and b.ctx.has(P) else ""
         rb = b.view(b.input(B), f"rb.{d}", d * 2 * width + width + 2 * n, (n,)) \
             if lbr and b.ctx.has(B) else ""
         out.append((rd, p, rb))
     return out
-
-
-def _transposed(s: _Shape) -> bool:
-    return s.batch >= TRANSPOSE_ROWS
 
 
 @register("RNN", "GRU", "LSTM")
@@ -185,7 +181,7 @@ def _expand(ctx: OpContext) -> Expansion:
     c = _initial(b, s, C0, "c") if op == "LSTM" else [""] * dirs
     weights = _weights(b, s, gates, lbr)
     attrs = {"clip": float(ctx.attr("clip", 0.0) or 0.0), "linear_before_reset": int(lbr),
-             "input_forget": int(ctx.attr("input_forget", 0) or 0), "transposed": int(_transposed(s))}
+             "input_forget": int(ctx.attr("input_forget", 0) or 0)}
     rows = s.batch * width
     outputs: list[str] = []
     for step in range(s.steps):
