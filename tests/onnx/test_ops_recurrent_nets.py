@@ -100,7 +100,9 @@ def test_activations_with_alpha_beta_and_clip():
     _check("RNN", activations=["Relu"], lens=[2, 5, 3])
 
 
-def test_eight_or_more_batch_rows_read_r_transposed():
+def test_one_batch_row_reads_r_as_given_more_read_it_transposed():
+    _check("GRU", batch=1, direction="bidirectional", lens=[4], initial=True)
+    _check("LSTM", batch=1, direction="reverse", peepholes=True, constant_weights=True)
     _check("GRU", batch=9, direction="bidirectional", lens=[5, 4, 3, 2, 1, 5, 4, 3, 2])
     _check("LSTM", batch=8, direction="bidirectional", peepholes=True, constant_weights=True)
 

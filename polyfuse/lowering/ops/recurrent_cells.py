@@ -7,7 +7,8 @@ These are polyfuse's own ops, made only by the expansion of the ONNX recurrent o
     Hp (batch, hidden)            the hidden state before the step
     Cp (batch, hidden)            the cell state before it (LSTM)
     R  (hidden, gates * hidden)   the direction's recurrent weights, transposed (the
-                                  product reads rows of its output columns)
+                                  product reads rows of its output columns), or with
+                                  ``dot`` as ONNX gives them (gates * hidden, hidden)
     P  (3 * hidden)               the peepholes i, o, f (LSTM, optional)
     Rb (hidden)                   the recurrent bias of the GRU's h gate (GRU with
                                   ``linear_before_reset``, optional)
@@ -62,7 +63,9 @@ class _Step:
         self.ctx = ctx
         self.batch, width = ctx.shape(XW)
         self.hidden = ctx.shape(HP)[1]
-        if width != gates * self.hidden or ctx.shape(R) != (self.hidden, width):
+        self.dot = bool(ctx.attr("dot", 0))
+        r = (width, self.hidden) if self.dot else (self.hidden, width)
+        if width != gates * self.hidden or ctx.shape(R) != r:
             raise ctx.malformed(f"XW {ctx.shape(XW)} and R {ctx.shape(R)} do not hold "
                                 f"{gates} gates of hidden size {self.hidden}")
         self.acc = ctx.dtype(HP).compute
@@ -91,7 +94,8 @@ class _Step:
 
     def product(self, columns: int, out: str = "G", left: str = "Hp(i0, j)", start: int = 0) -> None:
         """``out(b, g) = sum_j left(b, j) * R(j, start + g)`` over ``columns`` columns."""
-        r = self.read("R", "j", f"i1 + {start}" if start else "i1")
+        g = f"i1 + {start}" if start else "i1"
+        r = self.read("R", g, "j") if self.dot else self.read("R", "j", g)
         self.lines.append(statement(out, ["i0", "i1"], f"{self.acc}({left}) * {r}",
                                     [self.batch, columns], [f"j in 0:{self.hidden}"], op="+=!"))
         self.temps.append(tensor_param(out, (self.acc, (self.batch, columns))))

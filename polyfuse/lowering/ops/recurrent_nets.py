@@ -147,17 +147,21 @@ def _weights(b: _Builder, s: _Shape, gates: int, lbr: bool) -> list[tuple[str, s
     recurrent bias (or "")."""
     dirs, n, width = len(s.reverse), s.hidden, gates * s.hidden
     # transposed (at compile time when constant): the product with the state reads rows
-    # of its output columns, vectors of the gates (register blocks, even for one batch
-    # row: R is small and stays in cache from step to step)
-    r = b.add("Transpose", "rt", (b.input(R),), perm=(0, 2, 1))[0]
+    # of its output columns, vectors of the gates (register blocks: R is small and stays
+    # in cache from step to step); one batch row is a vector times R, dot products
+    r = b.input(R) if _dot(s) else b.add("Transpose", "rt", (b.input(R),), perm=(0, 2, 1))[0]
     out = []
     for d in range(dirs):
-        rd = b.view(r, f"r.{d}", d * n * width, (n, width))
+        rd = b.view(r, f"r.{d}", d * n * width, (width, n) if _dot(s) else (n, width))
         p = b.view(b.input(P), f"p.{d}", d * 3 * n, (3 * n,)) if gates == 4 and b.ctx.has(P) else ""
         rb = b.view(b.input(B), f"rb.{d}", d * 2 * width + width + 2 * n, (n,)) \
             if lbr and b.ctx.has(B) else ""
         out.append((rd, p, rb))
     return out
+
+
+def _dot(s: _Shape) -> bool:
+    return s.batch == 1
 
 
 @register("RNN", "GRU", "LSTM")
@@ -181,7 +185,7 @@ def _expand(ctx: OpContext) -> Expansion:
     c = _initial(b, s, C0, "c") if op == "LSTM" else [""] * dirs
     weights = _weights(b, s, gates, lbr)
     attrs = {"clip": float(ctx.attr("clip", 0.0) or 0.0), "linear_before_reset": int(lbr),
-             "input_forget": int(ctx.attr("input_forget", 0) or 0)}
+             "input_forget": int(ctx.attr("input_forget", 0) or 0), "dot": int(_dot(s))}
     rows = s.batch * width
     outputs: list[str] = []
     for step in range(s.steps):
