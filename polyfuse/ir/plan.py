@@ -62,12 +62,15 @@ class KernelStep:
 
 @dataclass(frozen=True)
 class ViewStep:
-    """``output`` is ``input`` reshaped: the same storage."""
+    """``output`` is ``input``'s storage as ``shape``, from ``offset`` elements in: a
+    reshape (at 0), or a slice along the first dimension (one time step of a sequence).
+    Kernels only read views at an offset (their outputs are aligned allocations)."""
 
     label: str
     input: str
     output: str
     shape: tuple[int, ...]
+    offset: int = 0
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -107,6 +110,7 @@ class MemoryPlan:
     arena_bytes: int
     naive_bytes: int
     roots: dict[str, str]     # value -> the value whose storage it views
+    starts: dict[str, int] = field(default_factory=dict)   # a view -> its bytes into the root
 
 
 def aligned(nbytes: int, alignment: int = 64) -> int:
@@ -127,9 +131,13 @@ def plan_memory(steps: tuple[Step, ...], types: Mapping[str, TensorType], output
     """First-fit placement of the storage each kernel defines (its temporaries too),
     freed after the last step reading it or any view of it."""
     roots: dict[str, str] = {}
+    starts: dict[str, int] = {}
     for st in steps:
         if isinstance(st, ViewStep):
             roots[st.output] = roots.get(st.input, st.input)
+            start = starts.get(st.input, 0) + st.offset * types[st.input].dtype.bits // 8
+            if start:
+                starts[st.output] = start
     size = {v: block_bytes(types[v], alignment)
             for st in steps if isinstance(st, KernelStep) for v in st.defines}
     kept = {roots.get(v, v) for v in outputs}
@@ -155,7 +163,7 @@ def plan_memory(steps: tuple[Step, ...], types: Mapping[str, TensorType], output
             offsets[v] = offset
             live.append((offset, size[v], v))
             arena = max(arena, offset + size[v])
-    return MemoryPlan(offsets, arena, sum(size.values()), roots)
+    return MemoryPlan(offsets, arena, sum(size.values()), roots, starts)
 
 
 @dataclass(frozen=True)
@@ -191,8 +199,8 @@ class Plan:
         """Check the plan's invariants; an :class:`IRVerificationError` names the first
         broken one. Every value is defined once, before it is read; every kernel step's
         buffers have its definition's dtypes, ranks and (its sizes bound by its inputs)
-        shapes; views keep the element count; every graph output is defined; buffers
-        live at the same time do not overlap in the arena."""
+        shapes; views read within their source, and no graph output is a slice; every
+        graph output is defined; buffers live at the same time do not overlap in the arena."""
         defined = set(self.inputs) | set(self.constants)
         for name in defined:
             self._need_type(name, "input or constant")
@@ -210,10 +218,15 @@ class Plan:
                 self._verify_kernel(st, where)
             else:
                 src, dst = self.types[st.input], self.types[st.output]
-                if src.dtype is not dst.dtype or nbytes(src) != nbytes(dst) \
-                        or tuple(dst.shape) != tuple(st.shape):
+                if src.dtype is not dst.dtype or tuple(dst.shape) != tuple(st.shape):
                     raise IRVerificationError(f"{where}: a view of {src} as {dst} (shape "
                                               f"{list(st.shape)}) changes the storage")
+                if st.offset < 0 or st.offset * src.dtype.bits // 8 + nbytes(dst) > nbytes(src):
+                    raise IRVerificationError(f"{where}: a view of {src} as {dst} at offset "
+                                              f"{st.offset} reads outside its storage")
+                if st.output in self.outputs and (st.offset or nbytes(src) != nbytes(dst)):
+                    raise IRVerificationError(f"{where}: graph output '{st.output}' is a slice "
+                                              "of another value; outputs are whole buffers")
         for name in self.outputs:
             if name not in defined:
                 raise IRVerificationError(f"plan '{self.name}': output '{name}' is never defined")
@@ -285,7 +298,8 @@ class Plan:
         for st in self.steps:
             args = ", ".join(format_name(n, "%") for n in st.inputs)
             if isinstance(st, ViewStep):
-                lines.append(f"  {buffer(st.output)} = view {args}  // {st.label}")
+                at = f" +{st.offset}" if st.offset else ""
+                lines.append(f"  {buffer(st.output)} = view {args}{at}  // {st.label}")
                 continue
             results = ", ".join(buffer(n) for n in st.outputs)
             temps = f" temp ({', '.join(buffer(n) for n in st.temporaries)})" if st.temporaries else ""

@@ -2,7 +2,8 @@
 
 Every node goes through the op library (:mod:`polyfuse.lowering.ops`): nodes whose inputs
 are all constants fold at compile time (the comprehension interpreter runs their TC),
-reshapes become views, fusion groups compose into one definition
+reshapes become views, expansions (recurrences) plan the nodes they expand into,
+fusion groups compose into one definition
 (:mod:`polyfuse.lowering.compose`), and every other node becomes a kernel step. Each
 value's size is checked against the memory limit before anything is allocated.
 
@@ -33,7 +34,7 @@ from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.control import live_nodes, resolve_control_flow
 from polyfuse.lowering.fusion import partition_fusion_groups
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
-from polyfuse.lowering.ops import Folded, Lowered, OpContext, TCKernel, View, lower
+from polyfuse.lowering.ops import Expansion, Folded, Lowered, OpContext, TCKernel, View, lower
 
 
 def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
@@ -60,6 +61,7 @@ class _Planner:
         for c in graph.constants:
             self.constant(c.name, c.array)
         self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
+        self._parsed: dict[str, Definition] = {}   # TC text -> its definition (steps share one)
 
     def plan(self) -> Plan:
         g = self.graph
@@ -197,14 +199,18 @@ class _Planner:
         if isinstance(lowered, Folded):
             for name, array in zip(node.outputs, lowered.arrays):
                 self.define(what, name, self.constant(name, array))
+        elif isinstance(lowered, Expansion):
+            for part in lowered.nodes:
+                self.node(part)
         elif isinstance(lowered, View):
-            src = node.inputs[lowered.input]
-            self.define(what, node.outputs[0], TensorType(self.types[src].dtype, lowered.shape))
+            src, shape, start = node.inputs[lowered.input], tuple(lowered.shape), lowered.offset
+            self.define(what, node.outputs[0], TensorType(self.types[src].dtype, shape))
             self.hold(node.outputs[:1], lowered)
             if src in self.consts:
-                self.consts[node.outputs[0]] = self.consts[src].reshape(lowered.shape)
+                flat = self.consts[src].reshape(-1)
+                self.consts[node.outputs[0]] = flat[start:start + int(np.prod(shape))].reshape(shape)
             else:
-                self.steps.append(ViewStep(node.name, src, node.outputs[0], tuple(lowered.shape)))
+                self.steps.append(ViewStep(node.name, src, node.outputs[0], shape, start))
         else:
             assert d is not None
             names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
@@ -222,16 +228,20 @@ class _Planner:
 
     def lowered(self, node: Node) -> tuple[Lowered, Definition | None]:
         """``node`` through the op library, and a kernel's definition: each node lowered and
-        its TC parsed once (a fusion group that does not fuse lowers its nodes again)."""
+        each TC text parsed once (a fusion group that does not fuse lowers its nodes again;
+        the steps of a recurrence share one text)."""
         if node.name not in self._lowered:
             lowered = lower(self.context(node))
             d = None
             if isinstance(lowered, TCKernel):
-                try:
-                    d = parse(lowered.source).definitions[0]
-                except FrontendError as err:   # a defect of the op library, named here
-                    raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC that "
-                                       f"does not compile: {err}") from None
+                d = self._parsed.get(lowered.source)
+                if d is None:
+                    try:
+                        d = parse(lowered.source).definitions[0]
+                    except FrontendError as err:   # a defect of the op library, named here
+                        raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC "
+                                           f"that does not compile: {err}") from None
+                    self._parsed[lowered.source] = d
             if node.attr(CHANNELS_LAST):
                 lowered, d = self.channels_last(node, lowered, d)
             self._lowered[node.name] = (lowered, d)

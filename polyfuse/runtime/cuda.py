@@ -215,9 +215,9 @@ class CudaProgram:
                 if base == ARENA:
                     return arena + offset
                 if base == INPUT:
-                    return inputs[index].pointer
+                    return inputs[index].pointer + offset
                 if base == OUTPUT:
-                    return slots[index].pointer
+                    return slots[index].pointer + offset
                 if base == CONSTANT:
                     return weights + self._offsets[index] + offset
                 return errors.pointer + 8 * self._error_slot[k]

@@ -74,9 +74,9 @@ def _entry_module(layout: ProgramLayout, entry: str, weight_offsets: dict[str, i
             return b.gep(weights, [ir.Constant(_I64, weight_offsets[index] + offset)])
         if base == ERROR:
             return b.bitcast(error, _PTR)
-        if base == INPUT:
-            return b.load(b.gep(inputs, [ir.Constant(_I64, index)]))
-        return output(slot_output[index])
+        start = b.load(b.gep(inputs, [ir.Constant(_I64, index)])) if base == INPUT \
+            else output(slot_output[index])
+        return b.gep(start, [ir.Constant(_I64, offset)]) if offset else start
 
     def output(k: int) -> ir.Value:
         return b.load(b.gep(outputs, [ir.Constant(_I64, k)]))

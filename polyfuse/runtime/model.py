@@ -50,15 +50,22 @@ Planning = Callable[[Graph, bool], tuple[Graph, Planner]]
 
 def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                   tuning: Tuning | None) -> CompiledPlan:
-    """Every kernel step of ``plan`` compiled for ``target``, and what runs them."""
+    """Every kernel step of ``plan`` compiled for ``target``, and what runs them. Steps of
+    one TC text on buffers of one type (a recurrence's time steps) share one kernel, when
+    each step has constant values for the parameters the kernel reads packed."""
     kernels: list[SpecializedKernel | None] = []
+    made: dict[tuple, list[SpecializedKernel]] = {}
     for st in plan.steps:
         if isinstance(st, ViewStep):
             kernels.append(None)
             continue
         constants = frozenset(p.name for p, n in zip(st.definition.params, st.inputs) if n in plan.constants)
-        kernel = Kernel(st.definition, target, st.source, options, tuning, constants)
-        spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
+        alike = made.setdefault((st.source, tuple(plan.types[n] for n in st.inputs)), [])
+        spec = next((k for k in alike if _packed_sources(k) <= constants), None)
+        if spec is None:
+            kernel = Kernel(st.definition, target, st.source, options, tuning, constants)
+            spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
+            alike.append(spec)
         if spec.output_shapes != tuple(tuple(plan.types[n].shape) for n in st.defines):
             raise IRVerificationError(f"step {st.label}: the kernel's outputs have shapes "
                                       f"{spec.output_shapes}, the plan's buffers "
@@ -68,6 +75,12 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     return dataclasses.replace(compiled, program=_program(compiled, target))
 
 
+def _packed_sources(kernel: SpecializedKernel) -> frozenset[str]:
+    """The parameters ``kernel`` reads from copies packed before it runs."""
+    layout = getattr(kernel.run, "layout", None)
+    return frozenset(p.source for _, _, p in getattr(layout, "packed", ()))
+
+
 def _placeholder(t: TensorType) -> np.ndarray:
     return placeholder(t.shape, t.dtype.numpy)
 
@@ -75,7 +88,8 @@ def _placeholder(t: TensorType) -> np.ndarray:
 def _run_step(st: Step, kernel: SpecializedKernel | None, env: dict[str, Any]) -> None:
     """Run one step of a plan on ``env`` (values by name), adding what it defines."""
     if isinstance(st, ViewStep):
-        env[st.output] = env[st.input].reshape(st.shape)
+        size = int(np.prod(st.shape))
+        env[st.output] = env[st.input].reshape(-1)[st.offset:st.offset + size].reshape(st.shape)
         return
     assert kernel is not None
     d = st.definition
@@ -222,16 +236,19 @@ class CompiledModel:
 
     def tasks(self, **shapes: tuple[int, ...]) -> list[Any]:
         """Every kernel of the model as a tuning task, for these input shapes (those given
-        to ``compile`` or of the latest call when none are given here)."""
+        to ``compile`` or of the latest call when none are given here); steps sharing one
+        kernel (a recurrence's time steps) are one task, named by the first."""
         if self.tuning is None:
             raise ArgumentError("this model was compiled without the autotuner; compile it with "
                                 "polyfuse.compile() to list its tuning tasks")
         compiled = self._plan(all_shapes(self.graph.inputs, shapes, "tasks")) if shapes \
             else self._latest_plan("tasks")
         types = compiled.plan.types
+        first = {id(kernel): st for st, kernel in reversed(list(compiled.steps()))}
         return [self.tuning.task(st.definition, [_placeholder(types[n]) for n in st.inputs],
                                  self.target, st.label)
-                for st, _ in compiled.steps() if not st.definition.scalars]
+                for st, kernel in compiled.steps()
+                if first[id(kernel)] is st and not st.definition.scalars]
 
     def _latest_plan(self, what: str) -> CompiledPlan:
         """The plan of the latest run (or of ``input_shapes``); for a model whose inputs

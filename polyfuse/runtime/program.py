@@ -187,15 +187,15 @@ class ProgramLayout:
                 results.append((name, "constant", name))
 
         def location(value: str) -> tuple[int, Any, int]:
-            r = root(value, value)
+            r, start = root(value, value), memory.starts.get(value, 0)
             if r in position:
-                return (INPUT, position[r], 0)
+                return (INPUT, position[r], start)
             if r in slot_of:
-                return (OUTPUT, slot_of[r], 0)
+                return (OUTPUT, slot_of[r], start)
             if r in memory.offsets:
-                return (ARENA, 0, memory.offsets[r])
+                return (ARENA, 0, memory.offsets[r] + start)
             constants.setdefault(r, np.ascontiguousarray(plan.constants[r]))
-            return (CONSTANT, r, 0)
+            return (CONSTANT, r, start)
 
         def packed(value: str, shape: tuple[int, ...], packing: Packing) -> tuple[int, Any, int]:
             """A constant's packed copy, made once (kernels packing it alike share it)."""

@@ -12,6 +12,8 @@ Two kinds of kernels:
   jammed one is an output index that operand does not use (``m``), so one vector load
   feeds every jammed row. When no operand reads an output index contiguously
   (``X(b, k) * W(n, k)``), the reduction index is vectorized instead (dot products).
+  A small reduction takes these options too when the plain ones would vectorize its
+  reduction index across an operand's rows (:func:`_gathers`).
 * everything else: fused loops, the outer loop parallel, the innermost vectorized.
 
 The choices are made by index name; :class:`~polyfuse.scheduler.loop_nest.LoopNest`
@@ -50,6 +52,8 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     width = max(1, vector_bits // element_bits(d))
     nest = LoopNest.of(d, sizes)
     st = nest.statement
+    if nest.work < CONTRACTION_MIN and _gathers(d, nest):
+        return _contraction(nest, width)
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
         rest = sum(work(s, sizes) for s in d.statements if s is not st)
         if rest and nest.work >= PROLOGUE_RATIO * rest:
@@ -59,6 +63,24 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
             return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
         return MappingOptions(vector_width=width, unroll=2)
     return _contraction(nest, width)
+
+
+def _gathers(d: Definition, nest: LoopNest) -> bool:
+    """Whether the plain schedule of a small reduction would vectorize its innermost
+    reduction index across an operand's rows (a gather per vector) where an operand
+    reads the last output index contiguously: ``H(b, j) * R(j, g)`` of a recurrence's
+    step, a small matmul. The register blocks vectorize that output index instead.
+    Only for a reduction of the definition's inputs (one reading tensors that earlier
+    statements compute keeps the plain schedule)."""
+    st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
+    if len(lhs) < 2 or not red:
+        return False
+    reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
+    if any(r.tensor not in {p.name for p in d.params} for r in reads):
+        return False
+    across = any(red[-1] not in _names(r.indices[-1]) and any(red[-1] in _names(x) for x in r.indices)
+                 for r in reads)
+    return across and any(lhs[-1] in _names(r.indices[-1]) for r in reads)
 
 
 def _contraction(nest: LoopNest, width: int) -> MappingOptions:

@@ -117,6 +117,8 @@ def test_the_verifier_refuses_broken_plans():
     assert isinstance(flat, ViewStep)
     with pytest.raises(IRVerificationError, match="changes the storage"):
         broken(plan, steps=(*steps[:2], dataclasses.replace(flat, shape=(3, 7)), *steps[3:])).verify()
+    with pytest.raises(IRVerificationError, match="at offset 1 reads outside its storage"):
+        broken(plan, steps=(*steps[:2], dataclasses.replace(flat, offset=1), *steps[3:])).verify()
     # two values live at once in the same bytes of the arena
     offsets = dict.fromkeys(plan.memory.offsets, 0)
     with pytest.raises(IRVerificationError, match="live at the same time and overlap"):

@@ -147,6 +147,20 @@ def test_an_out_of_bounds_index_makes_the_entry_point_fail(target, tmp_path):
         compiled.run(feed)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_lstm_bundle_reads_time_steps_as_views_at_offsets(target, tmp_path):
+    """The steps read their rows of the projection (in the arena) and each direction's
+    initial state (an input) at an offset."""
+    from tests.onnx.ort_compare import onnxruntime_outputs
+    from tests.onnx.test_ops_recurrent_nets import _model
+    model, feed = _model("LSTM", steps=4, batch=2, size=3, hidden=5, direction="bidirectional",
+                         initial=True, lens=[4, 3])
+    compiled, run = build_and_run(model, feed, target, tmp_path)
+    assert_prints_the_same(compiled, run, feed)
+    for got, want in zip(compiled.run(feed).values(), onnxruntime_outputs(model, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_cli_writes_an_aarch64_bundle(tmp_path, capsys):
     from polyfuse.cli import main
     path = tmp_path / "cnn.onnx"

@@ -410,3 +410,22 @@ def test_an_epilogue_split_into_full_and_partial_tiles_fuses_when_it_writes_its_
     assert "for c6" not in str(out) and "max(acc(1, c2)" in str(out)
     got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
     np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_small_product_takes_register_blocks_and_keeps_its_epilogue():
+    """A product too small for cache tiles whose plain schedule would gather B's rows
+    vectorizes n in register blocks (the default heuristics), which store at the kernel's
+    top: the epilogue still applies there, and the product comes back too."""
+    from polyfuse.scheduler.heuristics import default_options
+    src = ("def f(float(4,16) A, float(16,24) B, float(24) D) -> (Y, T) {\n"
+           "  T(m, n) +=! A(m, k) * B(k, n)\n  Y(m, n) = max(T(m, n) + D(n), 0.0)\n}")
+    assert default_options(parse_definition(src), {}, 512).register_tile
+    dot = "def g(float(4,16) A, float(24,16) B) -> (T) { T(m, n) +=! A(m, k) * B(n, k) }"
+    assert not default_options(parse_definition(dot), {}, 512).register_tile   # dot products
+    a, b = RNG.standard_normal((4, 16)).astype(np.float32), RNG.standard_normal((16, 24)).astype(np.float32)
+    d = RNG.standard_normal(24).astype(np.float32)
+    spec = pf.define(src, target="host").f.specialize(a, b, d)
+    assert "max(acc" in spec.stages["loops"]
+    y, t = spec(a, b, d)
+    np.testing.assert_allclose(t, a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, np.maximum(a @ b + d, 0), rtol=1e-5, atol=1e-5)

@@ -7,7 +7,9 @@ returns one of:
 * :class:`TCKernel`: a TC definition computing the node (one scheduler and every
   target then serve graphs and TC alike);
 * :class:`View`: the output is an input with another shape (Reshape, Squeeze, ...);
-* :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...).
+* :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...);
+* :class:`Expansion`: other nodes computing it (RNN, GRU, LSTM: a projection, then
+  one step node per time step).
 
 A value of a narrow type (float8, int4, ...; see :mod:`polyfuse.ir.types`) reaches a
 lowering as its storage type (``ctx.dtype``; ``ctx.element`` names the narrow type), so
@@ -58,8 +60,13 @@ class TCKernel:
 
 @dataclass(frozen=True)
 class View:
+    """The output is input ``input``'s storage as ``shape``, starting ``offset`` elements
+    in (a reshape at 0; a slice along the first dimension, such as one time step of a
+    sequence, further in)."""
+
     input: int
     shape: tuple[int, ...]
+    offset: int = 0
     narrow: tuple[DType | None, ...] | None = None   # as TCKernel's
 
 
@@ -68,7 +75,17 @@ class Folded:
     arrays: tuple[np.ndarray, ...]
 
 
-Lowered = TCKernel | View | Folded
+@dataclass(frozen=True)
+class Expansion:
+    """The node computed by other nodes (``nodes``, in order), each lowered in its turn:
+    for an op whose structure depends on the input shapes (a recurrence unrolled over
+    the time steps), planned per shape. They read the node's inputs and each other's
+    values and define the node's outputs."""
+
+    nodes: tuple[Node, ...]
+
+
+Lowered = TCKernel | View | Folded | Expansion
 
 
 @dataclass
@@ -192,6 +209,9 @@ class OpContext:
 
 Lowering = Callable[[OpContext], Lowered]
 OPS: dict[str, Lowering] = {}
+# polyfuse's own ops, which only expansions make (a recurrence's steps): a model naming
+# one is refused as unsupported, like any op outside OPS
+INTERNAL: dict[str, Lowering] = {}
 
 
 def lower(ctx: OpContext) -> Lowered:
@@ -203,7 +223,7 @@ def lower(ctx: OpContext) -> Lowered:
         if t is not None and len(t.shape) > MAX_RANK:
             raise ctx.unsupported(f"input {i} has rank {len(t.shape)}; polyfuse supports "
                                   f"tensors of rank at most {MAX_RANK}")
-    lowered = OPS[ctx.node.op](ctx)
+    lowered = (OPS.get(ctx.node.op) or INTERNAL[ctx.node.op])(ctx)
     if isinstance(lowered, (TCKernel, View)) and lowered.narrow is None:
         narrow = narrow_outputs(ctx.node, ctx.declared(), ctx.opset) if any(ctx.narrow) else ()
         positions = lowered.outputs if isinstance(lowered, TCKernel) else (0,)
@@ -220,10 +240,10 @@ def holding(lowered: HeldLowering, to: DType) -> HeldLowering:
     return replace(lowered, narrow=(to if to.is_narrow else None,))
 
 
-def register(*ops: str) -> Callable[[Lowering], Lowering]:
+def register(*ops: str, internal: bool = False) -> Callable[[Lowering], Lowering]:
     def add(fn: Lowering) -> Lowering:
         for op in ops:
-            OPS[op] = fn
+            (INTERNAL if internal else OPS)[op] = fn
         return fn
     return add
 

@@ -42,15 +42,18 @@ def fuse_epilogues(kernel: LoopKernel, whole: frozenset[str] = frozenset()) -> L
     of them may be split into full and partial tiles (its stores are still every
     element); any other must be one perfect nest whose iterations cover the output."""
     body = list(kernel.body)
+    changed = False
     k = 0
     while k + 1 < len(body):
         others = body[:k] + body[k + 2:]
         fused = _fuse(body[k], body[k + 1], kernel, whole, others)
         if fused is None:
             k += 1
-        else:
-            body[k:k + 2] = [fused]
-    return replace(kernel, body=tuple(body)) if len(body) != len(kernel.body) else kernel
+        else:   # the contraction's nest, or (its block stores at the top) stores and epilogue
+            body[k:k + 2] = fused
+            changed = True
+            k += len(fused) - 1
+    return replace(kernel, body=tuple(body)) if changed else kernel
 
 
 def _innermost(nest: Stmt) -> tuple[Store, ...] | None:
@@ -108,7 +111,7 @@ def _all_stores(nest: Stmt) -> tuple[Store, ...] | None:
 
 
 def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, whole: frozenset[str],
-          others: list[Stmt]) -> Stmt | None:
+          others: list[Stmt]) -> tuple[Stmt, ...] | None:
     stores = _innermost(second)
     split = stores is None   # full and partial tiles: fine for an output written whole
     if split:
@@ -139,7 +142,8 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, whole: frozenset[str],
     blocks: list[tuple[For, list[For]]] = []   # each block's store nest, its reduction tiles
     if not _find_blocks(first, source, kernel, [], blocks):
         return None
-    return rewrite((first,), pre=lambda s: _apply(s, blocks, source, target, template))[0]
+    # a block store nest at the top (its tiles cover the output) becomes two statements
+    return rewrite((first,), pre=lambda s: _apply(s, blocks, source, target, template))
 
 
 def _is_block_store(s: Stmt, source: str, kernel: LoopKernel) -> bool:

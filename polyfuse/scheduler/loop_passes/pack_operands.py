@@ -19,6 +19,8 @@ A read is packed at the outermost loop (the nest's top) where
 * all reads of that tensor in the nest share their offsets from outside the nest;
 * the copy is reused: the loops that no index of the tensor uses run at least
   :data:`MIN_REUSE` times per copy;
+* the copy is laid out otherwise than the source (a box of whole rows read as one
+  panel is already contiguous);
 * the box takes at most :data:`PACK_BYTES`, and a kernel's packed buffers together at most
   :data:`LOCAL_BYTES`.
 
@@ -147,6 +149,8 @@ class _Packer:
         extents = [h - lo + 1 for lo, h in zip(lows, highs)]
         if any(not _panel_aligned(s, nr, lows[-1]) for s in sites) or extents[-1] % nr:
             return None
+        if extents[-1] == nr and tuple(extents[1:]) == tuple(source.shape[1:]):
+            return None   # one panel of whole rows: the copy would be laid out as the source
         size = math.prod(extents) * np.dtype(source.dtype.numpy).itemsize
         used = {v for s in sites for form in s.inner for v in form}
         reuse = math.prod(lp.trips for lp in _loops_of(sites) if lp.var not in used)
