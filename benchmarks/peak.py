@@ -71,6 +71,14 @@ def _kernel() -> tuple[ctypes.CFUNCTYPE, int, object]:
 
 @lru_cache(maxsize=None)
 def fma_peak(threads: int = 1) -> float:
+    """The peak of ``threads`` cores: the GFLOP/s of that many threads each running the FMA
+    loop at once, or that many times one thread's, whichever is higher (a core another
+    process is using makes the first too low)."""
+    alone = _measured(1)
+    return max(alone * threads, _measured(threads)) if threads > 1 else alone
+
+
+def _measured(threads: int) -> float:
     """GFLOP/s of ``threads`` threads each running the FMA loop (best of 5 runs)."""
     fn, lanes, _ = _kernel()
     flops = 2.0 * lanes * ACCUMULATORS * ITERATIONS * threads

@@ -40,6 +40,7 @@ import onnxruntime as ort
 import torch
 
 import polyfuse as pf
+from peak import fma_peak
 from timing import interleaved_times
 
 # benchmarks/kernels.py would shadow the `kernels` package that transformers imports.
@@ -163,7 +164,6 @@ def conv_flops(path: str) -> dict[str, tuple[str, float]]:
 def conv_table(name: str, path: str, compiled: object, feed: dict, threads: int) -> str:
     """The 3x3 convolutions' kernels (with what is fused into them): time, GFLOP/s and the
     fraction of the FMA peak measured on as many threads."""
-    from peak import fma_peak
     peak = fma_peak(threads)
     flops = conv_flops(path)
     lines = [f"\n{name}: 3x3 convolutions, {threads} thread(s), FMA peak {peak:.0f} GFLOP/s",
