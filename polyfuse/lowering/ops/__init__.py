@@ -7,7 +7,9 @@ returns one of:
 * :class:`TCKernel`: a TC definition computing the node (one scheduler and every
   target then serve graphs and TC alike);
 * :class:`View`: the output is an input with another shape (Reshape, Squeeze, ...);
-* :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...).
+* :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...);
+* :class:`Counted`: a kernel writing outputs whose size the data decides (NonZero, ...)
+  at an upper bound, and their count.
 
 A value of a narrow type (float8, int4, ...; see :mod:`polyfuse.ir.types`) reaches a
 lowering as its storage type (``ctx.dtype``; ``ctx.element`` names the narrow type), so
@@ -68,7 +70,19 @@ class Folded:
     arrays: tuple[np.ndarray, ...]
 
 
-Lowered = TCKernel | View | Folded
+@dataclass(frozen=True)
+class Counted:
+    """A kernel whose outputs the data sizes (NonZero, Compress, Unique): it writes them
+    at an upper bound of their size and, as the TC output after them, how many entries
+    hold results (int64, one element). The node outputs at positions ``trims``
+    (``(output, axis)``) hold that many entries along ``axis``; the runtime slices them
+    (see :class:`~polyfuse.ir.plan.Trim`), other outputs are whole."""
+
+    kernel: TCKernel
+    trims: tuple[tuple[int, int], ...]
+
+
+Lowered = TCKernel | View | Folded | Counted
 
 
 @dataclass
