@@ -24,11 +24,12 @@ from polyfuse.lowering.ops.movement import definition, parameter, statement
 # entries a kernel compares pairwise (elements, condition entries, slices): beyond it the
 # quadratic work (and Unique's pair tables) would take too long
 COUNT_MAX = 1 << 14
-# Unique along an axis keeps tables over pairs of slices
-PAIRS_MAX = 1 << 22
+# Unique along an axis compares every pair of slices element by element (and keeps a
+# table over the pairs): at most this many element comparisons
+PAIRS_MAX = 1 << 24
 
 
-def _check_count(ctx: OpContext, entries: int, what: str) -> None:
+def check_count(ctx: OpContext, entries: int, what: str) -> None:
     if entries > COUNT_MAX:
         raise ctx.unsupported(f"{entries} {what}; polyfuse counts at most {COUNT_MAX} "
                               "(its kernels compare every pair of entries)")
@@ -49,7 +50,7 @@ def flat_index(shape: tuple[int, ...], names: list[str]) -> str:
     return " + ".join(terms) if terms else "0"
 
 
-def _count(lines: list[str], kept: str, extents: list[str]) -> str:
+def count_statement(lines: list[str], kept: str, extents: list[str]) -> str:
     """The statement of ``N``, how many entries are ``kept`` (a condition over the ranges
     ``extents``)."""
     where = ", ".join(["z in 0:1", *extents])
@@ -61,7 +62,7 @@ def _count(lines: list[str], kept: str, extents: list[str]) -> str:
 def _non_zero(ctx: OpContext) -> Counted:
     shape = ctx.shape(0)
     rank, size = len(shape), math.prod(shape)
-    _check_count(ctx, size, "elements")
+    check_count(ctx, size, "elements")
     a, b = INDEX[:rank], [f"j{k}" for k in range(rank)]
     zero = "bool(0)" if ctx.dtype(0).is_bool else f"{ctx.dtype(0)}(0)"
     nonzero = lambda idx: f"{access('X', idx)} != {zero}"   # noqa: E731
@@ -77,7 +78,7 @@ def _non_zero(ctx: OpContext) -> Counted:
                         for k, d in enumerate(shape[:-1])) if rank > 1 else ""
     last = f"S(m) % {shape[-1]}" if rank else "int64(0)"
     lines.append(statement("Y", ["k", "m"], f"{coords} : {last}" if coords else last, [rank, size]))
-    count = _count(lines, nonzero(a), [f"{i} in 0:{d}" for i, d in zip(a, shape)])
+    count = count_statement(lines, nonzero(a), [f"{i} in 0:{d}" for i, d in zip(a, shape)])
     outputs = [tensor_param("Y", (DType.INT64, [rank, size])), count,
                tensor_param("P", (DType.INT32, shape)), tensor_param("S", (DType.INT64, [size]))]
     return Counted(TCKernel(definition([parameter(ctx, 0, "X")], outputs, lines), (0,)), ((0, 1),))
@@ -95,7 +96,7 @@ def _compress(ctx: OpContext) -> Counted:
     if length > extent:
         raise ctx.malformed(f"its condition has {length} entries, more than the {extent} "
                             f"{'slices along axis ' + str(axis) if axis is not None else 'elements'}")
-    _check_count(ctx, length, "condition entries")
+    check_count(ctx, length, "condition entries")
     lines = [
         # P: how many kept entries come before entry i; S: the entry kept m-th
         f"P(i) +=! (C(j) && j < i) ? 1 : 0 where i in 0:{length}, j in 0:{length}",
@@ -111,7 +112,7 @@ def _compress(ctx: OpContext) -> Counted:
         src = list(idx)
         src[axis] = f"S({idx[axis]})"
         lines.append(statement("Y", idx, access("X", src), out))
-    count = _count(lines, "C(i)", [f"i in 0:{length}"])
+    count = count_statement(lines, "C(i)", [f"i in 0:{length}"])
     params = [parameter(ctx, 0, "X"), parameter(ctx, 1, "C")]
     outputs = [tensor_param("Y", (ctx.dtype(0), out)), count,
                tensor_param("P", (DType.INT32, [length])), tensor_param("S", (DType.INT64, [length]))]
