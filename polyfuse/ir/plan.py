@@ -100,8 +100,9 @@ class ControlStep:
     branch or trip count: the runtime runs it (its subgraphs compiled as models of their
     own, planned for the shapes they are given). A node whose output sizes the data
     decides (``trims``): the plan ran its kernel, and the runtime slices its outputs to
-    the counts computed. Then come ``rest``, the nodes after it, planned for the shapes
-    computed. ``reads`` are the values the node (or its trims) and ``rest`` read (and
+    the counts computed. A node that needs the value of something computed before it
+    (``waits``, e.g. TopK's k) is planned with ``rest``. Then come ``rest``, the nodes
+    after it, planned for the shapes (and small values) computed. ``reads`` are the values the node (or its trims) and ``rest`` read (and
     graph outputs defined before it): the plan's inputs, its outputs and ``constants``
     (those the planner folded)."""
 
@@ -110,6 +111,7 @@ class ControlStep:
     constants: Mapping[str, np.ndarray] = field(repr=False)
     reads: tuple[str, ...]
     trims: tuple[Trim, ...] = ()
+    waits: bool = False   # the node needs a value computed before it: it is planned with rest
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); the firs
 depends on data ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail. So
 does a node whose output sizes the data decides (NonZero, Compress, Unique), after the
 kernel writing its outputs at their bound sizes and their count: the runtime cuts them.
+A node needing at compile time a value the data computes (TopK's k, a Reshape's shape)
+ends the plan before it, and is planned with the rest once the value is known.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from polyfuse.errors import CodegenError, DTypeError, FrontendError, ModelError, ShapeError
+from polyfuse.errors import CodegenError, DTypeError, FrontendError, ModelError, NeedsValue, ShapeError
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Definition, Expr, Literal, Read, TensorDecl,
                                        map_expr)
@@ -86,10 +88,18 @@ class _Planner:
             exported = {o for n in unit for o in n.outputs
                         if o and (o in outputs or readers.get(o, -1) >= k)}
             if len(unit) == 1 or not self.fused(unit, exported):
-                for node in unit:
-                    trims = self.node(node)
+                for j, node in enumerate(unit):
+                    try:
+                        trims = self.node(node)
+                    except NeedsValue as need:
+                        if need.value_name in self.shapes or need.value_name not in self.types:
+                            raise   # a graph input: the model specializes its plans to it
+                        # a value computed from data (e.g. TopK's k): the rest is planned
+                        # once it is known, from this node on
+                        tail = self.tail(node, unit[j + 1:] + nodes[k:], waits=True)
+                        break
                     if trims is not None:   # sizes the data decides: the plan ends after its kernel
-                        tail = self.tail(node, nodes[k:], trims)
+                        tail = self.tail(node, unit[j + 1:] + nodes[k:], trims)
                         break
             if tail is not None:
                 break
@@ -128,15 +138,17 @@ class _Planner:
         grouped = partition_fusion_groups(live).nodes
         return [replace(n, group=f"{node.name}/{n.group}") if n.group else n for n in grouped]
 
-    def tail(self, node: Node, rest: list[Node], trims: tuple[Trim, ...] = ()) -> ControlStep:
+    def tail(self, node: Node, rest: list[Node], trims: tuple[Trim, ...] = (),
+             waits: bool = False) -> ControlStep:
         """The step ending the plan at data-dependent ``node``: what it (or, when its
-        kernel ran, its ``trims``) and ``rest`` read."""
+        kernel ran, its ``trims``) and ``rest`` read; ``waits``: the node is planned with
+        the rest, once a value it needs is computed."""
         outputs = [v.name for v in self.graph.outputs]
         first = [n for t in trims for n in (t.bound, t.count)] if trims else list(node.inputs)
         wanted = first + [i for n in rest for i in n.inputs] + outputs
         reads = tuple(dict.fromkeys(n for n in wanted if n and n in self.types))
         return ControlStep(node, tuple(rest), {n: self.consts[n] for n in reads if n in self.consts},
-                           reads, trims)
+                           reads, trims, waits)
 
     def context(self, node: Node) -> OpContext:
         """What ``node``'s lowering sees; a channels-last node's input 0 in ONNX's layout."""

@@ -52,22 +52,25 @@ def run_tail(tail: ControlStep, env: Arrays, graph: Graph, submodel: Submodel) -
     outputs = graph.outputs
     env = env | dict(tail.constants)
     node = tail.node
-    if tail.trims:   # the plan ran the node's kernel: its outputs cut to the counts it wrote
+    rest = tail.rest
+    if tail.waits:   # planned with the rest, now that the value it needs is known
+        rest = (node, *rest)
+    elif tail.trims:   # the plan ran the node's kernel: its outputs cut to the counts it wrote
         env.update({t.output: _trimmed(env, t) for t in tail.trims})
     else:
         env.update({name: value for name, value in zip(node.outputs, run_control(node, env, submodel))
                     if name})
-    if not tail.rest:
+    if not rest:
         return {v.name: env[v.name] for v in outputs}
-    defined = {o for n in tail.rest for o in n.outputs}
-    needed = dict.fromkeys(i for n in tail.rest for i in n.inputs
+    defined = {o for n in rest for o in n.outputs}
+    needed = dict.fromkeys(i for n in rest for i in n.inputs
                            if i and i not in defined) | dict.fromkeys(v.name for v in outputs
                                                                       if v.name not in defined)
     feed = {n: np.asarray(env[n], order="C") for n in needed if n not in tail.constants}
     constants = tuple(Constant(n, np.asarray(tail.constants[n])) for n in needed if n in tail.constants)
 
     def make() -> Graph:
-        return Graph(f"{graph.name}/{node.name}", (), outputs, tail.rest, constants, graph.opset)
+        return Graph(f"{graph.name}/{node.name}", (), outputs, rest, constants, graph.opset)
     return submodel(tail, make, feed).run_trusted(feed)
 
 
