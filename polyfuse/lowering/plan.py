@@ -37,7 +37,7 @@ from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.control import live_nodes, resolve_control_flow
 from polyfuse.lowering.fusion import partition_fusion_groups
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
-from polyfuse.lowering.ops import Counted, Folded, Lowered, OpContext, TCKernel, View, lower
+from polyfuse.lowering.ops import EXPANDS, Counted, Expanded, Folded, Lowered, OpContext, TCKernel, View, lower
 
 
 def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
@@ -74,6 +74,10 @@ class _Planner:
         k = 0
         while k < len(nodes):
             node = nodes[k]
+            if node.op in EXPANDS and not node.group:   # computed by other nodes: plan those
+                nodes[k:k + 1] = self.expanded(node)
+                readers = _last_readers(nodes)
+                continue
             if node.subgraphs:
                 wanted = {v for v, last in readers.items() if last > k} | outputs
                 inlined = self.control(node, wanted)
@@ -137,6 +141,16 @@ class _Planner:
         live = Graph(node.name, (), (), tuple(live_nodes(inlined.nodes, wanted)))
         grouped = partition_fusion_groups(live).nodes
         return [replace(n, group=f"{node.name}/{n.group}") if n.group else n for n in grouped]
+
+    def expanded(self, node: Node) -> list[Node]:
+        """The nodes computing ``node`` (an op registered with ``expands``), its constants
+        recorded."""
+        lowered = lower(self.context(node))
+        if not isinstance(lowered, Expanded):
+            raise CodegenError(f"node '{node.name}' ({node.op}): its lowering did not expand it")
+        for name, array in lowered.constants.items():
+            self.constant(name, array)
+        return list(lowered.nodes)
 
     def tail(self, node: Node, rest: list[Node], trims: tuple[Trim, ...] = (),
              waits: bool = False) -> ControlStep:

@@ -9,7 +9,9 @@ returns one of:
 * :class:`View`: the output is an input with another shape (Reshape, Squeeze, ...);
 * :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...);
 * :class:`Counted`: a kernel writing outputs whose size the data decides (NonZero, ...)
-  at an upper bound, and their count.
+  at an upper bound, and their count;
+* :class:`Expanded`: other nodes computing the node (ops registered with
+  ``expands=True``, which the planner expands before it plans them).
 
 A value of a narrow type (float8, int4, ...; see :mod:`polyfuse.ir.types`) reaches a
 lowering as its storage type (``ctx.dtype``; ``ctx.element`` names the narrow type), so
@@ -82,7 +84,16 @@ class Counted:
     trims: tuple[tuple[int, int], ...]
 
 
-Lowered = TCKernel | View | Folded | Counted
+@dataclass(frozen=True)
+class Expanded:
+    """The node as other nodes (kernels of the op library, control flow), planned in its
+    place; ``constants`` are values they read that the lowering made."""
+
+    nodes: tuple[Node, ...]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+Lowered = TCKernel | View | Folded | Counted | Expanded
 
 
 @dataclass
@@ -206,6 +217,7 @@ class OpContext:
 
 Lowering = Callable[[OpContext], Lowered]
 OPS: dict[str, Lowering] = {}
+EXPANDS: set[str] = set()   # ops whose lowerings give Expanded
 
 
 def lower(ctx: OpContext) -> Lowered:
@@ -234,10 +246,12 @@ def holding(lowered: HeldLowering, to: DType) -> HeldLowering:
     return replace(lowered, narrow=(to if to.is_narrow else None,))
 
 
-def register(*ops: str) -> Callable[[Lowering], Lowering]:
+def register(*ops: str, expands: bool = False) -> Callable[[Lowering], Lowering]:
     def add(fn: Lowering) -> Lowering:
         for op in ops:
             OPS[op] = fn
+            if expands:
+                EXPANDS.add(op)
         return fn
     return add
 
