@@ -1,10 +1,12 @@
-"""ONNX ops whose output sizes the data decides (NonZero, Compress, Unique, a TopK whose
-k the graph computes), each checked against onnxruntime.
+"""ONNX ops whose output sizes the data decides (NonZero, Compress, Unique,
+NonMaxSuppression, a TopK whose k the graph computes), each checked against onnxruntime.
 
 Such an op lowers to one kernel that writes its outputs at an upper bound of their size
 (every element nonzero, every entry distinct) and how many entries hold results; the
 plan ends after it, the runtime cuts the outputs to that count and plans the rest of the
 graph for the sizes produced (cached per sizes). ``model.dump("plan")`` shows the cut.
+NonMaxSuppression's greedy selection runs as a Loop of a parallel round of kernels until
+nothing changes.
 """
 
 import numpy as np
@@ -67,3 +69,12 @@ top = model_of([helper.make_node("Constant", [], ["zero"], value=helper.make_ten
                 helper.make_node("TopK", ["x", "k"], ["v", "i"])],
                [tensor("x", F, [8])], [tensor("v", F, [None]), tensor("i", I64, [None])])
 check("TopK, k computed from x", top, [{"x": rng.standard_normal(8).astype(np.float32)} for _ in range(2)])
+
+# NonMaxSuppression: at most 3 boxes per class, overlapping kept boxes by IoU <= 0.4
+corner = rng.random((1, 10, 2)).astype(np.float32)
+boxes = np.concatenate([corner, corner + rng.random((1, 10, 2)).astype(np.float32) * 0.5], -1)
+nms = model_of([helper.make_node("NonMaxSuppression", ["boxes", "scores", "limit", "iou"], ["selected"])],
+               [tensor("boxes", F, [1, 10, 4]), tensor("scores", F, [1, 2, 10]), tensor("limit", I64, [1]),
+                tensor("iou", F, [1])], [tensor("selected", I64, [None, 3])])
+check("NonMaxSuppression", nms, [{"boxes": boxes, "scores": rng.random((1, 2, 10)).astype(np.float32),
+                                  "limit": np.array([3], np.int64), "iou": np.array([0.4], np.float32)}])

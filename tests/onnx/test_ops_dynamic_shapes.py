@@ -140,3 +140,55 @@ def test_too_many_entries_is_refused():
     model = one_node_model(helper.make_node("NonZero", ["x"], ["y"], name="nz"), {"x": x}, {"y": I64})
     with pytest.raises(UnsupportedOpError, match=f"'nz'.*at most {COUNT_MAX}"):
         pf.compile(model, target="host").run({"x": x})
+
+
+def _boxes(batches, boxes, center):
+    corner = RNG.random((batches, boxes, 2)).astype(np.float32)
+    size = (RNG.random((batches, boxes, 2)) * 0.6).astype(np.float32)
+    if center:
+        return np.concatenate([corner, size], -1)
+    flip = RNG.random((batches, boxes, 1)) < 0.3   # some boxes given corners in the other order
+    return np.where(flip, np.concatenate([corner + size, corner], -1), np.concatenate([corner, corner + size], -1))
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize("inputs", ["all", "no score threshold", "no limit", "none above threshold"])
+def test_non_max_suppression(center, inputs):
+    batches, classes, count = 2, 3, 9
+    scores = RNG.random((batches, classes, count)).astype(np.float32)
+    scores[0, 1, 4] = scores[0, 1, 6] = scores[0, 1].max()   # a tie: the lower box index goes first
+    feeds = {"boxes": _boxes(batches, count, center), "scores": scores,
+             "limit": np.array([4], np.int64), "iou": np.array([0.3], np.float32),
+             "threshold": np.array([0.2 if inputs != "none above threshold" else 1.5], np.float32)}
+    if inputs == "no score threshold":   # and the IoU threshold a scalar
+        del feeds["threshold"]
+        feeds["iou"] = feeds["iou"].reshape(())
+    if inputs == "no limit":
+        feeds = {k: v for k, v in feeds.items() if k in ("boxes", "scores")}
+    node = helper.make_node("NonMaxSuppression", list(feeds), ["selected"], center_point_box=center)
+    model = one_node_model(node, feeds, {"selected": I64})
+    # the reference evaluator fails without a limit (it reads .size of the default 0)
+    # and on scalar thresholds (it indexes them)
+    _check(model, feeds, reference=inputs in ("all", "none above threshold"))
+
+
+def test_non_max_suppression_then_gather():
+    """The boxes kept, gathered and summed: NonMaxSuppression in the middle of a graph."""
+    nodes = [helper.make_node("NonMaxSuppression", ["boxes", "scores", "limit", "iou"], ["sel"]),
+             helper.make_node("Gather", ["sel", "two"], ["which"], axis=1),
+             helper.make_node("Gather", ["flat", "which"], ["kept"], axis=0),
+             helper.make_node("Squeeze", ["boxes", "zero"], ["flat"]),
+             helper.make_node("ReduceSum", ["kept", "one"], ["area"], keepdims=0)]
+    nodes = nodes[3:4] + nodes[:3] + nodes[4:]
+    graph = helper.make_graph(
+        nodes, "nms", [helper.make_tensor_value_info("boxes", F, [1, 12, 4]),
+                       helper.make_tensor_value_info("scores", F, [1, 1, 12])],
+        [helper.make_tensor_value_info("area", F, [4])],
+        [helper.make_tensor("limit", I64, [1], [5]), helper.make_tensor("iou", F, [1], [0.25]),
+         helper.make_tensor("two", I64, [], [2]), helper.make_tensor("zero", I64, [1], [0]),
+         helper.make_tensor("one", I64, [1], [0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = pf.compile(model, target="host")
+    for _ in range(2):
+        feeds = {"boxes": _boxes(1, 12, 0), "scores": RNG.random((1, 1, 12)).astype(np.float32)}
+        assert_matches_onnxruntime(model, feeds, compiled=compiled)
