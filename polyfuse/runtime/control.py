@@ -80,7 +80,7 @@ def _trimmed(env: Arrays, trim: Trim) -> np.ndarray:
     if not trim.count:
         return bound
     count = int(np.asarray(env[trim.count]).reshape(-1)[0])
-    return bound[(slice(None),) * trim.axis + (slice(0, count),)]
+    return np.ascontiguousarray(bound[(slice(None),) * trim.axis + (slice(0, count),)])
 
 
 def run_control(node: Node, env: Arrays, submodel: Submodel) -> list[np.ndarray]:
