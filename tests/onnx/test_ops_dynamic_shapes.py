@@ -9,7 +9,7 @@ from onnx.reference import ReferenceEvaluator
 
 import polyfuse as pf
 from polyfuse.errors import UnsupportedOpError
-from polyfuse.lowering.ops.counted import COUNT_MAX
+from polyfuse.lowering.ops.counted import COUNT_MAX, POSITIONS_MAX
 from tests.onnx.ort_compare import assert_matches_onnxruntime, one_node_model
 
 I64 = TensorProto.INT64
@@ -135,10 +135,12 @@ def test_constant_inputs_fold():
     assert "cut to their counts" not in compiled.dump("plan")
 
 
-def test_too_many_entries_is_refused():
-    x = np.zeros(COUNT_MAX + 1, np.float32)
-    model = one_node_model(helper.make_node("NonZero", ["x"], ["y"], name="nz"), {"x": x}, {"y": I64})
-    with pytest.raises(UnsupportedOpError, match=f"'nz'.*at most {COUNT_MAX}"):
+@pytest.mark.parametrize("op,limit", [("NonZero", POSITIONS_MAX), ("Unique", COUNT_MAX)])
+def test_too_many_entries_is_refused(op, limit):
+    x = np.zeros(limit + 1, np.float32)
+    model = one_node_model(helper.make_node(op, ["x"], ["y"], name="big"), {"x": x},
+                           {"y": I64 if op == "NonZero" else F})
+    with pytest.raises(UnsupportedOpError, match=f"'big'.*at most {limit}"):
         pf.compile(model, target="host").run({"x": x})
 
 

@@ -9,30 +9,35 @@ sizes produced.
 A comprehension writes only at its own indices, so where an entry lands is counted, not
 accumulated: an entry's position is the number of entries before it that are kept (a sum
 over the others compared with it), and an output slot finds the one entry whose
-position it is, as TopK ranks by comparison. The work is quadratic in the number of
-entries compared, so it is limited to :data:`COUNT_MAX` of them.
+position it is, as TopK ranks by comparison. NonZero and Compress count in blocks of
+about the square root of the entries (:func:`positions`: counts per block, then within
+a block), so their work grows as ``n ** 1.5``, up to :data:`POSITIONS_MAX` entries;
+Unique compares every pair of entries, up to :data:`COUNT_MAX`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import INDEX, Counted, OpContext, TCKernel, access, register, tensor_param
 from polyfuse.lowering.ops.movement import definition, parameter, statement
 
-# entries a kernel compares pairwise (elements, condition entries, slices): beyond it the
-# quadratic work (and Unique's pair tables) would take too long
+# entries a kernel compares pairwise (Unique's elements or slices, NonMaxSuppression's
+# boxes): beyond it the quadratic work would take too long
 COUNT_MAX = 1 << 14
+# entries NonZero and Compress place by counting in blocks
+POSITIONS_MAX = 1 << 16
 # Unique along an axis compares every pair of slices element by element (and keeps a
 # table over the pairs): at most this many element comparisons
 PAIRS_MAX = 1 << 24
 
 
-def check_count(ctx: OpContext, entries: int, what: str) -> None:
-    if entries > COUNT_MAX:
-        raise ctx.unsupported(f"{entries} {what}; polyfuse counts at most {COUNT_MAX} "
-                              "(its kernels compare every pair of entries)")
+def check_count(ctx: OpContext, entries: int, what: str, limit: int = COUNT_MAX) -> None:
+    if entries > limit:
+        raise ctx.unsupported(f"{entries} {what}; polyfuse counts at most {limit} here "
+                              "(its kernels compare entries with each other)")
 
 
 def flat_read(name: str, shape: tuple[int, ...], flat: str) -> str:
@@ -58,29 +63,45 @@ def count_statement(lines: list[str], kept: str, extents: list[str]) -> str:
     return tensor_param("N", (DType.INT64, [1]))
 
 
+def positions(kept: Callable[[str], str], n: int) -> tuple[list[str], list[str]]:
+    """(statements, declarations) of ``S(m)``, the position of the ``m``-th of ``n``
+    entries for which ``kept`` (the condition at a flat position) holds (0 past
+    the last), and ``N``, how many are kept. Entries are counted in ``B`` blocks of
+    ``s``: ``W(k, t)`` flags the kept ones, ``E`` counts each block, ``O`` the kept
+    entries in the blocks before it, ``R`` those before ``t`` in its block; output slot
+    ``m`` finds its block ``A(m)`` (the blocks ending at or before it) and looks in that
+    block only."""
+    s = max(1, math.isqrt(max(n - 1, 0)) + 1)
+    B = max(1, -(-n // s))
+    q = f"(k * {s} + t)"
+    lines = [
+        f"W(k, t) = ({q} < {n} && {kept(q)}) ? 1 : 0 where k in 0:{B}, t in 0:{s}",
+        f"E(k) +=! W(k, t) where k in 0:{B}, t in 0:{s}",
+        f"O(k) +=! (p < k) ? E(p) : 0 where k in 0:{B}, p in 0:{B}",
+        f"R(k, t) +=! (u < t) ? W(k, u) : 0 where k in 0:{B}, t in 0:{s}, u in 0:{s}",
+        f"A(m) +=! (O(k) + E(k) <= m) ? 1 : 0 where m in 0:{n}, k in 0:{B}",
+        f"S(m) +=! (W(c, t) == 1 && O(c) + R(c, t) == m) ? int64(c * {s} + t) : int64(0) "
+        f"where m in 0:{n}, t in 0:{s}, c = min(A(m), {B - 1})",
+        f"N(z) +=! int64(W(k, t)) where z in 0:1, k in 0:{B}, t in 0:{s}",
+    ]
+    decls = [tensor_param("N", (DType.INT64, [1])), tensor_param("S", (DType.INT64, [n]))] + \
+        [tensor_param(t, (DType.INT32, size)) for t, size in
+         (("W", [B, s]), ("E", [B]), ("O", [B]), ("R", [B, s]), ("A", [n]))]
+    return lines, decls
+
+
 @register("NonZero")
 def _non_zero(ctx: OpContext) -> Counted:
     shape = ctx.shape(0)
     rank, size = len(shape), math.prod(shape)
-    check_count(ctx, size, "elements")
-    a, b = INDEX[:rank], [f"j{k}" for k in range(rank)]
+    check_count(ctx, size, "elements", POSITIONS_MAX)
     zero = "bool(0)" if ctx.dtype(0).is_bool else f"{ctx.dtype(0)}(0)"
-    nonzero = lambda idx: f"{access('X', idx)} != {zero}"   # noqa: E731
-    lines = [
-        # P: how many nonzero elements come before each element in row-major order
-        statement("P", a, f"({nonzero(b)} && {flat_index(shape, b)} < {flat_index(shape, a)}) ? 1 : 0",
-                  shape, [f"{j} in 0:{d}" for j, d in zip(b, shape)], "+=!"),
-        # S: the row-major position of the m-th nonzero element
-        statement("S", ["m"], f"({nonzero(a)} && P({', '.join(a)}) == m) ? int64({flat_index(shape, a)}) "
-                  ": int64(0)", [size], [f"{i} in 0:{d}" for i, d in zip(a, shape)], "+=!"),
-    ]
+    lines, decls = positions(lambda q: f"{flat_read('X', shape, q)} != {zero}", size)
     coords = " : ".join(f"k == {k} ? S(m) / {math.prod(shape[k + 1:])} % {d}"
                         for k, d in enumerate(shape[:-1])) if rank > 1 else ""
     last = f"S(m) % {shape[-1]}" if rank else "int64(0)"
     lines.append(statement("Y", ["k", "m"], f"{coords} : {last}" if coords else last, [rank, size]))
-    count = count_statement(lines, nonzero(a), [f"{i} in 0:{d}" for i, d in zip(a, shape)])
-    outputs = [tensor_param("Y", (DType.INT64, [rank, size])), count,
-               tensor_param("P", (DType.INT32, shape)), tensor_param("S", (DType.INT64, [size]))]
+    outputs = [tensor_param("Y", (DType.INT64, [rank, size])), *decls]
     return Counted(TCKernel(definition([parameter(ctx, 0, "X")], outputs, lines), (0,)), ((0, 1),))
 
 
@@ -96,12 +117,8 @@ def _compress(ctx: OpContext) -> Counted:
     if length > extent:
         raise ctx.malformed(f"its condition has {length} entries, more than the {extent} "
                             f"{'slices along axis ' + str(axis) if axis is not None else 'elements'}")
-    check_count(ctx, length, "condition entries")
-    lines = [
-        # P: how many kept entries come before entry i; S: the entry kept m-th
-        f"P(i) +=! (C(j) && j < i) ? 1 : 0 where i in 0:{length}, j in 0:{length}",
-        f"S(m) +=! (C(i) && P(i) == m) ? int64(i) : int64(0) where m in 0:{length}, i in 0:{length}",
-    ]
+    check_count(ctx, length, "condition entries", POSITIONS_MAX)
+    lines, decls = positions(lambda q: f"C({q} % {max(length, 1)})", length)
     if axis is None:
         out = [length]
         lines.append(statement("Y", ["m"], flat_read("X", shape, "S(m)"), out))
@@ -112,9 +129,7 @@ def _compress(ctx: OpContext) -> Counted:
         src = list(idx)
         src[axis] = f"S({idx[axis]})"
         lines.append(statement("Y", idx, access("X", src), out))
-    count = count_statement(lines, "C(i)", [f"i in 0:{length}"])
     params = [parameter(ctx, 0, "X"), parameter(ctx, 1, "C")]
-    outputs = [tensor_param("Y", (ctx.dtype(0), out)), count,
-               tensor_param("P", (DType.INT32, [length])), tensor_param("S", (DType.INT64, [length]))]
+    outputs = [tensor_param("Y", (ctx.dtype(0), out)), *decls]
     return Counted(TCKernel(definition(params, outputs, lines), (0, 1)),
                    ((0, 0 if axis is None else axis),))
