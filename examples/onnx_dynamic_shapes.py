@@ -47,7 +47,8 @@ sparse = model_of([helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node(
                    helper.make_node("Mul", ["g", "g"], ["sq"])],
                   [tensor("x", F, [4, 5])], [tensor("s", F, []), tensor("sq", F, [None])])
 check("NonZero -> GatherND -> ReduceSum", sparse,
-      [{"x": (rng.standard_normal((4, 5)) * (rng.random((4, 5)) < p)).astype(np.float32)} for p in (0.3, 0.0)])
+      [{"x": (rng.standard_normal((4, 5)) * (rng.random((4, 5)) < p)).astype(np.float32)}
+       for p in (0.3, 0.0)])
 
 # the rows of x where the condition holds
 compress = model_of([helper.make_node("Compress", ["x", "keep"], ["y"], axis=0)],

@@ -102,9 +102,9 @@ class ControlStep:
     decides (``trims``): the plan ran its kernel, and the runtime slices its outputs to
     the counts computed. A node that needs the value of something computed before it
     (``waits``, e.g. TopK's k) is planned with ``rest``. Then come ``rest``, the nodes
-    after it, planned for the shapes (and small values) computed. ``reads`` are the values the node (or its trims) and ``rest`` read (and
-    graph outputs defined before it): the plan's inputs, its outputs and ``constants``
-    (those the planner folded)."""
+    after it, planned for the shapes (and small values) computed. ``reads`` are the
+    values the node (or its trims) and ``rest`` read (and graph outputs defined before
+    it): the plan's inputs, its outputs and ``constants`` (those the planner folded)."""
 
     node: Node
     rest: tuple[Node, ...]

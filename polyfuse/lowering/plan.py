@@ -37,7 +37,8 @@ from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.control import live_nodes, resolve_control_flow
 from polyfuse.lowering.fusion import partition_fusion_groups
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
-from polyfuse.lowering.ops import EXPANDS, Counted, Expanded, Folded, Lowered, OpContext, TCKernel, View, lower
+from polyfuse.lowering.ops import (EXPANDS, Counted, Expanded, Folded, Lowered, OpContext, TCKernel, View,
+                                   lower)
 
 
 def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],

@@ -150,7 +150,8 @@ def _boxes(batches, boxes, center):
     if center:
         return np.concatenate([corner, size], -1)
     flip = RNG.random((batches, boxes, 1)) < 0.3   # some boxes given corners in the other order
-    return np.where(flip, np.concatenate([corner + size, corner], -1), np.concatenate([corner, corner + size], -1))
+    far = corner + size
+    return np.where(flip, np.concatenate([far, corner], -1), np.concatenate([corner, far], -1))
 
 
 @pytest.mark.parametrize("center", [0, 1])

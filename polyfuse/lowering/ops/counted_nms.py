@@ -55,8 +55,9 @@ def _non_max_suppression(ctx: OpContext) -> Expanded:
     name = node.name
     cand, pairs, kept, go = f"{name}:candidates", f"{name}:pairs", f"{name}:kept", f"{name}:go"
     kept_in, kept_out, changed = f"{name}/kept", f"{name}/next", f"{name}/changed"
-    setup = Node("NonMaxSuppression.setup", f"{name}/setup", (inputs[0], inputs[1], inputs[3], inputs[4]),
-                 (cand, pairs), (("center_point_box", ctx.attr("center_point_box", 0)),))
+    setup = Node("NonMaxSuppression.setup", f"{name}/setup",
+                 (inputs[0], inputs[1], inputs[3], inputs[4]), (cand, pairs),
+                 (("center_point_box", ctx.attr("center_point_box", 0)),))
     mask = TensorType(DType.BOOL, (batches, classes, boxes))
     body = Graph(f"{name}/rounds",
                  (Value(f"{name}/iteration", TensorType(DType.INT64, ())),
@@ -78,12 +79,13 @@ def _iou_terms(center: bool) -> list[str]:
         return f"X(b, {v}, {k})"
     lets = []
     for n, v in (("1", "j"), ("2", "i")):
-        if center:
-            lets += [f"x{n}a = {box('0', v)} - {box('2', v)} / 2.0", f"x{n}b = {box('0', v)} + {box('2', v)} / 2.0",
-                     f"y{n}a = {box('1', v)} - {box('3', v)} / 2.0", f"y{n}b = {box('1', v)} + {box('3', v)} / 2.0"]
-        else:
-            lets += [f"x{n}a = min({box('1', v)}, {box('3', v)})", f"x{n}b = max({box('1', v)}, {box('3', v)})",
-                     f"y{n}a = min({box('0', v)}, {box('2', v)})", f"y{n}b = max({box('0', v)}, {box('2', v)})"]
+        for axis, (first, second) in (("x", "13"), ("y", "02")):
+            if center:   # centre first, then size: x is (0, 2), y is (1, 3)
+                mid, half = box(str(int(axis == "y")), v), f"{box(str(2 + int(axis == 'y')), v)} / 2.0"
+                lets += [f"{axis}{n}a = {mid} - {half}", f"{axis}{n}b = {mid} + {half}"]
+            else:
+                a, b = box(first, v), box(second, v)
+                lets += [f"{axis}{n}a = min({a}, {b})", f"{axis}{n}b = max({a}, {b})"]
     return lets + ["w = min(x1b, x2b) - max(x1a, x2a)", "h = min(y1b, y2b) - max(y1a, y2a)",
                    "n = w * h", "a1 = (x1b - x1a) * (y1b - y1a)", "a2 = (x2b - x2a) * (y2b - y2a)",
                    "u = a1 + a2 - n"]
@@ -123,7 +125,8 @@ def _round(ctx: OpContext) -> TCKernel:
              "C(z) = D(z) > 0 where z in 0:1"]
     params = [parameter(ctx, 0, "G"), parameter(ctx, 1, "M"), parameter(ctx, 2, "K")]
     outputs = [parameter(ctx, 0, "Y"), tensor_param("C", (DType.BOOL, [1])),
-               tensor_param("H", (DType.INT32, [batches, classes, boxes])), tensor_param("D", (DType.INT32, [1]))]
+               tensor_param("H", (DType.INT32, [batches, classes, boxes])),
+               tensor_param("D", (DType.INT32, [1]))]
     return TCKernel(definition(params, outputs, lines), (0, 1, 2), (0, 1))
 
 
@@ -150,11 +153,12 @@ def _select(ctx: OpContext) -> Counted:
         f"P(m) % {boxes}) where m in 0:{total}, k in 0:3",
     ]
     count = count_statement(lines, "F(b, c, j)", [every])
-    params = [parameter(ctx, 0, "G"), parameter(ctx, 1, "S")] + ([parameter(ctx, 2, "L")] if ctx.has(2) else [])
+    given = (0, 1, 2) if ctx.has(2) else (0, 1)
+    params = [parameter(ctx, i, name) for i, name in zip(given, "GSL")]
     mask = [batches, classes, boxes]
     outputs = [tensor_param("Y", (DType.INT64, [total, 3])), count,
                tensor_param("R", (DType.INT64, mask)), tensor_param("F", (DType.BOOL, mask)),
                tensor_param("E", (DType.INT64, [batches, classes])),
-               tensor_param("O", (DType.INT64, [batches, classes])), tensor_param("P", (DType.INT64, [total]))]
-    return Counted(TCKernel(definition(params, outputs, lines), (0, 1, 2) if ctx.has(2) else (0, 1)),
-                   ((0, 0),))
+               tensor_param("O", (DType.INT64, [batches, classes])),
+               tensor_param("P", (DType.INT64, [total]))]
+    return Counted(TCKernel(definition(params, outputs, lines), given), ((0, 0),))
