@@ -309,10 +309,15 @@ class Plan:
             temps = f" temp ({', '.join(buffer(n) for n in st.temporaries)})" if st.temporaries else ""
             lines.append(f"  ({results}){temps} = {st.definition.name}({args})  // {st.label}")
         if self.tail is not None:
-            what = "the outputs of" if self.tail.trims else ""
-            lines.append(f"  then at run time: {what}{' ' if what else ''}{self.tail.node.op} "
-                         f"{format_name(self.tail.node.name)}{' cut to their counts' if what else ''} "
-                         f"and {len(self.tail.rest)} nodes after it")
+            node, rest = self.tail.node, len(self.tail.rest)
+            named = f"{node.op} {format_name(node.name)}"
+            if self.tail.trims:
+                how = f"the outputs of {named} cut to their counts, and {rest} nodes after it"
+            elif self.tail.waits:
+                how = f"{named} and {rest} nodes after it, planned once the values it needs are computed"
+            else:
+                how = f"{named} and {rest} nodes after it"
+            lines.append(f"  then at run time: {how}")
         lines.append("}")
         defs = [f"// {st.label}\n{st.definition}" for st in self.kernels]
         return "\n".join(lines) + ("\n\n" + "\n\n".join(defs) if defs else "")

@@ -115,6 +115,22 @@ def test_top_k_with_k_computed_from_data():
         assert_matches_onnxruntime(model, {"x": x}, compiled=compiled)
 
 
+def test_range_to_a_limit_computed_from_data():
+    """Range(0, int(max(x))) squared: Range's limit is known only when the model runs."""
+    nodes = [helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0),
+             helper.make_node("Cast", ["top"], ["n"], to=I64),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=F), helper.make_node("Mul", ["rf", "rf"], ["y"])]
+    graph = helper.make_graph(nodes, "range", [helper.make_tensor_value_info("x", F, [4])],
+                              [helper.make_tensor_value_info("y", F, [None])],
+                              [helper.make_tensor("zero", I64, [], [0]), helper.make_tensor("one", I64, [], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = pf.compile(model, target="host")
+    for top in (3.5, 7.2, -1.0):
+        assert_matches_onnxruntime(model, {"x": np.array([top, 1, 0, -2], np.float32)}, compiled=compiled)
+    assert "Range Range_2 and 2 nodes after it, planned once the values" in compiled.dump("plan")
+
+
 def test_top_k_with_k_fed():
     x = RNG.standard_normal((3, 8)).astype(np.float32)
     node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1)
