@@ -26,7 +26,7 @@ import numpy as np
 from polyfuse.ir.graph import Graph, Node, TensorType, Value
 from polyfuse.ir.types import DType
 from polyfuse.lowering.ops import Counted, Expanded, OpContext, TCKernel, register, tensor_param
-from polyfuse.lowering.ops.counted import PAIRS_MAX, check_count, count_statement
+from polyfuse.lowering.ops.counted import PAIRS_MAX, POSITIONS_MAX, check_count, count_statement
 from polyfuse.lowering.ops.movement import definition, parameter
 
 
@@ -46,7 +46,7 @@ def _non_max_suppression(ctx: OpContext) -> Expanded:
         raise ctx.malformed(f"boxes {ctx.shape(0)} must be [batches, boxes, 4] and scores "
                             f"{ctx.shape(1)} [batches, classes, boxes]")
     classes = ctx.shape(1)[1]
-    check_count(ctx, batches * classes * boxes, "boxes over all batches and classes")
+    check_count(ctx, batches * classes * boxes, "boxes over all batches and classes", POSITIONS_MAX)
     if classes * batches * boxes * boxes > PAIRS_MAX:
         raise ctx.unsupported(f"{batches} batches of {classes} classes of {boxes} boxes; polyfuse "
                               f"compares at most {PAIRS_MAX} pairs of boxes")
@@ -134,10 +134,10 @@ def _round(ctx: OpContext) -> TCKernel:
 def _select(ctx: OpContext) -> Counted:
     batches, classes, boxes = ctx.shape(0)
     total = batches * classes * boxes
-    check_count(ctx, total, "boxes over all batches and classes")
+    check_count(ctx, total, "boxes over all batches and classes", POSITIONS_MAX)
     every = f"b in 0:{batches}, c in 0:{classes}, j in 0:{boxes}"
     limit = _scalar(ctx, 2, "L") if ctx.has(2) else "int64(0)"
-    flat = f"b * {classes * boxes} + c * {boxes} + j"
+    pairs = batches * classes
     lines = [
         # R: the kept boxes before j in its class; F: j is among the first `limit` kept
         f"R(b, c, j) +=! (G(b, c, i) && {_before('S', 'i', 'j')}) ? int64(1) : int64(0) "
@@ -147,8 +147,13 @@ def _select(ctx: OpContext) -> Counted:
         # O: the rows of the batches and classes before (b, c)
         f"O(b, c) +=! (q * {classes} + p < b * {classes} + c) ? E(q, p) : int64(0) "
         f"where b in 0:{batches}, c in 0:{classes}, q in 0:{batches}, p in 0:{classes}",
-        f"P(m) +=! (F(b, c, j) && O(b, c) + R(b, c, j) == m) ? int64({flat}) : int64(0) "
-        f"where m in 0:{total}, {every}",
+        # row m: the batch and class g whose rows hold it (those ending at or before m
+        # precede it), then the box of g numbered m
+        f"A(m) +=! (O(q, p) + E(q, p) <= m) ? int64(1) : int64(0) "
+        f"where m in 0:{total}, q in 0:{batches}, p in 0:{classes}",
+        f"P(m) +=! (F(g / {classes}, g % {classes}, j) && O(g / {classes}, g % {classes}) + "
+        f"R(g / {classes}, g % {classes}, j) == m) ? g * {boxes} + j : int64(0) "
+        f"where m in 0:{total}, j in 0:{boxes}, g = min(A(m), int64({pairs - 1}))",
         f"Y(m, k) = k == 0 ? P(m) / {classes * boxes} : (k == 1 ? P(m) / {boxes} % {classes} : "
         f"P(m) % {boxes}) where m in 0:{total}, k in 0:3",
     ]
@@ -160,5 +165,5 @@ def _select(ctx: OpContext) -> Counted:
                tensor_param("R", (DType.INT64, mask)), tensor_param("F", (DType.BOOL, mask)),
                tensor_param("E", (DType.INT64, [batches, classes])),
                tensor_param("O", (DType.INT64, [batches, classes])),
-               tensor_param("P", (DType.INT64, [total]))]
+               tensor_param("A", (DType.INT64, [total])), tensor_param("P", (DType.INT64, [total]))]
     return Counted(TCKernel(definition(params, outputs, lines), given), ((0, 0),))
