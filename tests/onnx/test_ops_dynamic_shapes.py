@@ -211,3 +211,9 @@ def test_non_max_suppression_then_gather():
     for _ in range(2):
         feeds = {"boxes": _boxes(1, 12, 0), "scores": RNG.random((1, 1, 12)).astype(np.float32)}
         assert_matches_onnxruntime(model, feeds, compiled=compiled)
+
+
+def test_bundle_refuses_sizes_computed_at_run_time(tmp_path):
+    compiled = pf.compile(_mid_graph_model(), target="x86")
+    with pytest.raises(UnsupportedOpError, match="NonZero.*outputs whose sizes are computed at run time"):
+        compiled.save_bundle(tmp_path, shapes={"x": (4, 5)})
