@@ -85,18 +85,36 @@ Step = KernelStep | ViewStep
 
 
 @dataclass(frozen=True)
+class Trim:
+    """Output ``output`` of a node whose output sizes the data decides: buffer ``bound``
+    (its upper-bound size) sliced to the first ``count`` entries along ``axis``, where
+    ``count`` names a one-element buffer the node's kernel wrote; the whole buffer when
+    ``count`` is empty."""
+
+    output: str
+    bound: str
+    count: str
+    axis: int
+
+
+@dataclass(frozen=True)
 class ControlStep:
-    """A control-flow node whose branch or trip count depends on data: it ends its plan.
-    The runtime runs it (its subgraphs compiled as models of their own, planned for the
-    shapes they are given) and then ``rest``, the nodes after it, planned for the shapes
-    computed. ``reads`` are the values the node and ``rest`` read (and graph outputs
-    defined before it): the plan's inputs, its outputs and ``constants`` (those the
-    planner folded)."""
+    """A node whose behaviour depends on data: it ends its plan. A control-flow node's
+    branch or trip count: the runtime runs it (its subgraphs compiled as models of their
+    own, planned for the shapes they are given). A node whose output sizes the data
+    decides (``trims``): the plan ran its kernel, and the runtime slices its outputs to
+    the counts computed. A node that needs the value of something computed before it
+    (``waits``, e.g. TopK's k) is planned with ``rest``. Then come ``rest``, the nodes
+    after it, planned for the shapes (and small values) computed. ``reads`` are the
+    values the node (or its trims) and ``rest`` read (and graph outputs defined before
+    it): the plan's inputs, its outputs and ``constants`` (those the planner folded)."""
 
     node: Node
     rest: tuple[Node, ...]
     constants: Mapping[str, np.ndarray] = field(repr=False)
     reads: tuple[str, ...]
+    trims: tuple[Trim, ...] = ()
+    waits: bool = False   # the node needs a value computed before it: it is planned with rest
 
 
 @dataclass(frozen=True)
@@ -305,8 +323,15 @@ class Plan:
             temps = f" temp ({', '.join(buffer(n) for n in st.temporaries)})" if st.temporaries else ""
             lines.append(f"  ({results}){temps} = {st.definition.name}({args})  // {st.label}")
         if self.tail is not None:
-            lines.append(f"  then at run time: {self.tail.node.op} {format_name(self.tail.node.name)} "
-                         f"and {len(self.tail.rest)} nodes after it")
+            node, rest = self.tail.node, len(self.tail.rest)
+            named = f"{node.op} {format_name(node.name)}"
+            if self.tail.trims:
+                how = f"the outputs of {named} cut to their counts, and {rest} nodes after it"
+            elif self.tail.waits:
+                how = f"{named} and {rest} nodes after it, planned once the values it needs are computed"
+            else:
+                how = f"{named} and {rest} nodes after it"
+            lines.append(f"  then at run time: {how}")
         lines.append("}")
         defs = [f"// {st.label}\n{st.definition}" for st in self.kernels]
         return "\n".join(lines) + ("\n\n" + "\n\n".join(defs) if defs else "")

@@ -9,7 +9,11 @@ value's size is checked against the memory limit before anything is allocated.
 
 Control flow (If, Loop, Scan) that the planner can resolve for these shapes and values is
 inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); the first that
-depends on data ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail.
+depends on data ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail. So
+does a node whose output sizes the data decides (NonZero, Compress, Unique), after the
+kernel writing its outputs at their bound sizes and their count: the runtime cuts them.
+A node needing at compile time a value the data computes (TopK's k, a Reshape's shape)
+ends the plan before it, and is planned with the rest once the value is known.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from polyfuse.errors import CodegenError, DTypeError, FrontendError, ModelError, ShapeError
+from polyfuse.errors import CodegenError, DTypeError, FrontendError, ModelError, NeedsValue, ShapeError
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Definition, Expr, Literal, Read, TensorDecl,
                                        map_expr)
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.limits import check_bytes, check_tensor_size
-from polyfuse.ir.plan import ControlStep, KernelStep, Plan, Step, ViewStep, plan_memory
+from polyfuse.ir.plan import ControlStep, KernelStep, Plan, Step, Trim, ViewStep, plan_memory
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
@@ -34,7 +38,8 @@ from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.control import live_nodes, resolve_control_flow
 from polyfuse.lowering.fusion import partition_fusion_groups
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
-from polyfuse.lowering.ops import Expansion, Folded, Lowered, OpContext, TCKernel, View, lower
+from polyfuse.lowering.ops import (EXPANDS, Counted, Expanded, Folded, Lowered, OpContext, TCKernel, View,
+                                   lower)
 
 
 def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
@@ -72,6 +77,10 @@ class _Planner:
         k = 0
         while k < len(nodes):
             node = nodes[k]
+            if node.op in EXPANDS and not node.group:   # computed by other nodes: plan those
+                nodes[k:k + 1] = self.expanded(node)
+                readers = _last_readers(nodes)
+                continue
             if node.subgraphs:
                 wanted = {v for v, last in readers.items() if last > k} | outputs
                 inlined = self.control(node, wanted)
@@ -86,8 +95,21 @@ class _Planner:
             exported = {o for n in unit for o in n.outputs
                         if o and (o in outputs or readers.get(o, -1) >= k)}
             if len(unit) == 1 or not self.fused(unit, exported):
-                for node in unit:
-                    self.node(node)
+                for j, node in enumerate(unit):
+                    try:
+                        trims = self.node(node)
+                    except NeedsValue as need:
+                        if need.value_name in self.shapes or need.value_name not in self.types:
+                            raise   # a graph input: the model specializes its plans to it
+                        # a value computed from data (e.g. TopK's k): the rest is planned
+                        # once it is known, from this node on
+                        tail = self.tail(node, unit[j + 1:] + nodes[k:], waits=True)
+                        break
+                    if trims is not None:   # sizes the data decides: the plan ends after its kernel
+                        tail = self.tail(node, unit[j + 1:] + nodes[k:], trims)
+                        break
+            if tail is not None:
+                break
         if tail is None:
             self.check_outputs()
         returned = tuple(n for n in tail.reads if n in self.types and n not in self.consts
@@ -123,13 +145,27 @@ class _Planner:
         grouped = partition_fusion_groups(live).nodes
         return [replace(n, group=f"{node.name}/{n.group}") if n.group else n for n in grouped]
 
-    def tail(self, node: Node, rest: list[Node]) -> ControlStep:
-        """The step ending the plan at data-dependent ``node``: what it and ``rest`` read."""
+    def expanded(self, node: Node) -> list[Node]:
+        """The nodes computing ``node`` (an op registered with ``expands``), its constants
+        recorded."""
+        lowered = lower(self.context(node))
+        if not isinstance(lowered, Expanded):
+            raise CodegenError(f"node '{node.name}' ({node.op}): its lowering did not expand it")
+        for name, array in lowered.constants.items():
+            self.constant(name, array)
+        return list(lowered.nodes)
+
+    def tail(self, node: Node, rest: list[Node], trims: tuple[Trim, ...] = (),
+             waits: bool = False) -> ControlStep:
+        """The step ending the plan at data-dependent ``node``: what it (or, when its
+        kernel ran, its ``trims``) and ``rest`` read; ``waits``: the node is planned with
+        the rest, once a value it needs is computed."""
         outputs = [v.name for v in self.graph.outputs]
-        wanted = [i for n in [node, *rest] for i in n.inputs if i] + outputs
-        reads = tuple(dict.fromkeys(n for n in wanted if n in self.types))
+        first = [n for t in trims for n in (t.bound, t.count)] if trims else list(node.inputs)
+        wanted = first + [i for n in rest for i in n.inputs] + outputs
+        reads = tuple(dict.fromkeys(n for n in wanted if n and n in self.types))
         return ControlStep(node, tuple(rest), {n: self.consts[n] for n in reads if n in self.consts},
-                           reads)
+                           reads, trims, waits)
 
     def context(self, node: Node) -> OpContext:
         """What ``node``'s lowering sees; a channels-last node's input 0 in ONNX's layout."""
@@ -193,15 +229,17 @@ class _Planner:
             types.append(TensorType(t.dtype, shape))
         return types
 
-    def node(self, node: Node) -> None:
+    def node(self, node: Node) -> tuple[Trim, ...] | None:
+        """Lower ``node`` into the plan; for a node whose output sizes the data decides,
+        the trims of its outputs (the plan ends there)."""
         lowered, d = self.lowered(node)
         what = f"node '{node.name}' ({node.op})"
+        if isinstance(lowered, Counted):
+            assert d is not None
+            return self.counted(node, lowered, d)
         if isinstance(lowered, Folded):
             for name, array in zip(node.outputs, lowered.arrays):
                 self.define(what, name, self.constant(name, array))
-        elif isinstance(lowered, Expansion):
-            for part in lowered.nodes:
-                self.node(part)
         elif isinstance(lowered, View):
             src, shape, start = node.inputs[lowered.input], tuple(lowered.shape), lowered.offset
             self.define(what, node.outputs[0], TensorType(self.types[src].dtype, shape))
@@ -223,8 +261,35 @@ class _Planner:
                 for name, t in zip(outs, d.outputs):
                     self.consts[name] = results[t.name]
                     self.define(what, name, _type(results[t.name]))
-                return
+                return None
             self.kernel(node.name, d, lowered.source, names, outs, types)
+        return None
+
+    def counted(self, node: Node, lowered: Counted, d: Definition) -> tuple[Trim, ...] | None:
+        """A node whose output sizes the data decides: its kernel, writing the outputs at
+        their bound sizes and the count, and how the runtime cuts them; None when its
+        inputs are constants (it folds, cut to the count here)."""
+        what = f"node '{node.name}' ({node.op})"
+        k = lowered.kernel
+        names = [node.inputs[i] for i in k.inputs]
+        bounds = [f"{node.name}:bound{i}" for i in k.outputs]
+        count = f"{node.name}:count"
+        sizes = self.sizes(what, d, names)
+        types = self.output_types(what, d, sizes, bounds + [count])
+        axes = dict(lowered.trims)
+        if all(n in self.consts for n in names):
+            results = interpret(d, {p.name: self.consts[n] for p, n in zip(d.params, names)}, sizes)
+            n = int(results[d.outputs[len(bounds)].name].reshape(-1)[0])
+            for i, t in zip(k.outputs, d.outputs):
+                array = results[t.name]
+                if i in axes:
+                    array = np.take(array, np.arange(n), axis=axes[i])
+                if node.outputs[i]:
+                    self.define(what, node.outputs[i], self.constant(node.outputs[i], array))
+            return None
+        self.kernel(node.name, d, k.source, names, bounds + [count], types)
+        return tuple(Trim(node.outputs[i], b, count if i in axes else "", axes.get(i, 0))
+                     for i, b in zip(k.outputs, bounds) if node.outputs[i])
 
     def lowered(self, node: Node) -> tuple[Lowered, Definition | None]:
         """``node`` through the op library, and a kernel's definition: each node lowered and
@@ -233,15 +298,16 @@ class _Planner:
         if node.name not in self._lowered:
             lowered = lower(self.context(node))
             d = None
-            if isinstance(lowered, TCKernel):
-                d = self._parsed.get(lowered.source)
+            kernel = lowered.kernel if isinstance(lowered, Counted) else lowered
+            if isinstance(kernel, TCKernel):
+                d = self._parsed.get(kernel.source)
                 if d is None:
                     try:
-                        d = parse(lowered.source).definitions[0]
+                        d = parse(kernel.source).definitions[0]
                     except FrontendError as err:   # a defect of the op library, named here
                         raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC "
                                            f"that does not compile: {err}") from None
-                    self._parsed[lowered.source] = d
+                    self._parsed[kernel.source] = d
             if node.attr(CHANNELS_LAST):
                 lowered, d = self.channels_last(node, lowered, d)
             self._lowered[node.name] = (lowered, d)
@@ -285,7 +351,7 @@ class _Planner:
         members: list[Member] = []
         for node in unit:
             lowered, d = self.lowered(node)
-            if d is None:
+            if d is None or isinstance(lowered, Counted):
                 return False
             names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
             if not members and all(n in self.consts for n in names):

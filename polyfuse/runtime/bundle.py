@@ -70,9 +70,11 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
     plan = model.plan_for(shapes)
     tail = plan.plan.tail
     if tail is not None:
-        raise UnsupportedOpError(f"node '{tail.node.name}' ({tail.node.op}) branches or loops on "
-                                 "values computed at run time, which a bundle's straight-line "
-                                 "program cannot; only control flow resolved when planning bundles")
+        what = ("has outputs whose sizes are" if tail.trims else "needs values" if tail.waits
+                else "branches or loops on values")
+        raise UnsupportedOpError(f"node '{tail.node.name}' ({tail.node.op}) {what} computed at run "
+                                 "time, which a bundle's straight-line program cannot hold; only "
+                                 "graphs the planner resolves whole bundle")
     # the plan's program (native or emulated) has laid its calls out already
     layout = plan.program.layout if plan.program is not None else ProgramLayout.of(plan)
     for t in layout.inputs + layout.outputs:

@@ -1,4 +1,5 @@
-"""Control flow that depends on data, run when the model runs.
+"""Control flow that depends on data, run when the model runs; outputs whose sizes the
+data decides, cut to size.
 
 A plan ends at an If whose condition, or a Loop whose trip count or condition, is
 computed from data (:class:`~polyfuse.ir.plan.ControlStep`; what the planner can resolve
@@ -27,7 +28,7 @@ import numpy as np
 from polyfuse.errors import ModelError, ShapeError
 from polyfuse.ir.control import ControlParts, control_parts, scan_attr
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
-from polyfuse.ir.plan import ControlStep
+from polyfuse.ir.plan import ControlStep, Trim
 from polyfuse.ir.types import DType
 
 Arrays = dict[str, np.ndarray]
@@ -51,20 +52,35 @@ def run_tail(tail: ControlStep, env: Arrays, graph: Graph, submodel: Submodel) -
     outputs = graph.outputs
     env = env | dict(tail.constants)
     node = tail.node
-    env.update({name: value for name, value in zip(node.outputs, run_control(node, env, submodel))
-                if name})
-    if not tail.rest:
+    rest = tail.rest
+    if tail.waits:   # planned with the rest, now that the value it needs is known
+        rest = (node, *rest)
+    elif tail.trims:   # the plan ran the node's kernel: its outputs cut to the counts it wrote
+        env.update({t.output: _trimmed(env, t) for t in tail.trims})
+    else:
+        env.update({name: value for name, value in zip(node.outputs, run_control(node, env, submodel))
+                    if name})
+    if not rest:
         return {v.name: env[v.name] for v in outputs}
-    defined = {o for n in tail.rest for o in n.outputs}
-    needed = dict.fromkeys(i for n in tail.rest for i in n.inputs
+    defined = {o for n in rest for o in n.outputs}
+    needed = dict.fromkeys(i for n in rest for i in n.inputs
                            if i and i not in defined) | dict.fromkeys(v.name for v in outputs
                                                                       if v.name not in defined)
     feed = {n: np.asarray(env[n], order="C") for n in needed if n not in tail.constants}
     constants = tuple(Constant(n, np.asarray(tail.constants[n])) for n in needed if n in tail.constants)
 
     def make() -> Graph:
-        return Graph(f"{graph.name}/{node.name}", (), outputs, tail.rest, constants, graph.opset)
+        return Graph(f"{graph.name}/{node.name}", (), outputs, rest, constants, graph.opset)
     return submodel(tail, make, feed).run_trusted(feed)
+
+
+def _trimmed(env: Arrays, trim: Trim) -> np.ndarray:
+    """The first entries (as many as its count says) of an output written at its bound size."""
+    bound = env[trim.bound]
+    if not trim.count:
+        return bound
+    count = int(np.asarray(env[trim.count]).reshape(-1)[0])
+    return np.ascontiguousarray(bound[(slice(None),) * trim.axis + (slice(0, count),)])
 
 
 def run_control(node: Node, env: Arrays, submodel: Submodel) -> list[np.ndarray]:

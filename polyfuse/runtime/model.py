@@ -4,9 +4,11 @@ A :class:`CompiledModel` holds the graph; for each set of input shapes its plann
 it into a :class:`~polyfuse.ir.plan.Plan` (``lowering.plan.plan_graph``), whose kernel
 steps are compiled here for the target (cached per shapes). ``run`` checks the feed, then
 runs the plan's steps: as one native program where the target allows. A plan that ends at
-control flow the data decides (its ``tail``) is continued by :mod:`polyfuse.runtime.control`,
-from Python: the branch or loop body, then the rest of the graph, each a CompiledModel of
-its own (``planning`` makes their planners).
+control flow the data decides, at an op whose output sizes it decides (NonZero, ...) or
+before a node needing a value it computes (its ``tail``) is continued by
+:mod:`polyfuse.runtime.control`, from Python: the branch or loop body, or the outputs cut
+to their counts, then the rest of the graph, each a CompiledModel of its own
+(``planning`` makes their planners).
 """
 
 from __future__ import annotations

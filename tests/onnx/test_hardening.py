@@ -448,7 +448,7 @@ def test_element_type_attributes_become_dtypes_in_the_front_end():
     np.testing.assert_array_equal(out, np.eye(2))
     assert out.dtype == np.float64
     bad = model(helper.make_node("Cast", ["x"], ["c"], to=TensorProto.STRING, name="to_text"),
-                helper.make_node("Unique", ["c"], ["y"], name="uniq"))
+                helper.make_node("StringNormalizer", ["c"], ["y"], name="norm"))
     with pytest.raises(pf.UnsupportedOpError, match=r"2 op types .*Cast to element type STRING "
                                                     r"\(nodes: to_text\)"):
         pf.compile(bad)

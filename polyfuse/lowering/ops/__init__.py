@@ -8,8 +8,12 @@ returns one of:
   target then serve graphs and TC alike);
 * :class:`View`: the output is an input with another shape (Reshape, Squeeze, ...);
 * :class:`Folded`: the outputs are known at compile time (Shape, Constant, ...);
-* :class:`Expansion`: other nodes computing it (RNN, GRU, LSTM: a projection, then
-  one step node per time step).
+* :class:`Counted`: a kernel writing outputs whose size the data decides (NonZero, ...)
+  at an upper bound, and their count;
+* :class:`Expanded`: other nodes computing the node (ops registered with
+  ``expands=True``, which the planner expands before it plans them: RNN, GRU and LSTM
+  into a projection and one step node per time step, NonMaxSuppression into kernels and a
+  Loop).
 
 A value of a narrow type (float8, int4, ...; see :mod:`polyfuse.ir.types`) reaches a
 lowering as its storage type (``ctx.dtype``; ``ctx.element`` names the narrow type), so
@@ -76,16 +80,27 @@ class Folded:
 
 
 @dataclass(frozen=True)
-class Expansion:
-    """The node computed by other nodes (``nodes``, in order), each lowered in its turn:
-    for an op whose structure depends on the input shapes (a recurrence unrolled over
-    the time steps), planned per shape. They read the node's inputs and each other's
-    values and define the node's outputs."""
+class Counted:
+    """A kernel whose outputs the data sizes (NonZero, Compress, Unique): it writes them
+    at an upper bound of their size and, as the TC output after them, how many entries
+    hold results (int64, one element). The node outputs at positions ``trims``
+    (``(output, axis)``) hold that many entries along ``axis``; the runtime slices them
+    (see :class:`~polyfuse.ir.plan.Trim`), other outputs are whole."""
+
+    kernel: TCKernel
+    trims: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Expanded:
+    """The node as other nodes (kernels of the op library, control flow), planned in its
+    place; ``constants`` are values they read that the lowering made."""
 
     nodes: tuple[Node, ...]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-Lowered = TCKernel | View | Folded | Expansion
+Lowered = TCKernel | View | Folded | Counted | Expanded
 
 
 @dataclass
@@ -212,6 +227,7 @@ OPS: dict[str, Lowering] = {}
 # polyfuse's own ops, which only expansions make (a recurrence's steps): a model naming
 # one is refused as unsupported, like any op outside OPS
 INTERNAL: dict[str, Lowering] = {}
+EXPANDS: set[str] = set()   # ops whose lowerings give Expanded
 
 
 def lower(ctx: OpContext) -> Lowered:
@@ -240,10 +256,12 @@ def holding(lowered: HeldLowering, to: DType) -> HeldLowering:
     return replace(lowered, narrow=(to if to.is_narrow else None,))
 
 
-def register(*ops: str, internal: bool = False) -> Callable[[Lowering], Lowering]:
+def register(*ops: str, internal: bool = False, expands: bool = False) -> Callable[[Lowering], Lowering]:
     def add(fn: Lowering) -> Lowering:
         for op in ops:
             (INTERNAL if internal else OPS)[op] = fn
+            if expands:
+                EXPANDS.add(op)
         return fn
     return add
 

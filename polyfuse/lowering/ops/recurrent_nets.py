@@ -3,7 +3,7 @@
 A recurrence cannot be one TC statement (a statement never reads what it writes at other
 indices), and unrolling every step into one definition makes kernels whose scheduling
 grows with the sequence. So each node expands, per input shapes, into nodes of its own
-(:class:`~polyfuse.lowering.ops.Expansion`, parts in :mod:`.recurrent_parts` and
+(:class:`~polyfuse.lowering.ops.Expanded`, parts in :mod:`.recurrent_parts` and
 :mod:`.recurrent_cells`):
 
 1. one ``RecurrentProjection``: X times W for every time step and direction, biases
@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from polyfuse.ir.graph import Node
-from polyfuse.lowering.ops import Expansion, OpContext, register
+from polyfuse.lowering.ops import Expanded, OpContext, register
 from polyfuse.lowering.ops.recurrent_cells import FUNCTIONS
 
 X, W, R, B, LENS, H0, C0, P = range(8)
@@ -164,8 +164,8 @@ def _dot(s: _Shape) -> bool:
     return s.batch == 1
 
 
-@register("RNN", "GRU", "LSTM")
-def _expand(ctx: OpContext) -> Expansion:
+@register("RNN", "GRU", "LSTM", expands=True)
+def _expand(ctx: OpContext) -> Expanded:
     op = ctx.node.op
     gates, defaults = _CELLS[op]
     s = _shape(ctx, gates)
@@ -204,7 +204,7 @@ def _expand(ctx: OpContext) -> Expansion:
             c[d] = results[1] if op == "LSTM" else ""
             outputs.append(results[-1] if mask else results[0])
     _outputs(b, s, outputs, h, c, lens)
-    return Expansion(tuple(b.nodes))
+    return Expanded(tuple(b.nodes))
 
 
 def _outputs(b: _Builder, s: _Shape, outputs: list[str], h: list[str], c: list[str],
