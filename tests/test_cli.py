@@ -174,7 +174,9 @@ def test_ctrl_c_stops_tuning_and_keeps_every_record(tc_file, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "polyfuse", "tune", str(tc_file), "--entry", "mm",
                              "--input-shapes", "A:[128,128] B:[128,128]", "--trials", "400",
                              "-o", str(out), "--number", "2", "--repeat", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a shell's background job ignores SIGINT, and its children would too
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and (not out.exists() or not out.read_text().count("\n")):
         time.sleep(0.2)
