@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 import polyfuse as pf
-from polyfuse.errors import BoundsError, ModelError
+from polyfuse.errors import BoundsError, ModelError, UnsupportedOpError
 from tests.onnx.ort_compare import (assert_matches_onnxruntime, one_node_model,
                                     onnxruntime_outputs)
 
@@ -74,3 +74,48 @@ def test_max_unpool_output_shape_smaller_than_unpooled_is_malformed():
                    kernel_shape=[2, 2], strides=[2, 2])
     with pytest.raises(ModelError, match="output_shape"):
         pf.compile(m).run(feeds)
+
+
+def det_model(x):
+    return node_model("Det", {"x": x}, out=helper.np_dtype_to_tensor_dtype(x.dtype))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(3, 5, 5), (2, 1, 7, 7), (2, 2)])
+def test_det_random_batches(target, shape):
+    x = randn(*shape)
+    assert_matches_onnxruntime(det_model(x), {"x": x}, rtol=1e-4, atol=1e-5, target=target)
+
+
+def test_det_double_needs_pivoting():
+    # permuted (signed) identities: every leading element is zero until rows swap
+    x = np.stack([np.eye(6)[RNG.permutation(6)] * RNG.choice([-2.0, 0.5], 6)
+                  for _ in range(4)])
+    x[:, 0, :] += 1e-3 * randn(6, dtype=np.float64)
+    want = ReferenceEvaluator(det_model(x)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(pf.compile(det_model(x)).run({"x": x})["y"], want, rtol=1e-12)
+
+
+def test_det_singular_and_near_singular():
+    x = randn(5, 4, 4)
+    x[0, 3] = x[0, 1]                   # repeated row
+    x[1, :, 2] = 0                      # zero column: a zero pivot
+    x[2, 3] = 2 * x[2, 0] - x[2, 1]     # a combination of rows
+    x[3, 2] = x[3, 0] + 1e-4 * randn(4)  # nearly repeated
+    got = pf.compile(det_model(x)).run({"x": x})["y"]
+    want = np.linalg.det(x.astype(np.float64))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert got[1] == 0
+
+
+def test_det_half_is_computed_in_float():
+    x = randn(3, 6, 6, dtype=np.float16)
+    got = pf.compile(det_model(x)).run({"x": x})["y"]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got, np.linalg.det(x.astype(np.float64)), rtol=5e-3, atol=1e-3)
+
+
+def test_det_refuses_large_matrices():
+    x = randn(65, 65)
+    with pytest.raises(UnsupportedOpError, match="'n'.*up to 64"):
+        pf.compile(det_model(x)).run({"x": x})
