@@ -119,3 +119,88 @@ def test_det_refuses_large_matrices():
     x = randn(65, 65)
     with pytest.raises(UnsupportedOpError, match="'n'.*up to 64"):
         pf.compile(det_model(x)).run({"x": x})
+
+
+def modifier(name, nodes, dtype=F, initializers=()):
+    """A modifier subgraph from ``x`` to ``y`` (shape B, H, L, S)."""
+    shape = ["B", "H", "L", "S"]
+    return helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", dtype, shape)],
+                             [helper.make_tensor_value_info("y", dtype, shape)],
+                             list(initializers))
+
+
+def scalar(name, value, dtype=F):
+    return helper.make_tensor(name, dtype, [], [value])
+
+
+def causal(length, keys):
+    """score_mod: -inf above the diagonal, through a constant mask and Where."""
+    mask = np.tril(np.ones((length, keys), bool))
+    return modifier("causal", [helper.make_node("Where", ["m", "x", "ninf"], ["y"])],
+                    initializers=[helper.make_tensor("m", TensorProto.BOOL, mask.shape,
+                                                     mask.ravel()),
+                                  scalar("ninf", float("-inf"))])
+
+
+def soft_cap(dtype=F):
+    """score_mod: c * tanh(x / c)."""
+    return modifier("soft_cap", [helper.make_node("Div", ["x", "c"], ["t"]),
+                                 helper.make_node("Tanh", ["t"], ["u"]),
+                                 helper.make_node("Mul", ["u", "c"], ["y"])],
+                    dtype, [scalar("c", 2.0, dtype)])
+
+
+SOFT_CAP = soft_cap()
+SQUARED = modifier("squared", [helper.make_node("Mul", ["x", "x"], ["y"])])
+
+
+def flex_model(feeds, out=F, **attrs):
+    node = helper.make_node("FlexAttention", list(feeds), ["y"], name="n",
+                            domain="ai.onnx.preview", **attrs)
+    (b, hq, length, _), ev = feeds["q"].shape, feeds["v"].shape[3]
+    graph = helper.make_graph(
+        [node], "flex",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in feeds.items()],
+        [helper.make_tensor_value_info("y", out, (b, hq, length, ev))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23),
+                                                   helper.make_opsetid("ai.onnx.preview", 1)])
+
+
+def assert_flex_matches_reference(feeds, rtol=1e-5, atol=1e-6, **attrs):
+    m = flex_model(feeds, out=helper.np_dtype_to_tensor_dtype(feeds["q"].dtype), **attrs)
+    want = ReferenceEvaluator(m).run(None, feeds)[0]
+    got = pf.compile(m).run(feeds)["y"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=atol)
+
+
+def qkv(b, hq, hk, length, keys, e, ev, dtype=np.float32):
+    return {"q": randn(b, hq, length, e, dtype=dtype), "k": randn(b, hk, keys, e, dtype=dtype),
+            "v": randn(b, hk, keys, ev, dtype=dtype)}
+
+
+@pytest.mark.parametrize("attrs", [
+    {},
+    {"score_mod": causal(5, 7), "scale": 0.3},
+    {"score_mod": SOFT_CAP},
+    {"prob_mod": SQUARED},
+    {"score_mod": SOFT_CAP, "prob_mod": SQUARED},
+], ids=["plain", "causal", "soft_cap", "prob_squared", "both"])
+def test_flex_attention_modifiers_grouped_heads(attrs):
+    # 6 query heads over 2 key heads, odd lengths and a value size unlike the key size
+    assert_flex_matches_reference(qkv(2, 6, 2, 5, 7, 3, 5), **attrs)
+
+
+def test_flex_attention_double_and_half():
+    assert_flex_matches_reference(qkv(1, 2, 2, 4, 6, 8, 8, np.float64), rtol=1e-12,
+                                  score_mod=soft_cap(TensorProto.DOUBLE))
+    assert_flex_matches_reference(qkv(1, 4, 1, 3, 9, 4, 2, np.float16), rtol=2e-3, atol=2e-3,
+                                  prob_mod=SQUARED)
+
+
+def test_flex_attention_modifier_reading_the_enclosing_graph_is_refused():
+    feeds = qkv(1, 2, 2, 3, 3, 4, 4)
+    outer = modifier("outer", [helper.make_node("Add", ["x", "q"], ["y"])])
+    with pytest.raises(UnsupportedOpError, match="'n'.*score_mod.*enclosing"):
+        pf.compile(flex_model(feeds, score_mod=outer)).run(feeds)
