@@ -199,6 +199,16 @@ def test_flex_attention_double_and_half():
                                   prob_mod=SQUARED)
 
 
+def test_flex_attention_elementwise_modifiers_fuse_into_one_kernel():
+    feeds = qkv(1, 4, 2, 3, 5, 4, 6)
+    m = flex_model(feeds, score_mod=SOFT_CAP, prob_mod=SQUARED)
+    compiled = pf.compile(m)
+    np.testing.assert_allclose(compiled.run(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+    kernels = compiled.dump("kernels")
+    assert kernels.count("def ") == 1 and "n/score_mod/Tanh" in kernels
+
+
 def test_flex_attention_modifier_reading_the_enclosing_graph_is_refused():
     feeds = qkv(1, 2, 2, 3, 3, 4, 4)
     outer = modifier("outer", [helper.make_node("Add", ["x", "q"], ["y"])])

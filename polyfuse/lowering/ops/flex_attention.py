@@ -2,8 +2,9 @@
 applied to the probabilities, times V, expanded into graph nodes the planner fuses.
 
 The modifier subgraphs (``score_mod``, ``prob_mod``: one rank-4 tensor in, one of the
-same shape and type out) are inlined between the nodes, so a modifier of elementwise
-ops fuses into the scores' kernels like any chain of ops, and one polyfuse cannot lower
+same shape and type out) are inlined between the nodes, all in one fusion group: where
+every node lowers to a kernel (elementwise modifiers do) the planner composes them into
+one attention kernel, else it plans them one by one; a modifier op polyfuse cannot lower
 is refused as its inlined node (named ``<node>/score_mod/...``). Grouped-query heads
 read key head ``h / (query heads / key heads)`` through a Gather. As in the ONNX
 reference, Q and K are each scaled by ``sqrt(scale)`` (rounded to the input type), the
@@ -12,6 +13,8 @@ the output is rounded to the input type.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -86,11 +89,19 @@ def _flex_attention(ctx: OpContext) -> Expanded:
         out.constants[heads] = np.arange(hq, dtype=np.int64) // (hq // hk)
         k = add("Gather", "k_heads", k, heads, axis=1)
         v = add("Gather", "v_heads", v, heads, axis=1)
-    kt = add("Transpose", "kt", add("Mul", "k_scaled", k, root), perm=(0, 1, 3, 2))
-    scores = add("MatMul", "qk", add("Mul", "q_scaled", q, root), kt)
-    scores = _modifier(ctx, "score_mod", add("Cast", "scores", scores, to=acc.value), out)
+    def cast(label: str, value: str, to: DType, have: DType) -> str:
+        return value if to is have else add("Cast", label, value, to=to.value)
+
+    k, q = add("Mul", "k_scaled", k, root), add("Mul", "q_scaled", q, root)
+    scores = add("Einsum", "qk", q, k, equation="bhld,bhsd->bhls")
+    scores = _modifier(ctx, "score_mod", cast("scores", scores, acc, dt), out)
     probs = _modifier(ctx, "prob_mod", add("Softmax", "probs", scores, axis=-1), out)
-    mixed = add("MatMul", "pv", probs, add("Cast", "v_cast", v, to=acc.value))
-    out.nodes.append(Node("Cast", f"{name}/y", (mixed,), ctx.node.outputs[:1],
-                          (("to", dt.value),)))
-    return Expanded(tuple(out.nodes), out.constants)
+    mixed = add("MatMul", "pv", probs, cast("v_cast", v, acc, dt))
+    if acc is not dt:
+        mixed = add("Cast", "y", mixed, to=dt.value)
+    last = out.nodes[-1]
+    out.nodes[-1] = replace(last, outputs=ctx.node.outputs[:1])
+    # one fusion group: the planner composes the nodes into one kernel where each lowers
+    # to a kernel (elementwise modifiers included), else plans them one by one
+    group = f"{name}/attention"
+    return Expanded(tuple(replace(n, group=group) for n in out.nodes), out.constants)
