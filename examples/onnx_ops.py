@@ -1,10 +1,13 @@
 """ONNX ops beyond CNNs and transformers, each checked against onnxruntime: a QDQ-quantized
 matmul (QuantizeLinear, QLinearMatMul, DequantizeLinear, integer kernels), a ScatterND
-with an add reduction, GridSample, and an STFT with a Hann window."""
+with an add reduction, GridSample, an STFT with a Hann window, MaxUnpool after MaxPool,
+and batched determinants (Det); and a FlexAttention with a soft-capping score_mod,
+checked against the ONNX reference (onnxruntime does not run it)."""
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 import polyfuse as pf
 
@@ -62,3 +65,38 @@ check("stft",
       [("signal", TensorProto.FLOAT, [1, 128, 1], rng.standard_normal((1, 128, 1)).astype(np.float32))],
       [("spectrum", TensorProto.FLOAT, [1, 7, 17, 2])],
       [("n", np.array(32, np.int64)), ("step", np.array(16, np.int64))], opset=17)
+
+# max pooling undone: each maximum back where it was taken, zeros elsewhere
+check("max_unpool",
+      [helper.make_node("MaxPool", ["img"], ["pooled", "idx"], kernel_shape=[2, 2], strides=[2, 2]),
+       helper.make_node("MaxUnpool", ["pooled", "idx"], ["out"], kernel_shape=[2, 2], strides=[2, 2])],
+      [("img", TensorProto.FLOAT, [1, 3, 6, 8], rng.standard_normal((1, 3, 6, 8)).astype(np.float32))],
+      [("out", TensorProto.FLOAT, [1, 3, 6, 8])])
+
+# determinants of a batch of 5x5 matrices (Gaussian elimination with partial pivoting)
+check("det",
+      [helper.make_node("Det", ["m"], ["det"])],
+      [("m", TensorProto.FLOAT, [4, 5, 5], rng.standard_normal((4, 5, 5)).astype(np.float32))],
+      [("det", TensorProto.FLOAT, [4])])
+
+# attention whose scores pass through a subgraph (soft capping: 5 * tanh(s / 5)) first
+shape = ["B", "H", "L", "S"]
+cap = helper.make_graph(
+    [helper.make_node("Div", ["s", "c"], ["t"]), helper.make_node("Tanh", ["t"], ["u"]),
+     helper.make_node("Mul", ["u", "c"], ["capped"])], "soft_cap",
+    [helper.make_tensor_value_info("s", TensorProto.FLOAT, shape)],
+    [helper.make_tensor_value_info("capped", TensorProto.FLOAT, shape)],
+    [helper.make_tensor("c", TensorProto.FLOAT, [], [5.0])])
+qkv = {"q": rng.standard_normal((1, 4, 6, 8)).astype(np.float32),     # 4 query heads ...
+       "k": rng.standard_normal((1, 2, 10, 8)).astype(np.float32),    # ... share 2 key heads
+       "v": rng.standard_normal((1, 2, 10, 8)).astype(np.float32)}
+graph = helper.make_graph(
+    [helper.make_node("FlexAttention", ["q", "k", "v"], ["y"], domain="ai.onnx.preview",
+                      score_mod=cap)], "flex",
+    [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in qkv.items()],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 8])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23),
+                                                helper.make_opsetid("ai.onnx.preview", 1)])
+diff = np.abs(pf.compile(model).run(qkv)["y"] - ReferenceEvaluator(model).run(None, qkv)[0]).max()
+print(f"{'flex_attn':<12} {'y':<9} {'float32':<8} shape {str((1, 4, 6, 8)):<14} "
+      f"max |polyfuse - onnx reference| = {diff:.2g}")

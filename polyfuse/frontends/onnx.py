@@ -114,6 +114,10 @@ def _constant_value(a: onnx.AttributeProto) -> np.ndarray | None:
     return make() if make is not None else None
 
 
+# ops of other domains polyfuse lowers, under their bare names (no default-domain op has them)
+OTHER_DOMAIN_OPS = {("ai.onnx.preview", "FlexAttention")}
+
+
 def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
              supported: set[str] | None = None) -> Graph:
     """The graph IR of an ONNX model; ops outside ``supported`` are all reported at once."""
@@ -148,7 +152,7 @@ def _import_nodes(g: onnx.GraphProto, opset: int, supported: set[str] | None,
     nodes: list[Node] = []
     for k, n in enumerate(g.node):
         name = n.name or f"{scope}{n.op_type}_{k}"
-        if n.domain not in ("", "ai.onnx"):
+        if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in OTHER_DOMAIN_OPS:
             unsupported.setdefault(f"{n.domain}.{n.op_type}", []).append(name)
             continue
         if n.op_type == "Constant" and len(n.attribute) == 1:

@@ -49,7 +49,7 @@ def resolve_control_flow(node: Node, types: Mapping[str, TensorType],
         if cond is None:
             return None
         branch = node.attr("then_branch" if _truth(node, cond) else "else_branch")
-        _bind(node, out, _inline(node, branch, parts, {}, f"{node.name}/", out), node.outputs)
+        _bind(node, out, inline_body(node, branch, parts, {}, f"{node.name}/", out), node.outputs)
         return out
     if node.op == "Loop":
         return _unroll_loop(node, parts, consts, opset, out)
@@ -75,7 +75,7 @@ def _truth(node: Node, cond: np.ndarray) -> bool:
     return bool(cond.reshape(-1)[0])
 
 
-def _inline(node: Node, body: Graph, parts: ControlParts, bound: dict[str, str], prefix: str,
+def inline_body(node: Node, body: Graph, parts: ControlParts, bound: dict[str, str], prefix: str,
             out: Inlined) -> list[str]:
     """``body``'s nodes renamed under ``prefix`` with its inputs ``bound`` (body name ->
     value) and its captures read from the node's inputs, added to ``out``; the values
@@ -134,7 +134,8 @@ def _unroll_loop(node: Node, parts: ControlParts, consts: Mapping[str, np.ndarra
         counter = _constant(out, f"{node.name}/{k}:iteration", np.array(k, np.int64))
         flag = _constant(out, f"{node.name}/{k}:condition", np.array(True))
         names = [v.name for v in body.inputs]
-        values = _inline(node, body, parts, dict(zip(names, [counter, flag, *carried])), prefix, out)
+        bound = dict(zip(names, [counter, flag, *carried]))
+        values = inline_body(node, body, parts, bound, prefix, out)
         carried = values[1:1 + parts.carried]
         for scan, value in zip(scans, values[1 + parts.carried:]):
             scan.append(value)
@@ -210,7 +211,7 @@ def _unroll_scan(node: Node, parts: ControlParts, types: Mapping[str, TensorType
             index = _constant(out, f"{node.name}/{k}:index{j}", np.array(at, np.int64))
             slices.append(f"{node.name}/{k}:slice{j}")
             out.nodes.append(Node("Gather", slices[-1], (x, index), (slices[-1],), (("axis", a),)))
-        values = _inline(node, body, parts, dict(zip(names, states + slices)), prefix, out)
+        values = inline_body(node, body, parts, dict(zip(names, states + slices)), prefix, out)
         states = values[:parts.carried]
         for scan, value in zip(scans, values[parts.carried:]):
             scan.append(value)

@@ -219,3 +219,80 @@ def _col2im(ctx: OpContext) -> TCKernel:
     line = statement("Y", y, rhs, out, taps + lets, "+=!")
     return TCKernel(definition([parameter(ctx, 0, "X")], [tensor_param("Y", (ctx.dtype(0), out))],
                                [line]), (0,))
+
+
+def _unpool_shapes(ctx: OpContext) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """(kernel, strides, begin pads, the shape the indices count in, the output shape)."""
+    data = ctx.shape(0)
+    dims = len(data) - 2
+    if dims < 1 or ctx.shape(1) != data:
+        raise ctx.malformed(f"data of shape {data} and indices of shape {ctx.shape(1)} must "
+                            "agree and have rank >= 3 (N, C, spatial dimensions)")
+    kernel = ctx.ints(ctx.attr("kernel_shape"), "kernel_shape", dims, least=1)
+    stride = ctx.ints(ctx.attr("strides", [1] * dims), "strides", dims, least=1)
+    pads = ctx.ints(ctx.attr("pads", [0] * 2 * dims), "pads", 2 * dims, least=0)
+    inferred = list(data[:2]) + [(data[2 + m] - 1) * stride[m] - pads[m] - pads[m + dims]
+                                 + kernel[m] for m in range(dims)]
+    out = inferred
+    if ctx.has(2):
+        out = ctx.ints(ctx.const(2, "output_shape"), "output_shape", len(data), least=0)
+        if any(o < n for o, n in zip(out, inferred)):
+            raise ctx.malformed(f"output_shape {out} is smaller than the unpooled shape "
+                                f"{inferred} the indices count in")
+    if min(inferred) < 1:
+        raise ctx.malformed(f"the unpooled shape {inferred} is empty")
+    return kernel, stride, pads[:dims], inferred, out
+
+
+@register("MaxUnpool")
+def _max_unpool(ctx: OpContext) -> TCKernel:
+    """Values back at the positions MaxPool took them from, zeros elsewhere.
+
+    The indices are flat positions in the unpooled shape (then placed at the start of a
+    larger ``output_shape``). Each output element looks only at the inputs whose pooling
+    window covers it, so the work is the output size times the window size; an index
+    outside its own window (which MaxPool never produces) fails when the kernel runs,
+    through the arange reads of ``V``, instead of being dropped. Where windows overlap,
+    the last input (in flat order) naming an element wins, as in the ONNX reference."""
+    data = ctx.shape(0)
+    dims = len(data) - 2
+    kernel, stride, pads, inferred, out = _unpool_shapes(ctx)
+    x = list(INDEX[:len(data)])
+    plane = math.prod(inferred[2:])
+    # V: every index read back as its offset in its window (R1..) of its own plane (R0)
+    pos = f"{access('I', x)} - ({x[0]} * {data[1]} + {x[1]}) * {plane}"
+    checks = [access("R0", ["p"])]
+    for m in range(dims):
+        coord = f"floormod(floordiv(p, {math.prod(inferred[3 + m:])}), {inferred[2 + m]})"
+        checks.append(access(f"R{m + 1}", [f"{coord} - {x[2 + m]} * {stride[m]} + {pads[m]}"]))
+    check = statement("V", x, " + ".join(checks), data, [f"p = {pos}"])
+    # L: the flat position (in the input plane) of the last input naming each element
+    y = list(INDEX[:len(data)])
+    lets, inside, taps = [], [], []
+    for m in range(dims):
+        taps.append(f"k{m} in 0:{kernel[m]}")
+        lets.append(f"q{m} = {y[2 + m]} + {pads[m]} - k{m}")
+        lets.append(f"b{m} = floordiv(q{m}, {stride[m]})")
+        inside += [f"floormod(q{m}, {stride[m]}) == 0", f"b{m} >= 0", f"b{m} < {data[2 + m]}"]
+    src = y[:2] + [f"b{m}" for m in range(dims)]
+    flat = f"({y[0]} * {data[1]} + {y[1]})"
+    for m in range(dims):
+        flat = f"({flat} * {inferred[2 + m]} + {y[2 + m]})"
+    key = " + ".join(f"b{m} * {math.prod(data[3 + m:])}" for m in range(dims))
+    match = f"{access('V', src)} >= 0 && {access('I', src)} == {flat}"
+    rhs = f"{' && '.join(inside)} ? ({match} ? int64({key}) : int64(-1)) : int64(-1)"
+    last = statement("L", y, rhs, inferred, taps + lets, "max=!")
+    # Y: the value L picks inside the unpooled shape, zero outside it
+    picked = y[:2] + [f"floormod(floordiv(max({access('L', y)}, 0), {math.prod(data[3 + m:])}), "
+                      f"{data[2 + m]})" for m in range(dims)]
+    zero = literal(0, ctx.dtype(0))
+    within = " && ".join(f"{y[2 + m]} < {inferred[2 + m]}" for m in range(dims))
+    value = f"({access('L', y)} >= 0 ? {access('X', picked)} : {zero})"
+    fill = statement("Y", y, f"{within} ? {value} : {zero}", out)
+    constants = [_arange(plane)] + [_arange(k) for k in kernel]
+    params = [parameter(ctx, 0, "X"), parameter(ctx, 1, "I")]
+    params += [tensor_param(f"R{c}", (DType.INT64, a.shape)) for c, a in enumerate(constants)]
+    temps = [tensor_param("V", (DType.INT64, data)), tensor_param("L", (DType.INT64, inferred))]
+    outputs = [tensor_param("Y", (ctx.dtype(0), out))] + temps
+    return TCKernel(definition(params, outputs, [check, last, fill]), (0, 1),
+                    constants=tuple(constants))
