@@ -102,7 +102,10 @@ class Layout:
                       tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN and b.name not in read))
 
     def arguments(self, values: Mapping[str, Any]) -> list[np.ndarray]:
-        """The input arrays in order; packed inputs not in ``values`` made from their sources."""
+        """The input arrays in order; packed inputs not in ``values`` made from their sources
+        (a kernel called alone, on every call: a compiled model gives them made once)."""
+        if not self.packed:   # every call of most kernels: no packed inputs to look for
+            return [np.ascontiguousarray(values[n]) for n in self.inputs]
         packed = {name: (shape, p) for name, shape, p in self.packed}
         return [np.ascontiguousarray(values[n]) if n in values or n not in packed
                 else packed_copy(np.asarray(values[packed[n][1].source]), *packed[n]) for n in self.inputs]
