@@ -157,13 +157,16 @@ class _Packer:
         if reuse < MIN_REUSE:
             return None
         box = (extents[-1] // nr, *extents[:-1], nr)
-        packing = _packing(tensor, sites[0], tiles, lows, nr, len(box)) if tiles is not None else None
-        shape = (*(lp.trips for lp in tiles or ()), *box)
-        # every box the tile loops visit, even those an enclosing guard skips (a partial
-        # last tile), must lie inside the operand
-        prepacked = packing is not None and packing.inside(shape, source.shape) \
-            and math.prod(shape) <= PREPACK_GROWTH * math.prod(source.shape)
-        if tiles is not None and packing is not None and prepacked:
+        packing = None
+        if tiles is not None:
+            shape = (*(lp.trips for lp in tiles), *box)
+            packing = _packing(tensor, sites[0], tiles, lows, nr, len(box))
+            # every box the tile loops visit, even those an enclosing guard skips (a partial
+            # last tile), must lie inside the operand
+            if not packing.inside(shape, source.shape) \
+                    or math.prod(shape) > PREPACK_GROWTH * math.prod(source.shape):
+                packing = None
+        if tiles is not None and packing is not None:
             name = self.fresh(f"{tensor}_prepacked")
             self.buffers.append(Buffer(name, source.dtype, shape, BufferRole.IN, packing=packing))
             lead = [_tile_number(lp) for lp in tiles]
@@ -187,7 +190,7 @@ class _Packer:
             return Read(name, (*lead, panel, *within, IndexVar(v, _I64)), source.dtype)
 
         top = replace(top, body=map_body_exprs(top.body, packed_read))
-        return top, [] if prepacked else [self.copy(name, source, sites[0], lows, box, nr)]
+        return top, [] if packing is not None else [self.copy(name, source, sites[0], lows, box, nr)]
 
     def copy(self, name: str, source: Buffer, site: _Site, lows: list[int],
              shape: tuple[int, ...], nr: int) -> Stmt:
