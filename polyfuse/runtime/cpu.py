@@ -24,7 +24,8 @@ from polyfuse.runtime.program import Layout
 from polyfuse.scheduler.heuristics import default_options
 from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
-from polyfuse.scheduler.pipeline import schedule_definition
+from polyfuse.scheduler.loop_passes.dead_stores import stored
+from polyfuse.scheduler.pipeline import Usage, schedule_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, load_object,
                                   runs_natively, target_description, vector_bits)
@@ -79,19 +80,19 @@ def _aligned(given: object) -> np.ndarray:
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,
           options: MappingOptions | None, stages: dict[str, str],
-          constants: frozenset[str] = frozenset()) -> Any:
+          usage: Usage = Usage()) -> Any:
     """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled;
     a :class:`CpuExecutable`, or a :class:`~polyfuse.runtime.cross.CrossExecutable`
-    for code this process cannot run. Parameters in ``constants`` take the same values
-    on every call (weights), which lets the kernel read them packed ahead of time."""
+    for code this process cannot run. ``usage``: what the caller promises (weights that
+    the kernel may read packed ahead of time, outputs it need not store)."""
     sizes = dict(sizes)
     options = options or default_options(d, sizes, vector_bits(target))
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
-                           target_description(target), repr(options), repr(sorted(constants)))
+                           target_description(target), repr(options), usage.key())
     exe = cache.fetch(
         key, _COMPILED, STATS,
         lambda obj, meta: executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target),
-        lambda: _compile(d, sizes, target, options, key, constants))
+        lambda: _compile(d, sizes, target, options, key, usage))
     stages.update(exe.stages)
     if "asm" not in stages and "llvm_opt" in stages and hasattr(stages, "later"):
         stages.later("asm", lambda: assembly(stages["llvm_opt"], target))
@@ -109,11 +110,11 @@ def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Targe
 
 
 def _compile(d: Definition, sizes: dict[str, int], target: Target, options: MappingOptions,
-             key: str, constants: frozenset[str]) -> Any:
+             key: str, usage: Usage) -> Any:
     stages = {"options": repr(options)}
     initialized: set[str] = set()
-    kernel = schedule_definition(d, sizes, options, stages, initialized, constants)
-    layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized)
+    kernel = schedule_definition(d, sizes, options, stages, initialized, usage)
+    layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized - (usage.discarded - stored(kernel)))
     if runs_natively(target):
         jit = compile_kernel(kernel, target, options.num_threads,
                              parallel_for=native.parallel_for_threads_address())

@@ -29,6 +29,7 @@ from polyfuse.runtime.arguments import BoundArguments, bind_arguments, check_sca
 from polyfuse.scheduler.model import initial_outputs, skipped_inits
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.options import MappingOptions, check_options
+from polyfuse.scheduler.pipeline import Usage
 from polyfuse.targets import BACKENDS, Codegen, Device, Target
 
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
@@ -47,26 +48,26 @@ class Tuning(Protocol):
 
 
 Builder = Callable[[Definition, Mapping[str, int], Target, "MappingOptions | None", dict[str, str],
-                    frozenset[str]], Executable]
+                    Usage], Executable]
 
 
 def _build_reference(d: Definition, sizes: Mapping[str, int], target: Target,
                      options: MappingOptions | None, stages: dict[str, str],
-                     constants: frozenset[str] = frozenset()) -> Executable:
+                     usage: Usage = Usage()) -> Executable:
     check_accesses(d, sizes)  # the refusals of the native targets, before anything runs
     return lambda values: interpret(d, values, sizes)
 
 
 def _build_cpu(d: Definition, sizes: Mapping[str, int], target: Target,
                options: MappingOptions | None, stages: dict[str, str],
-               constants: frozenset[str] = frozenset()) -> Executable:
+               usage: Usage = Usage()) -> Executable:
     from polyfuse.runtime import cpu  # loads LLVM and the native runtime
-    return cpu.build(d, sizes, target, options, stages, constants)
+    return cpu.build(d, sizes, target, options, stages, usage)
 
 
 def _build_cuda(d: Definition, sizes: Mapping[str, int], target: Target,
                 options: MappingOptions | None, stages: dict[str, str],
-                constants: frozenset[str] = frozenset()) -> Executable:
+                usage: Usage = Usage()) -> Executable:
     from polyfuse.runtime import cuda  # loads NVRTC; the driver only when a kernel runs
     return cuda.build(d, sizes, target, options, stages)
 
@@ -203,11 +204,12 @@ class Kernel:
 
     def __init__(self, definition: Definition, target: Target, source: str,
                  options: MappingOptions | None = None, tuning: Tuning | None = None,
-                 constants: frozenset[str] = frozenset()) -> None:
-        """``constants``: parameters whose values every call shares (a model's weights),
-        which CPU kernels may read from copies packed ahead of time."""
+                 usage: Usage = Usage()) -> None:
+        """``usage``: what the caller promises (:class:`~polyfuse.scheduler.pipeline.Usage`):
+        parameters whose values every call shares (a model's weights), which CPU kernels
+        may read from copies packed ahead of time, and outputs it never reads."""
         check_target(target)
-        self.constants = constants
+        self.usage = usage
         self.definition = definition
         self.target = target
         self.source = source
@@ -277,7 +279,7 @@ class Kernel:
                          "specialized": str(specialized)})
         try:
             run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages,
-                                             self.constants)
+                                             self.usage)
         except AccessRangeError as e:
             raise e.with_source(self.source) from None
         return SpecializedKernel(specialized, dict(sizes), self.target, stages, run, self.definition)

@@ -32,6 +32,7 @@ from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declar
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
 from polyfuse.scheduler.options import MappingOptions
+from polyfuse.scheduler.pipeline import Usage
 from polyfuse.targets import Device, Target
 
 
@@ -54,7 +55,8 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                   tuning: Tuning | None) -> CompiledPlan:
     """Every kernel step of ``plan`` compiled for ``target``, and what runs them. Steps of
     one TC text on buffers of one type (a recurrence's time steps) share one kernel, when
-    each step has constant values for the parameters the kernel reads packed."""
+    each step has constant values for the parameters the kernel reads packed. A step's
+    private temporaries are outputs no one reads after it: the kernel need not store them."""
     kernels: list[SpecializedKernel | None] = []
     made: dict[tuple, list[SpecializedKernel]] = {}
     for st in plan.steps:
@@ -62,10 +64,11 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
             kernels.append(None)
             continue
         constants = frozenset(p.name for p, n in zip(st.definition.params, st.inputs) if n in plan.constants)
-        alike = made.setdefault((st.source, tuple(plan.types[n] for n in st.inputs)), [])
+        discarded = frozenset(t.name for t in st.definition.outputs[len(st.outputs):])
+        alike = made.setdefault((st.source, tuple(plan.types[n] for n in st.inputs), discarded), [])
         spec = next((k for k in alike if _packed_sources(k) <= constants), None)
         if spec is None:
-            kernel = Kernel(st.definition, target, st.source, options, tuning, constants)
+            kernel = Kernel(st.definition, target, st.source, options, tuning, Usage(constants, discarded))
             spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
             alike.append(spec)
         if spec.output_shapes != tuple(tuple(plan.types[n].shape) for n in st.defines):

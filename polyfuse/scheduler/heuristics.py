@@ -14,6 +14,8 @@ Two kinds of kernels:
   (``X(b, k) * W(n, k)``), the reduction index is vectorized instead (dot products).
   A small reduction takes these options too when the plain ones would vectorize its
   reduction index across an operand's rows (:func:`_gathers`).
+* *row sums* (a global pool over a channels-last map): the contiguous output index
+  innermost and vectorized, the reduction loops around it (:func:`_reduces_rows`).
 * everything else: fused loops, the outer loop parallel, the innermost vectorized.
 
 The choices are made by index name; :class:`~polyfuse.scheduler.loop_nest.LoopNest`
@@ -52,6 +54,8 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     width = max(1, vector_bits // element_bits(d))
     nest = LoopNest.of(d, sizes)
     st = nest.statement
+    if _reduces_rows(nest):
+        return _row_reduction(nest, width)
     if nest.work < CONTRACTION_MIN and _gathers(d, nest):
         return _contraction(nest, width)
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
@@ -81,6 +85,35 @@ def _gathers(d: Definition, nest: LoopNest) -> bool:
     across = any(red[-1] not in _names(r.indices[-1]) and any(red[-1] in _names(x) for x in r.indices)
                  for r in reads)
     return across and any(lhs[-1] in _names(r.indices[-1]) for r in reads)
+
+
+def _reduces_rows(nest: LoopNest) -> bool:
+    """Whether the heaviest statement sums whole rows: every operand reads the last
+    output index contiguously and no reduction index there (a global average pool over a
+    channels-last map, a column sum). The plain schedule would vectorize its innermost
+    reduction index, a gather per vector; the output index goes innermost instead."""
+    st, lhs, red = nest.statement, nest.outputs, nest.reduction_members
+    if not lhs or not red or not st.indices or lhs[-1] != st.indices[-1]:
+        return False
+    reads = [_names(r.indices[-1]) for r in walk(st.rhs)
+             if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
+    return bool(reads) and all(lhs[-1] in last and not last & set(red) for last in reads)
+
+
+def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
+    """Rows summed into a vector of accumulators (:func:`_reduces_rows`): the output index
+    innermost and vectorized, in tiles of whole vectors (several when the other outputs
+    leave the threads too few tiles), the reduction loops around it."""
+    lhs, red = list(nest.outputs), list(nest.reduction_members)
+    vec, extents = lhs[-1], nest.extent_of()
+    others = math.prod(extents[i] for i in lhs[:-1])
+    chunk = extents[vec]
+    while chunk % (2 * width) == 0 and others * (extents[vec] // chunk) < PARALLEL_TILES:
+        chunk //= 2
+    return MappingOptions(fusion=Fusion.MIN, reorder_reductions=True,
+                          tile_sizes=nest.per_member({i: 1 for i in lhs[:-1]} | {vec: chunk}),
+                          point_order=nest.order(lhs[:-1] + red + [vec]), vector_width=width,
+                          unroll=2 if chunk >= 2 * width else 1)
 
 
 def _contraction(nest: LoopNest, width: int) -> MappingOptions:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from polyfuse.ir.comprehension import Definition
@@ -18,8 +18,8 @@ from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
-from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, fuse_epilogues, pack_operands,
-                                            promote_accumulators, promote_register_blocks,
+from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead_stores, fuse_epilogues,
+                                            pack_operands, promote_accumulators, promote_register_blocks,
                                             separate_full_tiles, unroll_and_jam)
 from polyfuse.scheduler.model import build_model, covers, skipped_inits
 from polyfuse.scheduler.options import MappingOptions
@@ -28,18 +28,37 @@ from polyfuse.scheduler.schedule import compute_schedule
 GpuPass = Callable[[GpuKernel], GpuKernel]
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a kernel's caller (a model's plan) promises about its tensors: ``constants``,
+    parameters with the same values on every call (weights: their panels packed once,
+    ahead of time, by :func:`~polyfuse.scheduler.loop_passes.pack_operands`);
+    ``discarded``, outputs it never reads (a fusion group's intermediates: stores to them
+    that the kernel does not read back are dropped, see
+    :func:`~polyfuse.scheduler.loop_passes.drop_dead_stores`). A TC caller, which gets
+    every output back, promises nothing."""
+
+    constants: frozenset[str] = frozenset()
+    discarded: frozenset[str] = frozenset()
+
+    def key(self) -> str:
+        """A text that identifies the promises (for cache keys: the same in every process)."""
+        return repr((sorted(self.constants), sorted(self.discarded)))
+
+
 def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(),
                     initialized: set[str] | None = None, whole: frozenset[str] = frozenset(),
-                    constants: frozenset[str] = frozenset()) -> tuple[LoopPass, ...]:
+                    usage: Usage = Usage()) -> tuple[LoopPass, ...]:
     """The loop passes of a CPU kernel, in order (``zeroed`` and ``initialized`` as
     :func:`~polyfuse.scheduler.loop_passes.promote_register_blocks` takes them, ``whole``
-    as :func:`~polyfuse.scheduler.loop_passes.fuse_epilogues`, ``constants`` as
-    :func:`~polyfuse.scheduler.loop_passes.pack_operands`)."""
+    as :func:`~polyfuse.scheduler.loop_passes.fuse_epilogues`; ``usage`` says which inputs
+    to pack ahead of time and which outputs need no stores)."""
     return (separate_full_tiles, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
             promote_accumulators,
             Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),
             Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)),
-            Pass("pack_operands", lambda k: pack_operands(k, constants)))
+            Pass("drop_dead_stores", lambda k: drop_dead_stores(k, usage.discarded)),
+            Pass("pack_operands", lambda k: pack_operands(k, usage.constants)))
 
 
 def written_whole(d: Definition) -> frozenset[str]:
@@ -94,16 +113,15 @@ def _run(manager: PassManager[IR], ir: IR, stages: dict[str, str] | None, stage:
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
                         stages: dict[str, str] | None = None,
-                        initialized: set[str] | None = None,
-                        constants: frozenset[str] = frozenset()) -> LoopKernel:
+                        initialized: set[str] | None = None, usage: Usage = Usage()) -> LoopKernel:
     """Model, schedule, tile and lower ``d`` for concrete ``sizes``.
 
     ``stages`` (if given) receives the text of the isl schedule tree and the loop IR.
     Accesses not proven inside their tensors are refused or checked at run time
     (:mod:`polyfuse.scheduler.bounds`). ``initialized`` (if given) receives the outputs
-    the kernel starts at zero itself, which the runtime then need not fill. Parameters
-    named in ``constants`` have the same values on every call (weights): their panels
-    are packed once, before the kernel runs (packed input buffers).
+    the kernel starts at zero itself, which the runtime then need not fill. ``usage``
+    says what the caller promises (:class:`Usage`): weights whose panels are packed once,
+    before the kernel runs (packed input buffers), and outputs it never reads.
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes)
@@ -111,7 +129,7 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
         stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, options)
     return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized, written_whole(d),
-                                                    constants), stages)
+                                                    usage), stages)
 
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

@@ -81,6 +81,28 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     assert rowsum.to_named(default_gpu_options(d, {"N": 64, "D": 1000})).tile_sizes == (("n", 1), ("d", 0))
 
 
+GLOBAL_POOL = ("def pool(float(N,H,W,C) X) -> (Y) { Y(n,c) +=! X(n,h,w,c) }")
+
+
+@pytest.mark.parametrize("sizes", [{"N": 1, "H": 7, "W": 7, "C": 40}, {"N": 2, "H": 9, "W": 5, "C": 33},
+                                   {"N": 1, "H": 56, "W": 56, "C": 96}])
+def test_a_sum_over_whole_rows_vectorizes_the_output_index_inside_the_reduction(sizes):
+    """A global pool over a channels-last map reads c contiguously and sums h and w: the
+    channels go innermost and vectorized, inside the reduction loops, in whole-vector
+    tiles for the threads (not the plain order, which would gather along w)."""
+    import numpy as np
+    import polyfuse as pf
+    d, pool = nest(GLOBAL_POOL, "pool", sizes)
+    o = default_options(d, sizes, 512)
+    named = pool.to_named(o)
+    assert named.point_order == ("n", "h", "w", "c") and o.vector_width == 16
+    chunk = dict(named.tile_sizes)["c"]
+    assert chunk == sizes["C"] or chunk % 16 == 0
+    x = np.random.default_rng(0).standard_normal(tuple(sizes[k] for k in "NHWC")).astype(np.float32)
+    got = pf.define(GLOBAL_POOL, target="host").pool(x)
+    np.testing.assert_allclose(got, x.sum(axis=(1, 2)), rtol=1e-4, atol=1e-4)
+
+
 def test_the_space_is_built_on_the_same_nest():
     task = Task(CONV, "conv", ((1, 64, 30, 30), (64, 64, 3, 3)), ("float32", "float32"))
     space = SearchSpace.for_task(task)

@@ -19,7 +19,7 @@ from polyfuse.ir.passes import Pass
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
 from polyfuse.scheduler.gpu_mapping import DeviceLimits
-from polyfuse.scheduler.loop_passes import (LoopPassManager, fuse_epilogues, promote_accumulators,
+from polyfuse.scheduler.loop_passes import (LoopPassManager, drop_dead_stores, fuse_epilogues, promote_accumulators,
                                              promote_register_blocks, unroll_and_jam)
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition, schedule_gpu_definition
@@ -142,7 +142,7 @@ def test_the_pipeline_keeps_the_loops_after_each_named_pass():
     names = [s for s in stages if s.startswith("loops")]
     assert names == ["loops:lower_schedule", "loops:separate_full_tiles", "loops:unroll_and_jam",
                      "loops:promote_accumulators", "loops:promote_register_blocks", "loops:fuse_epilogues",
-                     "loops:pack_operands", "loops"]
+                     "loops:drop_dead_stores", "loops:pack_operands", "loops"]
     assert stages["loops:lower_schedule"] == MM and stages["loops:unroll_and_jam"] == MM_JAMMED_3
     assert stages["loops"] == stages["loops:pack_operands"] == str(kernel)
     for name in names:
@@ -350,6 +350,43 @@ def test_an_epilogue_after_a_tiled_reduction_runs_on_its_last_tile():
 def test_epilogues_that_do_not_read_the_block_element_for_element_stay_apart(change):
     kernel = parse_kernel(EPILOGUE.replace(*change))
     assert fuse_epilogues(kernel) == kernel
+
+
+def test_a_discarded_product_is_not_stored_once_its_epilogue_runs_in_the_blocks():
+    """A plan's step discards the product C (a private temporary): after epilogue fusion
+    nothing reads C, so its stores go; Y is unchanged. With the reduction tiled, the
+    blocks read C back between tiles (as they do here from the start), so its stores stay."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    bias = RNG.standard_normal(10).astype(np.float32)
+    zeroed = EPILOGUE.replace("acc(0, c2) = C(c1, c0 + c2)", "acc(0, c2) = 0.0").replace(
+        "acc(1, c2) = C(c1 + 1, c0 + c2)", "acc(1, c2) = 0.0")
+    fused = fuse_epilogues(parse_kernel(zeroed))
+    out = drop_dead_stores(fused, frozenset({"C"}))
+    assert "C(c1, c0 + c2) = " not in str(out) and "Y(c1 + 1, c0 + c2) = max(acc(1, c2)" in str(out), str(out)
+    got = interpret_kernel(out, {"A": a, "B": b, "D": bias})
+    np.testing.assert_allclose(got["Y"], np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
+    assert drop_dead_stores(fused) == fused   # nothing discarded: a TC caller gets C back
+    tiled = fuse_epilogues(parse_kernel(EPILOGUE.replace(
+        "    for c1 in 0:4 step 2 {\n", "    for c9 in 0:6 step 3 {\n    for c1 in 0:4 step 2 {\n")
+        .replace("      for c3 in 0:6 {", "      for c3 in c9:c9 + 3 {").replace("  for c4 in 0:4 {", "  }\n  for c4 in 0:4 {")))
+    assert drop_dead_stores(tiled, frozenset({"C"})) == tiled
+
+
+def test_a_models_fused_kernels_do_not_store_their_private_temporaries():
+    """A fusion group's intermediate (the product before its bias and ReLU) is a private
+    temporary of the plan's step: the kernel writes only what the graph reads."""
+    from tests.onnx.test_frontend import mlp
+    model = pf.compile(mlp(), target="host")
+    x = RNG.standard_normal((2, 16)).astype(np.float32)
+    got = model.run({"x": x})
+    want = pf.compile(mlp(), target="reference").run({"x": x})
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    (step, kernel), *_ = model._latest_plan("x").steps()
+    assert step.temporaries, "the group should keep its product as a temporary"
+    private = [t.name for t in step.definition.outputs[len(step.outputs):]]
+    stores = [line.split("(")[0].strip() for line in kernel.stages["loops"].splitlines() if " = " in line]
+    assert not set(private) & set(stores), kernel.stages["loops"]
 
 
 @pytest.mark.parametrize("k", [64, 300])   # one reduction tile; three, the last partial

@@ -179,10 +179,11 @@ def test_aarch64_kernels_read_packed_panels():
 def test_a_kernel_given_constants_packs_them_per_call_when_run_alone():
     from polyfuse.frontends.tc import parse
     from polyfuse.runtime.kernel import Kernel
+    from polyfuse.scheduler.pipeline import Usage
     a = RNG.standard_normal((197, 300)).astype(np.float32)
     b = RNG.standard_normal((300, 520)).astype(np.float32)
     target = pf.define(MM, target="host").mm.target
-    kernel = Kernel(parse(MM).definitions[0], target, MM, constants=frozenset({"B"}))
+    kernel = Kernel(parse(MM).definitions[0], target, MM, usage=Usage(constants=frozenset({"B"})))
     assert "B_prepacked = pack B(" in kernel.specialize(a, b).stages["loops"]
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=2e-3)
 

@@ -10,6 +10,8 @@ scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lower
   accumulators kept in a ``local`` array across its reduction;
 * :func:`fuse_epilogues` (``epilogues.py``): a contraction's pointwise consumer applied
   in its register blocks' stores;
+* :func:`drop_dead_stores` (``dead_stores.py``): stores to outputs the caller discards
+  and the kernel never reads back, dropped;
 * :func:`pack_operands` (``pack_operands.py``): a micro-kernel's vector operand copied
   into contiguous panels (a ``local`` buffer per thread).
 
@@ -24,6 +26,7 @@ from typing import ClassVar
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.ir.passes import Pass, PassManager
+from polyfuse.scheduler.loop_passes.dead_stores import drop_dead_stores
 from polyfuse.scheduler.loop_passes.epilogues import fuse_epilogues
 from polyfuse.scheduler.loop_passes.pack_operands import pack_operands
 from polyfuse.scheduler.loop_passes.promote_accumulators import promote_accumulators
@@ -33,7 +36,7 @@ from polyfuse.scheduler.loop_passes.unroll_and_jam import unroll_and_jam
 
 LoopPass = Callable[[LoopKernel], LoopKernel]
 
-__all__ = ["LoopPass", "LoopPassManager", "Pass", "fuse_epilogues", "pack_operands", "promote_accumulators",
+__all__ = ["LoopPass", "LoopPassManager", "Pass", "drop_dead_stores", "fuse_epilogues", "pack_operands", "promote_accumulators",
            "promote_register_blocks", "separate_full_tiles",
            "unroll_and_jam"]
 
