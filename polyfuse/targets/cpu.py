@@ -173,7 +173,8 @@ def compile_object(kernel: LoopKernel, target: Target, num_threads: int = 0) -> 
 
 def _optimized_module(kernel: LoopKernel, target: Target, tm: llvm.TargetMachine,
                       num_threads: int) -> tuple[llvm.ModuleRef, dict[str, str]]:
-    text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads, "sve" in target.features)
+    text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads, "sve" in target.features,
+                       vector_bits(target) == 512)
     mod = parse_module(text, f"kernel '{kernel.name}'")
     optimize(mod, tm)
     return mod, {"llvm": text, "llvm_opt": str(mod)}

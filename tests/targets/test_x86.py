@@ -92,3 +92,26 @@ def test_requested_vector_width_reaches_the_machine_code():
     k = pf.define(src, target="x86", options=MappingOptions(vector_width=8, parallel=0)).f.specialize(x)
     assert "<8 x float>" in k.stages["llvm_opt"]
     np.testing.assert_array_equal(k(x), x * 2 + 1)
+
+
+@pytest.mark.parametrize("n", [49, 144, 200, 16])
+def test_vector_loops_end_in_whole_or_masked_vectors(n):
+    """The interleave count divides the number of whole vectors (144 = 9 vectors: not
+    interleaved by 2, which would leave the last vector to a scalar loop); a trip count
+    that is not whole vectors ends in a masked vector on AVX-512 hosts."""
+    from polyfuse.targets.cpu import vector_bits
+    from polyfuse.targets.llvm_kernel import _fit_to_trip_count
+    from polyfuse.ir.comprehension import Literal
+    from polyfuse.ir.loops import For
+    from polyfuse.ir.types import DType
+    loop = For("c", Literal(0, DType.INT64), Literal(n, DType.INT64), (), vector=16, unroll=2)
+    fitted = _fit_to_trip_count(loop)
+    assert (fitted.vector, fitted.unroll) == {49: (16, 2), 144: (16, 1), 200: (16, 2), 16: (16, 1)}[n]
+    src = "def f(float(H, C) X, float(C) B) -> (Y) { Y(h, c) = exp(X(h, c) + B(c)) }"
+    x = np.random.default_rng(n).standard_normal((5, n)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    k = pf.define(src, target="host", options=MappingOptions(vector_width=16, unroll=2, parallel=0)).f
+    spec = k.specialize(x, b)
+    masked = "llvm.loop.vectorize.predicate.enable" in spec.stages["llvm"]
+    assert masked == (n % 16 != 0 and vector_bits(spec.target) == 512)
+    np.testing.assert_allclose(k(x, b), np.exp(x + b), rtol=2e-6)
