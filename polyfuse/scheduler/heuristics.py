@@ -60,7 +60,7 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
         return _contraction(nest, width)
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
         rest = sum(work(s, sizes) for s in d.statements if s is not st)
-        if rest and nest.work >= PROLOGUE_RATIO * rest:
+        if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
             # small statements feeding a big one (a squeeze-excite gate scaling a whole
             # map): fused, their loops would lead the big statement's and could put its
             # contiguous index outermost; alone, each keeps its own order
@@ -85,6 +85,18 @@ def _gathers(d: Definition, nest: LoopNest) -> bool:
     across = any(red[-1] not in _names(r.indices[-1]) and any(red[-1] in _names(x) for x in r.indices)
                  for r in reads)
     return across and any(lhs[-1] in _names(r.indices[-1]) for r in reads)
+
+
+def _broadcasts_a_result(d: Definition, nest: LoopNest) -> bool:
+    """Whether the heaviest statement reads what another statement of ``d`` computes
+    across a broadcast (a squeeze-excite gate, one value per channel, scaling a whole
+    map): fusing them gains no locality (the producer runs once per many of its
+    reads), while its loops would lead the big statement's."""
+    st = nest.statement
+    produced = {s.tensor for s in d.statements if s is not st}
+    return any(isinstance(r, Read) and r.tensor in produced and r.tensor != st.tensor
+               and set(nest.members) - set().union(*(_names(x) for x in r.indices))
+               for r in walk(st.rhs))
 
 
 def _reduces_rows(nest: LoopNest) -> bool:

@@ -103,6 +103,34 @@ def test_a_sum_over_whole_rows_vectorizes_the_output_index_inside_the_reduction(
     np.testing.assert_allclose(got, x.sum(axis=(1, 2)), rtol=1e-4, atol=1e-4)
 
 
+SQUEEZE_EXCITE = """def se(float(C, D) W, float(D) Z, float(H, V, C) X) -> (Y, G) {
+  G(c) +=! Z(d) * W(c, d)
+  Y(h, v, c) = sigmoid(G(c)) * X(h, v, c)
+}"""
+
+
+def test_a_gate_broadcast_over_a_map_is_scheduled_apart_from_it():
+    """A squeeze-excite gate (one value per channel) scaling a whole map: scheduled as
+    separate nests, so the map's loops keep its contiguous channels innermost (fused,
+    the gate's channel loop led and the map was read along w, a gather per vector)."""
+    import numpy as np
+    import polyfuse as pf
+    sizes = {"C": 40, "D": 8, "H": 6, "V": 5}
+    d, _ = nest(SQUEEZE_EXCITE, "se", sizes)
+    assert default_options(d, sizes, 512).fusion is Fusion.MIN
+    rng = np.random.default_rng(0)
+    w, z = rng.standard_normal((40, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    x = rng.standard_normal((6, 5, 40)).astype(np.float32)
+    k = pf.define(SQUEEZE_EXCITE, target="host").se
+    loops = k.specialize(w, z, x).stages["loops"]
+    lines = loops.splitlines()
+    store = next(k for k, line in enumerate(lines) if line.strip().startswith("Y("))
+    assert "in 0:40 vectorize(16)" in lines[store - 1], loops   # channels innermost
+    y, g = k(w, z, x)
+    np.testing.assert_allclose(g, w @ z, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, x / (1 + np.exp(-(w @ z))), rtol=1e-5, atol=1e-6)
+
+
 def test_the_space_is_built_on_the_same_nest():
     task = Task(CONV, "conv", ((1, 64, 30, 30), (64, 64, 3, 3)), ("float32", "float32"))
     space = SearchSpace.for_task(task)
