@@ -101,15 +101,20 @@ def _broadcasts_a_result(d: Definition, nest: LoopNest) -> bool:
 
 def _reduces_rows(nest: LoopNest) -> bool:
     """Whether the heaviest statement sums whole rows: every operand reads the last
-    output index contiguously and no reduction index there (a global average pool over a
-    channels-last map, a column sum). The plain schedule would vectorize its innermost
-    reduction index, a gather per vector; the output index goes innermost instead."""
+    output index contiguously and no reduction index there, and no read slides a window
+    (a global average pool over a channels-last map, a column sum; not a depthwise
+    convolution, whose output rows a register block jams). The plain schedule
+    would vectorize its innermost reduction index, a gather per vector; the output index
+    goes innermost instead."""
     st, lhs, red = nest.statement, nest.outputs, nest.reduction_members
     if not lhs or not red or not st.indices or lhs[-1] != st.indices[-1]:
         return False
-    reads = [_names(r.indices[-1]) for r in walk(st.rhs)
-             if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
-    return bool(reads) and all(lhs[-1] in last and not last & set(red) for last in reads)
+    reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
+    others, summed = set(lhs[:-1]), set(red)
+    # a window (o + k) makes neighbouring outputs share reads, which register blocks reuse
+    windows = any(_names(x) & others and _names(x) & summed for r in reads for x in r.indices)
+    return bool(reads) and not windows and all(
+        lhs[-1] in _names(r.indices[-1]) and not _names(r.indices[-1]) & summed for r in reads)
 
 
 def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:

@@ -190,8 +190,9 @@ class KernelEmitter:
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.width"), ir.Constant(ir.IntType(32), s.vector)]))
             if self.scalable:
                 props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.scalable.enable"), ir.Constant(I1, 1)]))
-            if s.unroll > 1:
-                props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"), ir.Constant(ir.IntType(32), s.unroll)]))
+            # always given: left out, LLVM chooses a count of its own, which may leave
+            # the last vectors to a scalar loop
+            props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"), ir.Constant(ir.IntType(32), s.unroll)]))
             if self.masked and (_trips(s) or 0) % s.vector:
                 # the last, partial vector under a mask instead of a scalar loop (an exp
                 # over 49 elements: 89 cycles per vector's worth scalar, 13 masked)
