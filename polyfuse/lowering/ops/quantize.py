@@ -307,3 +307,34 @@ def _qlinear_conv(ctx: OpContext) -> TCKernel:
     lines.append(f"Y({index}) = {_requantized(f'T({index})', factor, zero, dt)}{where(out)}")
     shape = [e for _, e in out]
     return _kernel(ctx, lines, [("Y", dt, shape), ("T", DType.INT32, shape), *temporaries])
+
+
+# --- QLinearGemm (what fuse_integer_ops makes of a quantized Gemm) -----------------------------
+
+@register("QLinearGemm", internal=True)
+def _qlinear_gemm(ctx: OpContext) -> TCKernel:
+    """``Y = requantize(A' B' + bias)`` of 2-D integer operands: inputs A, its scale and zero
+    point, B, its scale and zero point (per column of the product, or one), the int32
+    bias (one, or one per column; may be omitted), Y's scale and zero point; ``transB``
+    multiplies by B's transpose (A is never transposed)."""
+    ctx.rank(0, 2)
+    ctx.rank(3, 2)
+    (m, k), b = ctx.shape(0), ctx.shape(3)
+    n = b[0] if ctx.flag("transB", 0) else b[1]
+    if (b[1] if ctx.flag("transB", 0) else b[0]) != k:
+        raise ctx.malformed(f"A of shape {(m, k)} and B of shape {b} do not multiply")
+    a_read = _shifted("I0(m, k)", _one_or_each(ctx, 2, "zero point of A", "0", 1, "tensor"))
+    b_read = _shifted("I3(n, k)" if ctx.flag("transB", 0) else "I3(k, n)",
+                      _one_or_each(ctx, 5, "zero point of B", "n", n, "column"))
+    out = [("m", m), ("n", n)]
+    lines = [f"T(m, n) +=! {a_read} * {b_read}{where(out + [('k', k)])}"]
+    if ctx.has(6):
+        lines.append(f"T(m, n) = T(m, n) + {_one_or_each(ctx, 6, 'bias', 'n', n, 'column')}"
+                     f"{where(out)}")
+    factor = _factor(ctx, _one_or_each(ctx, 1, "scale of A", "0", 1, "tensor"),
+                     _one_or_each(ctx, 4, "scale of B", "n", n, "column"),
+                     _one_or_each(ctx, 7, "scale of Y", "0", 1, "tensor"))
+    dt = ctx.dtype(8)
+    zero = _one_or_each(ctx, 8, "zero point of Y", "0", 1, "tensor")
+    lines.append(f"Y(m, n) = {_requantized('T(m, n)', factor, zero, dt)}{where(out)}")
+    return _kernel(ctx, lines, [("Y", dt, (m, n)), ("T", DType.INT32, (m, n))])
