@@ -14,7 +14,7 @@ import polyfuse as pf
 from polyfuse.cli import main
 from polyfuse.frontends.onnx_quantize import model_digest, quantize
 from polyfuse.ir.profile import Profile, TensorRange
-from polyfuse.lowering.calibration import (QuantizeOptions, activation_quantization, uint8_quantization,
+from polyfuse.lowering.calibration import (activation_quantization, uint8_quantization,
                                            weight_quantization)
 from tests.onnx.ort_compare import onnxruntime_outputs
 
@@ -201,7 +201,7 @@ def test_int8_compile_stays_close_to_float(cnn, profile):
     q = pf.compile(cnn, target="host", precision="int8", profile=profile).run(x)["y"]
     assert cosine(f, q) >= 0.99
     kept = pf.compile(cnn, target="host", precision="int8", profile=profile,
-                      quantization=QuantizeOptions(keep_float=frozenset({"conv2"}), per_channel=False))
+                      quantization=pf.QuantizeOptions(keep_float=frozenset({"conv2"}), per_channel=False))
     assert "QLinearConv" in kept.dump("partition_fusion_groups")
     assert "Conv(" in kept.dump("partition_fusion_groups")
     assert cosine(f, kept.run(x)["y"]) >= 0.99
@@ -337,11 +337,11 @@ def test_profiles_of_other_models_and_bad_arguments_are_refused(cnn, profile, tm
     with pytest.raises(pf.ArgumentError, match="precision='int8'"):
         pf.compile(cnn, profile=profile)
     with pytest.raises(pf.ArgumentError, match="calibration method"):
-        QuantizeOptions(method="kl")
+        pf.QuantizeOptions(method="kl")
     with pytest.raises(pf.ArgumentError, match="percentile"):
-        QuantizeOptions(method="percentile", percentile=20)
+        pf.QuantizeOptions(method="percentile", percentile=20)
     with pytest.raises(pf.ArgumentError, match="keep_float names no node"):
-        quantize(cnn, profile, QuantizeOptions(keep_float=frozenset({"conv9"})))
+        quantize(cnn, profile, pf.QuantizeOptions(keep_float=frozenset({"conv9"})))
     with pytest.raises(pf.ArgumentError, match="iterable of feeds"):
         pf.compile(cnn, target="host").profile_ranges({"x": samples(1)[0]["x"]})
     with pytest.raises(pf.ArgumentError, match="cannot read the profile"):
