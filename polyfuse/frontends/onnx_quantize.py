@@ -2,8 +2,8 @@
 
 Every Conv, MatMul and Gemm (but those kept float) gets its operands in int8: each
 activation it reads or writes passes through a QuantizeLinear -> DequantizeLinear pair
-(uint8, per tensor, calibrated from the profile; a Conv's or Gemm's output through its
-ReLU first, when a ReLU alone reads it), its constant weights are stored as int8
+(uint8, per tensor, calibrated from the profile; a product's output through its ReLU or
+Clip first, when one alone reads it), its constant weights are stored as int8
 (symmetric, per output channel by default) behind a DequantizeLinear, and its constant
 bias as int32 at the product's scale. All readers of a quantized activation read the
 pair's output, as onnxruntime's QDQ quantizer writes it: the graph pass
@@ -35,6 +35,7 @@ from polyfuse.lowering.calibration import (QuantizeOptions, Quantization, activa
                                            bias_quantization, weight_quantization)
 
 PRODUCTS = ("Conv", "MatMul", "Gemm")
+ACTIVATIONS = ("Relu", "Clip")   # quantized after them: their ranges hold the product's used values
 MIN_OPSET = 13   # per-axis DequantizeLinear
 
 
@@ -125,7 +126,7 @@ class _Rewrite:
         ins = [t for t in n.input[:2] if t not in self.weights]
         out = n.output[0]
         after = readers.get(out, [])
-        if len(after) == 1 and after[0].op_type == "Relu" and out not in outputs:
+        if len(after) == 1 and after[0].op_type in ACTIVATIONS and out not in outputs:
             out = after[0].output[0]
         return ins + ([] if out in outputs else [out])
 

@@ -7,7 +7,7 @@ This pass replaces each such chain by one integer op, whose lowering sums ``(x -
 (w - zw)`` in int32, adds the int32 bias and requantizes to the output's type in the
 same kernel: Conv becomes QLinearConv, MatMul QLinearMatMul, Gemm polyfuse's
 QLinearGemm; a ReLU between becomes ``Max(y, zy)`` on the quantized output (exact: 0
-is a quantized value). The integer output feeds the next product directly (its
+is a quantized value), a Clip to constant bounds a Clip to the bounds quantized. The integer output feeds the next product directly (its
 dequantization goes when nothing else reads it), so activations stay 8-bit between
 kernels. A float bias is quantized at the product's scale ``sx * sw``; a dequantized
 int32 bias is used as it is when its scale is that product.
@@ -71,19 +71,44 @@ class _Rewrite:
 
     def quantizing(self, value: str) -> tuple[Node, Node | None] | None:
         """The QuantizeLinear (per tensor, to 8 bits) alone reading ``value``, or reading
-        the ReLU alone reading it; and that ReLU."""
+        the ReLU (or Clip to constant bounds) alone reading it; and that activation."""
         q = sole_use(self.graph, self.users, value)
-        relu = None
-        if q is not None and q.op == "Relu":
-            relu, q = q, sole_use(self.graph, self.users, q.outputs[0])
+        act = None
+        if q is not None and (q.op == "Relu" or self.constant_clip(q)):
+            act, q = q, sole_use(self.graph, self.users, q.outputs[0])
         if q is None or q.op != "QuantizeLinear" or len(q.inputs) != 3 or q.inputs[0] != \
-                (relu.outputs[0] if relu else value):
+                (act.outputs[0] if act else value):
             return None
         s, z = self.constants.get(q.inputs[1]), self.constants.get(q.inputs[2])
         if s is None or z is None or s.array.size != 1 or z.array.dtype.type not in EIGHT_BITS \
                 or s.array.dtype != np.float32:
             return None
-        return q, relu
+        return q, act
+
+    def constant_clip(self, n: Node) -> bool:
+        """Whether ``n`` is a Clip whose bounds are constants (or absent)."""
+        return n.op == "Clip" and all(not b or b in self.constants for b in n.inputs[1:3]) \
+            and n.attr("min") is None and n.attr("max") is None
+
+    def activation(self, act: Node, before: str, q: Node, out: str) -> Node:
+        """A ReLU or Clip after a product, on the product's quantized output: ReLU is
+        ``Max(y, zy)``, Clip bounds ``y`` by its bounds quantized (exact, as quantizing
+        is monotone)."""
+        if act.op == "Relu":
+            return replace(act, op="Max", inputs=(before, q.inputs[2]), outputs=(out,), attrs=())
+        s, z = self.constants[q.inputs[1]].array, self.constants[q.inputs[2]].array
+        info = np.iinfo(z.dtype)
+        bounds = []
+        for k, b in enumerate(act.inputs[1:3]):
+            if not b:
+                bounds.append("")
+                continue
+            v = np.rint(self.constants[b].array.astype(np.float64) / np.float64(s.ravel()[0]))
+            name = f"{act.name}.quantized_{('min', 'max')[k]}"
+            self.constants[name] = Constant(name, np.clip(v + z.ravel()[0], info.min, info.max)
+                                            .astype(z.dtype).reshape(()))
+            bounds.append(name)
+        return replace(act, inputs=(before, *bounds), outputs=(out,))
 
     def integer_bias(self, n: Node, x: _Quantized, w: _Quantized) -> str | None:
         """The int32 bias of a Conv or Gemm at scale ``sx * sw``: "" for none, None when it
@@ -127,7 +152,7 @@ class _Rewrite:
         if n.op == "Gemm" and (n.attr("transA", 0) or float(n.attr("alpha", 1.0)) != 1.0
                                or float(n.attr("beta", 1.0)) != 1.0):
             return None
-        q, relu = after
+        q, act = after
         ys, yz = q.inputs[1], q.inputs[2]
         inputs = [x.value, x.scale.name, x.zero.name, w.value, w.scale.name, w.zero.name]
         if n.op == "MatMul":
@@ -140,11 +165,11 @@ class _Rewrite:
         attrs = tuple((k, v) for k, v in n.attrs if k in CONV_ATTRS) if n.op == "Conv" else \
             tuple((k, v) for k, v in n.attrs if k == "transB")
         out = q.outputs[0]
-        if relu is None:
+        if act is None:
             return [replace(n, op=INTEGER_OPS[n.op], inputs=tuple(inputs), outputs=(out,), attrs=attrs)]
         before = f"{n.outputs[0]}.quantized"
         return [replace(n, op=INTEGER_OPS[n.op], inputs=tuple(inputs), outputs=(before,), attrs=attrs),
-                replace(relu, op="Max", inputs=(before, yz), outputs=(out,), attrs=())]
+                self.activation(act, before, q, out)]
 
     def integer_movement(self, n: Node) -> Node | None:
         """``n`` (a movement op) on the integers, when a quantization of the same scale and

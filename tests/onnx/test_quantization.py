@@ -207,6 +207,38 @@ def test_int8_compile_stays_close_to_float(cnn, profile):
     assert cosine(f, kept.run(x)["y"]) >= 0.99
 
 
+def test_attention_products_of_two_activations_quantize_and_softmax_stays_float(tmp_path):
+    d = 16
+    init = {n: RNG.normal(0, .3, (d, d)).astype(np.float32) for n in ("wq", "wk", "wv")}
+    init |= {"bq": RNG.normal(0, .1, d).astype(np.float32), "scale": np.float32(0.25),
+             "gamma": np.ones(d, np.float32), "beta": np.zeros(d, np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q0"], name="q_proj"),
+             helper.make_node("Add", ["q0", "bq"], ["q"]),
+             helper.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+             helper.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["q", "kt"], ["s0"], name="scores"),
+             helper.make_node("Mul", ["s0", "scale"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["a"], name="context"),
+             helper.make_node("LayerNormalization", ["a", "gamma", "beta"], ["y"], axis=-1)]
+    m = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, d])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, d])], init)
+    feeds = [{"x": RNG.normal(0, 1, (8, d)).astype(np.float32)} for _ in range(4)]
+    profile = pf.compile(m, target="host").profile_ranges(feeds)
+    q = quantize(m, profile)
+    ops = [n.op_type for n in q.graph.node]
+    assert "Softmax" in ops and "LayerNormalization" in ops
+    compiled = pf.compile(q, target="host")
+    graph = compiled.dump("partition_fusion_groups")
+    # the projections, q @ k^T and p @ v (two uint8 activations each) on integers
+    assert graph.count("QLinearMatMul") == 5 and "Softmax" in graph
+    x = feeds[0]
+    got, want = compiled.run(x)["y"], onnxruntime_outputs(q, x)[0]
+    np.testing.assert_allclose(got, want, atol=0.05)
+    assert cosine(got, pf.compile(m, target="host").run(x)["y"]) >= 0.99
+
+
 def test_quantize_static_model_matches_onnxruntime_within_one_step(cnn, tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -256,11 +288,13 @@ def requantized(acc, sx, sw, sy, zy):
                    0, 255).astype(np.uint8)
 
 
-def qdq_product(op, x_shape, y_shape, w, w_axis, bias=None, relu=False, **attrs):
-    """x_u8 -> DQ, w_s8 -> DQ (per channel), op, (Relu), Q -> y_u8; and its parameters."""
+def qdq_product(op, x_shape, y_shape, w, w_axis, bias=None, act=None, **attrs):
+    """x_u8 -> DQ, w_s8 -> DQ (per channel), op, (Relu or Clip to [0, 6]), Q -> y_u8; and its
+    parameters."""
     sx, zx, sy, zy = np.float32(0.02), np.uint8(131), np.float32(0.05), np.uint8(7)
     sw = RNG.uniform(0.002, 0.01, w.shape[w_axis]).astype(np.float32)
-    init = {"sx": sx, "zx": zx, "w": w, "sw": sw, "zw": np.zeros_like(sw, np.int8), "sy": sy, "zy": zy}
+    init = {"sx": sx, "zx": zx, "w": w, "sw": sw, "zw": np.zeros_like(sw, np.int8), "sy": sy, "zy": zy,
+            "lo": np.float32(0), "hi": np.float32(6)}
     ins = ["xd", "wd"]
     if bias is not None:
         init["b"] = bias
@@ -268,20 +302,23 @@ def qdq_product(op, x_shape, y_shape, w, w_axis, bias=None, relu=False, **attrs)
     nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xd"]),
              helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=w_axis),
              helper.make_node(op, ins, ["p"], name="product", **attrs)]
-    if relu:
-        nodes.append(helper.make_node("Relu", ["p"], ["pr"]))
-    nodes.append(helper.make_node("QuantizeLinear", ["pr" if relu else "p", "sy", "zy"], ["y"]))
+    if act:
+        nodes.append(helper.make_node(act, ["p", "lo", "hi"] if act == "Clip" else ["p"], ["pa"]))
+    nodes.append(helper.make_node("QuantizeLinear", ["pa" if act else "p", "sy", "zy"], ["y"]))
     m = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.UINT8, x_shape)],
                    [helper.make_tensor_value_info("y", TensorProto.UINT8, y_shape)], init, opset=19)
     return m, (sx, zx, sw, sy, zy)
 
 
-def assert_integer_kernel(m, x, acc, params, relu=False, channels=(-1,)):
+def assert_integer_kernel(m, x, acc, params, act=None, channels=(-1,)):
     """The model's output is the int32 sums ``acc`` requantized (weight scales along
-    ``channels``), bit for bit; onnxruntime's within one step."""
+    ``channels``, then the activation), bit for bit; onnxruntime's within one step."""
     sx, zx, sw, sy, zy = params
     want = requantized(acc, sx, sw.reshape(channels), sy, zy)
-    want = np.maximum(want, zy) if relu else want
+    if act == "Relu":
+        want = np.maximum(want, zy)
+    elif act == "Clip":
+        want = np.clip(want, zy, zy + np.rint(6 / np.float64(sy))).astype(np.uint8)
     compiled = pf.compile(m, target="host")
     plan = compiled.dump("partition_fusion_groups")
     assert "QLinear" in plan and "DequantizeLinear" not in plan
@@ -291,12 +328,12 @@ def assert_integer_kernel(m, x, acc, params, relu=False, channels=(-1,)):
     assert np.abs(got.astype(int) - ort.astype(int)).max() <= 1
 
 
-@pytest.mark.parametrize("relu", [False, True])
-def test_quantized_conv_runs_as_an_exact_integer_kernel(relu):
+@pytest.mark.parametrize("act", [None, "Relu", "Clip"])
+def test_quantized_conv_runs_as_an_exact_integer_kernel(act):
     w = RNG.integers(-127, 128, (6, 4, 3, 3), dtype=np.int8)
     bias = RNG.integers(-2000, 2000, 6).astype(np.float32) * np.float32(0.02) * np.float32(0.005)
     x = RNG.integers(0, 256, (2, 4, 7, 9), dtype=np.uint8)
-    m, params = qdq_product("Conv", x.shape, (2, 6, 4, 9), w, 0, bias, relu, pads=[1, 0, 1, 2], strides=[2, 1])
+    m, params = qdq_product("Conv", x.shape, (2, 6, 4, 9), w, 0, bias, act, pads=[1, 0, 1, 2], strides=[2, 1])
     sx, zx, sw = params[:3]
     xp = np.pad(x.astype(np.int64) - zx, [(0, 0), (0, 0), (1, 1), (0, 2)])
     acc = np.zeros((2, 6, 4, 9), np.int64)
@@ -305,7 +342,7 @@ def test_quantized_conv_runs_as_an_exact_integer_kernel(relu):
             patch = xp[:, :, i:i + 7:2, j:j + 9]
             acc += np.einsum("nchw,mc->nmhw", patch, w[:, :, i, j].astype(np.int64))
     qb = np.rint(bias.astype(np.float64) / (np.float32(sx) * sw).astype(np.float64)).astype(np.int64)
-    assert_integer_kernel(m, x, acc + qb[None, :, None, None], params, relu, channels=(-1, 1, 1))
+    assert_integer_kernel(m, x, acc + qb[None, :, None, None], params, act, channels=(-1, 1, 1))
 
 
 def test_quantized_matmul_and_gemm_run_as_exact_integer_kernels():
