@@ -16,6 +16,7 @@ from polyfuse.frontends.onnx_quantize import model_digest, quantize
 from polyfuse.ir.profile import Profile, TensorRange
 from polyfuse.lowering.calibration import (activation_quantization, uint8_quantization,
                                            weight_quantization)
+from tests.arm_tools import AARCH64
 from tests.onnx.ort_compare import onnxruntime_outputs
 
 RNG = np.random.default_rng(16)
@@ -310,7 +311,7 @@ def qdq_product(op, x_shape, y_shape, w, w_axis, bias=None, act=None, **attrs):
     return m, (sx, zx, sw, sy, zy)
 
 
-def assert_integer_kernel(m, x, acc, params, act=None, channels=(-1,)):
+def assert_integer_kernel(m, x, acc, params, act=None, channels=(-1,), target="host"):
     """The model's output is the int32 sums ``acc`` requantized (weight scales along
     ``channels``, then the activation), bit for bit; onnxruntime's within one step."""
     sx, zx, sw, sy, zy = params
@@ -319,7 +320,7 @@ def assert_integer_kernel(m, x, acc, params, act=None, channels=(-1,)):
         want = np.maximum(want, zy)
     elif act == "Clip":
         want = np.clip(want, zy, zy + np.rint(6 / np.float64(sy))).astype(np.uint8)
-    compiled = pf.compile(m, target="host")
+    compiled = pf.compile(m, target=target)
     plan = compiled.dump("partition_fusion_groups")
     assert "QLinear" in plan and "DequantizeLinear" not in plan
     got = compiled.run({"x": x})["y"]
@@ -328,8 +329,10 @@ def assert_integer_kernel(m, x, acc, params, act=None, channels=(-1,)):
     assert np.abs(got.astype(int) - ort.astype(int)).max() <= 1
 
 
-@pytest.mark.parametrize("act", [None, "Relu", "Clip"])
-def test_quantized_conv_runs_as_an_exact_integer_kernel(act):
+@pytest.mark.parametrize("act, target", [(None, "host"), ("Relu", "host"), ("Clip", "host"),
+                                         pytest.param("Clip", "aarch64", marks=AARCH64.marks),
+                                         ("Relu", "reference")])
+def test_quantized_conv_runs_as_an_exact_integer_kernel(act, target):
     w = RNG.integers(-127, 128, (6, 4, 3, 3), dtype=np.int8)
     bias = RNG.integers(-2000, 2000, 6).astype(np.float32) * np.float32(0.02) * np.float32(0.005)
     x = RNG.integers(0, 256, (2, 4, 7, 9), dtype=np.uint8)
@@ -342,21 +345,23 @@ def test_quantized_conv_runs_as_an_exact_integer_kernel(act):
             patch = xp[:, :, i:i + 7:2, j:j + 9]
             acc += np.einsum("nchw,mc->nmhw", patch, w[:, :, i, j].astype(np.int64))
     qb = np.rint(bias.astype(np.float64) / (np.float32(sx) * sw).astype(np.float64)).astype(np.int64)
-    assert_integer_kernel(m, x, acc + qb[None, :, None, None], params, act, channels=(-1, 1, 1))
+    assert_integer_kernel(m, x, acc + qb[None, :, None, None], params, act, (-1, 1, 1), target)
 
 
-def test_quantized_matmul_and_gemm_run_as_exact_integer_kernels():
+@pytest.mark.parametrize("target", ["host", AARCH64])
+def test_quantized_matmul_and_gemm_run_as_exact_integer_kernels(target):
     x = RNG.integers(0, 256, (5, 24), dtype=np.uint8)
     w = RNG.integers(-127, 128, (24, 11), dtype=np.int8)
     m, params = qdq_product("MatMul", x.shape, (5, 11), w, 1)
     acc = (x.astype(np.int64) - params[1]) @ w.astype(np.int64)
-    assert_integer_kernel(m, x, acc, params)
+    assert_integer_kernel(m, x, acc, params, target=target)
     wt = np.ascontiguousarray(w.T)
     bias = RNG.normal(0, 1, 11).astype(np.float32)
     m, params = qdq_product("Gemm", x.shape, (5, 11), wt, 0, bias, transB=1)
     product = (np.float32(params[0]) * params[2]).astype(np.float64)
     qb = np.rint(bias.astype(np.float64) / product).astype(np.int64)
-    assert_integer_kernel(m, x, (x.astype(np.int64) - params[1]) @ w.astype(np.int64) + qb, params)
+    assert_integer_kernel(m, x, (x.astype(np.int64) - params[1]) @ w.astype(np.int64) + qb, params,
+                          target=target)
 
 
 # --- errors -----------------------------------------------------------------------------------
