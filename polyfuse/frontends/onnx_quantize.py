@@ -5,7 +5,8 @@ activation it reads or writes passes through a QuantizeLinear -> DequantizeLinea
 (uint8, per tensor, calibrated from the profile; a product's output through its ReLU or
 Clip first, when one alone reads it), its constant weights are stored as int8
 (symmetric, per output channel by default) behind a DequantizeLinear, and its constant
-bias as int32 at the product's scale. All readers of a quantized activation read the
+bias as int32 at the product's scale. A movement op or max pool between two quantized
+activations keeps its input's quantization. All readers of a quantized activation read the
 pair's output, as onnxruntime's QDQ quantizer writes it: the graph pass
 ``fuse_integer_ops`` then finds each product between a dequantization and a
 quantization and computes it in integers. Other ops (Softmax, LayerNormalization, ...)
@@ -33,6 +34,7 @@ from polyfuse.frontends.onnx import load_model
 from polyfuse.ir.profile import Profile
 from polyfuse.lowering.calibration import (QuantizeOptions, Quantization, activation_quantization,
                                            bias_quantization, weight_quantization)
+from polyfuse.lowering.integer_ops import MOVEMENT
 
 PRODUCTS = ("Conv", "MatMul", "Gemm")
 ACTIVATIONS = ("Relu", "Clip")   # quantized after them: their ranges hold the product's used values
@@ -98,6 +100,7 @@ class _Rewrite:
                 if t not in self.activations and t in self.profile.tensors:
                     self.activations[t] = activation_quantization(
                         self.profile.tensors[t], self.options.method, self.options.percentile)
+        self._share_through_movement()
         for n in chosen:
             if all(t in self.activations for t in n.input[:2] if t not in self.weights):
                 self._quantize_operands(n)
@@ -106,6 +109,14 @@ class _Rewrite:
         kept = [t for t in g.initializer if t.name in read]
         del g.initializer[:]
         g.initializer.extend(kept)
+
+    def _share_through_movement(self) -> None:
+        """A movement op's output (a max pool's too: its values are some of its input's)
+        quantized as its input is, so the op can move the integers themselves."""
+        for n in self.graph.node:
+            if n.op_type in MOVEMENT and n.input and n.input[0] in self.activations \
+                    and n.output[0] in self.activations:
+                self.activations[n.output[0]] = self.activations[n.input[0]]
 
     def _quantizable(self, n: onnx.NodeProto) -> bool:
         if n.op_type not in PRODUCTS or n.name in self.options.keep_float or len(n.input) < 2:

@@ -31,14 +31,15 @@ def make_model(nodes, inputs, outputs, initializers, opset=17):
 
 
 def small_cnn():
-    """Conv + Relu + Conv(stride 2) + Relu + Reshape + Gemm on a 1x3x8x8 input."""
+    """Conv + Relu + MaxPool + Conv(stride 2) + Relu + Reshape + Gemm on a 1x3x8x8 input."""
     init = {"w1": RNG.normal(0, .3, (8, 3, 3, 3)), "b1": RNG.normal(0, .1, 8),
             "w2": RNG.normal(0, .2, (8, 8, 3, 3)), "b2": RNG.normal(0, .1, 8),
             "wg": RNG.normal(0, .1, (10, 128)), "bg": RNG.normal(0, .1, 10)}
     init = {n: a.astype(np.float32) for n, a in init.items()} | {"shape": np.array([1, -1])}
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4, name="conv1"),
              helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1] * 4, strides=[2, 2],
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], pads=[1] * 4, name="pool1"),
+             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1] * 4, strides=[2, 2],
                               name="conv2"),
              helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
              helper.make_node("Reshape", ["r2", "shape"], ["f"], name="flat"),
@@ -85,7 +86,7 @@ def cosine(a, b):
 
 def test_profile_ranges_are_the_extremes_of_every_float_tensor(cnn, calibration, profile):
     seen = [intermediates(cnn, f) for f in calibration]
-    assert set(profile.tensors) == {"x", "c1", "r1", "c2", "r2", "f", "y"}
+    assert set(profile.tensors) == {"x", "c1", "r1", "p1", "c2", "r2", "f", "y"}
     assert profile.samples == 4 and profile.digest == model_digest(cnn)
     for name, r in profile.tensors.items():
         values = np.concatenate([s[name].ravel() for s in seen] if name != "x" else
@@ -184,14 +185,18 @@ def test_cli_profile_and_quantize_write_a_model_onnxruntime_and_polyfuse_agree_o
     q = onnx.load(tmp_path / "q.onnx")
     onnx.checker.check_model(q)
     ops = [n.op_type for n in q.graph.node]
-    assert ops.count("QuantizeLinear") == 4 and "Conv" in ops   # x, r1, r2, f
+    assert ops.count("QuantizeLinear") == 5 and "Conv" in ops   # x, r1, p1, r2, f
     x = samples(1)[0]
     want = onnxruntime_outputs(q, x)[0]
     compiled = pf.compile(q, target="host")
     got = compiled.run(x)["y"]
-    assert "QLinearConv" in compiled.dump("partition_fusion_groups")
-    # within one step of the quantized features in each term of the float classifier
     init = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    # the pool and the flatten keep their inputs' quantization, so they move uint8 values
+    assert init["p1_scale"] == init["r1_scale"] and init["f_scale"] == init["r2_scale"]
+    graph = compiled.dump("partition_fusion_groups")
+    assert "QLinearConv" in graph
+    assert "%p1_quantized = MaxPool(%r1_quantized" in graph and "%f_quantized = Reshape(%r2_quantized" in graph
+    # within one step of the quantized features in each term of the float classifier
     wg = init["wg_quantized"].astype(np.float32) * init["wg_scale"][:, None]
     np.testing.assert_array_less(np.abs(got - want)[0], init["f_scale"] * np.abs(wg).sum(1) + 1e-6)
 
