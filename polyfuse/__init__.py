@@ -6,7 +6,9 @@ from polyfuse.errors import (AccessRangeError, ArgumentError, BoundsError, Codeg
                              GraphSyntaxError, IRVerificationError, ModelError, OptionError, PolyfuseError,
                              RangeInferenceError, ScheduleError, ShapeError, SizeLimitError, TargetError,
                              TCSemanticError, TCSyntaxError, UnsupportedOpError, WeightError)
+from polyfuse.ir.profile import Profile
 from polyfuse.lowering.autodiff import grad
+from polyfuse.lowering.calibration import QuantizeOptions
 from polyfuse.runtime.kernel import Kernel, KernelModule, SpecializedKernel
 from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.targets import Target
@@ -14,7 +16,7 @@ from polyfuse.version import __version__
 
 __all__ = [
     "compile", "define", "einsum", "grad", "Target", "Kernel", "KernelModule", "SpecializedKernel",
-    "MappingOptions", "Fusion",
+    "MappingOptions", "Fusion", "Profile", "QuantizeOptions",
     "PolyfuseError", "FrontendError", "TCSyntaxError", "TCSemanticError", "RangeInferenceError",
     "IRVerificationError", "ArgumentError", "ShapeError", "DTypeError", "BoundsError",
     "AccessRangeError", "TargetError", "DeviceError", "ModelError", "UnsupportedOpError", "ScheduleError", "CodegenError",

@@ -11,6 +11,9 @@ PyTorch exported programs.
                      [--name NAME] [--threads]      (-o on a model: its AOT bundle too)
     polyfuse run FILE --inputs in.npz [--outputs out.npz] [--repeat N] [--print-time]
     polyfuse records show|best|distill FILE [-o OUT]
+    polyfuse profile MODEL.onnx --inputs calib.npz -o profile.json
+    polyfuse quantize MODEL.onnx --profile profile.json -o MODEL.int8.onnx
+                      [--method minmax|percentile|entropy] [--keep-float NODE ...]
 
 FILE is a ``.tc`` source (one definition, chosen with ``--entry`` when there are several)
 or a model, ``.onnx`` or ``.pt2`` (``torch.export.save``), each fused kernel a task.
@@ -313,6 +316,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def calibration_feeds(path: str, model: Any) -> list[dict[str, np.ndarray]]:
+    """The samples of a calibration .npz: an array per model input, sample k its ``[k]``."""
+    arrays = _load_npz(path)
+    missing = [v.name for v in model.inputs if v.name not in arrays]
+    if missing:
+        raise CliError(f"{path} lacks {missing} (it holds {sorted(arrays)}); give an array per "
+                       "model input, the samples along its first axis")
+    counts = {v.name: len(arrays[v.name]) if arrays[v.name].ndim else 0 for v in model.inputs}
+    if len(set(counts.values())) != 1 or 0 in counts.values():
+        raise CliError(f"{path}: every input's array needs the same number of samples along its "
+                       f"first axis (one more axis than the input has); got {counts}")
+    n = next(iter(counts.values()))
+    return [{name: arrays[name][k] for name in counts} for k in range(n)]
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    if Path(args.file).suffix != ".onnx" or _kind(Path(args.file)) != "model":
+        raise CliError(f"profile takes an .onnx model, got '{args.file}'")
+    model = pf.compile(args.file, target=args.target)
+    feeds = calibration_feeds(args.inputs, model)
+    profile = model.profile_ranges(feeds)
+    profile.save(args.output)
+    print(f"wrote {args.output} (the ranges of {len(profile.tensors)} tensors over "
+          f"{profile.samples} samples)")
+    return 0
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from polyfuse.frontends.onnx_quantize import quantize
+    from polyfuse.lowering.calibration import QuantizeOptions
+    if Path(args.file).suffix != ".onnx" or _kind(Path(args.file)) != "model":
+        raise CliError(f"quantize takes an .onnx model, got '{args.file}'")
+    options = QuantizeOptions(args.method, args.percentile, not args.per_tensor,
+                              frozenset(args.keep_float or ()))
+    proto = quantize(args.file, args.profile, options)
+    Path(args.output).write_bytes(proto.SerializeToString())
+    print(f"wrote {args.output} (int8 QDQ, {args.method} calibration)")
+    return 0
+
+
 def cmd_records(args: argparse.Namespace) -> int:
     if not Path(args.file).is_file():
         raise CliError(f"no records file '{args.file}'"
@@ -399,6 +442,33 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--print-time", action="store_true", help="print the median, min and max time")
     r.set_defaults(run=cmd_run)
+
+    pr = sub.add_parser("profile", help="record the range of every float tensor over calibration "
+                        "inputs (for quantize)", description="Run an ONNX model on calibration "
+                        "samples and write each float tensor's minimum, maximum and histogram as JSON.")
+    pr.add_argument("file", help="an .onnx model")
+    pr.add_argument("--inputs", required=True, help=".npz with one array per model input, the "
+                    "calibration samples along a new first axis: N samples of an input of shape "
+                    "(1, 3, 224, 224) are an array of shape (N, 1, 3, 224, 224)")
+    pr.add_argument("-o", "--output", required=True, help="the profile to write (JSON)")
+    pr.add_argument("--target", default="host", help="where to run the model (default host)")
+    pr.set_defaults(run=cmd_profile)
+
+    qu = sub.add_parser("quantize", help="write an int8 QDQ model calibrated from a profile",
+                        description="Quantize Conv, MatMul and Gemm to int8 (uint8 activations per "
+                        "tensor, int8 weights per output channel) as a standard QDQ ONNX model.")
+    qu.add_argument("file", help="the .onnx model the profile was made from")
+    qu.add_argument("--profile", required=True, help="a profile `polyfuse profile` wrote")
+    qu.add_argument("-o", "--output", required=True, help="the QDQ model to write (.onnx)")
+    qu.add_argument("--method", choices=("minmax", "percentile", "entropy"), default="minmax",
+                    help="how activation ranges are chosen (default minmax)")
+    qu.add_argument("--percentile", type=float, default=99.99,
+                    help="for --method percentile: the %% of values kept (default 99.99)")
+    qu.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor "
+                    "(default: one per output channel)")
+    qu.add_argument("--keep-float", nargs="+", metavar="NODE",
+                    help="nodes to leave in float (the last layer, say)")
+    qu.set_defaults(run=cmd_quantize)
 
     rec = sub.add_parser("records", help="inspect a records file")
     rec.add_argument("action", choices=("show", "best", "distill"))

@@ -15,9 +15,12 @@ from polyfuse.errors import ArgumentError, DTypeError, FrontendError
 from polyfuse.frontends.einsum import einsum_source
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.graph import Graph
+from polyfuse.ir.profile import Profile
 from polyfuse.ir.types import DType
 from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
+from polyfuse.lowering.calibration import QuantizeOptions
 from polyfuse.runtime.model import CompiledModel
+from polyfuse.runtime.profiling import ModelSource
 from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.targets import Target
 
@@ -42,10 +45,15 @@ def define(source: str, *, target: str | Target = "reference",
     return KernelModule({d.name: Kernel(d, tgt, source, options, tuning) for d in module.definitions})
 
 
+PRECISIONS = ("float32", "int8")
+
+
 def compile(model: Any, *, target: str | Target = "reference",
             input_shapes: dict[str, tuple[int, ...]] | None = None,
             tuning_records: str | os.PathLike | Records | None = None,
-            options: MappingOptions | None = None) -> CompiledModel:
+            options: MappingOptions | None = None, precision: str = "float32",
+            profile: str | os.PathLike | Profile | None = None,
+            quantization: QuantizeOptions | None = None) -> CompiledModel:
     """Compile a model for ``target``: an ONNX model (path, bytes or ``ModelProto``), or
     a PyTorch ``ExportedProgram`` (``torch.export.export``) or ``.pt2`` file
     (``torch.export.save``).
@@ -53,10 +61,46 @@ def compile(model: Any, *, target: str | Target = "reference",
     The result runs with ``model.run({name: array})`` or ``model(*arrays)``; shapes are
     taken from the first call for each set of input shapes, or fixed by ``input_shapes``.
     ``tuning_records`` gives each kernel its best tuned options, as for :func:`define`.
+    ``precision="int8"`` quantizes an ONNX model first, calibrated from ``profile`` (a
+    :class:`~polyfuse.ir.profile.Profile` of this model, or its file) as ``quantization``
+    says (:class:`~polyfuse.lowering.calibration.QuantizeOptions`): the QDQ model
+    ``polyfuse quantize`` writes, whose products then run on integers.
     """
     tgt, options = _checked(target, options, "compile()")
-    graph, stages = _optimized(_front_end(model))
-    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages)
+    _check_precision(model, precision, profile, quantization)
+    source = None
+    if not is_torch_program(model):
+        from polyfuse.frontends.onnx_quantize import model_digest, quantize
+        if precision == "int8":
+            model = quantize(model, profile, quantization or QuantizeOptions())  # type: ignore[arg-type]
+        graph = _front_end(model)
+        source = ModelSource(graph, model_digest(model))
+    else:
+        graph = _front_end(model)
+    graph, stages = _optimized(graph)
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, source)
+
+
+def _check_precision(model: Any, precision: str, profile: object, quantization: object) -> None:
+    """``precision`` known, and a profile (and quantization options) given exactly when int8
+    asks for one."""
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
+                            f"got {precision!r}")
+    if precision == "int8":
+        if profile is None:
+            raise ArgumentError("precision='int8' needs profile=: the ranges of the model's "
+                                "tensors, from model.profile_ranges(feeds) on the float model "
+                                "or `polyfuse profile`")
+        if is_torch_program(model):
+            raise ArgumentError("precision='int8' quantizes ONNX models; export the program "
+                                "to ONNX first")
+    elif profile is not None or quantization is not None:
+        raise ArgumentError("profile= and quantization= calibrate precision='int8'; "
+                            f"this compile asks for {precision}")
+    if quantization is not None and not isinstance(quantization, QuantizeOptions):
+        raise ArgumentError(f"quantization must be a QuantizeOptions, got "
+                            f"{type(quantization).__name__}")
 
 
 def is_torch_program(model: Any) -> bool:
@@ -114,13 +158,14 @@ def _checked(target: str | Target, options: MappingOptions | None,
 def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
               input_shapes: dict[str, tuple[int, ...]] | None,
               tuning_records: str | os.PathLike | Records | None,
-              stages: Mapping[str, object]) -> CompiledModel:
+              stages: Mapping[str, object], source: ModelSource | None = None) -> CompiledModel:
     from polyfuse.lowering.fusion import describe_groups
     from polyfuse.lowering.plan import plan_graph
     shown = {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
     return CompiledModel(graph, target, functools.partial(plan_graph, graph), options=options,
                          input_shapes=input_shapes, stages=shown,
-                         tuning=Tuning(Records.open(tuning_records)), planning=_planning)
+                         tuning=Tuning(Records.open(tuning_records)), planning=_planning,
+                         source=source)
 
 
 def _planning(graph: Graph, passes: bool) -> tuple[Graph, Any]:

@@ -33,7 +33,7 @@ LAYERS = {"errors": 0, "version": 0, "ir": 0, "frontends": 1, "lowering": 1, "sc
 FORBIDDEN = (("runtime", "lowering"), ("runtime", "frontends"), ("lowering", "frontends.onnx"))
 
 # third-party packages only some parts may import (at module level or in functions)
-OWNERS = {"onnx": ("frontends.onnx", "frontends.onnx_schema", "backend"), "onnxruntime": (),
+OWNERS = {"onnx": ("frontends.onnx", "frontends.onnx_schema", "frontends.onnx_quantize", "backend"), "onnxruntime": (),
           "torch": ("frontends.torch", "torch"), "islpy": ("scheduler",),
           "llvmlite": ("targets",), "cuda": ("targets",)}
 

@@ -183,6 +183,24 @@ class Graph:
         return "\n".join(lines)
 
 
+def consumers(g: Graph) -> dict[str, list[Node]]:
+    """The nodes reading each value, in order."""
+    users: dict[str, list[Node]] = {}
+    for n in g.nodes:
+        for i in n.inputs:
+            if i:
+                users.setdefault(i, []).append(n)
+    return users
+
+
+def sole_use(g: Graph, users: dict[str, list[Node]], value: str) -> Node | None:
+    """The one node reading ``value``, if exactly one does and it is not a graph output."""
+    readers = users.get(value, [])
+    if len(readers) != 1 or any(v.name == value for v in g.outputs):
+        return None
+    return readers[0]
+
+
 def verify_graph(g: Graph) -> None:
     """Every value is defined once, before use; every output is defined."""
     defined: set[str] = set(g.captures)

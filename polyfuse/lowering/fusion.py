@@ -23,7 +23,9 @@ from dataclasses import dataclass, field, replace
 
 from polyfuse.ir.graph import Graph, Node
 
-CONTRACTIONS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+# (the integer products fuse_integer_ops makes are contractions too)
+CONTRACTIONS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "QLinearConv", "QLinearMatMul",
+                          "QLinearGemm"})
 ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log",
     "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu",
@@ -31,6 +33,8 @@ ELEMENTWISE = frozenset({
     "Min", "Sum", "Mean", "Where", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
     "BatchNormalization",
 })
+# elementwise here, though not for layouts (a per-axis scale names an axis)
+QUANTIZERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 CLOSING = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "ReduceMean",
                      "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2"})
 MAX_MEMBERS = 12
@@ -55,8 +59,8 @@ def partition_fusion_groups(g: Graph) -> Graph:
     groups: list[_Group] = []
     nodes = g.nodes
     for pos, n in enumerate(nodes):
-        target = _joinable(nodes, pos, group_of) if n.op in ELEMENTWISE | CLOSING else None
-        if target is None and n.op in CONTRACTIONS | ELEMENTWISE:
+        target = _joinable(nodes, pos, group_of) if n.op in ELEMENTWISE | QUANTIZERS | CLOSING else None
+        if target is None and n.op in CONTRACTIONS | ELEMENTWISE | QUANTIZERS:
             target = _Group(anchored=n.op in CONTRACTIONS)
             groups.append(target)
         if target is None:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from polyfuse.ir.graph import Constant, Graph, Node, verify_graph
+from polyfuse.ir.graph import Constant, Graph, Node, consumers, sole_use, verify_graph
 from polyfuse.ir.passes import PassManager as IRPassManager
 from polyfuse.lowering.fusion import partition_fusion_groups
+from polyfuse.lowering.integer_ops import fuse_integer_ops
 from polyfuse.lowering.layout import convert_layout
 
 GraphPass = Callable[[Graph], Graph]
@@ -64,23 +65,6 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
 
 # --- rewrites ------------------------------------------------------------------------------
 
-def _consumers(g: Graph) -> dict[str, list[Node]]:
-    users: dict[str, list[Node]] = {}
-    for n in g.nodes:
-        for i in n.inputs:
-            if i:
-                users.setdefault(i, []).append(n)
-    return users
-
-
-def _sole_use(g: Graph, users: dict[str, list[Node]], value: str) -> Node | None:
-    """The one node reading ``value``, if exactly one does and it is not a graph output."""
-    readers = users.get(value, [])
-    if len(readers) != 1 or any(v.name == value for v in g.outputs):
-        return None
-    return readers[0]
-
-
 def _batch_norm_scale(g: Graph, bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
     """``(s, t)`` with ``BN(y) = y * s + t`` per channel, for an inference BatchNormalization
     whose parameters are constants; None otherwise."""
@@ -99,14 +83,14 @@ def fold_batch_norms(g: Graph) -> Graph:
     """Fold an inference BatchNormalization into the Conv (or Gemm) before it when the
     weights and the normalization's parameters are constants: ``W' = W * s`` per output
     channel and ``b' = b * s + t``, and the normalization goes."""
-    users = _consumers(g)
+    users = consumers(g)
     constants = {c.name: c for c in g.constants}
     drop: set[str] = set()
     rewritten: dict[str, Node] = {}
     for n in g.nodes:
         if n.op not in ("Conv", "Gemm") or len(n.inputs) < 2 or n.inputs[1] not in constants:
             continue
-        bn = _sole_use(g, users, n.outputs[0])
+        bn = sole_use(g, users, n.outputs[0])
         if bn is None or bn.op != "BatchNormalization" or bn.inputs[0] != n.outputs[0]:
             continue
         folded = _batch_norm_scale(g, bn)
@@ -187,7 +171,8 @@ def simplify_movement(g: Graph) -> Graph:
 
 
 DEFAULT_PASSES: tuple[GraphPass, ...] = (
-    eliminate_dead_nodes, eliminate_common_subexpressions, fold_batch_norms, convert_layout, simplify_movement,
+    eliminate_dead_nodes, eliminate_common_subexpressions, fuse_integer_ops, eliminate_dead_nodes,
+    fold_batch_norms, convert_layout, simplify_movement,
     eliminate_dead_nodes, partition_fusion_groups)
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from polyfuse.errors import ArgumentError, BoundsError, IRVerificationError, NeedsValue, ShapeError
 from polyfuse.ir.graph import Graph, TensorType, Value
+from polyfuse.ir.profile import Profile
 from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Step, ViewStep
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import placeholder
@@ -30,6 +31,7 @@ from polyfuse.runtime.control import retyped, run_tail
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
+from polyfuse.runtime.profiling import ModelSource, observed, record
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import Usage
@@ -165,8 +167,10 @@ class CompiledModel:
                  options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                  stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
-                 planning: Planning | None = None, specialize_ints: bool = True) -> None:
+                 planning: Planning | None = None, specialize_ints: bool = True,
+                 source: ModelSource | None = None) -> None:
         self.graph = graph
+        self.source = source   # what profile_ranges observes
         self.target = target
         self.options = options
         self.tuning = tuning
@@ -357,6 +361,18 @@ class CompiledModel:
             samples.append(list(times))
         medians = np.median(np.array(samples[1:]), axis=0)
         return list(zip(labels, (float(t) for t in medians)))
+
+    def profile_ranges(self, feeds: Iterable[Mapping[str, Any]]) -> Profile:
+        """The ranges (minimum, maximum, histogram) of every float tensor of the model over
+        ``feeds`` (each a feed of :meth:`run`), by the names the ONNX model gives them: the
+        profile int8 quantization is calibrated from (see :mod:`polyfuse.ir.profile`)."""
+        if self.source is None or self._subgraph_planning is None:
+            raise ArgumentError("profile_ranges needs a model compiled from ONNX by "
+                                "polyfuse.compile()")
+        graph, planner = self._subgraph_planning(observed(self.source.graph), True)
+        model = CompiledModel(graph, self.target, planner, options=self.options,
+                              planning=self._subgraph_planning)
+        return record(model.run, self.graph.inputs, feeds, self.source.digest)
 
     def _prepare(self, feed: Mapping[str, Any]) -> tuple[CompiledPlan, dict[str, Any]]:
         """The plan for ``feed`` and the checked inputs (numpy arrays; on the cuda target

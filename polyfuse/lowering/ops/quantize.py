@@ -67,6 +67,13 @@ def _shifted(read: str, zero: str) -> str:
     return f"(int32({read}) - int32({zero}))" if zero else f"int32({read})"
 
 
+def _nonzero(ctx: OpContext, i: int, read: str) -> str:
+    """``read`` (how zero point input ``i`` is read), or nothing when it is a constant 0
+    (symmetric int8 weights): no subtraction in the product's inner loop."""
+    value = ctx.values[i] if ctx.has(i) else None
+    return "" if value is not None and not np.any(value) else read
+
+
 def _one_or_each(ctx: OpContext, i: int, what: str, index: str, count: int, per: str) -> str:
     """How input ``i`` is read: its one value, or (a vector of ``count``) the one at
     ``index``; nothing if the input is omitted."""
@@ -186,8 +193,9 @@ def _dynamic_quantize_linear(ctx: OpContext) -> TCKernel:
 def _integer_matmul(ctx: OpContext, a: int, za: int, b: int, zb: int) -> tuple[str, Product]:
     """The statement summing ``(A - za) * (B - zb)`` into int32 ``T``, and the product."""
     p = matmul_product(ctx, a, b)
-    lhs = _shifted(access(f"I{a}", p.a), _per_row(ctx, za, "zero point of A", p))
-    rhs = _shifted(access(f"I{b}", p.b), _per_column(ctx, zb, "zero point of B", p))
+    lhs = _shifted(access(f"I{a}", p.a), _nonzero(ctx, za, _per_row(ctx, za, "zero point of A", p)))
+    rhs = _shifted(access(f"I{b}", p.b),
+                   _nonzero(ctx, zb, _per_column(ctx, zb, "zero point of B", p)))
     return f"{access('T', p.out)} +=! {lhs} * {rhs}{p.where}", p
 
 
@@ -253,7 +261,8 @@ def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int,
     group = "m" if m_out == groups else f"(m / {m_out // groups})"
     xc = "c" if groups == 1 else group if c_group == 1 else f"{group} * {c_group} + c"
     weights = _shifted(f"I{w}(m, c, {', '.join(k)})",
-                       _one_or_each(ctx, zw, "zero point of w", "m", m_out, "output channel"))
+                       _nonzero(ctx, zw, _one_or_each(ctx, zw, "zero point of w", "m", m_out,
+                                                      "output channel")))
     lines, temporaries = [], []
     if groups in (1, m_out):
         lines.append(_padded_copy(ctx, axes, zx))
@@ -289,14 +298,14 @@ def _padded_copy(ctx: OpContext, axes: Sequence[WindowAxis], zero: str) -> str:
 
 @register("ConvInteger")
 def _conv_integer(ctx: OpContext) -> TCKernel:
-    zx = _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor")
+    zx = _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor"))
     lines, out, temporaries = _integer_conv(ctx, 1, zx, 3, None)
     return _kernel(ctx, lines, [("T", DType.INT32, [e for _, e in out]), *temporaries])
 
 
 @register("QLinearConv")
 def _qlinear_conv(ctx: OpContext) -> TCKernel:
-    zx = _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor")
+    zx = _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor"))
     lines, out, temporaries = _integer_conv(ctx, 3, zx, 5, 8 if ctx.has(8) else None)
     m_out = ctx.shape(3)[0]
     factor = _factor(ctx, _one_or_each(ctx, 1, "scale of x", "0", 1, "tensor"),
@@ -307,3 +316,35 @@ def _qlinear_conv(ctx: OpContext) -> TCKernel:
     lines.append(f"Y({index}) = {_requantized(f'T({index})', factor, zero, dt)}{where(out)}")
     shape = [e for _, e in out]
     return _kernel(ctx, lines, [("Y", dt, shape), ("T", DType.INT32, shape), *temporaries])
+
+
+# --- QLinearGemm (what fuse_integer_ops makes of a quantized Gemm) -----------------------------
+
+@register("QLinearGemm", internal=True)
+def _qlinear_gemm(ctx: OpContext) -> TCKernel:
+    """``Y = requantize(A' B' + bias)`` of 2-D integer operands: inputs A, its scale and zero
+    point, B, its scale and zero point (per column of the product, or one), the int32
+    bias (one, or one per column; may be omitted), Y's scale and zero point; ``transB``
+    multiplies by B's transpose (A is never transposed)."""
+    ctx.rank(0, 2)
+    ctx.rank(3, 2)
+    (m, k), b = ctx.shape(0), ctx.shape(3)
+    n = b[0] if ctx.flag("transB", 0) else b[1]
+    if (b[1] if ctx.flag("transB", 0) else b[0]) != k:
+        raise ctx.malformed(f"A of shape {(m, k)} and B of shape {b} do not multiply")
+    a_read = _shifted("I0(m, k)", _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of A", "0", 1,
+                                                                 "tensor")))
+    b_read = _shifted("I3(n, k)" if ctx.flag("transB", 0) else "I3(k, n)",
+                      _nonzero(ctx, 5, _one_or_each(ctx, 5, "zero point of B", "n", n, "column")))
+    out = [("m", m), ("n", n)]
+    lines = [f"T(m, n) +=! {a_read} * {b_read}{where(out + [('k', k)])}"]
+    if ctx.has(6):
+        lines.append(f"T(m, n) = T(m, n) + {_one_or_each(ctx, 6, 'bias', 'n', n, 'column')}"
+                     f"{where(out)}")
+    factor = _factor(ctx, _one_or_each(ctx, 1, "scale of A", "0", 1, "tensor"),
+                     _one_or_each(ctx, 4, "scale of B", "n", n, "column"),
+                     _one_or_each(ctx, 7, "scale of Y", "0", 1, "tensor"))
+    dt = ctx.dtype(8)
+    zero = _one_or_each(ctx, 8, "zero point of Y", "0", 1, "tensor")
+    lines.append(f"Y(m, n) = {_requantized('T(m, n)', factor, zero, dt)}{where(out)}")
+    return _kernel(ctx, lines, [("Y", dt, (m, n)), ("T", DType.INT32, (m, n))])

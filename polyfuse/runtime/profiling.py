@@ -1,0 +1,66 @@
+"""Recording the ranges of a model's float tensors (a :class:`~polyfuse.ir.profile.Profile`).
+
+Fusion keeps a kernel's intermediates in registers, and the graph passes rename or
+drop values (a batch normalization folded into its convolution), so the ranges are
+read from a variant of the model as the front end made it: the same graph with every
+float value it names made an output, compiled for the same target. Graph passes
+respect outputs, so each such value is computed and returned as the model defines it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from polyfuse.errors import ArgumentError
+from polyfuse.ir.graph import Graph, Value
+from polyfuse.ir.profile import BINS, Profile
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a model was compiled from: the front end's graph (before the graph passes)
+    and the sha256 of the model's ONNX bytes."""
+
+    graph: Graph
+    digest: str
+
+
+def observed(graph: Graph) -> Graph:
+    """``graph`` with every float value of known type that a node defines as an output
+    too (the model's own outputs first)."""
+    outputs = list(graph.outputs)
+    named = {v.name for v in outputs}
+    defined = {o for n in graph.nodes for o in n.outputs if o}
+    for v in graph.types:
+        if v.name in defined and v.name not in named and v.type.dtype.is_float \
+                and not v.type.dtype.is_narrow:
+            outputs.append(Value(v.name, v.type))
+            named.add(v.name)
+    return replace(graph, outputs=tuple(outputs))
+
+
+def feeds_of(feeds: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The calibration feeds, checked to be a non-empty iterable of dicts."""
+    if isinstance(feeds, Mapping):
+        raise ArgumentError("profile_ranges takes an iterable of feeds (dicts of input arrays), "
+                            "got one dict: wrap it in a list")
+    listed = list(feeds)
+    if not listed or not all(isinstance(f, Mapping) for f in listed):
+        raise ArgumentError("profile_ranges takes a non-empty iterable of feeds, each a dict "
+                            "{input name: array}")
+    return listed
+
+
+def record(run: Any, inputs: tuple[Value, ...], feeds: Iterable[Mapping[str, Any]],
+           digest: str, bins: int = BINS) -> Profile:
+    """The profile of the values ``run(feed)`` returns, and of the float inputs, over
+    ``feeds``."""
+    profile = Profile(digest, {}, bins=bins)
+    floats = [v.name for v in inputs if v.type.dtype.is_float]
+    for feed in feeds_of(feeds):
+        values = dict(run(feed))
+        values.update({n: feed[n] for n in floats if n in feed})
+        profile = profile.recorded(values)
+    return profile
