@@ -37,6 +37,7 @@ PROLOGUE_RATIO = 64        # a statement this much heavier than the others runs 
 MIN_COLS = 64             # the narrowest cache tile of the vector index
 PARALLEL_TILES = 2         # column tiles below which the rows go on the threads instead
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
+ROW_VECTORS = 8            # accumulator vectors of a row sum's tile (of 32 registers)
 MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27)
 
@@ -100,33 +101,41 @@ def _broadcasts_a_result(d: Definition, nest: LoopNest) -> bool:
 
 
 def _reduces_rows(nest: LoopNest) -> bool:
-    """Whether the heaviest statement sums whole rows: every operand reads the last
-    output index contiguously and no reduction index there, and no read slides a window
-    (a global average pool over a channels-last map, a column sum; not a depthwise
-    convolution, whose output rows a register block jams). The plain schedule
-    would vectorize its innermost reduction index, a gather per vector; the output index
-    goes innermost instead."""
+    """Whether the heaviest statement sums whole rows: every operand that varies along
+    the last output index reads it contiguously, with no reduction index there, and no
+    read slides a window (a global average pool over a channels-last map, a column sum;
+    not a depthwise convolution, whose output rows a register block jams). Operands
+    that do not vary along it are broadcast, which only a vector of outputs can take (a
+    matrix-vector product, a squeeze-excite gate's 1x1 convolution; with rows to jam it
+    is a matrix product). The plain schedule would vectorize its innermost reduction
+    index, a gather per vector; the output index goes innermost instead."""
     st, lhs, red = nest.statement, nest.outputs, nest.reduction_members
     if not lhs or not red or not st.indices or lhs[-1] != st.indices[-1]:
         return False
     reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
-    others, summed = set(lhs[:-1]), set(red)
+    vec, others, summed = lhs[-1], set(lhs[:-1]), set(red)
+    along = [r for r in reads if any(vec in _names(x) for x in r.indices)]
     # a window (o + k) makes neighbouring outputs share reads, which register blocks reuse
     windows = any(_names(x) & others and _names(x) & summed for r in reads for x in r.indices)
-    return bool(reads) and not windows and all(
-        lhs[-1] in _names(r.indices[-1]) and not _names(r.indices[-1]) & summed for r in reads)
+    return bool(along) and not windows and (len(along) == len(reads) or not others) and all(
+        vec in _names(r.indices[-1]) and not _names(r.indices[-1]) & summed for r in along)
 
 
 def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
     """Rows summed into a vector of accumulators (:func:`_reduces_rows`): the output index
     innermost and vectorized, in tiles of whole vectors (several when the other outputs
-    leave the threads too few tiles), the reduction loops around it."""
+    leave the threads too few tiles), the reduction loops around it. A tile's
+    accumulators stay in registers: at most :data:`ROW_VECTORS` vectors of them."""
     lhs, red = list(nest.outputs), list(nest.reduction_members)
     vec, extents = lhs[-1], nest.extent_of()
     others = math.prod(extents[i] for i in lhs[:-1])
-    chunk = extents[vec]
-    while chunk % (2 * width) == 0 and others * (extents[vec] // chunk) < PARALLEL_TILES:
-        chunk //= 2
+    extent = extents[vec]
+    most = ROW_VECTORS * width
+    fits = [c for c in range(width, min(extent, most) + 1, width) if extent % c == 0]
+    fits = fits + [extent] if extent <= most else fits or [most]
+    # the widest tile, of those that give the threads enough tiles if any do
+    spread = [c for c in fits if others * -(-extent // c) >= PARALLEL_TILES]
+    chunk = max(spread or fits)
     return MappingOptions(fusion=Fusion.MIN, reorder_reductions=True,
                           tile_sizes=nest.per_member({i: 1 for i in lhs[:-1]} | {vec: chunk}),
                           point_order=nest.order(lhs[:-1] + red + [vec]), vector_width=width,

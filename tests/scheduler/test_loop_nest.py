@@ -103,6 +103,25 @@ def test_a_sum_over_whole_rows_vectorizes_the_output_index_inside_the_reduction(
     np.testing.assert_allclose(got, x.sum(axis=(1, 2)), rtol=1e-4, atol=1e-4)
 
 
+MATVEC = "def mv(float(C) Z, float(C, M) W) -> (Y) { Y(m) +=! Z(c) * W(c, m) }"
+
+
+@pytest.mark.parametrize("sizes", [{"C": 37, "M": 200}, {"C": 144, "M": 576}, {"C": 8, "M": 40}])
+def test_a_matrix_vector_product_vectorizes_its_outputs_in_register_sized_tiles(sizes):
+    """W(c, m) read along m, Z(c) broadcast: m innermost and vectorized, c around it, in
+    tiles of at most eight vectors (their accumulators stay in registers), not the plain
+    order, which vectorizes c across W's rows."""
+    import numpy as np
+    import polyfuse as pf
+    d, mv = nest(MATVEC, "mv", sizes)
+    named = mv.to_named(default_options(d, sizes, 512))
+    assert named.point_order == ("c", "m") and dict(named.tile_sizes)["m"] <= 128
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(sizes["C"]).astype(np.float32)
+    w = rng.standard_normal((sizes["C"], sizes["M"])).astype(np.float32)
+    np.testing.assert_allclose(pf.define(MATVEC, target="host").mv(z, w), z @ w, rtol=1e-4, atol=1e-4)
+
+
 SQUEEZE_EXCITE = """def se(float(C, D) W, float(D) Z, float(H, V, C) X) -> (Y, G) {
   G(c) +=! Z(d) * W(c, d)
   Y(h, v, c) = sigmoid(G(c)) * X(h, v, c)
