@@ -79,11 +79,12 @@ class ExprEmitter:
 
     def __init__(self, module: ir.Module, env: dict[str, ir.Value],
                  load: Callable[[Read, ir.IRBuilder], ir.Value],
-                 locals_: dict[str, ir.Value] | None = None) -> None:
+                 locals_: dict[str, ir.Value] | None = None, scale: bool = False) -> None:
         self.module = module
         self.env = env
         self.load = load
         self.locals = locals_ or {}
+        self.scale = scale   # math functions scale by 2^n with llvm.ldexp (see llvm_math)
 
     def intrinsic(self, name: str, ty: ir.Type, nargs: int) -> ir.Function:
         suffix = {F32: "f32", F64: "f64", I64: "i64"}[ty]
@@ -214,10 +215,10 @@ class ExprEmitter:
             return _int_call(fn, args, b, unsigned=dt is DType.UINT64)
         ty = register_type(dt)
         if ty is F32 and fn in llvm_math.SUPPORTED:
-            return b.call(llvm_math.math_function(self.module, fn, 1), args)
+            return b.call(llvm_math.math_function(self.module, fn, 1, self.scale), args)
         if ty is F32 and fn in VECTOR_BODIES:
             arity, body = VECTOR_BODIES[fn]
-            return b.call(llvm_math.define_function(self.module, fn, body, 1, arity), args)
+            return b.call(llvm_math.define_function(self.module, fn, body, 1, arity, self.scale), args)
         if fn == "fdivide":
             return b.fdiv(args[0], args[1])
         if ty is F64 and fn in _LIBM_DOUBLE:

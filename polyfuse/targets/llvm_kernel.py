@@ -43,12 +43,12 @@ class _Scope:
 
 class KernelEmitter:
     def __init__(self, kernel: LoopKernel, module: ir.Module, num_threads: int = 0,
-                 scalable: bool = False, masked: bool = False) -> None:
+                 scalable: bool = False, avx512: bool = False) -> None:
         self.kernel = kernel
         self.module = module
         self.num_threads = num_threads
         self.scalable = scalable   # vector loops as scalable vectors (SVE): vscale x width
-        self.masked = masked       # masked vector loads and stores are cheap (AVX-512)
+        self.avx512 = avx512       # masked vector loads and stores are cheap, vscalefps scales
         self.n_parallel = 0
         self.n_loops = 0
 
@@ -121,7 +121,7 @@ class KernelEmitter:
 
     def exprs(self, scope: _Scope) -> ExprEmitter:
         return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b),
-                           scope.locals)
+                           scope.locals, scale=self.avx512)
 
     def address(self, access: Read, scope: _Scope, b: ir.IRBuilder) -> ir.Value:
         """The element ``access`` names (a read, or a store's target)."""
@@ -193,7 +193,7 @@ class KernelEmitter:
             # always given: left out, LLVM chooses a count of its own, which may leave
             # the last vectors to a scalar loop
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"), ir.Constant(ir.IntType(32), s.unroll)]))
-            if self.masked and (_trips(s) or 0) % s.vector:
+            if self.avx512 and (_trips(s) or 0) % s.vector:
                 # the last, partial vector under a mask instead of a scalar loop (an exp
                 # over 49 elements: 89 cycles per vector's worth scalar, 13 masked)
                 props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.predicate.enable"), ir.Constant(I1, 1)]))
@@ -389,15 +389,16 @@ def _to_storage(value: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
 
 
 def emit_module(kernel: LoopKernel, triple: str, data_layout: str, num_threads: int = 0,
-                scalable: bool = False, masked: bool = False) -> str:
+                scalable: bool = False, avx512: bool = False) -> str:
     """The LLVM IR text of ``kernel``; loop metadata nodes refer to themselves.
-    ``scalable``: vector loops use scalable vectors (for SVE); ``masked``: a vector
-    loop of a constant trip count that is not whole vectors ends in a masked vector
-    (for AVX-512), not a scalar loop."""
+    ``scalable``: vector loops use scalable vectors (for SVE); ``avx512``: a vector
+    loop of a constant trip count that is not whole vectors ends in a masked vector,
+    not a scalar loop, and math functions scale by powers of two with ``llvm.ldexp``
+    (one ``vscalefps``)."""
     module = ir.Module(name=kernel.name)
     module.triple = triple
     module.data_layout = data_layout
-    KernelEmitter(kernel, module, num_threads, scalable, masked).emit()
+    KernelEmitter(kernel, module, num_threads, scalable, avx512).emit()
     return _self_reference_loops(str(module))
 
 
