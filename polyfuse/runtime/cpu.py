@@ -24,7 +24,7 @@ from polyfuse.runtime.program import Layout
 from polyfuse.scheduler.heuristics import default_options
 from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
-from polyfuse.scheduler.loop_passes.dead_stores import stored
+from polyfuse.scheduler.loop_passes.dead_stores import touched
 from polyfuse.scheduler.pipeline import Usage, schedule_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, load_object,
@@ -114,7 +114,7 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
     stages = {"options": repr(options)}
     initialized: set[str] = set()
     kernel = schedule_definition(d, sizes, options, stages, initialized, usage)
-    layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized - (usage.discarded - stored(kernel)))
+    layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized - (usage.discarded - touched(kernel)))
     if runs_natively(target):
         jit = compile_kernel(kernel, target, options.num_threads,
                              parallel_for=native.parallel_for_threads_address())

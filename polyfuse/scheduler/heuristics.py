@@ -57,7 +57,7 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     st = nest.statement
     if _reduces_rows(nest):
         return _row_reduction(nest, width)
-    if nest.work < CONTRACTION_MIN and _gathers(d, nest):
+    if nest.work < CONTRACTION_MIN and _gathers(nest):
         return _contraction(nest, width)
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
         rest = sum(work(s, sizes) for s in d.statements if s is not st)
@@ -70,19 +70,15 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     return _contraction(nest, width)
 
 
-def _gathers(d: Definition, nest: LoopNest) -> bool:
+def _gathers(nest: LoopNest) -> bool:
     """Whether the plain schedule of a small reduction would vectorize its innermost
     reduction index across an operand's rows (a gather per vector) where an operand
     reads the last output index contiguously: ``H(b, j) * R(j, g)`` of a recurrence's
-    step, a small matmul. The register blocks vectorize that output index instead.
-    Only for a reduction of the definition's inputs (one reading tensors that earlier
-    statements compute keeps the plain schedule)."""
+    step, a small matmul. The register blocks vectorize that output index instead."""
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     if len(lhs) < 2 or not red:
         return False
     reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
-    if any(r.tensor not in {p.name for p in d.params} for r in reads):
-        return False
     across = any(red[-1] not in _names(r.indices[-1]) and any(red[-1] in _names(x) for x in r.indices)
                  for r in reads)
     return across and any(lhs[-1] in _names(r.indices[-1]) for r in reads)

@@ -313,7 +313,7 @@ def test_an_epilogue_nest_runs_in_the_register_blocks_stores():
     epilogue nest goes; the product is still stored (a TC caller may read it)."""
     a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
     bias = RNG.standard_normal(10).astype(np.float32)
-    out = fuse_epilogues(parse_kernel(EPILOGUE))
+    out = fuse_epilogues(parse_kernel(EPILOGUE), frozenset({"C"}))
     text = str(out)
     assert "for c4" not in text and "C(c1, c0 + c2) = acc(0, c2)" in text, text
     assert "Y(c1 + 1, c0 + c2) = max(acc(1, c2) + D(c0 + c2), 0.0)" in text, text
@@ -334,7 +334,7 @@ def test_an_epilogue_after_a_tiled_reduction_runs_on_its_last_tile():
     }
   }
   for c4""")
-    out = fuse_epilogues(parse_kernel(tiled))
+    out = fuse_epilogues(parse_kernel(tiled), frozenset({"C"}))
     text = str(out)
     assert "if c9 == 3 {" in text and "C(c1, c0 + c2) = acc(0, c2)" in text and "for c4" not in text, text
     got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
@@ -349,7 +349,19 @@ def test_an_epilogue_after_a_tiled_reduction_runs_on_its_last_tile():
 ])
 def test_epilogues_that_do_not_read_the_block_element_for_element_stay_apart(change):
     kernel = parse_kernel(EPILOGUE.replace(*change))
-    assert fuse_epilogues(kernel) == kernel
+    assert fuse_epilogues(kernel, frozenset({"C"})) == kernel
+
+
+def test_an_epilogue_stays_apart_from_blocks_that_store_only_part_of_the_product():
+    """C's first rows come from a nest of their own and the blocks store the last two:
+    applied in the blocks, the epilogue would write only Y's last rows. Nor does it fuse
+    when nothing says one statement writes C whole."""
+    partial = EPILOGUE.replace("    for c1 in 0:4 step 2 {", "    for c1 in 2:4 step 2 {").replace(
+        "  for c0 in 0:10 step 5 {", "  for c7 in 0:2 {\n    for c8 in 0:10 {\n      C(c7, c8) = 1.0\n"
+        "    }\n  }\n  for c0 in 0:10 step 5 {", 1)
+    kernel = parse_kernel(partial)
+    assert fuse_epilogues(kernel, frozenset({"C", "Y"})) == kernel
+    assert fuse_epilogues(parse_kernel(EPILOGUE)) == parse_kernel(EPILOGUE)
 
 
 def test_a_discarded_product_is_not_stored_once_its_epilogue_runs_in_the_blocks():
@@ -360,7 +372,7 @@ def test_a_discarded_product_is_not_stored_once_its_epilogue_runs_in_the_blocks(
     bias = RNG.standard_normal(10).astype(np.float32)
     zeroed = EPILOGUE.replace("acc(0, c2) = C(c1, c0 + c2)", "acc(0, c2) = 0.0").replace(
         "acc(1, c2) = C(c1 + 1, c0 + c2)", "acc(1, c2) = 0.0")
-    fused = fuse_epilogues(parse_kernel(zeroed))
+    fused = fuse_epilogues(parse_kernel(zeroed), frozenset({"C"}))
     out = drop_dead_stores(fused, frozenset({"C"}))
     assert "C(c1, c0 + c2) = " not in str(out) and "Y(c1 + 1, c0 + c2) = max(acc(1, c2)" in str(out), str(out)
     got = interpret_kernel(out, {"A": a, "B": b, "D": bias})
@@ -368,7 +380,8 @@ def test_a_discarded_product_is_not_stored_once_its_epilogue_runs_in_the_blocks(
     assert drop_dead_stores(fused) == fused   # nothing discarded: a TC caller gets C back
     tiled = fuse_epilogues(parse_kernel(EPILOGUE.replace(
         "    for c1 in 0:4 step 2 {\n", "    for c9 in 0:6 step 3 {\n    for c1 in 0:4 step 2 {\n")
-        .replace("      for c3 in 0:6 {", "      for c3 in c9:c9 + 3 {").replace("  for c4 in 0:4 {", "  }\n  for c4 in 0:4 {")))
+        .replace("      for c3 in 0:6 {", "      for c3 in c9:c9 + 3 {").replace("  for c4 in 0:4 {", "  }\n  for c4 in 0:4 {")),
+        frozenset({"C"}))
     assert drop_dead_stores(tiled, frozenset({"C"})) == tiled
 
 
@@ -443,7 +456,7 @@ def test_an_epilogue_split_into_full_and_partial_tiles_fuses_when_it_writes_its_
 """, "  for c6 in 0:1 {\n" + piece.format("0:3") + piece.format("3:4") + "  }\n")
     kernel = parse_kernel(split)
     assert fuse_epilogues(kernel) == kernel
-    out = fuse_epilogues(kernel, frozenset({"Y"}))
+    out = fuse_epilogues(kernel, frozenset({"Y", "C"}))
     assert "for c6" not in str(out) and "max(acc(1, c2)" in str(out)
     got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
     np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)

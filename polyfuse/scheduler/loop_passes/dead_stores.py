@@ -33,6 +33,8 @@ def drop_dead_stores(kernel: LoopKernel, discarded: frozenset[str] = frozenset()
     return rewrite(kernel, pre=drop, post=drop)
 
 
-def stored(kernel: LoopKernel) -> frozenset[str]:
-    """The buffers some statement of ``kernel`` stores to."""
-    return frozenset(s.buffer for s in walk_stmts(kernel.body) if isinstance(s, Store))
+def touched(kernel: LoopKernel) -> frozenset[str]:
+    """The buffers some statement of ``kernel`` stores to or reads (a discarded output
+    it does neither with need not even be zeroed first)."""
+    return frozenset(s.buffer for s in walk_stmts(kernel.body) if isinstance(s, Store)) | {
+        e.tensor for st in walk_stmts(kernel.body) for e in stmt_nodes(st) if isinstance(e, Read)}

@@ -38,9 +38,13 @@ _SLOT = "__epilogue_index"
 def fuse_epilogues(kernel: LoopKernel, whole: frozenset[str] = frozenset()) -> LoopKernel:
     """Apply each pointwise epilogue nest in the stores of the register blocks before it.
 
-    ``whole`` names outputs one statement writes entirely: an epilogue nest writing one
-    of them may be split into full and partial tiles (its stores are still every
-    element); any other must be one perfect nest whose iterations cover the output."""
+    ``whole`` names outputs one statement writes entirely. The product ``T`` must be one
+    of them, stored by the contraction's nest alone: its blocks then store every element
+    of ``T``, so the epilogue they apply writes every element of ``Y`` (a ``T`` written
+    piecewise by several statements, one row each, would leave the other rows of ``Y``
+    unwritten). An epilogue nest writing one of them may be split into full and partial
+    tiles (its stores are still every element); any other must be one perfect nest whose
+    iterations cover the output."""
     body = list(kernel.body)
     changed = False
     k = 0
@@ -127,6 +131,8 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, whole: frozenset[str],
     if len(sources) != 1 or any(s.buffer != target for s in stores) or target in written:
         return None
     source = sources.pop()
+    if source not in whole or any(isinstance(s, Store) and s.buffer == source for s in walk_stmts(tuple(others))):
+        return None  # the blocks here would store only part of T: the epilogue must cover all of Y
     dtype = kernel.buffer(source).dtype
     if dtype.compute is not dtype or kernel.buffer(target).role is BufferRole.LOCAL:
         return None  # a 16-bit T is rounded before the epilogue reads it; acc is not
