@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -26,7 +27,9 @@ import numpy as np
 from polyfuse.ir.types import DType, promote
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, holding, literal, register,
                                    tensor_param)
-from polyfuse.lowering.ops.conv import WindowAxis, affine, guarded, where, window_axes
+from polyfuse.lowering.layout import CHANNELS_LAST
+from polyfuse.lowering.ops.conv import (WindowAxis, affine, guarded, pad_input, where, window_axes,
+                                        window_names)
 from polyfuse.lowering.ops.linalg import Product, matmul_product
 from polyfuse.lowering.ops.narrow import narrowed
 
@@ -38,15 +41,19 @@ QUANTIZED = (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.UINT4, DT
 Declared = tuple[str, DType, Sequence[int]]   # a TC output: name, type, shape
 
 
-def _kernel(ctx: OpContext, lines: Sequence[str], outputs: Sequence[Declared],
-            count: int = 1) -> TCKernel:
-    """A TC def reading every given node input as ``I<i>``; the first ``count`` of
+def _kernel(ctx: OpContext, lines: Sequence[str], outputs: Sequence[Declared], count: int = 1,
+            constants: Sequence[tuple[str, np.ndarray]] = (), unread: Sequence[int] = ()) -> TCKernel:
+    """A TC def reading every given node input but those ``unread`` as ``I<i>``, then the
+    ``constants`` (arrays made at compile time) as named; the first ``count`` of
     ``outputs`` are the node's outputs, the rest temporaries."""
-    inputs = tuple(i for i in range(len(ctx.types)) if ctx.has(i))
-    params = ", ".join(tensor_param(f"I{i}", ctx.type(i)) for i in inputs)
+    inputs = tuple(i for i in range(len(ctx.types)) if ctx.has(i) and i not in unread)
+    params = ", ".join([*(tensor_param(f"I{i}", ctx.type(i)) for i in inputs),
+                        *(tensor_param(name, (DType.from_numpy(a.dtype), a.shape))
+                          for name, a in constants)])
     decls = ", ".join(tensor_param(name, (dt, shape)) for name, dt, shape in outputs)
     body = "".join(f"  {line}\n" for line in lines)
-    return TCKernel(f"def k({params}) -> ({decls}) {{\n{body}}}\n", inputs, tuple(range(count)))
+    return TCKernel(f"def k({params}) -> ({decls}) {{\n{body}}}\n", inputs, tuple(range(count)),
+                    constants=tuple(a for _, a in constants))
 
 
 def _saturated(value: str, dt: DType, f: DType) -> str:
@@ -236,13 +243,26 @@ def _qlinear_matmul(ctx: OpContext) -> TCKernel:
 
 # --- ConvInteger, QLinearConv ----------------------------------------------------------------
 
-def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int,
-                  bias: int | None) -> tuple[list[str], list[tuple[str, int]], list[Declared]]:
-    """Statements summing ``(X - zx) * (W - zw)`` over each window into int32 ``T(n, m, o...)``
-    (plus the bias, if any), T's indices with their extents, and the temporaries. Reads
-    of the padding give 0; where the scheduler copes with it, a first statement copies
-    the shifted input into a temporary ``P`` with its padding, which the reduction then
-    reads unguarded."""
+@dataclass(frozen=True)
+class _Sums:
+    """An integer convolution's int32 sums: the statements computing them, ``total`` (the
+    sum at output element ``(n, m, o...)``, zero point corrections and bias added), the
+    output's indices with their extents, the temporaries, the arrays made at compile time
+    (parameters named as given) and the node input no parameter reads (the weights, when
+    a repacked copy replaces them)."""
+
+    lines: list[str]
+    total: str
+    out: list[tuple[str, int]]
+    temporaries: list[Declared]
+    constants: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    unread: tuple[int, ...] = ()
+
+
+def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int, bias: int | None) -> _Sums:
+    """The sums of ``(X - zx) * (W - zw)`` over each window (module docstring), plus the
+    bias, if any: channels-last over repacked weights when they are constants
+    (:func:`_channels_last_sums`), else in ONNX's layout."""
     x, ws = ctx.shape(0), ctx.shape(w)
     ctx.rank(0, least=3)
     if len(ws) != len(x):
@@ -256,13 +276,17 @@ def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int,
     if x[1] != c_group * groups or m_out % groups:
         raise ctx.malformed(f"{x[1]} input and {m_out} output channels do not split into "
                             f"{groups} group(s) of {c_group} inputs for weights {ws}")
-    o = [f"o{d}" for d in range(len(axes))]
-    k = [f"k{d}" for d in range(len(axes))]
+    zw_read = _nonzero(ctx, zw, _one_or_each(ctx, zw, "zero point of w", "m", m_out,
+                                             "output channel"))
+    bias_read = f" + {_one_or_each(ctx, bias, 'bias', 'm', m_out, 'output channel')}" \
+        if bias is not None else ""
+    constant = ctx.values[w] is not None and (not zw_read or ctx.values[zw] is not None)
+    if constant and (groups == 1 or groups == m_out == x[1]):
+        return _channels_last_sums(ctx, axes, w, zx, zw if zw_read else None, bias_read)
+    o, k = window_names(len(axes))
     group = "m" if m_out == groups else f"(m / {m_out // groups})"
     xc = "c" if groups == 1 else group if c_group == 1 else f"{group} * {c_group} + c"
-    weights = _shifted(f"I{w}(m, c, {', '.join(k)})",
-                       _nonzero(ctx, zw, _one_or_each(ctx, zw, "zero point of w", "m", m_out,
-                                                      "output channel")))
+    weights = _shifted(f"I{w}(m, c, {', '.join(k)})", zw_read)
     lines, temporaries = [], []
     if groups in (1, m_out):
         lines.append(_padded_copy(ctx, axes, zx))
@@ -277,10 +301,60 @@ def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int,
     index = ", ".join(i for i, _ in out)
     window = [("c", c_group)] + [(ki, a.kernel) for ki, a in zip(k, axes)]
     lines.append(f"T({index}) +=! ({inputs}) * {weights}{where(out + window)}")
-    if bias is not None:
-        lines.append(f"T({index}) = T({index}) + "
-                     f"{_one_or_each(ctx, bias, 'bias', 'm', m_out, 'output channel')}")
-    return lines, out, temporaries
+    temporaries.append(("T", DType.INT32, tuple(e for _, e in out)))
+    return _Sums(lines, f"T({index}){bias_read}", out, temporaries)
+
+
+def _channels_last_sums(ctx: OpContext, axes: list[WindowAxis], w: int, zx: str, zw: int | None,
+                        bias: str) -> _Sums:
+    """The sums of a convolution with constant weights (and weight zero points) the way
+    a float one with constant weights runs (:func:`.conv._conv_channels_last`):
+    ``T(n, o..., m) +=! int32(X) * int32(Wt(c, k..., m))`` channels-last over the
+    weights, less their zero points, repacked at compile time. The input's zero point
+    stays out of the reduction: the padding holds it (so it adds nothing once
+    corrected), and ``sum (x - zx) * w = sum x * w - zx * S(m)`` with the weights' sums
+    ``S`` a constant; the correction and the bias are pointwise, for the epilogue.
+    Depthwise convolutions guard their reads instead of copying the input padded."""
+    x, ws = ctx.shape(0), ctx.shape(w)
+    m_out, depthwise = ws[0], ws[1] == 1 and ws[0] == x[1] and ctx.attr("group", 1) != 1
+    weights = ctx.values[w].astype(np.int32)  # type: ignore[union-attr]
+    if zw is not None:
+        weights -= np.asarray(ctx.values[zw], np.int32).reshape((-1,) + (1,) * (weights.ndim - 1))
+    narrow = np.int8 if weights.min() >= -128 and weights.max() <= 127 else np.int16
+    packed = np.moveaxis(weights[:, 0] if depthwise else weights, 0, -1).astype(narrow)
+    packed = np.ascontiguousarray(packed)
+    sums = weights.reshape(m_out, -1).sum(axis=1, dtype=np.int64).astype(np.int32)
+    o, k = window_names(len(axes))
+    fill = f"{ctx.dtype(0)}({zx})" if zx else ""
+    lines, temporaries = [], []
+    if depthwise:
+        read = f"I0(n, m, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+        inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
+        product = (f"int32({guarded(inside, read, fill or literal(0, ctx.dtype(0)))}) * "
+                   f"int32(Wt({', '.join(k)}, m))")
+        summed = []
+    else:
+        source, stored_last = "I0", bool(ctx.attr(CHANNELS_LAST))
+        if any(a.inside("o", "k") for a in axes):
+            lines.append(pad_input(ctx, axes, stored_last, "I0", fill).strip())
+            spans = tuple(a.span for a in axes)
+            temporaries.append(("P", ctx.dtype(0), (x[0], *spans, x[1]) if stored_last
+                                else (*x[:2], *spans)))
+            source, axes = "P", [a.padded() for a in axes]
+        window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
+        read = f"P(n, {window}, c)" if stored_last else f"{source}(n, c, {window})"
+        product = f"int32({read}) * int32(Wt(c, {', '.join(k)}, m))"
+        summed = [("c", ws[1])]
+    outs = [(oi, a.out) for oi, a in zip(o, axes)]
+    extents = [("n", x[0])] + outs + [("m", m_out)] + summed + \
+        [(ki, a.kernel) for ki, a in zip(k, axes)]
+    t = f"T(n, {', '.join(o)}, m)"
+    lines.append(f"{t} +=! {product}{where(extents)}")
+    temporaries.append(("T", DType.INT32, (x[0], *(e for _, e in outs), m_out)))
+    correction = f" - int32({zx}) * S(m)" if zx else ""
+    constants = [("Wt", packed)] + ([("S", sums)] if zx else [])
+    return _Sums(lines, f"{t}{correction}{bias}", [("n", x[0]), ("m", m_out)] + outs,
+                 temporaries, constants, (w,))
 
 
 def _padded_copy(ctx: OpContext, axes: Sequence[WindowAxis], zero: str) -> str:
@@ -296,26 +370,31 @@ def _padded_copy(ctx: OpContext, axes: Sequence[WindowAxis], zero: str) -> str:
             f"{guarded(inside, _shifted(read, zero), '0')}{where(extents)}")
 
 
+def _conv_kernel(ctx: OpContext, sums: _Sums, result: str, dt: DType) -> TCKernel:
+    """``Y(n, m, o...) = result`` (of ``total``, the int32 sum there) after ``sums``."""
+    index = ", ".join(i for i, _ in sums.out)
+    line = f"Y({index}) = {result.format(total=sums.total)}{where(sums.out)}"
+    return _kernel(ctx, [*sums.lines, line], [("Y", dt, [e for _, e in sums.out]), *sums.temporaries],
+                   constants=sums.constants, unread=sums.unread)
+
+
 @register("ConvInteger")
 def _conv_integer(ctx: OpContext) -> TCKernel:
     zx = _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor"))
-    lines, out, temporaries = _integer_conv(ctx, 1, zx, 3, None)
-    return _kernel(ctx, lines, [("T", DType.INT32, [e for _, e in out]), *temporaries])
+    return _conv_kernel(ctx, _integer_conv(ctx, 1, zx, 3, None), "{total}", DType.INT32)
 
 
 @register("QLinearConv")
 def _qlinear_conv(ctx: OpContext) -> TCKernel:
     zx = _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor"))
-    lines, out, temporaries = _integer_conv(ctx, 3, zx, 5, 8 if ctx.has(8) else None)
+    sums = _integer_conv(ctx, 3, zx, 5, 8 if ctx.has(8) else None)
     m_out = ctx.shape(3)[0]
     factor = _factor(ctx, _one_or_each(ctx, 1, "scale of x", "0", 1, "tensor"),
                      _one_or_each(ctx, 4, "scale of w", "m", m_out, "output channel"),
                      _one_or_each(ctx, 6, "scale of y", "0", 1, "tensor"))
     zero = _one_or_each(ctx, 7, "zero point of y", "0", 1, "tensor")
-    dt, index = ctx.dtype(7), ", ".join(i for i, _ in out)
-    lines.append(f"Y({index}) = {_requantized(f'T({index})', factor, zero, dt)}{where(out)}")
-    shape = [e for _, e in out]
-    return _kernel(ctx, lines, [("Y", dt, shape), ("T", DType.INT32, shape), *temporaries])
+    dt = ctx.dtype(7)
+    return _conv_kernel(ctx, sums, _requantized("{total}", factor, zero, dt), dt)
 
 
 # --- QLinearGemm (what fuse_integer_ops makes of a quantized Gemm) -----------------------------
