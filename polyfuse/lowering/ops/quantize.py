@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
@@ -282,7 +282,8 @@ def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int, bias: int | None) ->
         if bias is not None else ""
     constant = ctx.values[w] is not None and (not zw_read or ctx.values[zw] is not None)
     if constant and (groups == 1 or groups == m_out == x[1]):
-        return _channels_last_sums(ctx, axes, w, zx, zw if zw_read else None, bias_read)
+        sums = _channels_last_sums(ctx, axes, w, zx, zw if zw_read else None, bias_read)
+        return replace(sums, unread=(w,))   # the repacked weights replace input w
     o, k = window_names(len(axes))
     group = "m" if m_out == groups else f"(m / {m_out // groups})"
     xc = "c" if groups == 1 else group if c_group == 1 else f"{group} * {c_group} + c"
@@ -314,16 +315,19 @@ def _channels_last_sums(ctx: OpContext, axes: list[WindowAxis], w: int, zx: str,
     stays out of the reduction: the padding holds it (so it adds nothing once
     corrected), and ``sum (x - zx) * w = sum x * w - zx * S(m)`` with the weights' sums
     ``S`` a constant; the correction and the bias are pointwise, for the epilogue.
-    Depthwise convolutions guard their reads instead of copying the input padded."""
+    8-bit inputs and weights sum 4 channels at a time (:func:`_dot4_sums`); depthwise
+    convolutions guard their reads instead of copying the input padded."""
     x, ws = ctx.shape(0), ctx.shape(w)
     m_out, depthwise = ws[0], ws[1] == 1 and ws[0] == x[1] and ctx.attr("group", 1) != 1
     weights = ctx.values[w].astype(np.int32)  # type: ignore[union-attr]
     if zw is not None:
         weights -= np.asarray(ctx.values[zw], np.int32).reshape((-1,) + (1,) * (weights.ndim - 1))
-    narrow = np.int8 if weights.min() >= -128 and weights.max() <= 127 else np.int16
-    packed = np.moveaxis(weights[:, 0] if depthwise else weights, 0, -1).astype(narrow)
-    packed = np.ascontiguousarray(packed)
     sums = weights.reshape(m_out, -1).sum(axis=1, dtype=np.int64).astype(np.int32)
+    bytes_ = weights.min() >= -128 and weights.max() <= 127
+    if bytes_ and not depthwise and ctx.element(0) in (DType.UINT8, DType.INT8):
+        return _dot4_sums(ctx, axes, weights, sums, zx, bias)
+    packed = np.moveaxis(weights[:, 0] if depthwise else weights, 0, -1)
+    packed = np.ascontiguousarray(packed.astype(np.int8 if bytes_ else np.int16))
     o, k = window_names(len(axes))
     fill = f"{ctx.dtype(0)}({zx})" if zx else ""
     lines, temporaries = [], []
@@ -345,16 +349,67 @@ def _channels_last_sums(ctx: OpContext, axes: list[WindowAxis], w: int, zx: str,
         read = f"P(n, {window}, c)" if stored_last else f"{source}(n, c, {window})"
         product = f"int32({read}) * int32(Wt(c, {', '.join(k)}, m))"
         summed = [("c", ws[1])]
+    correction = f" - int32({zx}) * S(m)" if zx else ""
+    return _accumulated(ctx, axes, lines, temporaries, product, summed,
+                        [("Wt", packed)] + ([("S", sums)] if zx else []), correction + bias)
+
+
+def _dot4_sums(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray, sums: np.ndarray,
+               zx: str, tail: str) -> _Sums:
+    """The sums of 8-bit inputs and weights 4 channels at a time, each step one ``dot4``
+    (x86's ``vpdpbusd``: unsigned bytes times signed bytes, summed 4 to an int32 lane):
+    ``T(n, o..., m) +=! dot4(P(n, h..., c4), Wt(c4, k..., m))`` with ``P`` the input
+    copied into words of 4 channels (padded, channels-last), and ``Wt`` words of 4 weights
+    of one output channel, repacked at compile time. Channels beyond a multiple of 4
+    read weights of 0. An int8 input is made unsigned by adding 128, which its zero
+    point takes too."""
+    x, m_out = ctx.shape(0), weights.shape[0]
+    words = -(-x[1] // 4)
+    spread = np.zeros((m_out, 4 * words, *weights.shape[2:]), np.int8)
+    spread[:, :x[1]] = weights
+    # (M, C4, 4, K...) -> (C4, K..., M, 4): a word's 4 bytes are 4 channels of one m
+    packed = np.moveaxis(spread.reshape(m_out, words, 4, *weights.shape[2:]), (0, 2), (-2, -1))
+    packed = np.ascontiguousarray(packed).view(np.int32)[..., 0]
+    signed = ctx.element(0) is DType.INT8
+    zero = (f"(int32({zx}) + 128)" if zx else "128") if signed else (f"int32({zx})" if zx else "")
+    h, o, k = [f"h{d}" for d in range(len(axes))], *window_names(len(axes))
+    spatial = [cond for hi, a in zip(h, axes) for cond in
+               ([f"{hi} >= {a.pad}"] if a.pad > 0 else [])
+               + ([f"{hi} < {a.pad + a.size}"] if a.span > a.pad + a.size else [])]
+    position = ", ".join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))
+    parts = []
+    for j in range(4):
+        channel = affine([("c4", 4)], j)
+        value = f"I0(n, {channel}, {position})"
+        value = f"uint32(int32({value}) + 128)" if signed else f"uint32({value})"
+        inside = spatial + ([f"{channel} < {x[1]}"] if 4 * (words - 1) + j >= x[1] else [])
+        byte = guarded(inside, value, f"uint32({zero or 0})")
+        parts.append(f"(({byte}) << {8 * j})" if j else f"({byte})")
+    extents = [("n", x[0])] + [(hi, a.span) for hi, a in zip(h, axes)] + [("c4", words)]
+    lines = [f"P(n, {', '.join(h)}, c4) = as_int32({' | '.join(parts)}){where(extents)}"]
+    temporaries: list[Declared] = [("P", DType.INT32, tuple(e for _, e in extents))]
+    padded = [a.padded() for a in axes]
+    window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(padded, o, k))
+    product = f"dot4(P(n, {window}, c4), Wt(c4, {', '.join(k)}, m))"
+    correction = f" - {zero} * S(m)" if zero else ""
+    return _accumulated(ctx, padded, lines, temporaries, product, [("c4", words)],
+                        [("Wt", packed)] + ([("S", sums)] if zero else []), correction + tail)
+
+
+def _accumulated(ctx: OpContext, axes: list[WindowAxis], lines: list[str],
+                 temporaries: list[Declared], product: str, summed: list[tuple[str, int]],
+                 constants: list[tuple[str, np.ndarray]], tail: str) -> _Sums:
+    """``T(n, o..., m) +=! product`` over ``summed`` and the window after ``lines``; the
+    total at ``(n, m, o...)`` is T's element plus ``tail``."""
+    x, m_out = ctx.shape(0), constants[0][1].shape[-1]
+    o, k = window_names(len(axes))
     outs = [(oi, a.out) for oi, a in zip(o, axes)]
     extents = [("n", x[0])] + outs + [("m", m_out)] + summed + \
         [(ki, a.kernel) for ki, a in zip(k, axes)]
     t = f"T(n, {', '.join(o)}, m)"
-    lines.append(f"{t} +=! {product}{where(extents)}")
-    temporaries.append(("T", DType.INT32, (x[0], *(e for _, e in outs), m_out)))
-    correction = f" - int32({zx}) * S(m)" if zx else ""
-    constants = [("Wt", packed)] + ([("S", sums)] if zx else [])
-    return _Sums(lines, f"{t}{correction}{bias}", [("n", x[0]), ("m", m_out)] + outs,
-                 temporaries, constants, (w,))
+    temporaries = [*temporaries, ("T", DType.INT32, (x[0], *(e for _, e in outs), m_out))]
+    return _Sums([*lines, f"{t} +=! {product}{where(extents)}"], f"{t}{tail}",
+                 [("n", x[0]), ("m", m_out)] + outs, temporaries, constants)
 
 
 def _padded_copy(ctx: OpContext, axes: Sequence[WindowAxis], zero: str) -> str:
