@@ -24,7 +24,7 @@ class Builtin:
     name: str
     arity: int
     kind: BuiltinKind
-    result: DType | None = None   # the type of a BITS builtin
+    result: DType | None = None   # the type of a BITS or BYTES builtin
 
 
 def _table(kind: BuiltinKind, arity: int, names: str) -> dict[str, Builtin]:
@@ -63,4 +63,4 @@ BUILTINS: dict[str, Builtin] = {
 def reinterpreted(fn: str) -> DType | None:
     """The type a bit-reinterpreting builtin gives (``as_int32``: int32), else None."""
     builtin = BUILTINS.get(fn)
-    return builtin.result if builtin is not None else None
+    return builtin.result if builtin is not None and builtin.kind is BuiltinKind.BITS else None

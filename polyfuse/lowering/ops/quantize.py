@@ -197,13 +197,68 @@ def _dynamic_quantize_linear(ctx: OpContext) -> TCKernel:
 
 # --- MatMulInteger, QLinearMatMul ---------------------------------------------------------------
 
-def _integer_matmul(ctx: OpContext, a: int, za: int, b: int, zb: int) -> tuple[str, Product]:
-    """The statement summing ``(A - za) * (B - zb)`` into int32 ``T``, and the product."""
-    p = matmul_product(ctx, a, b)
-    lhs = _shifted(access(f"I{a}", p.a), _nonzero(ctx, za, _per_row(ctx, za, "zero point of A", p)))
-    rhs = _shifted(access(f"I{b}", p.b),
-                   _nonzero(ctx, zb, _per_column(ctx, zb, "zero point of B", p)))
-    return f"{access('T', p.out)} +=! {lhs} * {rhs}{p.where}", p
+@dataclass(frozen=True)
+class _Sums:
+    """An integer product's int32 sums: the statements computing them, ``total`` (the
+    sum at an output element, zero point corrections and bias added), the output's
+    indices with their extents, the temporaries, the arrays made at compile time
+    (parameters named as given) and the node input no parameter reads (the weights, when
+    a repacked copy replaces them)."""
+
+    lines: list[str]
+    total: str
+    out: list[tuple[str, int]]
+    temporaries: list[Declared]
+    constants: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    unread: tuple[int, ...] = ()
+
+
+def _integer_matmul(ctx: OpContext, p: Product, za: int, zb: int, columns: int,
+                    bias: str = "") -> _Sums:
+    """The sums of ``(A - za) * (B - zb)`` (``p``'s inputs; B has ``columns`` columns),
+    plus ``bias``: with B a constant matrix and 8-bit A, 4 rows of B at a time
+    (:func:`_dot4_matmul`)."""
+    a, b = p.inputs
+    zb_read = _nonzero(ctx, zb, _one_or_each(ctx, zb, "zero point of B", p.n, columns, "column of B"))
+    za_read = _nonzero(ctx, za, _per_row(ctx, za, "zero point of A", p))
+    value = ctx.values[b]
+    if value is not None and value.ndim == 2 and len(ctx.shape(a)) >= 2 and \
+            ctx.element(a) in (DType.UINT8, DType.INT8) and (not zb_read or ctx.values[zb] is not None):
+        # B's rows: output columns first, as a convolution's weights
+        weights = (value if p.b[-1] == "k" else value.T).astype(np.int32)
+        if zb_read:
+            weights -= np.asarray(ctx.values[zb], np.int32).reshape(-1, 1)
+        if weights.min() >= -128 and weights.max() <= 127:
+            return _dot4_matmul(ctx, p, weights, za_read, bias)
+    lhs = _shifted(access(f"I{a}", p.a), za_read)
+    rhs = _shifted(access(f"I{b}", p.b), zb_read)
+    out = list(zip(p.out, p.extents))
+    return _Sums([f"{access('T', p.out)} +=! {lhs} * {rhs}{p.where}"],
+                 f"{access('T', p.out)}{bias}", out, [("T", DType.INT32, tuple(p.extents))])
+
+
+def _dot4_matmul(ctx: OpContext, p: Product, weights: np.ndarray, za: str, bias: str) -> _Sums:
+    """``T(out) +=! dot4(Ap(..., k4), Wt(k4, n))``: A copied into words of 4 of its
+    columns, the constant ``weights`` (one row per output column, less B's zero points)
+    as words (:func:`_weight_words`), A's zero point corrected outside the sum as a
+    convolution's is (:func:`_channels_last_sums`)."""
+    a = p.inputs[0]
+    shape, depth = ctx.shape(a), weights.shape[1]
+    lead = list(INDEX[:len(shape) - 1])
+    zero = _unsigned_zero(ctx, a, za)
+    word = _byte_word(ctx, a, [access(f"I{a}", [*lead, affine([("k4", 4)], j)]) for j in range(4)],
+                      "k4", depth, [], zero)
+    words = -(-depth // 4)
+    extents = list(zip(lead, shape[:-1])) + [("k4", words)]
+    lines = [f"Ap({', '.join([*lead, 'k4'])}) = {word}{where(extents)}",
+             f"{access('T', p.out)} +=! dot4({access('Ap', [*p.a[:-1], 'k4'])}, Wt(k4, {p.n}))"
+             f"{where(list(zip(p.out, p.extents)) + [('k4', words)])}"]
+    sums = weights.sum(axis=1, dtype=np.int64).astype(np.int32)
+    correction = f" - {zero} * S({p.n})" if zero else ""
+    return _Sums(lines, f"{access('T', p.out)}{correction}{bias}", list(zip(p.out, p.extents)),
+                 [("Ap", DType.INT32, tuple(e for _, e in extents)),
+                  ("T", DType.INT32, tuple(p.extents))],
+                 [("Wt", _weight_words(weights))] + ([("S", sums)] if zero else []), (p.inputs[1],))
 
 
 def _per_row(ctx: OpContext, i: int, what: str, p: Product) -> str:
@@ -215,10 +270,19 @@ def _per_column(ctx: OpContext, i: int, what: str, p: Product) -> str:
     return _one_or_each(ctx, i, what, p.n, ctx.shape(p.inputs[1])[-1], "column of B")
 
 
+def _product_kernel(ctx: OpContext, sums: _Sums, result: str, dt: DType) -> TCKernel:
+    """``Y(out) = result`` (of ``total``, the int32 sum there) after ``sums``."""
+    index = ", ".join(i for i, _ in sums.out)
+    line = f"Y({index}) = {result.format(total=sums.total)}{where(sums.out)}"
+    return _kernel(ctx, [*sums.lines, line], [("Y", dt, [e for _, e in sums.out]), *sums.temporaries],
+                   constants=sums.constants, unread=sums.unread)
+
+
 @register("MatMulInteger")
 def _matmul_integer(ctx: OpContext) -> TCKernel:
-    line, p = _integer_matmul(ctx, 0, 2, 1, 3)
-    return _kernel(ctx, [line], [("T", DType.INT32, p.extents)])
+    p = matmul_product(ctx, 0, 1)
+    return _product_kernel(ctx, _integer_matmul(ctx, p, 2, 3, ctx.shape(1)[-1]), "{total}",
+                           DType.INT32)
 
 
 def _factor(ctx: OpContext, a: str, b: str, y: str) -> str:
@@ -231,33 +295,16 @@ def _factor(ctx: OpContext, a: str, b: str, y: str) -> str:
 def _qlinear_matmul(ctx: OpContext) -> TCKernel:
     if any(ctx.element(i).is_float for i in (0, 3, 7) if ctx.has(i)):
         raise ctx.unsupported("QLinearMatMul of float8 values; polyfuse multiplies integers only")
-    line, p = _integer_matmul(ctx, 0, 2, 3, 5)
+    p = matmul_product(ctx, 0, 3)
+    sums = _integer_matmul(ctx, p, 2, 5, ctx.shape(3)[-1])
     factor = _factor(ctx, _per_row(ctx, 1, "scale of A", p), _per_column(ctx, 4, "scale of B", p),
                      _one_or_each(ctx, 6, "scale of Y", "0", 1, "tensor"))
     zero = _one_or_each(ctx, 7, "zero point of Y", "0", 1, "tensor")
     dt = ctx.dtype(7)
-    result = _requantized(access("T", p.out), factor, zero, dt)
-    return _kernel(ctx, [line, f"{access('Y', p.out)} = {result}{p.where}"],
-                   [("Y", dt, p.extents), ("T", DType.INT32, p.extents)])
+    return _product_kernel(ctx, sums, _requantized("{total}", factor, zero, dt), dt)
 
 
 # --- ConvInteger, QLinearConv ----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Sums:
-    """An integer convolution's int32 sums: the statements computing them, ``total`` (the
-    sum at output element ``(n, m, o...)``, zero point corrections and bias added), the
-    output's indices with their extents, the temporaries, the arrays made at compile time
-    (parameters named as given) and the node input no parameter reads (the weights, when
-    a repacked copy replaces them)."""
-
-    lines: list[str]
-    total: str
-    out: list[tuple[str, int]]
-    temporaries: list[Declared]
-    constants: list[tuple[str, np.ndarray]] = field(default_factory=list)
-    unread: tuple[int, ...] = ()
-
 
 def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int, bias: int | None) -> _Sums:
     """The sums of ``(X - zx) * (W - zw)`` over each window (module docstring), plus the
@@ -359,41 +406,65 @@ def _dot4_sums(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray, sums
     """The sums of 8-bit inputs and weights 4 channels at a time, each step one ``dot4``
     (x86's ``vpdpbusd``: unsigned bytes times signed bytes, summed 4 to an int32 lane):
     ``T(n, o..., m) +=! dot4(P(n, h..., c4), Wt(c4, k..., m))`` with ``P`` the input
-    copied into words of 4 channels (padded, channels-last), and ``Wt`` words of 4 weights
-    of one output channel, repacked at compile time. Channels beyond a multiple of 4
-    read weights of 0. An int8 input is made unsigned by adding 128, which its zero
-    point takes too."""
-    x, m_out = ctx.shape(0), weights.shape[0]
+    copied into words of 4 channels (padded, channels-last) and ``Wt`` the weights as
+    words (:func:`_weight_words`)."""
+    x = ctx.shape(0)
     words = -(-x[1] // 4)
-    spread = np.zeros((m_out, 4 * words, *weights.shape[2:]), np.int8)
-    spread[:, :x[1]] = weights
-    # (M, C4, 4, K...) -> (C4, K..., M, 4): a word's 4 bytes are 4 channels of one m
-    packed = np.moveaxis(spread.reshape(m_out, words, 4, *weights.shape[2:]), (0, 2), (-2, -1))
-    packed = np.ascontiguousarray(packed).view(np.int32)[..., 0]
-    signed = ctx.element(0) is DType.INT8
-    zero = (f"(int32({zx}) + 128)" if zx else "128") if signed else (f"int32({zx})" if zx else "")
+    zero = _unsigned_zero(ctx, 0, zx)
     h, o, k = [f"h{d}" for d in range(len(axes))], *window_names(len(axes))
     spatial = [cond for hi, a in zip(h, axes) for cond in
                ([f"{hi} >= {a.pad}"] if a.pad > 0 else [])
                + ([f"{hi} < {a.pad + a.size}"] if a.span > a.pad + a.size else [])]
     position = ", ".join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))
-    parts = []
-    for j in range(4):
-        channel = affine([("c4", 4)], j)
-        value = f"I0(n, {channel}, {position})"
-        value = f"uint32(int32({value}) + 128)" if signed else f"uint32({value})"
-        inside = spatial + ([f"{channel} < {x[1]}"] if 4 * (words - 1) + j >= x[1] else [])
-        byte = guarded(inside, value, f"uint32({zero or 0})")
-        parts.append(f"(({byte}) << {8 * j})" if j else f"({byte})")
+    word = _byte_word(ctx, 0, [f"I0(n, {affine([('c4', 4)], j)}, {position})" for j in range(4)],
+                      "c4", x[1], spatial, zero)
     extents = [("n", x[0])] + [(hi, a.span) for hi, a in zip(h, axes)] + [("c4", words)]
-    lines = [f"P(n, {', '.join(h)}, c4) = as_int32({' | '.join(parts)}){where(extents)}"]
+    lines = [f"P(n, {', '.join(h)}, c4) = {word}{where(extents)}"]
     temporaries: list[Declared] = [("P", DType.INT32, tuple(e for _, e in extents))]
     padded = [a.padded() for a in axes]
     window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(padded, o, k))
     product = f"dot4(P(n, {window}, c4), Wt(c4, {', '.join(k)}, m))"
     correction = f" - {zero} * S(m)" if zero else ""
     return _accumulated(ctx, padded, lines, temporaries, product, [("c4", words)],
-                        [("Wt", packed)] + ([("S", sums)] if zero else []), correction + tail)
+                        [("Wt", _weight_words(weights))] + ([("S", sums)] if zero else []),
+                        correction + tail)
+
+
+def _unsigned_zero(ctx: OpContext, i: int, zero: str) -> str:
+    """The zero point (read as ``zero``, or none) of input ``i`` as the unsigned bytes
+    ``dot4`` reads: an int8 input is made unsigned by adding 128, which its zero point
+    takes too."""
+    if ctx.element(i) is DType.INT8:
+        return f"(int32({zero}) + 128)" if zero else "128"
+    return f"int32({zero})" if zero else ""
+
+
+def _byte_word(ctx: OpContext, i: int, reads: Sequence[str], index: str, count: int,
+               inside: Sequence[str], zero: str) -> str:
+    """``as_int32`` of 4 bytes, byte j ``reads[j]`` of 8-bit input ``i`` (made unsigned):
+    the values at ``4 * index + j`` along an axis of ``count``, where that is inside
+    it and ``inside`` holds, else ``zero`` (a padding that adds nothing once the zero
+    point is corrected; past ``count`` the weights are 0)."""
+    last = -(-count // 4) - 1
+    parts = []
+    for j, read in enumerate(reads):
+        value = f"uint32(int32({read}) + 128)" if ctx.element(i) is DType.INT8 else f"uint32({read})"
+        past = [f"{affine([(index, 4)], j)} < {count}"] if 4 * last + j >= count else []
+        byte = guarded([*inside, *past], value, f"uint32({zero or 0})")
+        parts.append(f"(({byte}) << {8 * j})" if j else f"({byte})")
+    return f"as_int32({' | '.join(parts)})"
+
+
+def _weight_words(weights: np.ndarray) -> np.ndarray:
+    """Weights ``(M, C, K...)`` (fitting int8) as int32 words ``(C4, K..., M)``: the 4
+    bytes of a word are 4 consecutive channels of one output (channels past C are 0),
+    the operand ``dot4`` reads 16 outputs of in one vector."""
+    m, c, rest = weights.shape[0], weights.shape[1], weights.shape[2:]
+    words = -(-c // 4)
+    spread = np.zeros((m, 4 * words, *rest), np.int8)
+    spread[:, :c] = weights
+    packed = np.moveaxis(spread.reshape(m, words, 4, *rest), (0, 2), (-2, -1))
+    return np.ascontiguousarray(packed).view(np.int32)[..., 0]
 
 
 def _accumulated(ctx: OpContext, axes: list[WindowAxis], lines: list[str],
@@ -425,18 +496,10 @@ def _padded_copy(ctx: OpContext, axes: Sequence[WindowAxis], zero: str) -> str:
             f"{guarded(inside, _shifted(read, zero), '0')}{where(extents)}")
 
 
-def _conv_kernel(ctx: OpContext, sums: _Sums, result: str, dt: DType) -> TCKernel:
-    """``Y(n, m, o...) = result`` (of ``total``, the int32 sum there) after ``sums``."""
-    index = ", ".join(i for i, _ in sums.out)
-    line = f"Y({index}) = {result.format(total=sums.total)}{where(sums.out)}"
-    return _kernel(ctx, [*sums.lines, line], [("Y", dt, [e for _, e in sums.out]), *sums.temporaries],
-                   constants=sums.constants, unread=sums.unread)
-
-
 @register("ConvInteger")
 def _conv_integer(ctx: OpContext) -> TCKernel:
     zx = _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor"))
-    return _conv_kernel(ctx, _integer_conv(ctx, 1, zx, 3, None), "{total}", DType.INT32)
+    return _product_kernel(ctx, _integer_conv(ctx, 1, zx, 3, None), "{total}", DType.INT32)
 
 
 @register("QLinearConv")
@@ -449,7 +512,7 @@ def _qlinear_conv(ctx: OpContext) -> TCKernel:
                      _one_or_each(ctx, 6, "scale of y", "0", 1, "tensor"))
     zero = _one_or_each(ctx, 7, "zero point of y", "0", 1, "tensor")
     dt = ctx.dtype(7)
-    return _conv_kernel(ctx, sums, _requantized("{total}", factor, zero, dt), dt)
+    return _product_kernel(ctx, sums, _requantized("{total}", factor, zero, dt), dt)
 
 
 # --- QLinearGemm (what fuse_integer_ops makes of a quantized Gemm) -----------------------------
@@ -463,22 +526,17 @@ def _qlinear_gemm(ctx: OpContext) -> TCKernel:
     ctx.rank(0, 2)
     ctx.rank(3, 2)
     (m, k), b = ctx.shape(0), ctx.shape(3)
-    n = b[0] if ctx.flag("transB", 0) else b[1]
-    if (b[1] if ctx.flag("transB", 0) else b[0]) != k:
+    transposed = ctx.flag("transB", 0)
+    n = b[0] if transposed else b[1]
+    if (b[1] if transposed else b[0]) != k:
         raise ctx.malformed(f"A of shape {(m, k)} and B of shape {b} do not multiply")
-    a_read = _shifted("I0(m, k)", _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of A", "0", 1,
-                                                                 "tensor")))
-    b_read = _shifted("I3(n, k)" if ctx.flag("transB", 0) else "I3(k, n)",
-                      _nonzero(ctx, 5, _one_or_each(ctx, 5, "zero point of B", "n", n, "column")))
-    out = [("m", m), ("n", n)]
-    lines = [f"T(m, n) +=! {a_read} * {b_read}{where(out + [('k', k)])}"]
-    if ctx.has(6):
-        lines.append(f"T(m, n) = T(m, n) + {_one_or_each(ctx, 6, 'bias', 'n', n, 'column')}"
-                     f"{where(out)}")
+    p = Product((0, 3), ["m", "k"], ["n", "k"] if transposed else ["k", "n"], ["m", "n"], [m, n],
+                "m", "n")
+    bias = f" + {_one_or_each(ctx, 6, 'bias', 'n', n, 'column')}" if ctx.has(6) else ""
+    sums = _integer_matmul(ctx, p, 2, 5, n, bias)
     factor = _factor(ctx, _one_or_each(ctx, 1, "scale of A", "0", 1, "tensor"),
                      _one_or_each(ctx, 4, "scale of B", "n", n, "column"),
                      _one_or_each(ctx, 7, "scale of Y", "0", 1, "tensor"))
     dt = ctx.dtype(8)
     zero = _one_or_each(ctx, 8, "zero point of Y", "0", 1, "tensor")
-    lines.append(f"Y(m, n) = {_requantized('T(m, n)', factor, zero, dt)}{where(out)}")
-    return _kernel(ctx, lines, [("Y", dt, (m, n)), ("T", DType.INT32, (m, n))])
+    return _product_kernel(ctx, sums, _requantized("{total}", factor, zero, dt), dt)
