@@ -16,6 +16,7 @@ class BuiltinKind(enum.Enum):
     FLOAT = "float"      # computes on floats; integer arguments are converted to float32
     NUMERIC = "numeric"  # keeps its argument type (abs, max, min)
     BITS = "bits"        # reads its argument's bits as the type ``result`` (as_float32)
+    BYTES = "bytes"      # reads int32 arguments as 4 bytes each, gives an int32 (dot4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,7 @@ class Builtin:
     name: str
     arity: int
     kind: BuiltinKind
-    result: DType | None = None   # the type of a BITS builtin
+    result: DType | None = None   # the type of a BITS or BYTES builtin
 
 
 def _table(kind: BuiltinKind, arity: int, names: str) -> dict[str, Builtin]:
@@ -52,10 +53,14 @@ BUILTINS: dict[str, Builtin] = {
     # nonzero byte reads as a true bool
     **{f"as_{d}": Builtin(f"as_{d}", 1, BuiltinKind.BITS, d) for d in DType
        if not d.is_narrow},
+    # the int8 dot product of x86's VNNI (vpdpbusd) and ARM's USDOT: dot4(a, b) sums the
+    # four products of a's bytes, unsigned, and b's, signed, the bytes in memory order
+    # (little-endian: byte j is bits 8j to 8j + 7); 4 x 255 x 128 fits int32
+    "dot4": Builtin("dot4", 2, BuiltinKind.BYTES, DType.INT32),
 }
 
 
 def reinterpreted(fn: str) -> DType | None:
     """The type a bit-reinterpreting builtin gives (``as_int32``: int32), else None."""
     builtin = BUILTINS.get(fn)
-    return builtin.result if builtin is not None else None
+    return builtin.result if builtin is not None and builtin.kind is BuiltinKind.BITS else None

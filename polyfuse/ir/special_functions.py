@@ -244,7 +244,20 @@ def y1(x: np.ndarray) -> np.ndarray:
     return np.where(np.asarray(x) < 0, np.nan, _bessel(x, 1)[1])
 
 
+def dot4(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The ``dot4`` builtin: the sum of the products of the 4 bytes of each int32 of ``a``,
+    unsigned, with those of ``b``, signed."""
+    a = np.asarray(a).astype(np.int32).view(np.uint32).astype(np.int64)
+    b = np.asarray(b).astype(np.int32).view(np.uint32).astype(np.int64)
+    total = np.zeros(np.broadcast(a, b).shape, np.int64)
+    for shift in range(0, 32, 8):
+        byte = (b >> shift) & 255
+        total += ((a >> shift) & 255) * (byte - ((byte & 128) << 1))
+    return total
+
+
 FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
+    "dot4": dot4,
     "round": round_half_away, "rint": np.rint, "acosh": np.arccosh, "asinh": np.arcsinh,
     "atanh": np.arctanh, "copysign": np.copysign, "cospi": cospi, "sinpi": sinpi,
     "cyl_bessel_i0": cyl_bessel_i0, "cyl_bessel_i1": cyl_bessel_i1, "erfinv": erfinv,

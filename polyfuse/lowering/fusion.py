@@ -33,7 +33,7 @@ ELEMENTWISE = frozenset({
     "Min", "Sum", "Mean", "Where", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
     "BatchNormalization",
 })
-# elementwise here, though not for layouts (a per-axis scale names an axis)
+# elementwise here; channels-last only with one scale (a per-axis scale names an axis)
 QUANTIZERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 CLOSING = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "ReduceMean",
                      "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2"})

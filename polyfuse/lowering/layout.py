@@ -9,7 +9,8 @@ convolution a channels-last twin of its input and output instead, and carries th
 through the ops that follow:
 
 * elementwise ops whose tensor inputs all have twins (constants are permuted at compile
-  time, broadcasting as before) run on the twins;
+  time, broadcasting as before) run on the twins, as do quantizations and
+  dequantizations with one scale and zero point;
 * pools, batch and instance normalization and LRN on a twin run channels-last;
 * Concat of twins joins them along the channel axis's new place;
 * anything else reads ONNX's layout: the first such reader of a value gets a Transpose
@@ -29,7 +30,7 @@ import numpy as np
 
 from polyfuse.ir.comprehension import Definition, Expr, Read, Statement, TensorDecl, map_expr
 from polyfuse.ir.graph import Constant, Graph, Node
-from polyfuse.lowering.fusion import ELEMENTWISE
+from polyfuse.lowering.fusion import ELEMENTWISE, QUANTIZERS
 
 CHANNELS_LAST = "polyfuse.channels_last"   # node attribute: input 0 and output 0 are channels-last
 
@@ -37,6 +38,9 @@ CHANNELS_LAST = "polyfuse.channels_last"   # node attribute: input 0 and output 
 _WINDOWED = frozenset({"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
                        "GlobalLpPool", "BatchNormalization", "InstanceNormalization", "LRN"})
 _POINTWISE = ELEMENTWISE - {"BatchNormalization"}
+# convolutions: where their weights are (the integer ones' other inputs are scalars or
+# vectors per output channel, read as they are)
+_CONVS = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}
 
 
 def channels_last(rank: int) -> tuple[int, ...]:
@@ -136,18 +140,19 @@ class _Converter:
 
     # --- the rewrites ----------------------------------------------------------------
     def _converted(self, n: Node) -> bool:
-        if n.op == "Conv":
+        if n.op in _CONVS:
             return self._conv(n)
         if n.op in _WINDOWED:
             return self._windowed(n)
-        if n.op in _POINTWISE:
+        if n.op in _POINTWISE or n.op in QUANTIZERS and self._one_scale(n):
             return self._pointwise(n)
         if n.op == "Concat":
             return self._concat(n)
         return False
 
     def _conv(self, n: Node) -> bool:
-        w = self.constants.get(n.inputs[1]) if len(n.inputs) > 1 else None
+        at = _CONVS[n.op]
+        w = self.constants.get(n.inputs[at]) if len(n.inputs) > at else None
         if w is None or w.array.ndim < 3 or len(n.outputs) != 1 or n.attr(CHANNELS_LAST):
             return False
         rank, groups = w.array.ndim, n.attr("group", 1)
@@ -157,6 +162,11 @@ class _Converter:
             return False   # unknown, or wrong (the lowering names the node)
         self._channels_last(n, self._to_twin(n.inputs[0], rank), rank)
         return True
+
+    def _one_scale(self, n: Node) -> bool:
+        """Whether a (de)quantization's scale and zero point are constants of one value
+        (one per channel would follow an axis, which the twin moves)."""
+        return all(v in self.constants and self.constants[v].array.size == 1 for v in n.inputs[1:] if v)
 
     def _windowed(self, n: Node) -> bool:
         if not n.inputs or n.inputs[0] not in self.twin or not n.outputs[0] or any(n.outputs[1:]):

@@ -58,7 +58,7 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     if _reduces_rows(nest):
         return _row_reduction(nest, width)
     if nest.work < CONTRACTION_MIN and _gathers(nest):
-        return _contraction(nest, width)
+        return _contraction(nest, _accumulator_width(d, nest, vector_bits, width))
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
         rest = sum(work(s, sizes) for s in d.statements if s is not st)
         if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
@@ -67,7 +67,17 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
             # contiguous index outermost; alone, each keeps its own order
             return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
         return MappingOptions(vector_width=width, unroll=2)
-    return _contraction(nest, width)
+    return _contraction(nest, _accumulator_width(d, nest, vector_bits, width))
+
+
+def _accumulator_width(d: Definition, nest: LoopNest, vector_bits: int, width: int) -> int:
+    """The vector width of a contraction: ``width``, or the lanes of its accumulator when
+    that is a 32-bit integer (an integer product's int32 sums, 16 to a 512-bit register,
+    where :func:`element_bits` counts integer outputs as 64 bits)."""
+    acc = next((t for t in d.outputs if t.name == nest.statement.tensor), None)
+    if acc is not None and acc.dtype.is_int and acc.dtype.bits == 32:
+        return max(width, vector_bits // 32)
+    return width
 
 
 def _gathers(nest: LoopNest) -> bool:

@@ -65,6 +65,10 @@ HELPERS: dict[str, str] = {
   return (unsigned long long)a > (unsigned long long)b ? a : b; }""",
     "pf_umin": """__device__ __forceinline__ long long pf_umin(long long a, long long b) {
   return (unsigned long long)a < (unsigned long long)b ? a : b; }""",
+    "pf_dot4": """__device__ __forceinline__ long long pf_dot4(long long a, long long b) {
+  long long s = 0;
+  for (int j = 0; j < 32; j += 8) s += (long long)((a >> j) & 255) * (signed char)((b >> j) & 255);
+  return s; }""",
     "pf_imax": "__device__ __forceinline__ long long pf_imax(long long a, long long b) { return a > b ? a : b; }",
     "pf_imin": "__device__ __forceinline__ long long pf_imin(long long a, long long b) { return a < b ? a : b; }",
     "pf_iabs": "__device__ __forceinline__ long long pf_iabs(long long a) { return a < 0 ? -a : a; }",
@@ -273,6 +277,8 @@ class ExprEmitter:
         fn = e.fn
         if reinterpreted(fn):
             return from_bits(to_bits(args[0], e.args[0].dtype), e.dtype)
+        if fn == "dot4":
+            return f"pf_dot4({args[0]}, {args[1]})"
         if e.dtype.is_bool or e.dtype.is_int:  # on 0/1 or 64-bit integers
             if fn not in ("max", "min", "abs", "floordiv", "floormod"):
                 raise CodegenError(f"builtin '{fn}' has no integer form")

@@ -19,7 +19,7 @@ from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp, walk)
 from polyfuse.ir.types import DType
-from polyfuse.targets import llvm_gamma, llvm_math, llvm_special
+from polyfuse.targets import llvm_dot, llvm_gamma, llvm_math, llvm_special
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -79,12 +79,14 @@ class ExprEmitter:
 
     def __init__(self, module: ir.Module, env: dict[str, ir.Value],
                  load: Callable[[Read, ir.IRBuilder], ir.Value],
-                 locals_: dict[str, ir.Value] | None = None, scale: bool = False) -> None:
+                 locals_: dict[str, ir.Value] | None = None, scale: bool = False,
+                 vnni: bool = False) -> None:
         self.module = module
         self.env = env
         self.load = load
         self.locals = locals_ or {}
         self.scale = scale   # math functions scale by 2^n with llvm.ldexp (see llvm_math)
+        self.vnni = vnni     # dot4 has vector versions of VNNI instructions (see llvm_dot)
 
     def intrinsic(self, name: str, ty: ir.Type, nargs: int) -> ir.Function:
         suffix = {F32: "f32", F64: "f64", I64: "i64"}[ty]
@@ -171,6 +173,10 @@ class ExprEmitter:
         return phi
 
     def binary(self, e: Binary, b: ir.IRBuilder) -> ir.Value:
+        if e.op is BinaryOp.ADD and isinstance(e.rhs, Call) and e.rhs.fn == "dot4":
+            # an accumulation, which VNNI's dot products include
+            a, w = (self.emit(x, b) for x in e.rhs.args)
+            return llvm_dot.dot4(self.module, self.emit(e.lhs, b), a, w, b, self.vnni)
         x, y = self.emit(e.lhs, b), self.emit(e.rhs, b)
         op, operand = e.op, e.lhs.dtype
         if op in (BinaryOp.AND, BinaryOp.BIT_AND):
@@ -209,6 +215,8 @@ class ExprEmitter:
         dt, fn = e.dtype, e.fn
         if reinterpreted(fn):
             return from_bits(to_bits(args[0], e.args[0].dtype, b), dt, b)
+        if fn == "dot4":
+            return llvm_dot.dot4(self.module, ir.Constant(I64, 0), *args, b, self.vnni)
         if dt.is_bool:  # computed on 0/1 integers
             return b.icmp_signed("!=", _int_call(fn, args, b), ir.Constant(I64, 0))
         if dt.is_int:

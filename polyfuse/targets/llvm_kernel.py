@@ -25,6 +25,7 @@ from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, Scala
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
                                map_body_exprs, walk_stmts)
 from polyfuse.ir.types import DType
+from polyfuse.targets.llvm_dot import declare_variants
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
                                         calls_libm, f32_to_bf16, register_type, storage_type)
 
@@ -43,12 +44,13 @@ class _Scope:
 
 class KernelEmitter:
     def __init__(self, kernel: LoopKernel, module: ir.Module, num_threads: int = 0,
-                 scalable: bool = False, avx512: bool = False) -> None:
+                 scalable: bool = False, avx512: bool = False, vnni: bool = False) -> None:
         self.kernel = kernel
         self.module = module
         self.num_threads = num_threads
         self.scalable = scalable   # vector loops as scalable vectors (SVE): vscale x width
         self.avx512 = avx512       # masked vector loads and stores are cheap, vscalefps scales
+        self.vnni = vnni           # int8 dot products (dot4) have VNNI instructions
         self.n_parallel = 0
         self.n_loops = 0
 
@@ -121,7 +123,7 @@ class KernelEmitter:
 
     def exprs(self, scope: _Scope) -> ExprEmitter:
         return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b),
-                           scope.locals, scale=self.avx512)
+                           scope.locals, scale=self.avx512, vnni=self.vnni)
 
     def address(self, access: Read, scope: _Scope, b: ir.IRBuilder) -> ir.Value:
         """The element ``access`` names (a read, or a store's target)."""
@@ -389,17 +391,18 @@ def _to_storage(value: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
 
 
 def emit_module(kernel: LoopKernel, triple: str, data_layout: str, num_threads: int = 0,
-                scalable: bool = False, avx512: bool = False) -> str:
+                scalable: bool = False, avx512: bool = False, vnni: bool = False) -> str:
     """The LLVM IR text of ``kernel``; loop metadata nodes refer to themselves.
     ``scalable``: vector loops use scalable vectors (for SVE); ``avx512``: a vector
     loop of a constant trip count that is not whole vectors ends in a masked vector,
     not a scalar loop, and math functions scale by powers of two with ``llvm.ldexp``
-    (one ``vscalefps``)."""
+    (one ``vscalefps``); ``vnni``: int8 dot products (``dot4``) become VNNI's (see
+    :mod:`.llvm_dot`)."""
     module = ir.Module(name=kernel.name)
     module.triple = triple
     module.data_layout = data_layout
-    KernelEmitter(kernel, module, num_threads, scalable, avx512).emit()
-    return _self_reference_loops(str(module))
+    KernelEmitter(kernel, module, num_threads, scalable, avx512, vnni).emit()
+    return declare_variants(_self_reference_loops(str(module)))
 
 
 def _self_reference_loops(text: str) -> str:

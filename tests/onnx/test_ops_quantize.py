@@ -193,6 +193,14 @@ CONVS = [  # x shape, w shape, stride, pads, group
     ((1, 4, 9, 9), (6, 2, 3, 2), 2, (2, 1, 0, 1), 2),
     ((1, 5, 6, 7), (5, 1, 3, 3), 1, (1, 1, 1, 1), 5),
 ]
+# constant weights sum channels-last, 8-bit ones 4 channels a word (dot4): channel counts
+# no multiple of 4 or of a vector, maps no register block divides
+WORD_CONVS = [
+    ((1, 3, 9, 5), (17, 3, 3, 3), 2, (1, 1, 1, 1), 1),
+    ((2, 17, 7, 7), (40, 17, 3, 3), 1, (1, 0, 2, 1), 1),
+    ((1, 40, 7, 7), (3, 40, 1, 1), 1, (0, 0, 0, 0), 1),
+    ((1, 40, 9, 5), (40, 1, 3, 3), 2, (1, 1, 1, 1), 40),   # depthwise: int32 products
+]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -209,7 +217,7 @@ def test_conv_integer_per_channel_zero_point(xs, ws, stride, pads, group, target
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("xs, ws, stride, pads, group", CONVS)
+@pytest.mark.parametrize("xs, ws, stride, pads, group", CONVS + WORD_CONVS)
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 def test_qlinear_conv_with_bias_and_per_channel_scales(dtype, xs, ws, stride, pads, group, target):
     x, w = ints(dtype, *xs), ints(np.int8, *ws)
@@ -222,13 +230,54 @@ def test_qlinear_conv_with_bias_and_per_channel_scales(dtype, xs, ws, stride, pa
                             pads=list(pads), group=group)
     m = one_node_model(node, {"x": x}, {"y": helper.np_dtype_to_tensor_dtype(np.dtype(dtype))},
                        consts)
-    (got,) = run(m, {"x": x}, target)
+    compiled = pf.compile(m, target=target)
+    got = compiled.run({"x": x})["y"]
     acc = conv(x.astype(np.int64) - zx, w.astype(np.int64), stride, pads, group)
     acc += bias[:, None, None]
     want = requantize(acc, (np.float32(sx * sw) / sy)[:, None, None], zy, dtype)
     assert_same(got, want)
     assert len(np.unique(got)) > 20
     assert np.abs(got.astype(int) - onnxruntime_outputs(m, {"x": x})[0]).max() <= 1
+    # the weights (constants) are words of 4 channels, but for grouped convolutions'
+    assert ("dot4(" in compiled.dump("specialized")) == (group == 1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("zw", [0, 1])
+def test_conv_integer_with_constant_weights_and_zero_points(zw, target):
+    """int8 weights less per-channel zero points run as words; uint8 ones less theirs
+    (beyond int8) as int32 products."""
+    x = ints(np.uint8, 2, 17, 9, 5)
+    for wt in (np.int8, np.uint8):
+        w = ints(wt, 6, 17, 3, 3)
+        zws = (ints(wt, 6) // 2 if zw else np.zeros(6, wt))
+        zx = np.uint8(77)
+        m = model("ConvInteger", {"x": x}, {"y": TensorProto.INT32},
+                  {"w": w, "zx": zx, "zw": zws}, strides=[2, 2], pads=[1, 2, 0, 1])
+        m.graph.node[0].input[:] = ["x", "w", "zx", "zw"]
+        (got,) = run(m, {"x": x}, target)
+        want = conv(x.astype(np.int64) - zx, w.astype(np.int64) - zws[:, None, None, None], 2,
+                    (1, 2, 0, 1), 1)
+        assert_same(got, want.astype(np.int32))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("k, n", [(17, 6), (40, 33)])
+def test_qlinear_matmul_with_constant_weights(dtype, k, n, target):
+    a, b = ints(dtype, 2, 5, k), ints(np.int8, k, n)
+    sa, sb, sy = np.float32(0.02), RNG.uniform(0.01, 0.05, n).astype(np.float32), np.float32(0.3)
+    za, zb = np.array(3 if dtype == np.int8 else 120, dtype), np.zeros(n, np.int8)
+    zy = np.array(0 if dtype == np.int8 else 128, dtype)
+    consts = {"sa": sa, "za": za, "b": b, "sb": sb, "zb": zb, "sy": sy, "zy": zy}
+    node = helper.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"],
+                            name="q")
+    m = one_node_model(node, {"a": a}, {"y": helper.np_dtype_to_tensor_dtype(np.dtype(dtype))}, consts)
+    compiled = pf.compile(m, target=target)
+    got = compiled.run({"a": a})["y"]
+    acc = (a.astype(np.int64) - za) @ b.astype(np.int64)
+    assert_same(got, requantize(acc, np.float32(sa * sb) / sy, zy, dtype))
+    assert len(np.unique(got)) > 20 and "dot4(" in compiled.dump("specialized")
 
 
 # --- errors ----------------------------------------------------------------------------------

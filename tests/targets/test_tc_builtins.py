@@ -23,7 +23,9 @@ from polyfuse.ir.loops_interpreter import interpret_kernel
 from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
+from polyfuse.targets.cpu import vnni
 from polyfuse.targets.llvm_expr import VECTOR_BODIES
+from polyfuse.targets.target import Target
 from tests.arm_tools import AARCH64, needs_arm_tools
 from tests.cuda.emulator import CXX
 from tests.cuda.test_emulated import emulated  # noqa: F401 (the emulated-device fixture)
@@ -271,3 +273,49 @@ def test_double_arguments_use_libm_or_say_the_algorithm_is_float32_only():
     np.testing.assert_allclose(got, np.arccosh(x) + x / 2, rtol=1e-15)
     with pytest.raises(pf.PolyfuseError, match="only a float32 implementation"):
         pf.define("def f(double(N) X) -> (Y) { Y(n) = erfinv(X(n)) }", target="x86").f(x)
+
+
+# --- dot4: int8 dot products ------------------------------------------------------------------
+
+DOT4 = "def d(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! dot4(A(m, k), B(k, n)) }"
+
+
+def _dot4_operands():
+    """Words of random bytes (every sign bit and 0, 255, 128 and 127 among them), a row
+    count no vector divides, and the sums numpy makes of them as bytes."""
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, (5, 7, 4), dtype=np.uint8)
+    b = rng.integers(0, 256, (7, 40, 4), dtype=np.uint8)
+    a[0, 0], b[0, :4] = [0, 255, 128, 127], [[255, 128, 127, 0]] * 4
+    want = np.einsum("mkj,knj->mn", a.astype(np.int64), b.view(np.int8).astype(np.int64))
+    return a.view(np.int32)[..., 0], b.view(np.int32)[..., 0], want.astype(np.int32)
+
+
+@pytest.mark.parametrize("target", ["host", "x86:skylake", "reference", AARCH64,
+                                    pytest.param("cuda", marks=pytest.mark.skipif(
+                                        CXX is None, reason="the emulator needs a C++20 compiler"))])
+def test_dot4_sums_unsigned_bytes_times_signed_ones(target, request):
+    if target == "cuda":
+        request.getfixturevalue("emulated")
+    a, b, want = _dot4_operands()
+    np.testing.assert_array_equal(pf.define(DOT4, target=target).d(a, b), want)
+
+
+def test_dot4_is_vnni_where_the_host_has_it_and_byte_arithmetic_elsewhere(capfd):
+    a, b, _ = _dot4_operands()
+    host = pf.define(DOT4, target="host").d.specialize(a, b).stages
+    skylake = pf.define(DOT4, target="x86:skylake").d.specialize(a, b).stages
+    assert ("vpdpbusd" in host["asm"]) == vnni(Target.parse("host"))
+    assert "vpdpbusd" not in skylake["asm"] and "polyfuse_dot4" not in skylake["llvm"]
+    assert capfd.readouterr().err == ""
+
+
+def test_dot4_round_trips_and_runs_on_the_loop_ir_interpreter():
+    a, b, want = _dot4_operands()
+    assert_round_trip(DOT4)
+    loops = pf.define(DOT4, target="x86").d.specialize(a, b).stages["loops"]
+    assert str(parse_kernel(loops)) == loops
+    d = parse_definition(DOT4)
+    bound = bind_arguments(d, (a, b))
+    got = interpret_kernel(schedule_definition(d, bound.sizes, MappingOptions()), bound.values)
+    np.testing.assert_array_equal(got["C"], want)

@@ -200,14 +200,15 @@ def _convolution(ctx: OpContext, name: str, product: str, inside: list[str],
                     + "\n}\n", inputs)
 
 
-def _pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = False) -> str:
-    """A statement copying X into ``P``, zero-padded so that every window reads it in
-    bounds: the convolution's reduction then needs no select in its inner loop (about
-    20% faster on x86 than guarding each read). ``channels_last`` puts the channel
-    index last: ``P(n, h..., c)``."""
+def pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = False,
+              source: str = "X", fill: str = "") -> str:
+    """A statement copying ``source`` (input 0) into ``P``, padded with ``fill`` (by
+    default 0) so that every window reads it in bounds: the convolution's reduction then
+    needs no select in its inner loop (about 20% faster on x86 than guarding each read).
+    ``channels_last`` puts the channel index last: ``P(n, h..., c)``."""
     batch, channels = ctx.shape(0)[:2]
     h = [f"h{i}" for i in range(len(axes))]
-    read = f"X(n, c, {', '.join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))})"
+    read = f"{source}(n, c, {', '.join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))})"
     inside = [cond for hi, a in zip(h, axes) for cond in
               ([f"{hi} >= {a.pad}"] if a.pad > 0 else [])
               + ([f"{hi} < {a.pad + a.size}"] if a.span > a.pad + a.size else [])]
@@ -215,7 +216,7 @@ def _pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = Fal
     extents = [("n", batch)] + (spatial + [("c", channels)] if channels_last
                                 else [("c", channels)] + spatial)
     return (f"  P({', '.join(i for i, _ in extents)}) = "
-            f"{guarded(inside, read, literal(0, ctx.dtype(0)))}{where(extents)}")
+            f"{guarded(inside, read, fill or literal(0, ctx.dtype(0)))}{where(extents)}")
 
 
 @register("Conv")
@@ -238,7 +239,7 @@ def _conv(ctx: OpContext) -> TCKernel:
         xc = f"{g} * {c_group} + c" if c_group > 1 else g
     padding, source = "", "X"
     if ctx.values[1] is not None and (ctx.attr(CHANNELS_LAST) or
-                                      _channels_last_pays(axes, c_group * math.prod(w[2:]))):
+                                      channels_last_pays(axes, c_group * math.prod(w[2:]))):
         if groups == 1:
             return _conv_channels_last(ctx, axes)
         if groups == m_out == x[1]:
@@ -246,7 +247,7 @@ def _conv(ctx: OpContext) -> TCKernel:
     if (groups == 1 or m_out == groups) and any(a.inside("o", "k") for a in axes):
         # (isl's scheduler can take minutes over the dependences of P through the
         # quasi-affine channel m / per_group, so those convolutions keep the select)
-        padding, source = _pad_input(ctx, axes), "P"
+        padding, source = pad_input(ctx, axes), "P"
         axes = [a.padded() for a in axes]
     read = f"{source}(n, {xc}, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
     inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
@@ -256,7 +257,7 @@ def _conv(ctx: OpContext) -> TCKernel:
                         padding)
 
 
-def _channels_last_pays(axes: list[WindowAxis], depth: int) -> bool:
+def channels_last_pays(axes: list[WindowAxis], depth: int) -> bool:
     """Whether accumulating channels-last beats ONNX's layout: when output rows are too
     narrow to fill vectors (7, 14, 28) or strided (their vectors would be gathered), or
     when the reduction is deep enough that the extra pass transposing the result costs
@@ -273,13 +274,13 @@ def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:
     eight jammed output columns then share each vector of weights (about 5x faster on
     14x14 maps)."""
     w = ctx.shape(1)
-    o, k = _window_names(len(axes))
+    o, k = window_names(len(axes))
     padding, source, stored_last = "", "X", False
     if any(a.inside("o", "k") for a in axes):
         # the padded copy keeps the layout X is stored in (channels-last once the layout
         # pass converted this conv), so copying it is no transpose
         stored_last = bool(ctx.attr(CHANNELS_LAST))
-        padding, source = _pad_input(ctx, axes, channels_last=stored_last), "P"
+        padding, source = pad_input(ctx, axes, channels_last=stored_last), "P"
         axes = [a.padded() for a in axes]
     window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
     read = f"P(n, {window}, c)" if stored_last else f"{source}(n, c, {window})"
@@ -295,7 +296,7 @@ def _depthwise_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel
     they are made, with no padded copy of the input: a depthwise window does so little
     work per element read that the copy's extra pass over memory costs more than the
     guards (a 56x56 map of 144 channels: 0.50 -> 0.41 ms with a SiLU)."""
-    o, k = _window_names(len(axes))
+    o, k = window_names(len(axes))
     read = f"X(n, m, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
     inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
     weights = ctx.values[1][:, 0]  # type: ignore[index]
@@ -304,7 +305,7 @@ def _depthwise_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel
     return _channels_last(ctx, axes, "depthwise_conv", "", product, [], packed)
 
 
-def _window_names(n: int) -> tuple[list[str], list[str]]:
+def window_names(n: int) -> tuple[list[str], list[str]]:
     return [f"o{i}" for i in range(n)], [f"k{i}" for i in range(n)]
 
 
@@ -315,7 +316,7 @@ def _channels_last(ctx: OpContext, axes: list[WindowAxis], name: str, padding: s
     ONNX's layout with the bias added. Parameters: X, the bias B if any, then the
     repacked weights Wt (a compile-time constant)."""
     x, m_out = ctx.shape(0), ctx.shape(1)[0]
-    o, k = _window_names(len(axes))
+    o, k = window_names(len(axes))
     outs = [(oi, a.out) for oi, a in zip(o, axes)]
     extents = ([("n", x[0])] + outs + [("m", m_out)] + summed
                + [(ki, a.kernel) for ki, a in zip(k, axes)])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
@@ -26,7 +27,9 @@ import numpy as np
 from polyfuse.ir.types import DType, promote
 from polyfuse.lowering.ops import (INDEX, OpContext, TCKernel, access, holding, literal, register,
                                    tensor_param)
-from polyfuse.lowering.ops.conv import WindowAxis, affine, guarded, where, window_axes
+from polyfuse.lowering.layout import CHANNELS_LAST
+from polyfuse.lowering.ops.conv import (WindowAxis, affine, guarded, pad_input, where, window_axes,
+                                        window_names)
 from polyfuse.lowering.ops.linalg import Product, matmul_product
 from polyfuse.lowering.ops.narrow import narrowed
 
@@ -38,15 +41,19 @@ QUANTIZED = (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.UINT4, DT
 Declared = tuple[str, DType, Sequence[int]]   # a TC output: name, type, shape
 
 
-def _kernel(ctx: OpContext, lines: Sequence[str], outputs: Sequence[Declared],
-            count: int = 1) -> TCKernel:
-    """A TC def reading every given node input as ``I<i>``; the first ``count`` of
+def _kernel(ctx: OpContext, lines: Sequence[str], outputs: Sequence[Declared], count: int = 1,
+            constants: Sequence[tuple[str, np.ndarray]] = (), unread: Sequence[int] = ()) -> TCKernel:
+    """A TC def reading every given node input but those ``unread`` as ``I<i>``, then the
+    ``constants`` (arrays made at compile time) as named; the first ``count`` of
     ``outputs`` are the node's outputs, the rest temporaries."""
-    inputs = tuple(i for i in range(len(ctx.types)) if ctx.has(i))
-    params = ", ".join(tensor_param(f"I{i}", ctx.type(i)) for i in inputs)
+    inputs = tuple(i for i in range(len(ctx.types)) if ctx.has(i) and i not in unread)
+    params = ", ".join([*(tensor_param(f"I{i}", ctx.type(i)) for i in inputs),
+                        *(tensor_param(name, (DType.from_numpy(a.dtype), a.shape))
+                          for name, a in constants)])
     decls = ", ".join(tensor_param(name, (dt, shape)) for name, dt, shape in outputs)
     body = "".join(f"  {line}\n" for line in lines)
-    return TCKernel(f"def k({params}) -> ({decls}) {{\n{body}}}\n", inputs, tuple(range(count)))
+    return TCKernel(f"def k({params}) -> ({decls}) {{\n{body}}}\n", inputs, tuple(range(count)),
+                    constants=tuple(a for _, a in constants))
 
 
 def _saturated(value: str, dt: DType, f: DType) -> str:
@@ -190,13 +197,68 @@ def _dynamic_quantize_linear(ctx: OpContext) -> TCKernel:
 
 # --- MatMulInteger, QLinearMatMul ---------------------------------------------------------------
 
-def _integer_matmul(ctx: OpContext, a: int, za: int, b: int, zb: int) -> tuple[str, Product]:
-    """The statement summing ``(A - za) * (B - zb)`` into int32 ``T``, and the product."""
-    p = matmul_product(ctx, a, b)
-    lhs = _shifted(access(f"I{a}", p.a), _nonzero(ctx, za, _per_row(ctx, za, "zero point of A", p)))
-    rhs = _shifted(access(f"I{b}", p.b),
-                   _nonzero(ctx, zb, _per_column(ctx, zb, "zero point of B", p)))
-    return f"{access('T', p.out)} +=! {lhs} * {rhs}{p.where}", p
+@dataclass(frozen=True)
+class _Sums:
+    """An integer product's int32 sums: the statements computing them, ``total`` (the
+    sum at an output element, zero point corrections and bias added), the output's
+    indices with their extents, the temporaries, the arrays made at compile time
+    (parameters named as given) and the node input no parameter reads (the weights, when
+    a repacked copy replaces them)."""
+
+    lines: list[str]
+    total: str
+    out: list[tuple[str, int]]
+    temporaries: list[Declared]
+    constants: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    unread: tuple[int, ...] = ()
+
+
+def _integer_matmul(ctx: OpContext, p: Product, za: int, zb: int, columns: int,
+                    bias: str = "") -> _Sums:
+    """The sums of ``(A - za) * (B - zb)`` (``p``'s inputs; B has ``columns`` columns),
+    plus ``bias``: with B a constant matrix and 8-bit A, 4 rows of B at a time
+    (:func:`_dot4_matmul`)."""
+    a, b = p.inputs
+    zb_read = _nonzero(ctx, zb, _one_or_each(ctx, zb, "zero point of B", p.n, columns, "column of B"))
+    za_read = _nonzero(ctx, za, _per_row(ctx, za, "zero point of A", p))
+    value = ctx.values[b]
+    if value is not None and value.ndim == 2 and len(ctx.shape(a)) >= 2 and \
+            ctx.element(a) in (DType.UINT8, DType.INT8) and (not zb_read or ctx.values[zb] is not None):
+        # B's rows: output columns first, as a convolution's weights
+        weights = (value if p.b[-1] == "k" else value.T).astype(np.int32)
+        if zb_read:
+            weights -= np.asarray(ctx.values[zb], np.int32).reshape(-1, 1)
+        if weights.min() >= -128 and weights.max() <= 127:
+            return _dot4_matmul(ctx, p, weights, za_read, bias)
+    lhs = _shifted(access(f"I{a}", p.a), za_read)
+    rhs = _shifted(access(f"I{b}", p.b), zb_read)
+    out = list(zip(p.out, p.extents))
+    return _Sums([f"{access('T', p.out)} +=! {lhs} * {rhs}{p.where}"],
+                 f"{access('T', p.out)}{bias}", out, [("T", DType.INT32, tuple(p.extents))])
+
+
+def _dot4_matmul(ctx: OpContext, p: Product, weights: np.ndarray, za: str, bias: str) -> _Sums:
+    """``T(out) +=! dot4(Ap(..., k4), Wt(k4, n))``: A copied into words of 4 of its
+    columns, the constant ``weights`` (one row per output column, less B's zero points)
+    as words (:func:`_weight_words`), A's zero point corrected outside the sum as a
+    convolution's is (:func:`_channels_last_sums`)."""
+    a = p.inputs[0]
+    shape, depth = ctx.shape(a), weights.shape[1]
+    lead = list(INDEX[:len(shape) - 1])
+    zero = _unsigned_zero(ctx, a, za)
+    word = _byte_word(ctx, a, [access(f"I{a}", [*lead, affine([("k4", 4)], j)]) for j in range(4)],
+                      "k4", depth, [], zero)
+    words = -(-depth // 4)
+    extents = list(zip(lead, shape[:-1])) + [("k4", words)]
+    lines = [f"Ap({', '.join([*lead, 'k4'])}) = {word}{where(extents)}",
+             f"{access('T', p.out)} +=! dot4({access('Ap', [*p.a[:-1], 'k4'])}, Wt(k4, {p.n}))"
+             f"{where(list(zip(p.out, p.extents)) + [('k4', words)])}"]
+    sums = weights.sum(axis=1, dtype=np.int64).astype(np.int32)
+    correction = f" - {zero} * S({p.n})" if zero else ""
+    return _Sums(lines, f"{access('T', p.out)}{correction}{bias}", list(zip(p.out, p.extents)),
+                 [("Ap", DType.INT32, tuple(e for _, e in extents)),
+                  ("T", DType.INT32, tuple(p.extents))],
+                 [("Wt", _weight_words(weights))] + ([("S", sums)] if zero else []), (p.inputs[1],))
 
 
 def _per_row(ctx: OpContext, i: int, what: str, p: Product) -> str:
@@ -208,10 +270,19 @@ def _per_column(ctx: OpContext, i: int, what: str, p: Product) -> str:
     return _one_or_each(ctx, i, what, p.n, ctx.shape(p.inputs[1])[-1], "column of B")
 
 
+def _product_kernel(ctx: OpContext, sums: _Sums, result: str, dt: DType) -> TCKernel:
+    """``Y(out) = result`` (of ``total``, the int32 sum there) after ``sums``."""
+    index = ", ".join(i for i, _ in sums.out)
+    line = f"Y({index}) = {result.format(total=sums.total)}{where(sums.out)}"
+    return _kernel(ctx, [*sums.lines, line], [("Y", dt, [e for _, e in sums.out]), *sums.temporaries],
+                   constants=sums.constants, unread=sums.unread)
+
+
 @register("MatMulInteger")
 def _matmul_integer(ctx: OpContext) -> TCKernel:
-    line, p = _integer_matmul(ctx, 0, 2, 1, 3)
-    return _kernel(ctx, [line], [("T", DType.INT32, p.extents)])
+    p = matmul_product(ctx, 0, 1)
+    return _product_kernel(ctx, _integer_matmul(ctx, p, 2, 3, ctx.shape(1)[-1]), "{total}",
+                           DType.INT32)
 
 
 def _factor(ctx: OpContext, a: str, b: str, y: str) -> str:
@@ -224,25 +295,21 @@ def _factor(ctx: OpContext, a: str, b: str, y: str) -> str:
 def _qlinear_matmul(ctx: OpContext) -> TCKernel:
     if any(ctx.element(i).is_float for i in (0, 3, 7) if ctx.has(i)):
         raise ctx.unsupported("QLinearMatMul of float8 values; polyfuse multiplies integers only")
-    line, p = _integer_matmul(ctx, 0, 2, 3, 5)
+    p = matmul_product(ctx, 0, 3)
+    sums = _integer_matmul(ctx, p, 2, 5, ctx.shape(3)[-1])
     factor = _factor(ctx, _per_row(ctx, 1, "scale of A", p), _per_column(ctx, 4, "scale of B", p),
                      _one_or_each(ctx, 6, "scale of Y", "0", 1, "tensor"))
     zero = _one_or_each(ctx, 7, "zero point of Y", "0", 1, "tensor")
     dt = ctx.dtype(7)
-    result = _requantized(access("T", p.out), factor, zero, dt)
-    return _kernel(ctx, [line, f"{access('Y', p.out)} = {result}{p.where}"],
-                   [("Y", dt, p.extents), ("T", DType.INT32, p.extents)])
+    return _product_kernel(ctx, sums, _requantized("{total}", factor, zero, dt), dt)
 
 
 # --- ConvInteger, QLinearConv ----------------------------------------------------------------
 
-def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int,
-                  bias: int | None) -> tuple[list[str], list[tuple[str, int]], list[Declared]]:
-    """Statements summing ``(X - zx) * (W - zw)`` over each window into int32 ``T(n, m, o...)``
-    (plus the bias, if any), T's indices with their extents, and the temporaries. Reads
-    of the padding give 0; where the scheduler copes with it, a first statement copies
-    the shifted input into a temporary ``P`` with its padding, which the reduction then
-    reads unguarded."""
+def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int, bias: int | None) -> _Sums:
+    """The sums of ``(X - zx) * (W - zw)`` over each window (module docstring), plus the
+    bias, if any: channels-last over repacked weights when they are constants
+    (:func:`_channels_last_sums`), else in ONNX's layout."""
     x, ws = ctx.shape(0), ctx.shape(w)
     ctx.rank(0, least=3)
     if len(ws) != len(x):
@@ -256,13 +323,18 @@ def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int,
     if x[1] != c_group * groups or m_out % groups:
         raise ctx.malformed(f"{x[1]} input and {m_out} output channels do not split into "
                             f"{groups} group(s) of {c_group} inputs for weights {ws}")
-    o = [f"o{d}" for d in range(len(axes))]
-    k = [f"k{d}" for d in range(len(axes))]
+    zw_read = _nonzero(ctx, zw, _one_or_each(ctx, zw, "zero point of w", "m", m_out,
+                                             "output channel"))
+    bias_read = f" + {_one_or_each(ctx, bias, 'bias', 'm', m_out, 'output channel')}" \
+        if bias is not None else ""
+    constant = ctx.values[w] is not None and (not zw_read or ctx.values[zw] is not None)
+    if constant and (groups == 1 or groups == m_out == x[1]):
+        sums = _channels_last_sums(ctx, axes, w, zx, zw if zw_read else None, bias_read)
+        return replace(sums, unread=(w,))   # the repacked weights replace input w
+    o, k = window_names(len(axes))
     group = "m" if m_out == groups else f"(m / {m_out // groups})"
     xc = "c" if groups == 1 else group if c_group == 1 else f"{group} * {c_group} + c"
-    weights = _shifted(f"I{w}(m, c, {', '.join(k)})",
-                       _nonzero(ctx, zw, _one_or_each(ctx, zw, "zero point of w", "m", m_out,
-                                                      "output channel")))
+    weights = _shifted(f"I{w}(m, c, {', '.join(k)})", zw_read)
     lines, temporaries = [], []
     if groups in (1, m_out):
         lines.append(_padded_copy(ctx, axes, zx))
@@ -277,10 +349,138 @@ def _integer_conv(ctx: OpContext, w: int, zx: str, zw: int,
     index = ", ".join(i for i, _ in out)
     window = [("c", c_group)] + [(ki, a.kernel) for ki, a in zip(k, axes)]
     lines.append(f"T({index}) +=! ({inputs}) * {weights}{where(out + window)}")
-    if bias is not None:
-        lines.append(f"T({index}) = T({index}) + "
-                     f"{_one_or_each(ctx, bias, 'bias', 'm', m_out, 'output channel')}")
-    return lines, out, temporaries
+    temporaries.append(("T", DType.INT32, tuple(e for _, e in out)))
+    return _Sums(lines, f"T({index}){bias_read}", out, temporaries)
+
+
+def _channels_last_sums(ctx: OpContext, axes: list[WindowAxis], w: int, zx: str, zw: int | None,
+                        bias: str) -> _Sums:
+    """The sums of a convolution with constant weights (and weight zero points) the way
+    a float one with constant weights runs (:func:`.conv._conv_channels_last`):
+    ``T(n, o..., m) +=! int32(X) * int32(Wt(c, k..., m))`` channels-last over the
+    weights, less their zero points, repacked at compile time. The input's zero point
+    stays out of the reduction: the padding holds it (so it adds nothing once
+    corrected), and ``sum (x - zx) * w = sum x * w - zx * S(m)`` with the weights' sums
+    ``S`` a constant; the correction and the bias are pointwise, for the epilogue.
+    8-bit inputs and weights sum 4 channels at a time (:func:`_dot4_sums`); depthwise
+    convolutions guard their reads instead of copying the input padded."""
+    x, ws = ctx.shape(0), ctx.shape(w)
+    m_out, depthwise = ws[0], ws[1] == 1 and ws[0] == x[1] and ctx.attr("group", 1) != 1
+    weights = ctx.values[w].astype(np.int32)  # type: ignore[union-attr]
+    if zw is not None:
+        weights -= np.asarray(ctx.values[zw], np.int32).reshape((-1,) + (1,) * (weights.ndim - 1))
+    sums = weights.reshape(m_out, -1).sum(axis=1, dtype=np.int64).astype(np.int32)
+    bytes_ = weights.min() >= -128 and weights.max() <= 127
+    if bytes_ and not depthwise and ctx.element(0) in (DType.UINT8, DType.INT8):
+        return _dot4_sums(ctx, axes, weights, sums, zx, bias)
+    packed = np.moveaxis(weights[:, 0] if depthwise else weights, 0, -1)
+    packed = np.ascontiguousarray(packed.astype(np.int8 if bytes_ else np.int16))
+    o, k = window_names(len(axes))
+    fill = f"{ctx.dtype(0)}({zx})" if zx else ""
+    lines, temporaries = [], []
+    if depthwise:
+        read = f"I0(n, m, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+        inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
+        product = (f"int32({guarded(inside, read, fill or literal(0, ctx.dtype(0)))}) * "
+                   f"int32(Wt({', '.join(k)}, m))")
+        summed = []
+    else:
+        source, stored_last = "I0", bool(ctx.attr(CHANNELS_LAST))
+        if any(a.inside("o", "k") for a in axes):
+            lines.append(pad_input(ctx, axes, stored_last, "I0", fill).strip())
+            spans = tuple(a.span for a in axes)
+            temporaries.append(("P", ctx.dtype(0), (x[0], *spans, x[1]) if stored_last
+                                else (*x[:2], *spans)))
+            source, axes = "P", [a.padded() for a in axes]
+        window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
+        read = f"P(n, {window}, c)" if stored_last else f"{source}(n, c, {window})"
+        product = f"int32({read}) * int32(Wt(c, {', '.join(k)}, m))"
+        summed = [("c", ws[1])]
+    correction = f" - int32({zx}) * S(m)" if zx else ""
+    return _accumulated(ctx, axes, lines, temporaries, product, summed,
+                        [("Wt", packed)] + ([("S", sums)] if zx else []), correction + bias)
+
+
+def _dot4_sums(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray, sums: np.ndarray,
+               zx: str, tail: str) -> _Sums:
+    """The sums of 8-bit inputs and weights 4 channels at a time, each step one ``dot4``
+    (x86's ``vpdpbusd``: unsigned bytes times signed bytes, summed 4 to an int32 lane):
+    ``T(n, o..., m) +=! dot4(P(n, h..., c4), Wt(c4, k..., m))`` with ``P`` the input
+    copied into words of 4 channels (padded, channels-last) and ``Wt`` the weights as
+    words (:func:`_weight_words`)."""
+    x = ctx.shape(0)
+    words = -(-x[1] // 4)
+    zero = _unsigned_zero(ctx, 0, zx)
+    h, o, k = [f"h{d}" for d in range(len(axes))], *window_names(len(axes))
+    spatial = [cond for hi, a in zip(h, axes) for cond in
+               ([f"{hi} >= {a.pad}"] if a.pad > 0 else [])
+               + ([f"{hi} < {a.pad + a.size}"] if a.span > a.pad + a.size else [])]
+    position = ", ".join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))
+    word = _byte_word(ctx, 0, [f"I0(n, {affine([('c4', 4)], j)}, {position})" for j in range(4)],
+                      "c4", x[1], spatial, zero)
+    extents = [("n", x[0])] + [(hi, a.span) for hi, a in zip(h, axes)] + [("c4", words)]
+    lines = [f"P(n, {', '.join(h)}, c4) = {word}{where(extents)}"]
+    temporaries: list[Declared] = [("P", DType.INT32, tuple(e for _, e in extents))]
+    padded = [a.padded() for a in axes]
+    window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(padded, o, k))
+    product = f"dot4(P(n, {window}, c4), Wt(c4, {', '.join(k)}, m))"
+    correction = f" - {zero} * S(m)" if zero else ""
+    return _accumulated(ctx, padded, lines, temporaries, product, [("c4", words)],
+                        [("Wt", _weight_words(weights))] + ([("S", sums)] if zero else []),
+                        correction + tail)
+
+
+def _unsigned_zero(ctx: OpContext, i: int, zero: str) -> str:
+    """The zero point (read as ``zero``, or none) of input ``i`` as the unsigned bytes
+    ``dot4`` reads: an int8 input is made unsigned by adding 128, which its zero point
+    takes too."""
+    if ctx.element(i) is DType.INT8:
+        return f"(int32({zero}) + 128)" if zero else "128"
+    return f"int32({zero})" if zero else ""
+
+
+def _byte_word(ctx: OpContext, i: int, reads: Sequence[str], index: str, count: int,
+               inside: Sequence[str], zero: str) -> str:
+    """``as_int32`` of 4 bytes, byte j ``reads[j]`` of 8-bit input ``i`` (made unsigned):
+    the values at ``4 * index + j`` along an axis of ``count``, where that is inside
+    it and ``inside`` holds, else ``zero`` (a padding that adds nothing once the zero
+    point is corrected; past ``count`` the weights are 0)."""
+    last = -(-count // 4) - 1
+    parts = []
+    for j, read in enumerate(reads):
+        value = f"uint32(int32({read}) + 128)" if ctx.element(i) is DType.INT8 else f"uint32({read})"
+        past = [f"{affine([(index, 4)], j)} < {count}"] if 4 * last + j >= count else []
+        byte = guarded([*inside, *past], value, f"uint32({zero or 0})")
+        parts.append(f"(({byte}) << {8 * j})" if j else f"({byte})")
+    return f"as_int32({' | '.join(parts)})"
+
+
+def _weight_words(weights: np.ndarray) -> np.ndarray:
+    """Weights ``(M, C, K...)`` (fitting int8) as int32 words ``(C4, K..., M)``: the 4
+    bytes of a word are 4 consecutive channels of one output (channels past C are 0),
+    the operand ``dot4`` reads 16 outputs of in one vector."""
+    m, c, rest = weights.shape[0], weights.shape[1], weights.shape[2:]
+    words = -(-c // 4)
+    spread = np.zeros((m, 4 * words, *rest), np.int8)
+    spread[:, :c] = weights
+    packed = np.moveaxis(spread.reshape(m, words, 4, *rest), (0, 2), (-2, -1))
+    return np.ascontiguousarray(packed).view(np.int32)[..., 0]
+
+
+def _accumulated(ctx: OpContext, axes: list[WindowAxis], lines: list[str],
+                 temporaries: list[Declared], product: str, summed: list[tuple[str, int]],
+                 constants: list[tuple[str, np.ndarray]], tail: str) -> _Sums:
+    """``T(n, o..., m) +=! product`` over ``summed`` and the window after ``lines``; the
+    total at ``(n, m, o...)`` is T's element plus ``tail``."""
+    x, m_out = ctx.shape(0), constants[0][1].shape[-1]
+    o, k = window_names(len(axes))
+    outs = [(oi, a.out) for oi, a in zip(o, axes)]
+    extents = [("n", x[0])] + outs + [("m", m_out)] + summed + \
+        [(ki, a.kernel) for ki, a in zip(k, axes)]
+    t = f"T(n, {', '.join(o)}, m)"
+    temporaries = [*temporaries, ("T", DType.INT32, (x[0], *(e for _, e in outs), m_out))]
+    return _Sums([*lines, f"{t} +=! {product}{where(extents)}"], f"{t}{tail}",
+                 [("n", x[0]), ("m", m_out)] + outs, temporaries, constants)
 
 
 def _padded_copy(ctx: OpContext, axes: Sequence[WindowAxis], zero: str) -> str:
@@ -299,23 +499,20 @@ def _padded_copy(ctx: OpContext, axes: Sequence[WindowAxis], zero: str) -> str:
 @register("ConvInteger")
 def _conv_integer(ctx: OpContext) -> TCKernel:
     zx = _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor"))
-    lines, out, temporaries = _integer_conv(ctx, 1, zx, 3, None)
-    return _kernel(ctx, lines, [("T", DType.INT32, [e for _, e in out]), *temporaries])
+    return _product_kernel(ctx, _integer_conv(ctx, 1, zx, 3, None), "{total}", DType.INT32)
 
 
 @register("QLinearConv")
 def _qlinear_conv(ctx: OpContext) -> TCKernel:
     zx = _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of x", "0", 1, "tensor"))
-    lines, out, temporaries = _integer_conv(ctx, 3, zx, 5, 8 if ctx.has(8) else None)
+    sums = _integer_conv(ctx, 3, zx, 5, 8 if ctx.has(8) else None)
     m_out = ctx.shape(3)[0]
     factor = _factor(ctx, _one_or_each(ctx, 1, "scale of x", "0", 1, "tensor"),
                      _one_or_each(ctx, 4, "scale of w", "m", m_out, "output channel"),
                      _one_or_each(ctx, 6, "scale of y", "0", 1, "tensor"))
     zero = _one_or_each(ctx, 7, "zero point of y", "0", 1, "tensor")
-    dt, index = ctx.dtype(7), ", ".join(i for i, _ in out)
-    lines.append(f"Y({index}) = {_requantized(f'T({index})', factor, zero, dt)}{where(out)}")
-    shape = [e for _, e in out]
-    return _kernel(ctx, lines, [("Y", dt, shape), ("T", DType.INT32, shape), *temporaries])
+    dt = ctx.dtype(7)
+    return _product_kernel(ctx, sums, _requantized("{total}", factor, zero, dt), dt)
 
 
 # --- QLinearGemm (what fuse_integer_ops makes of a quantized Gemm) -----------------------------
@@ -329,22 +526,17 @@ def _qlinear_gemm(ctx: OpContext) -> TCKernel:
     ctx.rank(0, 2)
     ctx.rank(3, 2)
     (m, k), b = ctx.shape(0), ctx.shape(3)
-    n = b[0] if ctx.flag("transB", 0) else b[1]
-    if (b[1] if ctx.flag("transB", 0) else b[0]) != k:
+    transposed = ctx.flag("transB", 0)
+    n = b[0] if transposed else b[1]
+    if (b[1] if transposed else b[0]) != k:
         raise ctx.malformed(f"A of shape {(m, k)} and B of shape {b} do not multiply")
-    a_read = _shifted("I0(m, k)", _nonzero(ctx, 2, _one_or_each(ctx, 2, "zero point of A", "0", 1,
-                                                                 "tensor")))
-    b_read = _shifted("I3(n, k)" if ctx.flag("transB", 0) else "I3(k, n)",
-                      _nonzero(ctx, 5, _one_or_each(ctx, 5, "zero point of B", "n", n, "column")))
-    out = [("m", m), ("n", n)]
-    lines = [f"T(m, n) +=! {a_read} * {b_read}{where(out + [('k', k)])}"]
-    if ctx.has(6):
-        lines.append(f"T(m, n) = T(m, n) + {_one_or_each(ctx, 6, 'bias', 'n', n, 'column')}"
-                     f"{where(out)}")
+    p = Product((0, 3), ["m", "k"], ["n", "k"] if transposed else ["k", "n"], ["m", "n"], [m, n],
+                "m", "n")
+    bias = f" + {_one_or_each(ctx, 6, 'bias', 'n', n, 'column')}" if ctx.has(6) else ""
+    sums = _integer_matmul(ctx, p, 2, 5, n, bias)
     factor = _factor(ctx, _one_or_each(ctx, 1, "scale of A", "0", 1, "tensor"),
                      _one_or_each(ctx, 4, "scale of B", "n", n, "column"),
                      _one_or_each(ctx, 7, "scale of Y", "0", 1, "tensor"))
     dt = ctx.dtype(8)
     zero = _one_or_each(ctx, 8, "zero point of Y", "0", 1, "tensor")
-    lines.append(f"Y(m, n) = {_requantized('T(m, n)', factor, zero, dt)}{where(out)}")
-    return _kernel(ctx, lines, [("Y", dt, (m, n)), ("T", DType.INT32, (m, n))])
+    return _product_kernel(ctx, sums, _requantized("{total}", factor, zero, dt), dt)
