@@ -118,7 +118,7 @@ def _unroll_loop(node: Node, parts: ControlParts, consts: Mapping[str, np.ndarra
     if going is None:
         return None
     going = going is True or _truth(node, going)
-    stays = _passed_condition(body, dict(zip(body.captures, parts.captures)), consts)
+    stays = passed_condition(body, dict(zip(body.captures, parts.captures)), consts)
     if stays is None:
         return None
     trips = _loop_trips(node, None if limit is None else int(limit.reshape(-1)[0]), going, stays)
@@ -154,7 +154,7 @@ def _unrollable(body: Graph, trips: int) -> bool:
         and not any(n.subgraphs for n in body.nodes)
 
 
-def _passed_condition(body: Graph, captured: dict[str, str],
+def passed_condition(body: Graph, captured: dict[str, str],
                       consts: Mapping[str, np.ndarray]) -> bool | str | None:
     """How a Loop body's condition output is known: "passed" when it is the condition
     input (through Identity nodes), its value when a constant (of the body, or captured),

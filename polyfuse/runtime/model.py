@@ -23,14 +23,17 @@ import numpy as np
 
 from polyfuse.errors import ArgumentError, BoundsError, IRVerificationError, NeedsValue, ShapeError
 from polyfuse.ir.graph import Graph, TensorType, Value
-from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Step, ViewStep
+from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, ViewStep
+from polyfuse.ir.steps import leaves
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import placeholder
 from polyfuse.runtime.control import retyped, run_tail
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
+from polyfuse.runtime.instructions import Run, emit_instruction, straight
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
+from polyfuse.runtime.stepwise import run_steps
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.targets import Device, Target
 
@@ -57,7 +60,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     each step has constant values for the parameters the kernel reads packed."""
     kernels: list[SpecializedKernel | None] = []
     made: dict[tuple, list[SpecializedKernel]] = {}
-    for st in plan.steps:
+    for st in leaves(plan.steps):
         if isinstance(st, ViewStep):
             kernels.append(None)
             continue
@@ -87,33 +90,25 @@ def _placeholder(t: TensorType) -> np.ndarray:
     return placeholder(t.shape, t.dtype.numpy)
 
 
-def _run_step(st: Step, kernel: SpecializedKernel | None, env: dict[str, Any]) -> None:
-    """Run one step of a plan on ``env`` (values by name), adding what it defines."""
-    if isinstance(st, ViewStep):
-        size = int(np.prod(st.shape))
-        env[st.output] = env[st.input].reshape(-1)[st.offset:st.offset + size].reshape(st.shape)
-        return
-    assert kernel is not None
-    d = st.definition
-    produced = kernel.run({p.name: env[n] for p, n in zip(d.params, st.inputs)})
-    for name, t in zip(st.outputs, d.outputs):
-        env[name] = produced[t.name]
-
-
 class _NativeProgram:
     """Every step of a plan as one native call (:class:`polyfuse.runtime.native.Program`):
     intermediates in one arena, weights bound once by address, graph outputs written
-    straight into the arrays returned."""
+    straight into the arrays returned, loops and branches run by the program's jumps."""
 
     def __init__(self, layout: ProgramLayout) -> None:
         self.layout = layout
         self.program = native.Program()
         self.labels = [call.label for call in layout.calls]
         address = {name: array.ctypes.data for name, array in layout.constants.items()}
-        for call in layout.calls:
-            args = [(base, address[index], 0) if base == CONSTANT else (base, index, offset)
-                    for base, index, offset in call.args]
-            self.program.add(call.executable.jit.address, args, list(call.zero))
+
+        def place(base: int, index: Any, offset: int) -> tuple[int, int, int]:
+            return (base, address[index] + offset, 0) if base == CONSTANT else (base, index, offset)
+        for ins in layout.code:
+            if isinstance(ins, Run):
+                call = layout.calls[ins.call]
+                self.program.add(call.executable.jit.address, [place(*a) for a in call.args], list(call.zero))
+            else:
+                emit_instruction(self.program, ins, place)
 
     @staticmethod
     def build(compiled: CompiledPlan) -> _NativeProgram | None:
@@ -138,9 +133,10 @@ def _program(compiled: CompiledPlan, target: Target) -> Any:
     """What runs a plan's kernels as one unit: a native program in this process, a
     program run under an emulator, a program on the GPU, or None (each step runs by
     itself)."""
-    if target.backend.device is Device.GPU:
+    if target.backend.device is Device.GPU:   # loops and branches: each step by itself
         from polyfuse.runtime.cuda import CudaProgram
-        return CudaProgram(ProgramLayout.of(compiled))
+        layout = ProgramLayout.of(compiled)
+        return CudaProgram(layout) if straight(layout.code) else None
     if not target.backend.cpus:
         return None
     from polyfuse.runtime import cross
@@ -301,9 +297,7 @@ class CompiledModel:
         if compiled.program is not None:
             results = compiled.program.run(env)
         else:
-            env.update(plan.constants)
-            for step, kernel in zip(plan.steps, compiled.kernels):
-                _run_step(step, kernel, env)
+            run_steps(compiled, env)
             results = {name: env[name] for name in plan.outputs}
         if plan.tail is not None:
             # data-dependent control flow: run from Python (see polyfuse.runtime.control)
@@ -337,20 +331,15 @@ class CompiledModel:
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise ArgumentError(f"profile's repeat must be a positive int, got {repeat!r}")
         compiled, env = self._prepare(feed)
-        program, steps = compiled.program, compiled.plan.steps
+        program = compiled.program
+        labels = program.labels if program is not None else [st.label for st in leaves(compiled.plan.steps)]
         samples: list[list[float]] = []
         for _ in range(repeat + 1):
+            times = np.zeros(len(labels))
             if program is not None:
-                times = np.zeros(len(program.labels))
                 program.run(env, times)
-                labels = program.labels
             else:
-                local = env | dict(compiled.plan.constants)
-                labels, times = [st.label for st in steps], np.zeros(len(steps))
-                for k, (step, kernel) in enumerate(zip(steps, compiled.kernels)):
-                    start = time.perf_counter()
-                    _run_step(step, kernel, local)
-                    times[k] = time.perf_counter() - start
+                run_steps(compiled, dict(env), times)
             samples.append(list(times))
         medians = np.median(np.array(samples[1:]), axis=0)
         return list(zip(labels, (float(t) for t in medians)))
