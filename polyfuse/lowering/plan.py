@@ -8,8 +8,10 @@ fusion groups compose into one definition
 value's size is checked against the memory limit before anything is allocated.
 
 Control flow (If, Loop, Scan) that the planner can resolve for these shapes and values is
-inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); the first that
-depends on data ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail. So
+inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); an If or Loop
+that depends on data becomes a step the program runs, its branches or body planned here
+as blocks of steps (:mod:`polyfuse.lowering.program_control`); the first the program
+cannot run ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail. So
 does a node whose output sizes the data decides (NonZero, Compress, Unique), after the
 kernel writing its outputs at their bound sizes and their count: the runtime cuts them.
 A node needing at compile time a value the data computes (TopK's k, a Reshape's shape)

@@ -3,11 +3,12 @@
 A :class:`CompiledModel` holds the graph; for each set of input shapes its planner lowers
 it into a :class:`~polyfuse.ir.plan.Plan` (``lowering.plan.plan_graph``), whose kernel
 steps are compiled here for the target (cached per shapes). ``run`` checks the feed, then
-runs the plan's steps: as one native program where the target allows. A plan that ends at
-control flow the data decides, at an op whose output sizes it decides (NonZero, ...) or
-before a node needing a value it computes (its ``tail``) is continued by
-:mod:`polyfuse.runtime.control`, from Python: the branch or loop body, or the outputs cut
-to their counts, then the rest of the graph, each a CompiledModel of its own
+runs the plan's steps, its loops and branches included: as one native program where the
+target allows, else step by step (:mod:`polyfuse.runtime.stepwise`). A plan that ends at
+control flow the program cannot run, at an op whose output sizes the data decides
+(NonZero, ...) or before a node needing a value it computes (its ``tail``) is continued
+by :mod:`polyfuse.runtime.control`, from Python: the branch or loop body, or the outputs
+cut to their counts, then the rest of the graph, each a CompiledModel of its own
 (``planning`` makes their planners).
 """
 
@@ -326,7 +327,8 @@ class CompiledModel:
     def profile(self, feed: Mapping[str, Any], repeat: int = 10) -> list[tuple[str, float]]:
         """Each kernel's median seconds over ``repeat`` runs of ``feed`` (after one
         warm-up run), in the order they run: ``(label, seconds)``; a label names the node,
-        or the fusion group and its nodes. Kernels after data-dependent control flow (a
+        or the fusion group and its nodes; a kernel in a loop, its seconds over all
+        iterations. Kernels after data-dependent control flow the program cannot run (a
         plan's tail) are not listed."""
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise ArgumentError(f"profile's repeat must be a positive int, got {repeat!r}")
