@@ -39,7 +39,7 @@ import numpy as np
 from polyfuse.errors import IRVerificationError, ShapeError
 from polyfuse.ir.graph import Node, TensorType, format_name
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
-from polyfuse.ir.steps import (Block, BranchStep, ControlFlow, KernelStep, LoopStep, Step, ViewStep, leaves,
+from polyfuse.ir.steps import (BranchStep, ControlFlow, KernelStep, LoopStep, Step, ViewStep, leaves,
                                live_ranges, view_roots)
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType

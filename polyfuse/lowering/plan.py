@@ -32,8 +32,8 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Definition, Expr,
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.limits import check_bytes, check_tensor_size
-from polyfuse.ir.plan import Block, ControlStep, KernelStep, Plan, Step, Trim, ViewStep, plan_memory
-from polyfuse.ir.steps import events
+from polyfuse.ir.plan import ControlStep, KernelStep, Plan, Step, Trim, ViewStep, plan_memory
+from polyfuse.ir.steps import Block, events
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType

@@ -7,12 +7,13 @@ planner (their nodes fuse as any others), for the shapes they get.
 The program can run it when what the steps write keeps one type: a Loop's body gives
 its carried values the types they came in with (so one plan of the body serves every
 iteration), an If's branches give outputs of one type. A Loop's scan outputs need a
-known trip count M: they are written into buffers of M rows; when the loop may stop
-before M iterations (its condition computed), the plan ends there and the runtime cuts
-them to the iterations run (a :class:`~polyfuse.ir.plan.Trim` by the loop's counter).
-What does not fit (carried shapes that change, scan outputs of a loop whose trip count
-the data decides, a body that itself ends its plan) is left to the runtime, which runs
-it from Python (:mod:`polyfuse.runtime.control`).
+known trip count M: they are written into buffers of M rows (up to
+:data:`STACKED_MAX_BYTES` in all); when the loop may stop before M iterations (its
+condition computed), the plan ends there and the runtime cuts them to the iterations
+run (a :class:`~polyfuse.ir.plan.Trim` by the loop's counter). What does not fit
+(carried shapes that change, scan outputs of a loop whose trip count the data decides or
+is too large to hold them all, a body that itself ends its plan) is left to the runtime,
+which runs it from Python (:mod:`polyfuse.runtime.control`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ import numpy as np
 
 from polyfuse.ir.control import ControlParts, control_parts
 from polyfuse.ir.graph import Graph, Node, TensorType
-from polyfuse.ir.plan import Block, BranchStep, LoopStep, Step, Trim
-from polyfuse.ir.steps import view_roots
+from polyfuse.ir.plan import BranchStep, LoopStep, Step, Trim, nbytes
+from polyfuse.ir.steps import Block, view_roots
 from polyfuse.ir.types import DType
 from polyfuse.lowering.control import Inlined, inline_body, passed_condition
+
+# the most bytes of scan-output buffers a loop's M rows may take (exported while loops
+# give M = 2**63 - 1 and stop on their condition: their scans are stacked from Python)
+STACKED_MAX_BYTES = 1 << 26
 
 
 class Planner(Protocol):
@@ -115,9 +120,12 @@ def _loop(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ...]
     scans = node.outputs[parts.carried:]
     early = _may_stop_early(planner, node, parts, cond)
     stacked = tuple(f"{node.name}:bound{j}" if early or not o else o for j, o in enumerate(scans))
-    for name, scan in zip(stacked, block.results[1 + parts.carried:]):
-        t = planner.types[scan]
-        planner.define(what, name, TensorType(t.dtype, (max(0, int(np.asarray(rows).reshape(-1)[0])), *t.shape)))
+    rows = max(0, int(np.asarray(rows).reshape(-1)[0])) if scans else 0
+    values = [planner.types[s] for s in block.results[1 + parts.carried:]]
+    if sum(rows * int(nbytes(t)) for t in values) > STACKED_MAX_BYTES:
+        return None
+    for name, t in zip(stacked, values):
+        planner.define(what, name, TensorType(t.dtype, (rows, *t.shape)))
     planner.steps.append(LoopStep(node.name, trip, cond, initial, counter, going, carried, block, stacked))
     return tuple(Trim(o, b, counter, 0) for o, b in zip(scans, stacked) if o) if early else ()
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 

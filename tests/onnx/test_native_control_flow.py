@@ -273,3 +273,43 @@ def test_profile_sums_a_kernel_over_its_iterations():
     kernels = compiled.plan_for().plan.kernels
     assert [label for label, _ in profile] == [st.label for st in kernels]
     assert any(label.startswith("Loop_2/") for label, _ in profile) and all(t >= 0 for _, t in profile)
+
+
+def nested_loops():
+    """M1 (from data) times: M2 (from data) times x = x + i_inner, then x = x * 0.5 + i_outer."""
+    inner = helper.make_graph(
+        [node("Identity", ["d_in"], ["d_out"]), node("Cast", ["j"], ["fj"], to=F),
+         node("Add", ["v_in", "fj"], ["v_out"])], "inner",
+        [value("j", I64, []), value("d_in", BOOL, []), value("v_in", F, [5])],
+        [value("d_out", BOOL, []), value("v_out", F, [5])])
+    outer = helper.make_graph(
+        [node("Identity", ["c_in"], ["c_out"]), node("Loop", ["m2", "", "x_in"], ["xi"], body=inner),
+         node("Mul", ["xi", "half"], ["h"]), node("Cast", ["i"], ["fi"], to=F), node("Add", ["h", "fi"], ["x_out"])],
+        "outer", [value("i", I64, []), value("c_in", BOOL, []), value("x_in", F, [5])],
+        [value("c_out", BOOL, []), value("x_out", F, [5])])
+    nodes = [node("ReduceSum", ["n1"], ["m1"], keepdims=0), node("ReduceSum", ["n2"], ["m2"], keepdims=0),
+             node("Loop", ["m1", "", "x"], ["y"], body=outer)]
+    return _model(nodes, [value("x", F, [5]), value("n1", I64, [70]), value("n2", I64, [70])],
+                  [value("y", F, [5])], [_scalar("half", F, 0.5)])
+
+
+@pytest.mark.parametrize("target", ["host", "reference"])
+def test_a_loop_nested_in_a_loop_body(target):
+    def feeds(outer, inner):
+        n1, n2 = np.zeros(70, np.int64), np.zeros(70, np.int64)
+        n1[5], n2[9] = outer, inner
+        return {"x": RNG.standard_normal(5).astype(np.float32), "n1": n1, "n2": n2}
+    compiled = _run_in_program(nested_loops(), [feeds(3, 4), feeds(2, 0), feeds(0, 3), feeds(6, 1)],
+                               LoopStep, target)
+    loop = next(st for st in compiled.plan_for().plan.steps if isinstance(st, LoopStep))
+    assert any(isinstance(st, LoopStep) for st in loop.body.steps)
+
+
+def test_scan_outputs_of_a_loop_too_long_to_hold_are_stacked_from_python():
+    """An exported while loop's trip count is 2**63 - 1: its scans cannot have a row each."""
+    model = early_exit_scan_loop()
+    model.graph.initializer[0].CopyFrom(_scalar("M", I64, 2**63 - 1))
+    compiled = pf.compile(model, target="host")
+    feeds = {"x": np.float32([1, 2, 3]), "y0": np.zeros(3, np.float32), "limit": np.array(20.0, np.float32)}
+    assert_matches_onnxruntime(model, feeds, compiled=compiled)
+    assert compiled.plan_for().plan.tail.node.op == "Loop"
