@@ -37,13 +37,13 @@ def run_steps(compiled: CompiledPlan, env: dict[str, Any], times: np.ndarray | N
             else:
                 k = position[id(st)]
                 start = time.perf_counter()
-                run_step(st, compiled.kernels[k], env)
+                _run_leaf(st, compiled.kernels[k], env)
                 if times is not None:
                     times[k] += time.perf_counter() - start
     run(plan.steps)
 
 
-def run_step(st: Step, kernel: CompiledKernel | None, env: dict[str, Any]) -> None:
+def _run_leaf(st: Step, kernel: CompiledKernel | None, env: dict[str, Any]) -> None:
     """Run one kernel or view step on ``env`` (values by name), adding what it defines."""
     if isinstance(st, ViewStep):
         size = int(np.prod(st.shape))

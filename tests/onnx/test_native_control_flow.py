@@ -3,6 +3,8 @@ in the plan, no tail, no submodel compiled): against onnxruntime, on the native 
 the per-step interpreter (reference target), an emulated aarch64 program and a bundle;
 and what the program cannot run left to Python, still right."""
 
+from unittest import mock
+
 import numpy as np
 import onnx
 import pytest
@@ -38,8 +40,11 @@ def _run_in_program(model, feeds_list, step, target="host"):
     plan = compiled.plan_for().plan
     assert plan.tail is None and any(isinstance(st, step) for st in plan.steps)
     assert compiled._submodels == {}
-    if target == "host":
+    if target == "host":   # one program run per call: no body or branch run from Python
         assert isinstance(compiled.plan_for().program, _NativeProgram)
+        with mock.patch.object(_NativeProgram, "run", autospec=True, side_effect=_NativeProgram.run) as run:
+            compiled.run(feeds_list[0])
+        assert run.call_count == 1
     return compiled
 
 
