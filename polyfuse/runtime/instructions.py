@@ -30,6 +30,10 @@ from polyfuse.ir.plan import BranchStep, LoopStep, Plan, Step, nbytes
 Location = tuple[int, Any, int]
 
 
+# what makes a location native: (base, index, offset) with a constant's address resolved
+Place = Callable[..., tuple[int, int, int]]
+
+
 @dataclass(frozen=True)
 class Run:
     call: int
@@ -42,6 +46,11 @@ class Copy:
     nbytes: int
     row: Location | None = None
 
+    def native(self, program: Any, place: Place) -> None:
+        """Append this instruction to a :class:`polyfuse.runtime.native.Program` (so do the
+        others but :class:`Run`, whose kernel the program's maker binds)."""
+        program.copy(place(*self.dst), place(*self.src), self.nbytes, None if self.row is None else place(*self.row))
+
 
 @dataclass(frozen=True)
 class Set:
@@ -49,21 +58,33 @@ class Set:
     value: int
     nbytes: int
 
+    def native(self, program: Any, place: Place) -> None:
+        program.set(place(*self.dst), self.value, self.nbytes)
+
 
 @dataclass(frozen=True)
 class Increment:
     counter: Location
+
+    def native(self, program: Any, place: Place) -> None:
+        program.increment(place(*self.counter))
 
 
 @dataclass(frozen=True)
 class Jump:
     target: int
 
+    def native(self, program: Any, place: Place) -> None:
+        program.jump(self.target)
+
 
 @dataclass(frozen=True)
 class JumpUnless:
     cond: Location
     target: int
+
+    def native(self, program: Any, place: Place) -> None:
+        program.jump_unless(place(*self.cond), self.target)
 
 
 @dataclass(frozen=True)
@@ -72,25 +93,11 @@ class JumpIfAtLeast:
     limit: Location
     target: int
 
+    def native(self, program: Any, place: Place) -> None:
+        program.jump_if_at_least(place(*self.counter), place(*self.limit), self.target)
+
 
 Instruction = Run | Copy | Set | Increment | Jump | JumpUnless | JumpIfAtLeast
-
-
-def emit_instruction(program: Any, ins: Instruction, place: Callable[..., tuple[int, int, int]]) -> None:
-    """Append ``ins`` (not a :class:`Run`) to native ``program``
-    (:class:`polyfuse.runtime.native.Program`), its locations made native by ``place``."""
-    if isinstance(ins, Copy):
-        program.copy(place(*ins.dst), place(*ins.src), ins.nbytes, None if ins.row is None else place(*ins.row))
-    elif isinstance(ins, Set):
-        program.set(place(*ins.dst), ins.value, ins.nbytes)
-    elif isinstance(ins, Increment):
-        program.increment(place(*ins.counter))
-    elif isinstance(ins, Jump):
-        program.jump(ins.target)
-    elif isinstance(ins, JumpUnless):
-        program.jump_unless(place(*ins.cond), ins.target)
-    elif isinstance(ins, JumpIfAtLeast):
-        program.jump_if_at_least(place(*ins.counter), place(*ins.limit), ins.target)
 
 
 def straight(code: list[Instruction]) -> bool:

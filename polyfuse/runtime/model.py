@@ -31,7 +31,7 @@ from polyfuse.runtime.control import retyped, run_tail
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
-from polyfuse.runtime.instructions import Run, emit_instruction, straight
+from polyfuse.runtime.instructions import Run, straight
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
 from polyfuse.runtime.stepwise import run_steps
 from polyfuse.scheduler.options import MappingOptions
@@ -108,7 +108,7 @@ class _NativeProgram:
                 call = layout.calls[ins.call]
                 self.program.add(call.executable.jit.address, [place(*a) for a in call.args], list(call.zero))
             else:
-                emit_instruction(self.program, ins, place)
+                ins.native(self.program, place)
 
     @staticmethod
     def build(compiled: CompiledPlan) -> _NativeProgram | None:
