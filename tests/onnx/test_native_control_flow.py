@@ -264,10 +264,16 @@ def test_an_emulated_program_runs_loops_and_branches(target):
                     "j0": np.array(0, np.int64), "n": n[:70]})
 
 
-def test_a_bundle_runs_a_data_dependent_loop(tmp_path):
+@pytest.mark.parametrize("target", ["x86", AARCH64])
+def test_a_bundle_runs_a_data_dependent_loop_and_branch(target, tmp_path):
     from tests.runtime.test_bundle import assert_prints_the_same, build_and_run
     feed = {"x": np.abs(RNG.standard_normal(8)).astype(np.float32) + 0.1, "limit": np.array(300.0, np.float32)}
-    compiled, run = build_and_run(doubling_while_loop(), feed, "x86", tmp_path)
+    compiled, run = build_and_run(doubling_while_loop(), feed, target, tmp_path)
+    assert_prints_the_same(compiled, run, feed)
+    n = np.zeros(80, np.int64)
+    n[0] = 4
+    feed = {"x": RNG.standard_normal((2, 3)).astype(np.float32) * 4, "n": n}
+    compiled, run = build_and_run(if_inside_a_loop(), feed, target, tmp_path)
     assert_prints_the_same(compiled, run, feed)
 
 
@@ -318,3 +324,15 @@ def test_scan_outputs_of_a_loop_too_long_to_hold_are_stacked_from_python():
     feeds = {"x": np.float32([1, 2, 3]), "y0": np.zeros(3, np.float32), "limit": np.array(20.0, np.float32)}
     assert_matches_onnxruntime(model, feeds, compiled=compiled)
     assert compiled.plan_for().plan.tail.node.op == "Loop"
+
+
+def test_an_if_whose_branches_give_different_shapes_runs_from_python():
+    then = helper.make_graph([node("Mul", ["x", "x"], ["t"])], "then", [], [value("t", F, [4])])
+    other = helper.make_graph([node("ReduceSum", ["x"], ["e"], keepdims=1)], "else", [], [value("e", F, [1])])
+    model = _model([node("ReduceSum", ["x"], ["s"], keepdims=0), node("Greater", ["s", "zero"], ["c"]),
+                    node("If", ["c"], ["y"], then_branch=then, else_branch=other), node("Neg", ["y"], ["z"])],
+                   [value("x", F, [4])], [value("z", F, ["k"])], [_scalar("zero", F, 0.0)])
+    compiled = pf.compile(model, target="host")
+    for x in (np.float32([1, 2, 3, -1]), np.float32([-1, -2, 3, -1])):
+        assert_matches_onnxruntime(model, {"x": x}, compiled=compiled)
+    assert compiled.plan_for().plan.tail.node.op == "If"
