@@ -40,6 +40,7 @@ class Planner(Protocol):
     steps: list[Step]
     types: dict[str, TensorType]
     consts: dict[str, np.ndarray]
+    narrow: dict[str, DType]
 
     def block(self, nodes: list[Node], results: list[str]) -> Block | None: ...
     def grouped(self, name: str, nodes: list[Node], wanted: set[str]) -> list[Node]: ...
@@ -67,6 +68,12 @@ def _scalar(planner: Planner, name: str, dtype: DType) -> bool:
     return t is not None and t.dtype is dtype and all(int(d) == 1 for d in t.shape)
 
 
+def _narrow(planner: Planner, values: tuple[str, ...]) -> bool:
+    """Whether any of ``values`` holds a narrow type (float8, int4, ...) in its storage
+    type: the values a loop or branch copies keep only their storage types."""
+    return any(v in planner.narrow for v in values)
+
+
 def _subgraph(planner: Planner, node: Node, parts: ControlParts, body: Graph, bound: dict[str, str],
               prefix: str) -> Block | None:
     """``body`` inlined under ``prefix`` (its inputs ``bound``) and planned as a block."""
@@ -88,7 +95,7 @@ def _branch(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ..
         blocks.append(block)
     then, other = blocks
     types = [planner.types[r] for r in then.results]
-    if types != [planner.types[r] for r in other.results]:
+    if types != [planner.types[r] for r in other.results] or _narrow(planner, then.results + other.results):
         return None   # the branches give different shapes: the runtime runs the one taken
     outputs = tuple(o or f"{node.name}:out{k}" for k, o in enumerate(node.outputs))
     for name, t in zip(outputs, types):
@@ -103,7 +110,7 @@ def _loop(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ...]
     if trip and not _scalar(planner, trip, DType.INT64) or cond and not _scalar(planner, cond, DType.BOOL):
         return None
     rows = planner.consts.get(trip) if trip else None
-    if parts.scan_outputs and rows is None:
+    if parts.scan_outputs and rows is None or _narrow(planner, parts.own[2:]):
         return None   # scan outputs of a length the data decides: the runtime stacks them
     what = f"node '{node.name}' (Loop)"
     counter, going = f"{node.name}:iteration", f"{node.name}:condition"
