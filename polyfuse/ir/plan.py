@@ -246,17 +246,21 @@ class Plan:
         scalar(st.cond, DType.BOOL, "condition")
         if isinstance(st, BranchStep):
             for block in st.blocks:
-                for result, out in zip(block.results, st.outputs, strict=True):
+                if len(block.results) != len(st.outputs):
+                    raise IRVerificationError(f"{where}: a branch gives {len(block.results)} results "
+                                              f"for {len(st.outputs)} outputs")
+                for result, out in zip(block.results, st.outputs):
                     same(result, out, tuple(t[out].shape))
             return
         scalar(st.trip, DType.INT64, "trip count")
         scalar(st.counter, DType.INT64, "counter")
         scalar(st.going, DType.BOOL, "condition")
         scalar(st.next_cond, DType.BOOL, "next condition")
-        if len(st.body.results) != 1 + len(st.carried) + len(st.stacked):
+        if len(st.body.results) != 1 + len(st.carried) + len(st.stacked) or len(st.initial) != len(st.carried):
             raise IRVerificationError(f"{where}: its body gives {len(st.body.results)} results for "
-                                      f"{len(st.carried)} carried values and {len(st.stacked)} scans")
-        for init, result, carried in zip(st.initial, st.results, st.carried, strict=True):
+                                      f"{len(st.initial)} initial and {len(st.carried)} carried values "
+                                      f"and {len(st.stacked)} scans")
+        for init, result, carried in zip(st.initial, st.results, st.carried):
             same(init, carried, tuple(t[carried].shape))
             same(result, carried, tuple(t[carried].shape))
             if self.memory.roots.get(result, result) in {st.going, *st.carried} - {carried}:

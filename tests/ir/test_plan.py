@@ -217,6 +217,8 @@ def test_the_verifier_refuses_broken_loops():
         with_loop(body=dataclasses.replace(body, results=(body.results[0], body.results[1], "y"))).verify()
     with pytest.raises(IRVerificationError, match="its trip count 'x' is float32\\[4\\]"):
         with_loop(trip="x").verify()
+    with pytest.raises(IRVerificationError, match="its body gives 3 results for 1 initial and 2 carried"):
+        with_loop(initial=("x",)).verify()
     with pytest.raises(IRVerificationError, match="its block gives 'nowhere'"):
         with_loop(body=dataclasses.replace(body, results=("nowhere", *body.results[1:]))).verify()
     # a value of the body is not seen after the loop (it may have run no iteration)
