@@ -1,18 +1,27 @@
 """Plan IR: a graph lowered for one set of input shapes, before any code is generated.
 
 The boundary between the graph and the code that runs it (Glow draws the same line
-between its graph and its instructions). A :class:`Plan` is a straight-line program over
-named buffers:
+between its graph and its instructions). A :class:`Plan` is a program over named
+buffers (the steps are in :mod:`polyfuse.ir.steps`):
 
 * every **buffer** has a type with concrete dimensions and a role (:class:`Role`): a
   graph input, a graph output, both (``inout``: an output that is an input or a view of
   one), a constant (weights, folded values, repacked weights), or a temporary (an
-  intermediate value or a kernel's private tensor);
+  intermediate value, a kernel's private tensor, a loop's state);
 * every **step** is a :class:`KernelStep` (one TC :class:`Definition` called on buffers:
-  one node's lowering or a fusion group composed into one definition) or a
-  :class:`ViewStep` (a reshape sharing its source's storage);
+  one node's lowering or a fusion group composed into one definition), a
+  :class:`ViewStep` (a reshape sharing its source's storage), or control flow the data
+  decides, run by the program itself: a :class:`LoopStep` (an ONNX Loop: a body of
+  steps planned once, its carried values copied back after each iteration, scan values
+  written row by row) or a :class:`BranchStep` (an ONNX If: two blocks of steps, each
+  writing the node's outputs);
 * the **memory plan** (:func:`plan_memory`) places every temporary in one arena by
-  liveness; graph outputs get arrays of their own.
+  liveness (a value read in a loop lives as long as the loop); graph outputs get arrays
+  of their own.
+
+What the program cannot run (a loop whose carried shapes change, sizes the data
+decides, a value needed to plan what follows) ends the plan: its ``tail``
+(:class:`ControlStep`), continued from Python.
 
 ``lowering.plan.plan_graph`` makes plans; the runtime compiles each kernel step for a
 target and runs the steps. ``str(plan)`` prints it; :meth:`Plan.verify` checks it.
@@ -21,17 +30,19 @@ target and runs the steps. ``str(plan)`` prints it; :meth:`Plan.verify` checks i
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
 from polyfuse.errors import IRVerificationError, ShapeError
-from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.graph import Node, TensorType, format_name
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
+from polyfuse.ir.steps import (BranchStep, ControlFlow, KernelStep, LoopStep, Step, ViewStep, leaves,
+                               live_ranges, view_roots)
 from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.ir.types import DType
 
 
 class Role(enum.Enum):
@@ -40,48 +51,6 @@ class Role(enum.Enum):
     INOUT = "inout"       # a graph output that is a graph input or a view of one
     CONSTANT = "const"
     TEMP = "temp"         # an intermediate value, or a kernel's private tensor
-
-
-@dataclass(frozen=True)
-class KernelStep:
-    """One TC definition called on buffers: a value per parameter (``inputs``), per
-    result the graph uses (``outputs``, the definition's first outputs) and per private
-    tensor (``temporaries``, the rest)."""
-
-    label: str                 # the node, or the fusion group and its nodes
-    definition: Definition     # with symbolic sizes, as lowered
-    source: str                # its TC text
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    temporaries: tuple[str, ...] = ()
-
-    @property
-    def defines(self) -> tuple[str, ...]:
-        return self.outputs + self.temporaries
-
-
-@dataclass(frozen=True)
-class ViewStep:
-    """``output`` is ``input``'s storage as ``shape``, from ``offset`` elements in: a
-    reshape (at 0), or a slice along the first dimension (one time step of a sequence).
-    Kernels only read views at an offset (their outputs are aligned allocations)."""
-
-    label: str
-    input: str
-    output: str
-    shape: tuple[int, ...]
-    offset: int = 0
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    @property
-    def defines(self) -> tuple[str, ...]:
-        return (self.output,)
-
-
-Step = KernelStep | ViewStep
 
 
 @dataclass(frozen=True)
@@ -146,31 +115,19 @@ def block_bytes(t: TensorType, alignment: int = 64) -> int:
 
 def plan_memory(steps: tuple[Step, ...], types: Mapping[str, TensorType], outputs: set[str],
                 alignment: int = 64) -> MemoryPlan:
-    """First-fit placement of the storage each kernel defines (its temporaries too),
-    freed after the last step reading it or any view of it."""
-    roots: dict[str, str] = {}
-    starts: dict[str, int] = {}
-    for st in steps:
-        if isinstance(st, ViewStep):
-            roots[st.output] = roots.get(st.input, st.input)
-            start = starts.get(st.input, 0) + st.offset * types[st.input].dtype.bits // 8
-            if start:
-                starts[st.output] = start
-    size = {v: block_bytes(types[v], alignment)
-            for st in steps if isinstance(st, KernelStep) for v in st.defines}
+    """First-fit placement of the storage each step defines (kernels' temporaries, loop
+    state), freed after the last step reading it or any view of it (see
+    :func:`~polyfuse.ir.steps.live_ranges`: a value a loop reads lives as long as the loop)."""
+    roots, starts = view_roots(steps, {v: t.dtype.bits // 8 for v, t in types.items()})
+    laid, span = live_ranges(steps, roots)
+    size = {v: block_bytes(types[v], alignment) for ev in laid for v in ev.allocates}
     kept = {roots.get(v, v) for v in outputs}
-    last: dict[str, int] = {}
-    for k, st in enumerate(steps):
-        for v in st.inputs + st.defines:
-            root = roots.get(v, v)
-            if root in size:
-                last[root] = k
     live: list[tuple[int, int, str]] = []   # (offset, size, value)
     offsets: dict[str, int] = {}
     arena = 0
-    for k, st in enumerate(steps):
-        live = [blk for blk in live if last[blk[2]] >= k]
-        for v in st.defines if isinstance(st, KernelStep) else ():
+    for k, ev in enumerate(laid):
+        live = [blk for blk in live if span[blk[2]][1] >= k]
+        for v in ev.allocates:
             if v in kept:
                 continue
             offset = 0
@@ -199,7 +156,8 @@ class Plan:
 
     @property
     def kernels(self) -> tuple[KernelStep, ...]:
-        return tuple(st for st in self.steps if isinstance(st, KernelStep))
+        """The kernel steps, those inside loops and branches included, in program order."""
+        return tuple(st for st in leaves(self.steps) if isinstance(st, KernelStep))
 
     @cached_property
     def roles(self) -> dict[str, Role]:
@@ -215,40 +173,101 @@ class Plan:
 
     def verify(self) -> None:
         """Check the plan's invariants; an :class:`IRVerificationError` names the first
-        broken one. Every value is defined once, before it is read; every kernel step's
-        buffers have its definition's dtypes, ranks and (its sizes bound by its inputs)
-        shapes; views read within their source, and no graph output is a slice; every
-        graph output is defined; buffers live at the same time do not overlap in the arena."""
+        broken one. Every value is defined once, before it is read (a value a block
+        defines is seen only in it); every kernel step's buffers have its definition's
+        dtypes, ranks and (its sizes bound by its inputs) shapes; views read within their
+        source, and no graph output is a slice; control steps' blocks give what they
+        write; every graph output is defined; buffers live at the same time do not
+        overlap in the arena."""
         defined = set(self.inputs) | set(self.constants)
         for name in defined:
             self._need_type(name, "input or constant")
-        for k, st in enumerate(self.steps):
-            where = f"plan '{self.name}', step {k} ({st.label})"
-            for name in st.inputs:
-                if name not in defined:
-                    raise IRVerificationError(f"{where} reads '{name}' before any step defines it")
-            for name in st.defines:
-                if name in defined:
-                    raise IRVerificationError(f"{where} defines '{name}' a second time")
-                self._need_type(name, where)
-                defined.add(name)
-            if isinstance(st, KernelStep):
-                self._verify_kernel(st, where)
-            else:
-                src, dst = self.types[st.input], self.types[st.output]
-                if src.dtype is not dst.dtype or tuple(dst.shape) != tuple(st.shape):
-                    raise IRVerificationError(f"{where}: a view of {src} as {dst} (shape "
-                                              f"{list(st.shape)}) changes the storage")
-                if st.offset < 0 or st.offset * src.dtype.bits // 8 + nbytes(dst) > nbytes(src):
-                    raise IRVerificationError(f"{where}: a view of {src} as {dst} at offset "
-                                              f"{st.offset} reads outside its storage")
-                if st.output in self.outputs and (st.offset or nbytes(src) != nbytes(dst)):
-                    raise IRVerificationError(f"{where}: graph output '{st.output}' is a slice "
-                                              "of another value; outputs are whole buffers")
+        self._verify_steps(self.steps, defined, set(defined))
         for name in self.outputs:
             if name not in defined:
                 raise IRVerificationError(f"plan '{self.name}': output '{name}' is never defined")
         self._verify_memory()
+
+    def _verify_steps(self, steps: tuple[Step, ...], visible: set[str], seen: set[str]) -> None:
+        """Check ``steps`` in order, reading ``visible`` values (added to as they are
+        defined); ``seen``: every value defined anywhere so far."""
+        for k, st in enumerate(steps):
+            where = f"plan '{self.name}', step {k} ({st.label})"
+            for name in st.inputs:
+                if name not in visible:
+                    raise IRVerificationError(f"{where} reads '{name}' before any step defines it")
+            for name in st.defines:
+                if name in seen:
+                    raise IRVerificationError(f"{where} defines '{name}' a second time")
+                self._need_type(name, where)
+                visible.add(name)
+                seen.add(name)
+            if isinstance(st, KernelStep):
+                self._verify_kernel(st, where)
+            elif isinstance(st, ViewStep):
+                self._verify_view(st, where)
+            else:
+                for block in st.blocks:
+                    inner = set(visible)
+                    self._verify_steps(block.steps, inner, seen)
+                    for name in block.results:
+                        if name not in inner:
+                            raise IRVerificationError(f"{where}: its block gives '{name}', which "
+                                                      "nothing before it defines")
+                self._verify_control(st, where)
+
+    def _verify_view(self, st: ViewStep, where: str) -> None:
+        src, dst = self.types[st.input], self.types[st.output]
+        if src.dtype is not dst.dtype or tuple(dst.shape) != tuple(st.shape):
+            raise IRVerificationError(f"{where}: a view of {src} as {dst} (shape "
+                                      f"{list(st.shape)}) changes the storage")
+        if st.offset < 0 or st.offset * src.dtype.bits // 8 + nbytes(dst) > nbytes(src):
+            raise IRVerificationError(f"{where}: a view of {src} as {dst} at offset "
+                                      f"{st.offset} reads outside its storage")
+        if st.output in self.outputs and (st.offset or nbytes(src) != nbytes(dst)):
+            raise IRVerificationError(f"{where}: graph output '{st.output}' is a slice "
+                                      "of another value; outputs are whole buffers")
+
+    def _verify_control(self, st: ControlFlow, where: str) -> None:
+        """A control step's buffers: scalars where it tests or counts, each result of
+        the type of the buffer it is copied into, and (a loop) no carried value copied
+        from another one's buffer, which the copies before it would have overwritten."""
+        t = self.types
+
+        def scalar(name: str, dtype: DType, what: str) -> None:
+            if name and (t[name].dtype is not dtype or nbytes(t[name]) != dtype.bits // 8):
+                raise IRVerificationError(f"{where}: its {what} '{name}' is {t[name]}; it must "
+                                          f"be one {dtype}")
+
+        def same(result: str, into: str, shape: tuple[int, ...]) -> None:
+            if t[result].dtype is not t[into].dtype or tuple(t[result].shape) != shape:
+                raise IRVerificationError(f"{where}: result '{result}' ({t[result]}) does not fit "
+                                          f"'{into}' ({t[into]})")
+        scalar(st.cond, DType.BOOL, "condition")
+        if isinstance(st, BranchStep):
+            for block in st.blocks:
+                if len(block.results) != len(st.outputs):
+                    raise IRVerificationError(f"{where}: a branch gives {len(block.results)} results "
+                                              f"for {len(st.outputs)} outputs")
+                for result, out in zip(block.results, st.outputs):
+                    same(result, out, tuple(t[out].shape))
+            return
+        scalar(st.trip, DType.INT64, "trip count")
+        scalar(st.counter, DType.INT64, "counter")
+        scalar(st.going, DType.BOOL, "condition")
+        scalar(st.next_cond, DType.BOOL, "next condition")
+        if len(st.body.results) != 1 + len(st.carried) + len(st.stacked) or len(st.initial) != len(st.carried):
+            raise IRVerificationError(f"{where}: its body gives {len(st.body.results)} results for "
+                                      f"{len(st.initial)} initial and {len(st.carried)} carried values "
+                                      f"and {len(st.stacked)} scans")
+        for init, result, carried in zip(st.initial, st.results, st.carried):
+            same(init, carried, tuple(t[carried].shape))
+            same(result, carried, tuple(t[carried].shape))
+            if self.memory.roots.get(result, result) in {st.going, *st.carried} - {carried}:
+                raise IRVerificationError(f"{where}: carried value '{carried}' is copied from "
+                                          f"'{result}', the buffer of another")
+        for scan, stacked in zip(st.scans, st.stacked):
+            same(scan, stacked, tuple(t[stacked].shape[1:]))
 
     def _need_type(self, name: str, where: str) -> None:
         t = self.types.get(name)
@@ -278,13 +297,7 @@ class Plan:
 
     def _verify_memory(self) -> None:
         m = self.memory
-        live_range: dict[str, tuple[int, int]] = {}
-        for k, st in enumerate(self.steps):
-            for name in st.inputs + st.defines:
-                root = m.roots.get(name, name)
-                if root in m.offsets:
-                    first, _ = live_range.get(root, (k, k))
-                    live_range[root] = (first, k)
+        _, live_range = live_ranges(self.steps, m.roots)
         placed = sorted((m.offsets[v], block_bytes(self.types[v]), v, live_range.get(v, (0, 0)))
                         for v in m.offsets)
         for offset, size, v, _ in placed:
@@ -313,15 +326,7 @@ class Plan:
                  f"{', '.join(f'{buffer(n)} {roles[n].value}' for n in self.outputs)}) {{",
                  f"  arena {self.memory.arena_bytes} bytes (naive {self.memory.naive_bytes})"]
         lines += [f"  const {buffer(n)}" for n in self.constants]
-        for st in self.steps:
-            args = ", ".join(format_name(n, "%") for n in st.inputs)
-            if isinstance(st, ViewStep):
-                at = f" +{st.offset}" if st.offset else ""
-                lines.append(f"  {buffer(st.output)} = view {args}{at}  // {st.label}")
-                continue
-            results = ", ".join(buffer(n) for n in st.outputs)
-            temps = f" temp ({', '.join(buffer(n) for n in st.temporaries)})" if st.temporaries else ""
-            lines.append(f"  ({results}){temps} = {st.definition.name}({args})  // {st.label}")
+        lines += self._step_lines(self.steps, buffer, "  ")
         if self.tail is not None:
             node, rest = self.tail.node, len(self.tail.rest)
             named = f"{node.op} {format_name(node.name)}"
@@ -335,3 +340,37 @@ class Plan:
         lines.append("}")
         defs = [f"// {st.label}\n{st.definition}" for st in self.kernels]
         return "\n".join(lines) + ("\n\n" + "\n\n".join(defs) if defs else "")
+
+    def _step_lines(self, steps: tuple[Step, ...], buffer: Callable[[str], str], indent: str) -> list[str]:
+        """The lines of ``steps``, blocks indented under their control steps."""
+        def names(values: tuple[str, ...]) -> str:
+            return ", ".join(format_name(n, "%") for n in values)
+
+        lines = []
+        for st in steps:
+            args = names(st.inputs)
+            if isinstance(st, ViewStep):
+                at = f" +{st.offset}" if st.offset else ""
+                lines.append(f"{indent}{buffer(st.output)} = view {args}{at}  // {st.label}")
+            elif isinstance(st, KernelStep):
+                results = ", ".join(buffer(n) for n in st.outputs)
+                temps = f" temp ({', '.join(buffer(n) for n in st.temporaries)})" if st.temporaries else ""
+                lines.append(f"{indent}({results}){temps} = {st.definition.name}({args})  // {st.label}")
+            elif isinstance(st, LoopStep):
+                carried = ", ".join(f"{buffer(c)} = {format_name(i, '%')}" for c, i in zip(st.carried, st.initial))
+                bounds = "".join(f" {key} {format_name(n, '%')}" for key, n in (("trip", st.trip), ("cond", st.cond))
+                                 if n)
+                lines.append(f"{indent}loop ({carried}){bounds} counter {buffer(st.counter)} condition "
+                             f"{buffer(st.going)} {{  // {st.label}")
+                lines += self._step_lines(st.body.steps, buffer, indent + "  ")
+                scans = ", ".join(f"{format_name(v, '%')} -> {buffer(b)}" for v, b in zip(st.scans, st.stacked))
+                lines.append(f"{indent}  next {format_name(st.next_cond, '%')} carry ({names(st.results)})"
+                             + (f" scan ({scans})" if scans else ""))
+                lines.append(f"{indent}}}")
+            else:
+                lines.append(f"{indent}({', '.join(buffer(n) for n in st.outputs)}) = if {args} {{  // {st.label}")
+                for k, block in enumerate(st.blocks):
+                    lines += self._step_lines(block.steps, buffer, indent + "  ")
+                    lines.append(f"{indent}  yield ({names(block.results)})")
+                    lines.append(f"{indent}}} else {{" if k == 0 else f"{indent}}}")
+        return lines

@@ -11,8 +11,9 @@ directions honoured). The inlined nodes then fuse and fold like any others.
 
 What is not known, would unroll past :data:`UNROLL_MAX_TRIPS` iterations or
 :data:`UNROLL_MAX_NODES` nodes, or is a loop with control flow in its body, stays a node:
-the planner ends its plan there and the runtime runs it, iteration by iteration, the body
-compiled once (:mod:`polyfuse.runtime.control`).
+the program runs it, its body planned once (:mod:`polyfuse.lowering.program_control`),
+or, where the program cannot, the planner ends its plan there and the runtime runs it
+from Python, iteration by iteration (:mod:`polyfuse.runtime.control`).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _unroll_loop(node: Node, parts: ControlParts, consts: Mapping[str, np.ndarra
     if going is None:
         return None
     going = going is True or _truth(node, going)
-    stays = _passed_condition(body, dict(zip(body.captures, parts.captures)), consts)
+    stays = passed_condition(body, dict(zip(body.captures, parts.captures)), consts)
     if stays is None:
         return None
     trips = _loop_trips(node, None if limit is None else int(limit.reshape(-1)[0]), going, stays)
@@ -154,7 +155,7 @@ def _unrollable(body: Graph, trips: int) -> bool:
         and not any(n.subgraphs for n in body.nodes)
 
 
-def _passed_condition(body: Graph, captured: dict[str, str],
+def passed_condition(body: Graph, captured: dict[str, str],
                       consts: Mapping[str, np.ndarray]) -> bool | str | None:
     """How a Loop body's condition output is known: "passed" when it is the condition
     input (through Identity nodes), its value when a constant (of the body, or captured),

@@ -8,8 +8,10 @@ fusion groups compose into one definition
 value's size is checked against the memory limit before anything is allocated.
 
 Control flow (If, Loop, Scan) that the planner can resolve for these shapes and values is
-inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); the first that
-depends on data ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail. So
+inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); an If or Loop
+that depends on data becomes a step the program runs, its branches or body planned here
+as blocks of steps (:mod:`polyfuse.lowering.program_control`); the first the program
+cannot run ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail. So
 does a node whose output sizes the data decides (NonZero, Compress, Unique), after the
 kernel writing its outputs at their bound sizes and their count: the runtime cuts them.
 A node needing at compile time a value the data computes (TopK's k, a Reshape's shape)
@@ -31,11 +33,13 @@ from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.limits import check_bytes, check_tensor_size
 from polyfuse.ir.plan import ControlStep, KernelStep, Plan, Step, Trim, ViewStep, plan_memory
+from polyfuse.ir.steps import Block, events
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.control import live_nodes, resolve_control_flow
+from polyfuse.lowering.program_control import program_control
 from polyfuse.lowering.fusion import partition_fusion_groups
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
 from polyfuse.lowering.ops import (EXPANDS, Counted, Expanded, Folded, Lowered, OpContext, TCKernel, View,
@@ -70,10 +74,27 @@ class _Planner:
 
     def plan(self) -> Plan:
         g = self.graph
-        nodes = list(g.nodes)
         outputs = {v.name for v in g.outputs}
+        tail = self.nodes(list(g.nodes), outputs)
+        if tail is None:
+            self.check_outputs()
+        returned = tuple(n for n in tail.reads if n in self.types and n not in self.consts
+                         and n not in self.shapes) if tail else tuple(v.name for v in g.outputs)
+        steps = tuple(self.steps)
+        memory = plan_memory(steps, self.types, set(returned) if tail else outputs)
+        check_bytes(f"the activation arena of graph '{g.name}' for input shapes {self.shapes} would take",
+                    memory.arena_bytes)
+        read = {n for ev in events(steps)[0] for n in ev.reads} | set(returned)
+        plan = Plan(g.name, tuple(v.name for v in g.inputs), returned,
+                    self.types, {n: a for n, a in self.consts.items() if n in read}, steps, memory, tail)
+        plan.verify()
+        return plan
+
+    def nodes(self, nodes: list[Node], outputs: set[str]) -> ControlStep | None:
+        """Plan ``nodes`` (whose values ``outputs`` are read after them) into the steps;
+        the step ending the plan at the first node whose behaviour the data decides
+        and the program cannot run, or None."""
         readers = _last_readers(nodes)
-        tail = None
         k = 0
         while k < len(nodes):
             node = nodes[k]
@@ -84,11 +105,16 @@ class _Planner:
             if node.subgraphs:
                 wanted = {v for v, last in readers.items() if last > k} | outputs
                 inlined = self.control(node, wanted)
-                if inlined is None:   # depends on data: the plan ends, the runtime runs it
-                    tail = self.tail(node, nodes[k + 1:])
-                    break
-                nodes[k:k + 1] = inlined
-                readers = _last_readers(nodes)
+                if inlined is not None:
+                    nodes[k:k + 1] = inlined
+                    readers = _last_readers(nodes)
+                    continue
+                trims = program_control(self, node)   # depends on data: the program runs it
+                if trims is None:   # or the runtime, from Python
+                    return self.tail(node, nodes[k + 1:])
+                if trims:
+                    return self.tail(node, nodes[k + 1:], trims)
+                k += 1
                 continue
             unit = _unit_at(nodes, k)
             k += len(unit)
@@ -103,26 +129,35 @@ class _Planner:
                             raise   # a graph input: the model specializes its plans to it
                         # a value computed from data (e.g. TopK's k): the rest is planned
                         # once it is known, from this node on
-                        tail = self.tail(node, unit[j + 1:] + nodes[k:], waits=True)
-                        break
+                        return self.tail(node, unit[j + 1:] + nodes[k:], waits=True)
                     if trims is not None:   # sizes the data decides: the plan ends after its kernel
-                        tail = self.tail(node, unit[j + 1:] + nodes[k:], trims)
-                        break
-            if tail is not None:
-                break
-        if tail is None:
-            self.check_outputs()
-        returned = tuple(n for n in tail.reads if n in self.types and n not in self.consts
-                         and n not in self.shapes) if tail else tuple(v.name for v in g.outputs)
-        steps = tuple(self.steps)
-        memory = plan_memory(steps, self.types, set(returned) if tail else outputs)
-        check_bytes(f"the activation arena of graph '{g.name}' for input shapes {self.shapes} would take",
-                    memory.arena_bytes)
-        read = {n for st in steps for n in st.inputs} | set(returned)
-        plan = Plan(g.name, tuple(v.name for v in g.inputs), returned,
-                    self.types, {n: a for n, a in self.consts.items() if n in read}, steps, memory, tail)
-        plan.verify()
-        return plan
+                        return self.tail(node, unit[j + 1:] + nodes[k:], trims)
+        return None
+
+    def block(self, nodes: list[Node], results: list[str]) -> Block | None:
+        """``nodes`` (grouped for fusion) planned as a block of steps of their own giving
+        ``results``; None when they end in a step the program cannot run."""
+        outer, self.steps = self.steps, []
+        try:
+            ended = self.nodes(nodes, set(results))
+            steps = tuple(self.steps)
+        finally:
+            self.steps = outer
+        return None if ended is not None else Block(steps, tuple(results))
+
+    def snapshot(self) -> tuple[dict, dict, dict]:
+        """What planning records besides steps (to undo a block the program cannot run)."""
+        return dict(self.types), dict(self.consts), dict(self.narrow)
+
+    def restore(self, saved: tuple[dict, dict, dict]) -> None:
+        self.types, self.consts, self.narrow = saved
+
+    def grouped(self, name: str, nodes: list[Node], wanted: set[str]) -> list[Node]:
+        """Those of ``nodes`` (inlined from control-flow node ``name``) computing
+        ``wanted`` values, grouped for fusion."""
+        live = Graph(name, (), (), tuple(live_nodes(nodes, wanted)))
+        return [replace(n, group=f"{name}/{n.group}") if n.group else n
+                for n in partition_fusion_groups(live).nodes]
 
     def check_outputs(self) -> None:
         for v in self.graph.outputs:   # onnxruntime refuses such a model too
@@ -138,12 +173,14 @@ class _Planner:
         inlined = resolve_control_flow(node, self.types, self.consts, self.graph.opset)
         if inlined is None:
             return None
-        for name, array in inlined.constants.items():
+        self.record(inlined.constants)
+        return self.grouped(node.name, inlined.nodes, wanted)
+
+    def record(self, constants: Mapping[str, np.ndarray]) -> None:
+        """Record the constants of inlined subgraphs."""
+        for name, array in constants.items():
             self.consts[name] = array
             self.types[name] = _type(array)
-        live = Graph(node.name, (), (), tuple(live_nodes(inlined.nodes, wanted)))
-        grouped = partition_fusion_groups(live).nodes
-        return [replace(n, group=f"{node.name}/{n.group}") if n.group else n for n in grouped]
 
     def expanded(self, node: Node) -> list[Node]:
         """The nodes computing ``node`` (an op registered with ``expands``), its constants

@@ -73,8 +73,8 @@ def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ig
         what = ("has outputs whose sizes are" if tail.trims else "needs values" if tail.waits
                 else "branches or loops on values")
         raise UnsupportedOpError(f"node '{tail.node.name}' ({tail.node.op}) {what} computed at run "
-                                 "time, which a bundle's straight-line program cannot hold; only "
-                                 "graphs the planner resolves whole bundle")
+                                 "time, which a bundle's program cannot hold; only graphs planned "
+                                 "whole (loops and branches on data included) bundle")
     # the plan's program (native or emulated) has laid its calls out already
     layout = plan.program.layout if plan.program is not None else ProgramLayout.of(plan)
     for t in layout.inputs + layout.outputs:

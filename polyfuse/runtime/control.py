@@ -1,20 +1,27 @@
-"""Control flow that depends on data, run when the model runs; outputs whose sizes the
-data decides, cut to size.
+"""Control flow the program cannot run, continued from Python when the model runs;
+outputs whose sizes the data decides, cut to size.
 
-A plan ends at an If whose condition, or a Loop whose trip count or condition, is
-computed from data (:class:`~polyfuse.ir.plan.ControlStep`; what the planner can resolve
-it inlines, see :mod:`polyfuse.lowering.control`). The runtime then runs that node here:
-each branch or body is compiled as a :class:`~polyfuse.runtime.model.CompiledModel` of
-its own (planned and compiled per set of shapes it is given, cached, run as one native
-program on CPU targets), and this module, in Python, decides which branch runs and how
-often the body runs, and carries the loop-carried values between iterations. The rest of
-the graph then runs as a model of its own too, planned for the shapes the node produced:
-so a Loop's scan outputs, whose length the data decides, have exactly that length.
+Most control flow the data decides runs in the program itself: an If whose condition,
+or a Loop whose trip count or condition, is computed from data is a
+:class:`~polyfuse.ir.plan.BranchStep` or :class:`~polyfuse.ir.plan.LoopStep` of the plan
+(:mod:`polyfuse.lowering.program_control`), its body planned once, run natively with
+no Python between iterations. What the planner can resolve it inlines
+(:mod:`polyfuse.lowering.control`). The rest ends the plan
+(:class:`~polyfuse.ir.plan.ControlStep`) and is run here: a Loop whose body changes the
+shapes of its carried values, an If whose branches give different shapes, a Loop with
+scan outputs and a trip count the data decides (their length is known only once it has
+run), a Scan past the unrolling limits, a body that itself ends its plan. Each branch
+or body is compiled as a :class:`~polyfuse.runtime.model.CompiledModel` of its own
+(planned and compiled per set of shapes it is given, cached), and this module decides
+which branch runs and how often the body runs, and carries the loop-carried values
+between iterations: each iteration costs a call of a compiled program from Python, tens
+of microseconds (the program's own loops cost what their kernels and copies do). The
+rest of the graph then runs as a model of its own too, planned for the shapes the node
+produced: so a Loop's scan outputs have exactly the length the data decides. The same
+holds after a LoopStep whose scan outputs were written into buffers of the trip count's
+rows and may have stopped early: they are cut here to the iterations it ran.
 
-Python, not the native program, drives these steps (the native runtime runs straight-line
-programs only): the kernels are native, but each iteration costs a call of a compiled
-program from Python, tens of microseconds, where onnxruntime's loops, run in C++, take a
-few. The feeds made here are trusted (``run_trusted``: not checked again).
+The feeds made here are trusted (``run_trusted``: not checked again).
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 A :class:`CompiledModel` holds the graph; for each set of input shapes its planner lowers
 it into a :class:`~polyfuse.ir.plan.Plan` (``lowering.plan.plan_graph``), whose kernel
 steps are compiled here for the target (cached per shapes). ``run`` checks the feed, then
-runs the plan's steps: as one native program where the target allows. A plan that ends at
-control flow the data decides, at an op whose output sizes it decides (NonZero, ...) or
-before a node needing a value it computes (its ``tail``) is continued by
-:mod:`polyfuse.runtime.control`, from Python: the branch or loop body, or the outputs cut
-to their counts, then the rest of the graph, each a CompiledModel of its own
+runs the plan's steps, its loops and branches included: as one native program where the
+target allows, else step by step (:mod:`polyfuse.runtime.stepwise`). A plan that ends at
+control flow the program cannot run, at an op whose output sizes the data decides
+(NonZero, ...) or before a node needing a value it computes (its ``tail``) is continued
+by :mod:`polyfuse.runtime.control`, from Python: the branch or loop body, or the outputs
+cut to their counts, then the rest of the graph, each a CompiledModel of its own
 (``planning`` makes their planners).
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -24,7 +24,8 @@ import numpy as np
 from polyfuse.errors import ArgumentError, BoundsError, IRVerificationError, NeedsValue, ShapeError
 from polyfuse.ir.graph import Graph, TensorType, Value
 from polyfuse.ir.profile import Profile
-from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Step, ViewStep
+from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, ViewStep
+from polyfuse.ir.steps import leaves
 from polyfuse.runtime import native
 from polyfuse.runtime.arguments import placeholder
 from polyfuse.runtime.control import retyped, run_tail
@@ -32,7 +33,9 @@ from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declar
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
 from polyfuse.runtime.profiling import ModelSource, observed, record
+from polyfuse.runtime.instructions import Run, straight
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
+from polyfuse.runtime.stepwise import run_steps
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import Usage
 from polyfuse.targets import Device, Target
@@ -61,7 +64,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     private temporaries are outputs no one reads after it: the kernel need not store them."""
     kernels: list[SpecializedKernel | None] = []
     made: dict[tuple, list[SpecializedKernel]] = {}
-    for st in plan.steps:
+    for st in leaves(plan.steps):
         if isinstance(st, ViewStep):
             kernels.append(None)
             continue
@@ -92,33 +95,25 @@ def _placeholder(t: TensorType) -> np.ndarray:
     return placeholder(t.shape, t.dtype.numpy)
 
 
-def _run_step(st: Step, kernel: SpecializedKernel | None, env: dict[str, Any]) -> None:
-    """Run one step of a plan on ``env`` (values by name), adding what it defines."""
-    if isinstance(st, ViewStep):
-        size = int(np.prod(st.shape))
-        env[st.output] = env[st.input].reshape(-1)[st.offset:st.offset + size].reshape(st.shape)
-        return
-    assert kernel is not None
-    d = st.definition
-    produced = kernel.run({p.name: env[n] for p, n in zip(d.params, st.inputs)})
-    for name, t in zip(st.outputs, d.outputs):
-        env[name] = produced[t.name]
-
-
 class _NativeProgram:
     """Every step of a plan as one native call (:class:`polyfuse.runtime.native.Program`):
     intermediates in one arena, weights bound once by address, graph outputs written
-    straight into the arrays returned."""
+    straight into the arrays returned, loops and branches run by the program's jumps."""
 
     def __init__(self, layout: ProgramLayout) -> None:
         self.layout = layout
         self.program = native.Program()
         self.labels = [call.label for call in layout.calls]
         address = {name: array.ctypes.data for name, array in layout.constants.items()}
-        for call in layout.calls:
-            args = [(base, address[index], 0) if base == CONSTANT else (base, index, offset)
-                    for base, index, offset in call.args]
-            self.program.add(call.executable.jit.address, args, list(call.zero))
+
+        def place(base: int, index: Any, offset: int) -> tuple[int, int, int]:
+            return (base, address[index] + offset, 0) if base == CONSTANT else (base, index, offset)
+        for ins in layout.code:
+            if isinstance(ins, Run):
+                call = layout.calls[ins.call]
+                self.program.add(call.executable.jit.address, [place(*a) for a in call.args], list(call.zero))
+            else:
+                ins.native(self.program, place)
 
     @staticmethod
     def build(compiled: CompiledPlan) -> _NativeProgram | None:
@@ -143,9 +138,10 @@ def _program(compiled: CompiledPlan, target: Target) -> Any:
     """What runs a plan's kernels as one unit: a native program in this process, a
     program run under an emulator, a program on the GPU, or None (each step runs by
     itself)."""
-    if target.backend.device is Device.GPU:
+    if target.backend.device is Device.GPU:   # loops and branches: each step by itself
         from polyfuse.runtime.cuda import CudaProgram
-        return CudaProgram(ProgramLayout.of(compiled))
+        layout = ProgramLayout.of(compiled)
+        return CudaProgram(layout) if straight(layout.code) else None
     if not target.backend.cpus:
         return None
     from polyfuse.runtime import cross
@@ -308,9 +304,7 @@ class CompiledModel:
         if compiled.program is not None:
             results = compiled.program.run(env)
         else:
-            env.update(plan.constants)
-            for step, kernel in zip(plan.steps, compiled.kernels):
-                _run_step(step, kernel, env)
+            run_steps(compiled, env)
             results = {name: env[name] for name in plan.outputs}
         if plan.tail is not None:
             # data-dependent control flow: run from Python (see polyfuse.runtime.control)
@@ -339,25 +333,21 @@ class CompiledModel:
     def profile(self, feed: Mapping[str, Any], repeat: int = 10) -> list[tuple[str, float]]:
         """Each kernel's median seconds over ``repeat`` runs of ``feed`` (after one
         warm-up run), in the order they run: ``(label, seconds)``; a label names the node,
-        or the fusion group and its nodes. Kernels after data-dependent control flow (a
+        or the fusion group and its nodes; a kernel in a loop, its seconds over all
+        iterations. Kernels after data-dependent control flow the program cannot run (a
         plan's tail) are not listed."""
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise ArgumentError(f"profile's repeat must be a positive int, got {repeat!r}")
         compiled, env = self._prepare(feed)
-        program, steps = compiled.program, compiled.plan.steps
+        program = compiled.program
+        labels = program.labels if program is not None else [st.label for st in leaves(compiled.plan.steps)]
         samples: list[list[float]] = []
         for _ in range(repeat + 1):
+            times = np.zeros(len(labels))
             if program is not None:
-                times = np.zeros(len(program.labels))
                 program.run(env, times)
-                labels = program.labels
             else:
-                local = env | dict(compiled.plan.constants)
-                labels, times = [st.label for st in steps], np.zeros(len(steps))
-                for k, (step, kernel) in enumerate(zip(steps, compiled.kernels)):
-                    start = time.perf_counter()
-                    _run_step(step, kernel, local)
-                    times[k] = time.perf_counter() - start
+                run_steps(compiled, dict(env), times)
             samples.append(list(times))
         medians = np.median(np.array(samples[1:]), axis=0)
         return list(zip(labels, (float(t) for t in medians)))

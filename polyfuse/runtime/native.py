@@ -71,18 +71,31 @@ microsecond.
 
 
 Program = _native.Program
-"""A sequence of kernel calls run by one native call (a compiled model's plan).
+"""A compiled model's plan as one native call: kernel calls, and the copies, counters and
+jumps of its loops and branches, run from a program counter
+(:mod:`polyfuse.runtime.instructions`).
 
-``Program()`` starts empty; ``add(fn, args, zero)`` appends a call of ``void fn(void**)``
-whose ``args`` are ``(base, index, offset)`` triples resolved at each run: base 0 is the
-arena (``offset`` bytes into it), 1 input array ``index``, 2 output array ``index``, 3
-the fixed address ``index`` (memory the caller keeps alive), 4 the program's int64 error
-slot, which a kernel sets when an index read from a tensor is out of bounds; ``zero``
-lists ``(argument, bytes)`` to clear before the call. ``run(arena, inputs, outputs)``
-runs the calls in order with the GIL released and returns -1, or the position of the
-first call that set the error slot (no later call runs); ``times``, a float64 array with
-a slot per call, receives each call's seconds. Arrays must be C-contiguous and
-large enough for what the calls touch: nothing is checked here (callers plan the memory).
+``Program()`` starts empty. Operands are ``(base, index, offset)`` triples resolved at
+each run: base 0 is the arena (``offset`` bytes into it), 1 input array ``index``, 2
+output array ``index``, 3 the fixed address ``index`` (memory the caller keeps alive), 4
+the program's int64 error slot, which a kernel sets when an index read from a tensor is
+out of bounds. Instructions, appended in order (jump targets are positions among them):
+
+* ``add(fn, args, zero)``: call ``void fn(void**)`` on ``args``, first clearing
+  ``zero``'s ``(argument, bytes)``;
+* ``copy(dst, src, bytes, row=None)``: ``memmove`` ``bytes``, to ``dst`` plus
+  ``*row * bytes`` when ``row`` (an int64) is given;
+* ``set(dst, value, bytes)``: the low ``bytes`` of ``value`` into ``dst``;
+  ``increment(counter)``: add one to an int64;
+* ``jump(target)``; ``jump_unless(cond, target)``: when the byte at ``cond`` is 0;
+  ``jump_if_at_least(counter, limit, target)``: when int64 ``counter >= limit``.
+
+``run(arena, inputs, outputs)`` runs from the first instruction to the end with the GIL
+released and returns -1, or the position among the calls of the first call that set the
+error slot (nothing runs after it); ``times``, a float64 array with a slot per call,
+accumulates each call's seconds. ``len(program)`` is the number of calls. Arrays must
+be C-contiguous and large enough for what the instructions touch: nothing is checked
+here (callers plan the memory).
 """
 
 

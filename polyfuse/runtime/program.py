@@ -11,6 +11,8 @@ Three things run a compiled model's kernels as one unit: the in-process native p
   offset)``: the arena at ``offset``, input ``index``, output slot ``index``, the
   constant named ``index`` (weights), or the int64 error slot a kernel sets when an
   index read from a tensor is out of bounds; and the bytes to zero before the call;
+* the **code** (:mod:`polyfuse.runtime.instructions`): the instructions running the
+  calls, in order, or in the plan's loops and branches (copies, counters, jumps);
 * the **results**: each graph output is an output slot, a copy of another slot or of an
   input, or a constant.
 """
@@ -26,6 +28,8 @@ import numpy as np
 from polyfuse.ir.comprehension import Definition, Read
 from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel, Packing, stmt_nodes, walk_stmts
 from polyfuse.ir.plan import KernelStep, Plan, aligned
+from polyfuse.ir.steps import events, leaves
+from polyfuse.runtime.instructions import Instruction, Run, program_code
 
 
 
@@ -46,9 +50,10 @@ UNREAD = "<unread>"   # the constant passed for inputs a kernel never reads
 @dataclass(frozen=True)
 class CompiledPlan:
     """A :class:`~polyfuse.ir.plan.Plan` with each kernel step compiled for a target
-    (``kernels[k]`` for ``plan.steps[k]``; None for a view) and what runs them all as one
-    unit (``program``: native, emulated or on the GPU), or None where each step runs by
-    itself."""
+    (``kernels[k]`` for the ``k``-th of the plan's kernel and view steps, those in loops and
+    branches included: :func:`~polyfuse.ir.steps.leaves`; None for a view) and what runs
+    them all as one unit (``program``: native, emulated or on the GPU), or None where each
+    step runs by itself."""
 
     plan: Plan
     kernels: tuple[CompiledKernel | None, ...]
@@ -56,7 +61,7 @@ class CompiledPlan:
 
     def steps(self) -> Iterator[tuple[KernelStep, CompiledKernel]]:
         """The kernel steps and their compiled kernels, in order."""
-        for st, kernel in zip(self.plan.steps, self.kernels):
+        for st, kernel in zip(leaves(self.plan.steps), self.kernels):
             if kernel is not None:
                 assert isinstance(st, KernelStep)
                 yield st, kernel
@@ -163,6 +168,7 @@ class ProgramLayout:
     calls: list[Call]
     constants: dict[str, np.ndarray]               # the constants the calls and results read
     arena_bytes: int
+    code: list[Instruction]                        # what runs the calls (in loops, branches)
 
     @staticmethod
     def of(compiled: CompiledPlan) -> ProgramLayout:
@@ -174,7 +180,7 @@ class ProgramLayout:
         slot_of: dict[str, int] = {}
         results: list[tuple[str, str, Any]] = []
         constants: dict[str, np.ndarray] = {}
-        produced = {v for st, _ in compiled.steps() for v in st.outputs}
+        produced = {v for ev in events(plan.steps)[0] for v in ev.allocates}
         for name in plan.outputs:
             r = root(name, name)
             if r in produced and r not in slot_of:
@@ -214,7 +220,9 @@ class ProgramLayout:
             return (CONSTANT, UNREAD, 0)
 
         calls = []
+        call_of = {}
         for st, kernel in compiled.steps():
+            call_of[id(st)] = len(calls)
             layout = kernel.run.layout
             by_param = dict(zip((p.name for p in kernel.definition.params), st.inputs))
             by_output = dict(zip((t.name for t in kernel.definition.outputs), st.defines))
@@ -236,8 +244,9 @@ class ProgramLayout:
         def tensor(name: str) -> Tensor:
             t = plan.types[name]
             return Tensor(name, tuple(int(d) for d in t.shape), t.dtype.numpy)
+        code = program_code(plan, location, call_of)
         return ProgramLayout([tensor(n) for n in plan.inputs], [tensor(n) for n in plan.outputs],
-                             slots, results, calls, constants, max(memory.arena_bytes, 64))
+                             slots, results, calls, constants, max(memory.arena_bytes, 64), code)
 
     @staticmethod
     def of_kernel(executable: Any, stages: dict[str, str], inputs: list[Tensor],
@@ -263,7 +272,7 @@ class ProgramLayout:
                              [(t.shape, t.dtype) for t in outputs],
                              [(t.name, "slot", k) for k, t in enumerate(outputs)],
                              [Call(layout.name, executable, stages, tuple(args), tuple(zero))],
-                             {}, 64)
+                             {}, 64, [Run(0)])
 
     def weights(self, alignment: int = 64) -> tuple[bytes, dict[str, int]]:
         """The constants packed into one blob, each at an aligned offset: the blob and

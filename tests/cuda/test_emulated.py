@@ -139,3 +139,18 @@ def test_a_model_takes_arrays_in_gpu_memory_and_returns_them_there(emulated):
         pf.compile(model, target="cuda").run({**feed, "x": [[1.0] * 5] * 2})
     with pytest.raises(pf.ArgumentError, match="must be a numpy array, got _OnDevice"):
         pf.compile(model, target="x86").run({**feed, "x": _OnDevice(feed["x"])})
+
+
+def test_a_model_with_a_loop_on_data_runs_step_by_step(emulated):
+    """A CUDA program is straight-line: a plan with loops and branches runs its kernels
+    one by one, the loop driven from Python, with onnxruntime's results."""
+    from tests.onnx.ort_compare import onnxruntime_outputs
+    from tests.onnx.test_native_control_flow import if_inside_a_loop
+    model = if_inside_a_loop()
+    compiled = pf.compile(model, target="cuda")
+    n = np.zeros(80, np.int64)
+    n[0] = 5
+    feeds = {"x": np.random.default_rng(3).standard_normal((2, 3)).astype(np.float32) * 4, "n": n}
+    np.testing.assert_allclose(compiled.run(feeds)["y"], onnxruntime_outputs(model, feeds)[0], rtol=1e-5,
+                               atol=1e-5)
+    assert compiled.plan_for().program is None and compiled.plan_for().plan.tail is None

@@ -10,7 +10,7 @@ import polyfuse as pf
 from polyfuse.driver import compile_graph
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
-from polyfuse.ir.plan import KernelStep, Plan, Role, ViewStep, plan_memory
+from polyfuse.ir.plan import KernelStep, LoopStep, Plan, Role, ViewStep, plan_memory
 from polyfuse.ir.types import DType
 from polyfuse.lowering.plan import plan_graph
 
@@ -161,3 +161,70 @@ def test_each_node_is_lowered_and_parsed_once(monkeypatch):
     monkeypatch.setitem(ops.OPS, "Relu", lambda ctx: ops.TCKernel("def f(float(N) A) -> (B) { B(i) = A(i) + }", (0,)))
     with pytest.raises(pf.CodegenError, match="node 'r' \\(Relu\\): its lowering made TC that does not compile"):
         plan_graph(g, {"x": (2, 3)})
+
+
+def swap_loop() -> Graph:
+    """(a, b) = (a + b, a * 2) for int64(sum(n)) iterations: a LoopStep, its trip count
+    computed before it."""
+    f4 = TensorType(F32, (4,))
+    scalar = {"i": TensorType(DType.INT64, ()), "c": TensorType(DType.BOOL, ())}
+    body = Graph("body", (Value("i", scalar["i"]), Value("c", scalar["c"]), Value("a", f4), Value("b", f4)),
+                 (Value("c_out", scalar["c"]), Value("a_out", f4), Value("b_out", f4)),
+                 (Node("Identity", "keep", ("c",), ("c_out",)), Node("Add", "add", ("a", "b"), ("a_out",)),
+                  Node("Mul", "twice", ("a", "two"), ("b_out",))),
+                 (Constant("two", np.array(2.0, np.float32)),), 17)
+    return Graph("swap", (Value("x", f4), Value("n", TensorType(DType.INT64, (80,)))),
+                 (Value("y", f4), Value("z", f4)),
+                 (Node("ReduceSum", "trips", ("n",), ("m",), (("keepdims", 0),)),
+                  Node("Loop", "loop", ("m", "", "x", "x"), ("y", "z"), (("body", body),))), (), 17)
+
+
+def test_a_loop_the_data_bounds_is_a_loop_step():
+    plan = plan_graph(swap_loop(), {"x": (4,), "n": (80,)})
+    loop = plan.steps[1]
+    assert isinstance(loop, LoopStep) and plan.tail is None
+    assert (loop.trip, loop.initial, loop.carried) == ("m", ("x", "x"), ("y", "z"))
+    assert [st.label for st in loop.body.steps] == ["loop/keep", "loop/add", "loop/twice"]
+    lines = str(plan).splitlines()
+    assert lines[3].startswith("  loop (%y: float32[4] = %x, %z: float32[4] = %x) trip %m counter ")
+    assert lines[4].startswith("    %loop/c_out: bool[] = view")
+    assert lines[7:9] == ["    next %loop/c_out carry (%loop/a_out, %loop/b_out)", "  }"]
+    # the trip count is read by every iteration: its storage outlives the body's values
+    trip = plan.memory.offsets["m"]
+    assert all(plan.memory.offsets[v] != trip for st in loop.body.steps for v in st.defines
+               if v in plan.memory.offsets)
+    x, n = RNG.standard_normal(4).astype(np.float32), np.zeros(80, np.int64)
+    n[0] = 3
+    a, b = x.copy(), x.copy()
+    for _ in range(3):
+        a, b = a + b, a * 2
+    for target in ("reference", "host"):
+        y, z = compile_graph(swap_loop(), target)(x, n)
+        np.testing.assert_allclose(y, a, rtol=1e-6)
+        np.testing.assert_allclose(z, b, rtol=1e-6)
+
+
+def test_the_verifier_refuses_broken_loops():
+    plan = plan_graph(swap_loop(), {"x": (4,), "n": (80,)})
+    loop = plan.steps[1]
+    assert isinstance(loop, LoopStep)
+
+    def with_loop(**changes) -> Plan:
+        return broken(plan, steps=(plan.steps[0], dataclasses.replace(loop, **changes)))
+    body = loop.body
+    # b's next value taken from a's buffer, which the copy before it has overwritten
+    with pytest.raises(IRVerificationError, match="'z' is copied from 'y', the buffer of another"):
+        with_loop(body=dataclasses.replace(body, results=(body.results[0], body.results[1], "y"))).verify()
+    with pytest.raises(IRVerificationError, match="its trip count 'x' is float32\\[4\\]"):
+        with_loop(trip="x").verify()
+    with pytest.raises(IRVerificationError, match="its body gives 3 results for 1 initial and 2 carried"):
+        with_loop(initial=("x",)).verify()
+    with pytest.raises(IRVerificationError, match="its block gives 'nowhere'"):
+        with_loop(body=dataclasses.replace(body, results=("nowhere", *body.results[1:]))).verify()
+    # a value of the body is not seen after the loop (it may have run no iteration)
+    with pytest.raises(IRVerificationError, match="reads 'loop/a_out' before any step defines it"):
+        broken(plan, steps=(*plan.steps, ViewStep("after", "loop/a_out", "w", (4,))),
+               types={**plan.types, "w": TensorType(F32, (4,))}).verify()
+    offsets = {**plan.memory.offsets, "loop/a_out": plan.memory.offsets["m"]}
+    with pytest.raises(IRVerificationError, match="live at the same time and overlap"):
+        broken(plan, memory=dataclasses.replace(plan.memory, offsets=offsets)).verify()

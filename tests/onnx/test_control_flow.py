@@ -67,7 +67,7 @@ def test_if_on_a_graph_input_is_the_branch_of_its_value(value):
 def test_if_on_a_graph_input_of_unbound_value_runs_per_call():
     model = _if_model([], [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])])
     compiled = pf.compile(model, target="host", input_shapes={"x": (3, 4), "cond": ()})
-    assert "then at run time: If" in compiled.dump("plan")
+    assert "= if %cond {" in compiled.dump("plan")   # the program branches
     x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
     for value in (True, False):
         assert_matches_onnxruntime(model, {"x": x, "cond": np.array(value)}, compiled=compiled)
@@ -82,7 +82,7 @@ def test_if_on_a_computed_condition_takes_both_branches():
     for sign in (1.0, -1.0):
         x = (sign * np.abs(np.random.default_rng(2).standard_normal((3, 4)))).astype(np.float32)
         assert_matches_onnxruntime(model, {"x": x}, compiled=compiled)
-    assert "then at run time: If" in compiled.dump("plan")
+    assert "= if %cond {" in compiled.dump("plan")
 
 
 def _loop_model(trip_input: bool):
@@ -210,7 +210,7 @@ def test_opset8_scan_runs_per_batch_element():
                                        "x": rng.standard_normal((2, 4, 3)).astype(np.float32)})
 
 
-def test_loop_past_the_unroll_limit_runs_per_iteration():
+def test_loop_past_the_unroll_limit_runs_in_the_program():
     model = _loop_model(trip_input=False)
     model.graph.initializer[0].CopyFrom(helper.make_tensor("M", TensorProto.INT64, [], [300]))
     rng = np.random.default_rng(6)
@@ -218,7 +218,8 @@ def test_loop_past_the_unroll_limit_runs_per_iteration():
              "y0": rng.standard_normal((2, 3)).astype(np.float32)}
     compiled = pf.compile(model, target="host")
     assert_matches_onnxruntime(model, feeds, compiled=compiled, rtol=1e-4)
-    assert "then at run time: Loop" in compiled.dump("plan")
+    plan = compiled.dump("plan")
+    assert "loop (%y: float32[2, 3]" in plan and "then at run time" not in plan
 
 
 def test_torch_scripted_loop_and_if_match_onnxruntime(tmp_path):

@@ -309,3 +309,49 @@ def test_call_rejects_a_bad_kernel_or_argument_list():
 def test_addresses_are_distinct_nonzero_ints():
     addresses = {native.parallel_for_address(), native.parallel_for_threads_address()}
     assert len(addresses) == 2 and 0 not in addresses
+
+
+def loop_program(n: int) -> native.Program:
+    """``if flag: acc = a; for k < limit: out = acc + b; acc = out; rows[k] = out``, as
+    the instructions of a program (operands: arena 0, input 1, output 2)."""
+    acc, counter = (0, 0, 64), (0, 0, 0)
+    a, b, size, limit, flag = ((1, k, 0) for k in range(5))
+    out, rows = (2, 0, 0), (2, 1, 0)
+    p = native.Program()
+    p.jump_unless(flag, 9)
+    p.copy(acc, a, 4 * n)
+    p.set(counter, 0, 8)
+    p.jump_if_at_least(counter, limit, 9)
+    p.add(native.test_kernel_address("add"), [acc, b, out, size], [])
+    p.copy(acc, out, 4 * n)
+    p.copy(rows, out, 4 * n, counter)
+    p.increment(counter)
+    p.jump(3)
+    return p
+
+
+@pytest.mark.parametrize("trips, flag", [(5, True), (0, True), (3, False)])
+def test_a_program_runs_a_loop_of_copies_counters_and_jumps(trips, flag):
+    n = 7
+    a, b = np.arange(n, dtype=np.float32), np.full(n, 0.5, np.float32)
+    inputs = [a, b, np.array([n], np.int64), np.array([trips], np.int64), np.array([flag])]
+    out, rows = np.full(n, -1, np.float32), np.full((max(trips, 1), n), -1, np.float32)
+    program = loop_program(n)
+    assert len(program) == 1
+    times = np.zeros(1)
+    assert program.run(native.empty_aligned(128 + 4 * n, np.uint8), inputs, [out, rows], times) == -1
+    if not flag:   # jumped over everything
+        assert (out == -1).all() and (rows == -1).all() and times[0] == 0
+        return
+    np.testing.assert_array_equal(out, a + trips * b if trips else -1)
+    np.testing.assert_array_equal(rows[:trips], np.reshape([a + (k + 1) * b for k in range(trips)], (trips, n)))
+    assert (times[0] > 0) == (trips > 0)
+
+
+def test_a_program_refuses_a_jump_past_its_end():
+    p = native.Program()
+    p.jump(2)
+    with pytest.raises(ValueError, match="a jump past the end"):
+        p.run(native.empty_aligned(64, np.uint8), [], [])
+    with pytest.raises(ValueError, match="bytes must be 1 to 8"):
+        p.set((0, 0, 0), 1, 9)

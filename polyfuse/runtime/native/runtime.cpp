@@ -4,7 +4,7 @@
 //   which JIT-compiled code binds by address;
 // - aligned numpy buffers;
 // - call(): runs a kernel `void kernel(void** args)` with the GIL released;
-// - Program: a sequence of kernel calls over one arena, run with one call (a model).
+// - Program: a model's kernel calls over one arena, with its loops and branches, run by one call.
 // The Python face, with the full contract, is polyfuse/runtime/native.py.
 
 #include <pybind11/numpy.h>
@@ -310,7 +310,11 @@ extern "C" void polyfuse_parallel_for_threads(polyfuse_body body, int64_t n, voi
     g_pool->parallel_for(body, n, ctx, num_threads);
 }
 
-// --- programs: a compiled model's kernels, run in order by one call -----------------------
+// --- programs: a compiled model's kernels, run by one call -------------------------------
+//
+// A program is a list of instructions run from a program counter: kernel calls, copies
+// between argument locations, int64 counters, and jumps (a loop or a branch the data
+// decides runs here, not in Python).
 
 // Where an argument points: into the arena, an input or output array (by position), a
 // fixed address (a constant the caller keeps alive), or the program's error slot.
@@ -322,80 +326,157 @@ struct ProgramArg {
     int64_t offset;  // bytes from the base
 };
 
-struct ProgramStep {
-    kernel_fn fn;
+using ArgTuple = std::tuple<int, int64_t, int64_t>;
+
+enum Op : int { kCall, kCopy, kSet, kIncrement, kJump, kJumpUnless, kJumpIfAtLeast };
+
+struct Instruction {
+    Op op;
+    // kCall: its arguments; kCopy: destination, source[, row]; kSet, kIncrement: the
+    // destination; kJumpUnless: the bool tested; kJumpIfAtLeast: the counter, the limit
     std::vector<ProgramArg> args;
-    std::vector<std::pair<size_t, size_t>> zero;  // (argument, bytes) cleared before the call
+    kernel_fn fn = nullptr;
+    std::vector<std::pair<size_t, size_t>> zero;  // kCall: (argument, bytes) cleared before the call
+    int64_t call = -1;    // kCall: its position among the calls (errors, times)
+    int64_t value = 0;    // kCopy: bytes (per row); kSet: the value
+    int64_t bytes = 0;    // kSet: the destination's bytes (1 to 8, little-endian)
+    size_t target = 0;    // jumps: the instruction run next
 };
 
 class Program {
   public:
-    void add(uintptr_t fn, const std::vector<std::tuple<int, int64_t, int64_t>>& args,
-             const std::vector<std::pair<size_t, size_t>>& zero) {
-        ProgramStep step{reinterpret_cast<kernel_fn>(fn), {}, zero};
-        if (step.fn == nullptr) throw py::value_error("Program.add: fn is 0");
-        for (auto& [base, index, offset] : args) {
-            if (base < kArena || base > kError) throw py::value_error("Program.add: bad argument base");
-            if ((base == kInput || base == kOutput) && index < 0)
-                throw py::value_error("Program.add: negative array position");
-            if (base == kInput) inputs_ = std::max(inputs_, static_cast<size_t>(index) + 1);
-            if (base == kOutput) outputs_ = std::max(outputs_, static_cast<size_t>(index) + 1);
-            step.args.push_back({base, index, offset});
-        }
+    void add(uintptr_t fn, const std::vector<ArgTuple>& args, const std::vector<std::pair<size_t, size_t>>& zero) {
+        Instruction ins{kCall, arguments(args)};
+        ins.fn = reinterpret_cast<kernel_fn>(fn);
+        if (ins.fn == nullptr) throw py::value_error("Program.add: fn is 0");
         for (auto& [arg, bytes] : zero)
-            if (arg >= step.args.size()) throw py::value_error("Program.add: zeroed argument out of range");
-        width_ = std::max(width_, step.args.size());
-        steps_.push_back(std::move(step));
+            if (arg >= ins.args.size()) throw py::value_error("Program.add: zeroed argument out of range");
+        ins.zero = zero;
+        ins.call = calls_++;
+        width_ = std::max(width_, ins.args.size());
+        code_.push_back(std::move(ins));
     }
 
-    // Runs every step; returns -1, or the position of the first step that reported an
-    // out-of-bounds index through the error slot (the later steps do not run).
+    void copy(const ArgTuple& dst, const ArgTuple& src, int64_t bytes, std::optional<ArgTuple> row) {
+        if (bytes < 0) throw py::value_error("Program.copy: negative size");
+        std::vector<ArgTuple> args{dst, src};
+        if (row) args.push_back(*row);
+        Instruction ins{kCopy, arguments(args)};
+        ins.value = bytes;
+        code_.push_back(std::move(ins));
+    }
+
+    void set(const ArgTuple& dst, int64_t value, int64_t bytes) {
+        if (bytes < 1 || bytes > 8) throw py::value_error("Program.set: bytes must be 1 to 8");
+        Instruction ins{kSet, arguments({dst})};
+        ins.value = value, ins.bytes = bytes;
+        code_.push_back(std::move(ins));
+    }
+
+    void increment(const ArgTuple& counter) { code_.push_back(Instruction{kIncrement, arguments({counter})}); }
+
+    void jump(size_t target) { jump_to(Instruction{kJump, {}}, target); }
+
+    void jump_unless(const ArgTuple& cond, size_t target) { jump_to(Instruction{kJumpUnless, arguments({cond})}, target); }
+
+    void jump_if_at_least(const ArgTuple& counter, const ArgTuple& limit, size_t target) {
+        jump_to(Instruction{kJumpIfAtLeast, arguments({counter, limit})}, target);
+    }
+
+    // Runs the instructions from the first; returns -1, or the position (among the calls)
+    // of the call that reported an out-of-bounds index through the error slot (nothing
+    // runs after it).
     int64_t run(py::array arena, const std::vector<py::array>& inputs, const std::vector<py::array>& outputs,
                 std::optional<py::array_t<double>> times) {
         double* seconds = nullptr;
         if (times) {
-            if (static_cast<size_t>(times->size()) < steps_.size())
-                throw py::value_error("Program.run: times needs one slot per step");
+            if (times->size() < calls_) throw py::value_error("Program.run: times needs one slot per call");
             seconds = times->mutable_data();
         }
+        for (const Instruction& ins : code_)
+            if (ins.target > code_.size()) throw py::value_error("Program.run: a jump past the end of the program");
         std::vector<char*> in, out;
         for (auto& a : inputs) in.push_back(static_cast<char*>(const_cast<void*>(a.data())));
         for (auto& a : outputs) out.push_back(static_cast<char*>(const_cast<void*>(a.data())));
         char* base = static_cast<char*>(arena.mutable_data());
         if (in.size() < inputs_ || out.size() < outputs_)
             throw py::value_error("Program.run: too few input or output arrays");
-        std::vector<void*> ptrs(width_);
-        int64_t error = 0, failed = -1;
-        {
-            py::gil_scoped_release release;
-            for (size_t k = 0; k < steps_.size() && failed < 0; ++k) {
-                const ProgramStep& step = steps_[k];
-                for (size_t i = 0; i < step.args.size(); ++i) {
-                    const ProgramArg& a = step.args[i];
-                    char* p = a.base == kArena    ? base
-                              : a.base == kInput  ? in[a.index]
-                              : a.base == kOutput ? out[a.index]
-                              : a.base == kFixed  ? reinterpret_cast<char*>(a.index)
-                                                  : reinterpret_cast<char*>(&error);
-                    ptrs[i] = p + a.offset;
+        std::vector<void*> ptrs(std::max<size_t>(width_, 3));
+        int64_t error = 0;
+        py::gil_scoped_release release;
+        for (size_t pc = 0; pc < code_.size();) {
+            const Instruction& ins = code_[pc++];
+            for (size_t i = 0; i < ins.args.size(); ++i) {
+                const ProgramArg& a = ins.args[i];
+                char* p = a.base == kArena    ? base
+                          : a.base == kInput  ? in[a.index]
+                          : a.base == kOutput ? out[a.index]
+                          : a.base == kFixed  ? reinterpret_cast<char*>(a.index)
+                                              : reinterpret_cast<char*>(&error);
+                ptrs[i] = p + a.offset;
+            }
+            switch (ins.op) {
+                case kCall: {
+                    auto start = std::chrono::steady_clock::now();
+                    for (auto& [arg, bytes] : ins.zero) std::memset(ptrs[arg], 0, bytes);
+                    ins.fn(ptrs.data());
+                    if (seconds)
+                        seconds[ins.call] +=
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                    if (error) return ins.call;
+                    break;
                 }
-                auto start = std::chrono::steady_clock::now();
-                for (auto& [arg, bytes] : step.zero) std::memset(ptrs[arg], 0, bytes);
-                step.fn(ptrs.data());
-                if (seconds)
-                    seconds[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-                if (error) failed = static_cast<int64_t>(k);
+                case kCopy: {
+                    char* dst = static_cast<char*>(ptrs[0]);
+                    if (ins.args.size() == 3) dst += *static_cast<int64_t*>(ptrs[2]) * ins.value;
+                    std::memmove(dst, ptrs[1], ins.value);
+                    break;
+                }
+                case kSet:
+                    std::memcpy(ptrs[0], &ins.value, ins.bytes);  // the low bytes: little-endian targets
+                    break;
+                case kIncrement:
+                    ++*static_cast<int64_t*>(ptrs[0]);
+                    break;
+                case kJump:
+                    pc = ins.target;
+                    break;
+                case kJumpUnless:
+                    if (!*static_cast<uint8_t*>(ptrs[0])) pc = ins.target;
+                    break;
+                case kJumpIfAtLeast:
+                    if (*static_cast<int64_t*>(ptrs[0]) >= *static_cast<int64_t*>(ptrs[1])) pc = ins.target;
+                    break;
             }
         }
-        return failed;
+        return -1;
     }
 
-    size_t size() const { return steps_.size(); }
+    size_t size() const { return static_cast<size_t>(calls_); }
 
   private:
-    std::vector<ProgramStep> steps_;
-    size_t width_ = 0;              // the most arguments of one step
-    size_t inputs_ = 0, outputs_ = 0;  // the input and output arrays the steps use
+    std::vector<ProgramArg> arguments(const std::vector<ArgTuple>& args) {
+        std::vector<ProgramArg> out;
+        for (auto& [base, index, offset] : args) {
+            if (base < kArena || base > kError) throw py::value_error("Program: bad argument base");
+            if ((base == kInput || base == kOutput) && index < 0)
+                throw py::value_error("Program: negative array position");
+            if (base == kInput) inputs_ = std::max(inputs_, static_cast<size_t>(index) + 1);
+            if (base == kOutput) outputs_ = std::max(outputs_, static_cast<size_t>(index) + 1);
+            out.push_back({base, index, offset});
+        }
+        return out;
+    }
+
+    void jump_to(Instruction ins, size_t target) {
+        ins.target = target;
+        code_.push_back(std::move(ins));
+    }
+
+    std::vector<Instruction> code_;
+    int64_t calls_ = 0;
+    size_t width_ = 0;                 // the most arguments of one call
+    size_t inputs_ = 0, outputs_ = 0;  // the input and output arrays the instructions use
 };
 
 PYBIND11_MODULE(_native, m) {
@@ -432,6 +513,13 @@ PYBIND11_MODULE(_native, m) {
     py::class_<Program>(m, "Program")
         .def(py::init<>())
         .def("add", &Program::add, py::arg("fn"), py::arg("args"), py::arg("zero"))
+        .def("copy", &Program::copy, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("row") = py::none())
+        .def("set", &Program::set, py::arg("dst"), py::arg("value"), py::arg("bytes"))
+        .def("increment", &Program::increment, py::arg("counter"))
+        .def("jump", &Program::jump, py::arg("target"))
+        .def("jump_unless", &Program::jump_unless, py::arg("cond"), py::arg("target"))
+        .def("jump_if_at_least", &Program::jump_if_at_least, py::arg("counter"), py::arg("limit"),
+             py::arg("target"))
         .def("run", &Program::run, py::arg("arena"), py::arg("inputs"), py::arg("outputs"),
              py::arg("times") = py::none())
         .def("__len__", &Program::size);
