@@ -273,11 +273,61 @@ BLOCK_PROMOTED = """kernel mm(in float32(4, 6) A, in float32(6, 10) B, out float
 }"""
 
 
+# what promote_register_blocks makes of a sum: acc starts at zero and is added once
+BLOCK_SUMMED = BLOCK_PROMOTED.replace("acc(0, c2) = C(c1, c0 + c2)", "acc(0, c2) = 0.0").replace(
+    "acc(1, c2) = C(c1 + 1, c0 + c2)", "acc(1, c2) = 0.0").replace(
+    "C(c1, c0 + c2) = acc(0, c2)", "C(c1, c0 + c2) = C(c1, c0 + c2) + acc(0, c2)").replace(
+    "C(c1 + 1, c0 + c2) = acc(1, c2)", "C(c1 + 1, c0 + c2) = C(c1 + 1, c0 + c2) + acc(1, c2)")
+
+# BLOCK with its reduction tiled: c9 around the block, c3 the point loop
+TILED_BLOCK = BLOCK.replace("    for c1 in 0:4 step 2 {\n", "    for c9 in 0:6 step 3 {\n    for c1 in 0:4 step 2 {\n") \
+    .replace("      for c3 in 0:6 {", "      for c3 in 0:3 {").replace("    }\n  }\n}", "    }\n    }\n  }\n}") \
+    .replace(", c3)", ", c9 + c3)").replace("B(c3,", "B(c9 + c3,")
+
+
 def test_register_blocks_keep_their_accumulators_in_a_local_array_across_the_reduction():
+    """A sum's block starts its accumulators at zero and adds them to C after the
+    reduction (C's loads then wait on nothing); C's initial values still count."""
     a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    c = RNG.standard_normal((4, 10)).astype(np.float32)
     out = promote_register_blocks(parse_kernel(BLOCK))
-    check(out, BLOCK_PROMOTED)
-    np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
+    check(out, BLOCK_SUMMED)
+    got = c.copy()
+    interpret_kernel(out, {"A": a, "B": b, "C": got})   # C given: updated in place
+    np.testing.assert_allclose(got, c + a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_block_that_is_not_a_sum_loads_its_accumulators():
+    """``max`` has no zero to start from: the block loads C and stores acc back."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    maxed = BLOCK.replace("C(c1, c0 + c2) + A(c1, c3) * B(c3, c0 + c2)", "max(C(c1, c0 + c2), A(c1, c3) * B(c3, c0 + c2))")\
+        .replace("C(c1 + 1, c0 + c2) + A(c1 + 1, c3) * B(c3, c0 + c2)", "max(C(c1 + 1, c0 + c2), A(c1 + 1, c3) * B(c3, c0 + c2))")
+    out = promote_register_blocks(parse_kernel(maxed))
+    text = str(out)
+    assert "acc(0, c2) = C(c1, c0 + c2)" in text and "C(c1, c0 + c2) = acc(0, c2)" in text, text
+    got = np.full((4, 10), -np.inf, np.float32)
+    interpret_kernel(out, {"A": a, "B": b, "C": got})
+    np.testing.assert_allclose(got, (a[:, :, None] * b[None]).max(1), rtol=1e-6)
+
+
+def test_an_epilogue_after_summed_blocks_of_a_tiled_reduction_reads_the_whole_sum():
+    """The blocks of a reduction tile add their sums to C; on the last tile the epilogue
+    applies to C as stored (C plus acc), not to acc alone nor twice."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    bias = RNG.standard_normal(10).astype(np.float32)
+    promoted = str(promote_register_blocks(parse_kernel(TILED_BLOCK)))
+    with_epilogue = promoted.replace("out float32(4, 10) C,", "in float32(10) D, out float32(4, 10) Y, out float32(4, 10) C,")\
+        [:-2] + """  for c4 in 0:4 {
+    for c5 in 0:10 vectorize(16) {
+      Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)
+    }
+  }
+}"""
+    out = fuse_epilogues(parse_kernel(with_epilogue), frozenset({"C", "Y"}))
+    text = str(out)
+    assert "for c4" not in text and "Y(c1, c0 + c2) = max(C(c1, c0 + c2) + D(c0 + c2), 0.0)" in text, text
+    got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
+    np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("change", [
@@ -412,7 +462,9 @@ def test_a_tc_product_and_its_epilogue_both_come_back(k):
     a, b = RNG.standard_normal((128, k)).astype(np.float32), RNG.standard_normal((k, 128)).astype(np.float32)
     d = RNG.standard_normal(128).astype(np.float32)
     spec = mm.specialize(a, b, d)
-    assert "loops:fuse_epilogues" in spec.stages and "max(acc" in spec.stages["loops"]
+    # one tile: the epilogue reads the accumulators; several: T as the last tile's blocks add to it
+    applied = "max(acc" if k == 64 else "max(T(c"
+    assert "loops:fuse_epilogues" in spec.stages and applied in spec.stages["loops"], spec.stages["loops"]
     y, t = spec(a, b, d)
     np.testing.assert_allclose(t, a @ b, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(y, np.maximum(a @ b + d, 0), rtol=1e-4, atol=1e-4)
@@ -427,12 +479,9 @@ def test_a_block_summing_the_whole_reduction_into_a_zeroed_output_starts_at_zero
     out = promote_register_blocks(parse_kernel(BLOCK), frozenset({"C"}), initialized)
     assert "acc(1, c2) = 0.0" in str(out) and "= C(" not in str(out) and initialized == {"C"}
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
-    tiled = BLOCK.replace("    for c1 in 0:4 step 2 {\n", "    for c9 in 0:6 step 3 {\n    for c1 in 0:4 step 2 {\n") \
-        .replace("      for c3 in 0:6 {", "      for c3 in 0:3 {").replace("    }\n  }\n}", "    }\n    }\n  }\n}") \
-        .replace(", c3)", ", c9 + c3)").replace("B(c3,", "B(c9 + c3,")
     initialized = set()
-    out = promote_register_blocks(parse_kernel(tiled), frozenset({"C"}), initialized)
-    assert "acc(1, c2) = C(c1 + 1, c0 + c2)" in str(out) and not initialized
+    out = promote_register_blocks(parse_kernel(TILED_BLOCK), frozenset({"C"}), initialized)
+    assert "C(c1 + 1, c0 + c2) = C(c1 + 1, c0 + c2) + acc(1, c2)" in str(out) and not initialized
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
 
 

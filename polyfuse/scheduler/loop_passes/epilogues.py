@@ -153,11 +153,18 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, whole: frozenset[str],
 
 
 def _is_block_store(s: Stmt, source: str, kernel: LoopKernel) -> bool:
-    """A nest whose statements all store an ``acc`` element into ``source``."""
+    """A nest whose statements all store an ``acc`` element into ``source``, or add one
+    to it (a block of a reduction tile, :mod:`.register_blocks`)."""
     stores = _innermost(s)
-    return bool(stores) and all(
-        st.buffer == source and isinstance(st.value, Read)
-        and kernel.buffer(st.value.tensor).role is BufferRole.LOCAL for st in stores)  # type: ignore[union-attr]
+
+    def accumulator(e: Expr) -> bool:
+        return isinstance(e, Read) and kernel.buffer(e.tensor).role is BufferRole.LOCAL
+
+    def block_value(st: Store) -> bool:
+        v = st.value
+        return accumulator(v) or (isinstance(v, Binary) and v.op is BinaryOp.ADD and accumulator(v.rhs)
+                                  and v.lhs == Read(source, st.indices, kernel.buffer(source).dtype))
+    return bool(stores) and all(st.buffer == source and block_value(st) for st in stores)  # type: ignore[union-attr]
 
 
 def _find_blocks(s: Stmt, source: str, kernel: LoopKernel, path: list[For],
@@ -200,9 +207,12 @@ def _apply(s: Stmt, blocks: list[tuple[For, list[For]]], source: str, target: st
             return None
         at = {f"{_SLOT}{k}": e for k, e in enumerate(st.indices)}
 
+        # the element the block stored: its acc, or (an acc added to it) the element itself
+        stored = st.value if not isinstance(st.value, Binary) else st.value.lhs
+
         def place(e: Expr) -> Expr:
             if isinstance(e, Read) and e.tensor == source:
-                return st.value
+                return stored
             if isinstance(e, IndexVar) and e.name in at:
                 return at[e.name]
             return e

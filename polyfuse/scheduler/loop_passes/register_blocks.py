@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from polyfuse.ir.comprehension import IndexVar, Literal, Read, map_expr, walk
+from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, Literal, Read, map_expr, walk
 from polyfuse.ir.loops import (Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, constant_trips,
                                fresh_name, stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
@@ -190,9 +190,26 @@ def _promote(top: For, parts: tuple[list[For], list[For], tuple[Store, ...]], na
     def swap(j: int, s: Store):  # type: ignore[no-untyped-def]
         return lambda e: acc(j) if isinstance(e, Read) and e.tensor == s.buffer and e.indices == s.indices else e
 
-    load = nest(tuple(Store(name, acc(j).indices, Literal(0.0 if dtype.is_float else 0, dtype) if zero
+    # a sum starts at zero and adds the element once, after the reduction: the block's
+    # loads of T then overlap the next block's products instead of holding up its own
+    # (a 2048 matmul's T is out of cache on every reduction tile)
+    summed = not zero and all(_sum(s) for s in stores)
+    start = zero or summed
+    load = nest(tuple(Store(name, acc(j).indices, Literal(0.0 if dtype.is_float else 0, dtype) if start
                             else element(s)) for j, s in enumerate(stores)), block)
     update = nest(tuple(Store(name, acc(j).indices, map_expr(s.value, swap(j, s)))
                         for j, s in enumerate(stores)), reduction + block)
-    store = nest(tuple(Store(s.buffer, s.indices, acc(j)) for j, s in enumerate(stores)), block)
+    store = nest(tuple(Store(s.buffer, s.indices, Binary(BinaryOp.ADD, element(s), acc(j), dtype) if summed
+                             else acc(j)) for j, s in enumerate(stores)), block)
     return buf, (load, update, store)
+
+
+def _sum(s: Store) -> bool:
+    """Whether ``s`` adds to its element: ``T(i) = T(i) + e`` (or ``e + T(i)``), ``e`` not
+    reading ``T``."""
+    v = s.value
+    if not isinstance(v, Binary) or v.op is not BinaryOp.ADD:
+        return False
+    own = [x for x in (v.lhs, v.rhs) if isinstance(x, Read) and x.tensor == s.buffer and x.indices == s.indices]
+    rest = v.rhs if own and own[0] is v.lhs else v.lhs
+    return bool(own) and not any(isinstance(r, Read) and r.tensor == s.buffer for r in walk(rest))
