@@ -55,6 +55,8 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     width = max(1, vector_bits // element_bits(d))
     nest = LoopNest.of(d, sizes)
     st = nest.statement
+    if min(nest.extent_of().values(), default=1) < 1:
+        return MappingOptions(vector_width=width, unroll=2)   # an empty range: nothing to tile
     if _reduces_rows(nest):
         return _row_reduction(nest, width)
     if nest.work < CONTRACTION_MIN and _gathers(nest):

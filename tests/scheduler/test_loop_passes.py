@@ -485,6 +485,19 @@ def test_a_block_summing_the_whole_reduction_into_a_zeroed_output_starts_at_zero
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
 
 
+def test_blocks_of_a_reduction_split_over_two_nests_add_to_the_zeroed_output():
+    """The reduction's first 2 steps in one nest and the other 4 in another (full and
+    partial tiles): neither block holds the whole sum, so each adds its accumulators to
+    C instead of storing them over the other's, and C still needs its zeros."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    first = BLOCK.replace("for c3 in 0:6 {", "for c3 in 0:2 {")
+    rest = BLOCK.replace("for c3 in 0:6 {", "for c3 in 2:6 {")
+    split = first[:-2] + rest[rest.index("{\n") + 2:]
+    initialized: set[str] = set()
+    out = promote_register_blocks(parse_kernel(split), frozenset({"C"}), initialized)
+    assert str(out).count("C(c1, c0 + c2) = C(c1, c0 + c2) + acc") == 2 and not initialized, str(out)
+    np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-5)
+
 def test_an_epilogue_split_into_full_and_partial_tiles_fuses_when_it_writes_its_output_whole():
     """The epilogue nest in two pieces (rows 0:3 and 3:4, as separate_full_tiles splits
     a partial tile): fused when its output is written whole by one statement (``whole``,

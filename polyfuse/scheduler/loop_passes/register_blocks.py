@@ -29,6 +29,7 @@ precision sum is rounded once, as the reference interpreter rounds it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, Literal, Read, map_expr, walk
@@ -54,15 +55,19 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
 
     ``zeroed`` names outputs that start as zeros (a ``+=!``'s, the runtime fills them)
     and that one statement writes: a block summing the whole reduction into one (no
-    reduction tile around it) starts its accumulators at zero instead of loading them.
-    Those outputs whose initial zeros the kernel then never reads go into
+    reduction tile around it, nothing beside it or beside a loop around it storing the
+    output) starts its accumulators at zero and stores them. Those outputs whose initial zeros the kernel then never reads go into
     ``initialized``: the runtime need not fill them."""
     taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
     buffers: list[Buffer] = []
     from_zero: set[str] = set()   # outputs some block started at zero
     loaded: set[str] = set()      # outputs some block (or plain store) loads from memory
 
-    def visit(body: tuple[Stmt, ...], path: list[For]) -> tuple[Stmt, ...]:
+    def visit(body: tuple[Stmt, ...], path: list[For], shared: frozenset[str]) -> tuple[Stmt, ...]:
+        # outputs that several statements of a body store (a reduction split into full and
+        # partial tiles): each block may sum only part of an element, so none starts at zero
+        stores = Counter(b for s in body for b in {t.buffer for t in walk_stmts((s,)) if isinstance(t, Store)})
+        shared = shared | {b for b, n in stores.items() if n > 1}
         out: list[Stmt] = []
         for s in body:
             block = _block(s, kernel) if isinstance(s, For) and s.kind is LoopKind.SERIAL else None
@@ -70,20 +75,20 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
                 target = block[2][0].buffer
                 used = {n.name for st in block[2] for i in st.indices for n in walk(i)
                         if isinstance(n, IndexVar)}
-                zero = target in zeroed and all(lp.var in used for lp in path)
+                zero = target in zeroed and target not in shared and all(lp.var in used for lp in path)
                 (from_zero if zero else loaded).add(target)
                 buf, stmts = _promote(s, block, fresh_name("acc", taken), kernel, zero)  # type: ignore[arg-type]
                 buffers.append(buf)
                 out += stmts
             elif isinstance(s, For):
-                out.append(replace(s, body=visit(s.body, path + [s])))
+                out.append(replace(s, body=visit(s.body, path + [s], shared)))
             elif isinstance(s, If):
-                out.append(replace(s, then=visit(s.then, path), other=visit(s.other, path)))
+                out.append(replace(s, then=visit(s.then, path, shared), other=visit(s.other, path, shared)))
             else:
                 out.append(s)
         return tuple(out)
 
-    body = visit(kernel.body, [])
+    body = visit(kernel.body, [], frozenset())
     if not buffers:
         return kernel
     if initialized is not None:
