@@ -2,7 +2,10 @@
 extents and reductions, options by index name, and the heuristics, the schedule and the
 tuner's space reading the options against the same nest."""
 
+import numpy as np
 import pytest
+
+import polyfuse as pf
 
 from polyfuse.autotune.space import SearchSpace
 from polyfuse.autotune.task import Task
@@ -202,3 +205,13 @@ def test_named_options_map_onto_another_nest_by_name():
 def test_bad_named_options_are_refused(bad):
     with pytest.raises(OptionError, match="named"):
         NamedOptions.from_json(bad)
+
+
+def test_a_reduction_over_an_empty_range_compiles_and_gives_its_empty_output():
+    """``j + 1`` in 0:N leaves j no values when N is 1: the heuristics tile nothing (they
+    divided by the empty extent) and the host gives what the interpreter gives."""
+    src = "def f(float(N, N, N) X0, float(N) X1) -> (O) { O(j) +=! X0(i, i, j + 1) }"
+    x0, x1 = np.ones((1, 1, 1), np.float32), np.ones(1, np.float32)
+    want = pf.define(src).f(x0, x1)
+    got = pf.define(src, target="host").f(x0, x1)
+    assert want.shape == got.shape == (0,)
