@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 import polyfuse as pf
 from polyfuse.targets.cpu import native_dots
 from polyfuse.targets.target import Target
+from tests.onnx.ort_compare import one_node_model, onnxruntime_outputs
 from tests.onnx.test_quantization import make_model
 
 RNG = np.random.default_rng(4)
@@ -94,6 +95,36 @@ def test_products_are_vdpbf16ps_on_this_cpu_and_float32_stays_float32(products):
     f32 = pf.compile(model, target="host")
     f32(x, z)
     assert "BFloat16" not in f32.dump("partition_fusion_groups") and "bfdot2" not in f32.dump("specialized")
+
+
+# (node, input shape, weight shape, bias shape or None)
+SHAPES = [
+    (helper.make_node("MatMul", ["x", "w"], ["y"]), (13,), (13, 20), None),
+    (helper.make_node("MatMul", ["x", "w"], ["y"]), (3, 4, 33), (33, 17), None),
+    (helper.make_node("Gemm", ["x", "w"], ["y"], transA=1), (15, 6), (15, 20), None),
+    (helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, beta=0.5), (10, 7), (20, 7), (20,)),
+    (helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2], pads=[2, 1]), (1, 3, 11), (8, 3, 3),
+     None),
+    (helper.make_node("Conv", ["x", "w", "b"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2]),
+     (1, 7, 6, 6), (16, 7, 3, 3), (16,)),
+    (helper.make_node("Conv", ["x", "w"], ["y"]), (2, 33, 4, 5), (19, 33, 1, 1), None),
+]
+
+
+@pytest.mark.parametrize("node, x_shape, w_shape, b_shape", SHAPES,
+                         ids=lambda v: getattr(v, "op_type", None))
+def test_each_product_is_onnxruntimes_on_rounded_operands(node, x_shape, w_shape, b_shape):
+    x = RNG.normal(size=x_shape).astype(np.float32)
+    constants = {"w": weights(*w_shape)} | ({"b": weights(*b_shape)} if b_shape else {})
+    model = one_node_model(node, {"x": x}, {"y": F}, constants)
+    compiled = pf.compile(model, target="host", precision="bf16")
+    got = compiled.run({"x": x})["y"]
+    assert f"BFloat16{node.op_type}" in compiled.dump("use_bfloat16_products")
+    rounded = {n: a.astype(ml_dtypes.bfloat16).astype(np.float32) if n == "w" else a
+               for n, a in constants.items()}
+    want = onnxruntime_outputs(one_node_model(node, {"x": x}, {"y": F}, rounded),
+                               {"x": bf16(x).astype(np.float32)})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
 def test_grouped_convolutions_and_activation_products_stay_float32():
