@@ -17,7 +17,7 @@ import llvmlite.binding as llvm
 from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.targets.diagnostics import caught_stderr, quiet_remarks
-from polyfuse.targets.llvm_dot import inline_dot_products
+from polyfuse.targets.llvm_dot import DOTS, inline_dot_products
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
 
 if TYPE_CHECKING:   # only a type here: targets.target imports this module (through backends)
@@ -107,15 +107,18 @@ def vector_bits(target: Target) -> int:
 
 
 @functools.cache
-def vnni(target: Target) -> bool:
-    """Whether the target has AVX512-VNNI's int8 dot products (x86: the host's, unless a
-    CPU is named; then its features must say ``+avx512vnni``)."""
+def native_dots(target: Target) -> frozenset[str]:
+    """The dot-product builtins the target has instructions for: ``dot4`` with
+    AVX512-VNNI, ``bfdot2`` with AVX512-BF16 (x86: the host's features, unless a CPU is
+    named; then its features must say ``+avx512vnni``, ``+avx512bf16``)."""
     _initialize()
     if not target.backend.triple.startswith("x86_64"):
-        return False
+        return frozenset()
     if not target.cpu and llvm.get_default_triple().startswith("x86_64"):
-        return bool(llvm.get_host_cpu_features().get("avx512vnni"))
-    return "+avx512vnni" in target.llvm_features.split(",")
+        present = llvm.get_host_cpu_features()
+        return frozenset(fn for fn, d in DOTS.items() if present.get(d.feature))
+    features = target.llvm_features.split(",")
+    return frozenset(fn for fn, d in DOTS.items() if f"+{d.feature}" in features)
 
 
 def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
@@ -187,7 +190,7 @@ def compile_object(kernel: LoopKernel, target: Target, num_threads: int = 0) -> 
 def _optimized_module(kernel: LoopKernel, target: Target, tm: llvm.TargetMachine,
                       num_threads: int) -> tuple[llvm.ModuleRef, dict[str, str]]:
     text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads, "sve" in target.features,
-                       vector_bits(target) == 512, vnni(target))
+                       vector_bits(target) == 512, native_dots(target))
     mod = parse_module(text, f"kernel '{kernel.name}'")
     optimize(mod, tm)
     inline_dot_products(mod, tm)

@@ -44,13 +44,14 @@ class _Scope:
 
 class KernelEmitter:
     def __init__(self, kernel: LoopKernel, module: ir.Module, num_threads: int = 0,
-                 scalable: bool = False, avx512: bool = False, vnni: bool = False) -> None:
+                 scalable: bool = False, avx512: bool = False,
+                 native: frozenset[str] = frozenset()) -> None:
         self.kernel = kernel
         self.module = module
         self.num_threads = num_threads
         self.scalable = scalable   # vector loops as scalable vectors (SVE): vscale x width
         self.avx512 = avx512       # masked vector loads and stores are cheap, vscalefps scales
-        self.vnni = vnni           # int8 dot products (dot4) have VNNI instructions
+        self.native = native       # dot products (dot4, bfdot2) with instructions
         self.n_parallel = 0
         self.n_loops = 0
 
@@ -123,7 +124,7 @@ class KernelEmitter:
 
     def exprs(self, scope: _Scope) -> ExprEmitter:
         return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b),
-                           scope.locals, scale=self.avx512, vnni=self.vnni)
+                           scope.locals, scale=self.avx512, native=self.native)
 
     def address(self, access: Read, scope: _Scope, b: ir.IRBuilder) -> ir.Value:
         """The element ``access`` names (a read, or a store's target)."""
@@ -391,17 +392,18 @@ def _to_storage(value: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
 
 
 def emit_module(kernel: LoopKernel, triple: str, data_layout: str, num_threads: int = 0,
-                scalable: bool = False, avx512: bool = False, vnni: bool = False) -> str:
+                scalable: bool = False, avx512: bool = False,
+                native: frozenset[str] = frozenset()) -> str:
     """The LLVM IR text of ``kernel``; loop metadata nodes refer to themselves.
     ``scalable``: vector loops use scalable vectors (for SVE); ``avx512``: a vector
     loop of a constant trip count that is not whole vectors ends in a masked vector,
     not a scalar loop, and math functions scale by powers of two with ``llvm.ldexp``
-    (one ``vscalefps``); ``vnni``: int8 dot products (``dot4``) become VNNI's (see
-    :mod:`.llvm_dot`)."""
+    (one ``vscalefps``); ``native``: the dot products (``dot4``, ``bfdot2``) that
+    become the target's instructions (see :mod:`.llvm_dot`)."""
     module = ir.Module(name=kernel.name)
     module.triple = triple
     module.data_layout = data_layout
-    KernelEmitter(kernel, module, num_threads, scalable, avx512, vnni).emit()
+    KernelEmitter(kernel, module, num_threads, scalable, avx512, native).emit()
     return declare_variants(_self_reference_loops(str(module)))
 
 
