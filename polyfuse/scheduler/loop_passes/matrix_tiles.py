@@ -1,0 +1,216 @@
+"""Products on a CPU's matrix tiles (AMX): a loop-IR pass, TVM's tensorize for one intrinsic.
+
+A product of words (``bfdot2``: 2 bfloat16 per int32) accumulated in float32,
+
+    Y(.., r, .., c) = Y(.., r, .., c) + bfdot2(P(.., r, .., k), W(.., k, .., c))
+
+over a perfect nest of serial loops with constant bounds, is a matrix product whose
+rows ``r`` step through ``Y`` and ``P`` evenly, whose columns ``c`` lie contiguous in
+``Y`` and ``W``, and whose words ``k`` lie contiguous in ``P`` and step through ``W``
+evenly: the operands of AMX's tiles (16 rows of 64 bytes; ``W``'s words of 2 bfloat16
+of one column side by side are its "VNNI" layout). Loops that step one of those three
+axes in whole runs of the loop inside them (``c2 + c5 + c7``: rows 64 apart, 4 apart,
+1 apart) merge into one axis; the nest's other loops (a convolution's window, rows of
+another dimension) stay loops, around the product (any order sums the same products).
+
+The pass cuts the axes into blocks of :data:`BLOCK_ROWS` x :data:`BLOCK_COLS` outputs
+(2 x 2 tiles of 16 x 16 float32, which the tiles keep across the whole depth) and puts
+a :class:`~polyfuse.ir.loops.TileProduct` in each, with its loops: a target with tiles
+runs the block on them, every other target and the interpreter run the loops. A last,
+partial block (rows or columns left over) is a block of its own size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, Read
+from polyfuse.ir.loops import (BufferRole, For, LoopKernel, LoopKind, Stmt, Store, TileProduct, constant_trips,
+                               fresh_name, rewrite)
+from polyfuse.ir.types import DType
+from polyfuse.scheduler.gpu_affine import Affine, affine, to_expr
+from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop
+
+BLOCK_ROWS = 32    # outputs of a block: 2 x 2 tiles of 16 rows of 16 float32
+BLOCK_COLS = 32
+MIN_COLS = 16      # narrower products waste most of a tile
+MIN_DEPTH = 16     # words: one tile row (64 bytes)
+
+# the word types and accumulators of the builtins the tiles sum
+_OPERANDS = {"bfdot2": (DType.INT32, DType.FLOAT32)}
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """Loops merged into one axis of ``size`` points: point ``p`` moves each operand's
+    index forms by ``p * unit`` (per index, per operand) from where the loops start."""
+
+    loops: tuple[ConstantLoop, ...]
+    unit: tuple[tuple[int, ...], ...]
+    size: int
+
+
+def use_matrix_tiles(kernel: LoopKernel, builtins: frozenset[str]) -> LoopKernel:
+    """``kernel`` with the products of ``builtins`` (those the target's tiles sum) put on
+    tiles, block by block (see the module docstring)."""
+    if not builtins & set(_OPERANDS):
+        return kernel
+    taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars} | _loop_vars(kernel.body)
+    return rewrite(kernel, pre=lambda s: _tiled(s, kernel, builtins, taken)
+                   if isinstance(s, For) and s.kind is LoopKind.SERIAL else None)
+
+
+def _loop_vars(body: tuple[Stmt, ...]) -> set[str]:
+    names: set[str] = set()
+    rewrite(body, pre=lambda s: names.add(s.var) if isinstance(s, For) else None)  # type: ignore[func-returns-value]
+    return names
+
+
+def _tiled(top: For, kernel: LoopKernel, builtins: frozenset[str], taken: set[str]) -> Stmt | None:
+    """The perfect nest under ``top`` with its product on tiles, or None if it is none."""
+    nest, store = _perfect(top)
+    if store is None:
+        return None
+    operands = _product(store, kernel, builtins)
+    if operands is None:
+        return None
+    builtin, acc, a, b = operands
+    forms = [[affine(i) for i in r.indices] for r in (acc, a, b)]
+    if any(f is None for fs in forms for f in fs) or any(r.is_checked(d) for r in (acc, a, b)
+                                                           for d in range(len(r.indices))):
+        return None
+    strides = [kernel.buffer(r.tensor).strides for r in (acc, a, b)]
+    loops = [constant_loop(lp) for lp in nest]
+    used = [{v for f in fs for v in f if v} for fs in forms]  # type: ignore[union-attr]
+    role = {(True, True, False): 0, (True, False, True): 1, (False, True, True): 2}
+    groups: list[list[ConstantLoop]] = [[], [], []]   # rows, columns, depth
+    for lp in loops:
+        kind = role.get(tuple(lp.var in u for u in used))  # type: ignore[call-overload]
+        if kind is not None:
+            groups[kind].append(lp)
+    # contiguous: the columns of acc and b (operands 0, 2), the words of a (operand 1)
+    rows = _axis(groups[0], forms, strides, ())    # type: ignore[arg-type]
+    cols = _axis(groups[1], forms, strides, (0, 2))  # type: ignore[arg-type]
+    depth = _axis(groups[2], forms, strides, (1,))  # type: ignore[arg-type]
+    if rows is None or cols is None or depth is None or cols.size < MIN_COLS or depth.size < MIN_DEPTH:
+        return None
+    merged = {lp.var for axis in (rows, cols, depth) for lp in axis.loops}
+    outer = [lp for lp in nest if lp.var not in merged]
+    steps = (_flat(rows.unit[0], strides[0]), _flat(rows.unit[1], strides[1]), _flat(depth.unit[2], strides[2]))
+    names = [fresh_name(n, taken) for n in ("rb", "cb", "r", "c", "k")]
+    body = _blocks(builtin, (acc, a, b), store, forms, (rows, cols, depth), steps, names)  # type: ignore[arg-type]
+    for lp in reversed(outer):
+        body = (replace(lp, body=body, vector=1, unroll=1),)
+    return body[0] if len(body) == 1 else body  # type: ignore[return-value]
+
+
+def _perfect(top: For) -> tuple[list[For], Store | None]:
+    """The loops of the perfect nest under ``top`` and its one statement, a store (else
+    None), every loop serial with constant bounds."""
+    nest: list[For] = []
+    node: Stmt = top
+    while isinstance(node, For):
+        if node.kind is not LoopKind.SERIAL or not constant_trips(node) or len(node.body) != 1:
+            return nest, None
+        nest.append(node)
+        node = node.body[0]
+    return nest, node if isinstance(node, Store) else None
+
+
+def _product(store: Store, kernel: LoopKernel, builtins: frozenset[str]) -> tuple[str, Read, Read, Read] | None:
+    """``builtin, acc, a, b`` of ``acc = acc + builtin(a, b)`` (either order of the sum)."""
+    v = store.value
+    if not isinstance(v, Binary) or v.op is not BinaryOp.ADD:
+        return None
+    acc = Read(store.buffer, store.indices, kernel.buffer(store.buffer).dtype)
+    for mine, call in ((v.lhs, v.rhs), (v.rhs, v.lhs)):
+        if mine == acc and isinstance(call, Call) and call.fn in builtins and call.fn in _OPERANDS \
+                and all(isinstance(x, Read) for x in call.args):
+            a, b = call.args
+            word, sums = _OPERANDS[call.fn]
+            buffers = [kernel.buffer(r.tensor) for r in (acc, a, b)]  # type: ignore[union-attr]
+            if buffers[0].dtype is sums and buffers[1].dtype is word and buffers[2].dtype is word \
+                    and buffers[0].role is not BufferRole.IN and acc.tensor not in (a.tensor, b.tensor):  # type: ignore[union-attr]
+                return call.fn, acc, a, b  # type: ignore[return-value]
+    return None
+
+
+def _axis(loops: list[ConstantLoop], forms: list[list[Affine]], strides: list[tuple[int, ...]],
+          contiguous: tuple[int, ...]) -> _Axis | None:
+    """The loops of ``loops`` that merge into one axis, from the one whose step moves the
+    ``contiguous`` operands by one element (or, with none, the one moving the accumulator
+    least) outward, each stepping by the whole run of those inside it in every index of
+    every operand; None if no loop starts an axis."""
+    def unit(lp: ConstantLoop) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(f.get(lp.var, 0) * lp.step for f in fs) for fs in forms)
+
+    starts = [lp for lp in loops if all(_flat(unit(lp)[o], strides[o]) == 1 for o in contiguous)]
+    if not contiguous:
+        starts = sorted(loops, key=lambda lp: abs(_flat(unit(lp)[0], strides[0])))[:1]
+    if not starts:
+        return None
+    chain, size = [starts[0]], starts[0].trips
+    first = unit(starts[0])
+    rest = [lp for lp in loops if lp is not starts[0]]
+    while True:
+        nxt = next((lp for lp in rest if unit(lp) == tuple(tuple(c * size for c in u) for u in first)), None)
+        if nxt is None:
+            break
+        chain.append(nxt)
+        rest.remove(nxt)
+        size *= nxt.trips
+    return _Axis(tuple(chain), first, size)
+
+
+def _flat(unit: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    return sum(u * s for u, s in zip(unit, strides))
+
+
+def _blocks(builtin: str, reads: tuple[Read, Read, Read], store: Store, forms: list[list[Affine]],
+            axes: tuple[_Axis, _Axis, _Axis], steps: tuple[int, int, int], names: list[str]) -> tuple[Stmt, ...]:
+    """Loops over the blocks of rows (``rb``) and columns (``cb``), whole blocks first, then
+    the last partial one of each, a tile product in each."""
+    rows, cols, depth = axes
+    rb, cb, r, c, k = names
+    out: list[Stmt] = []
+    for r_lo, r_hi, r_size in _parts(rows.size, BLOCK_ROWS):
+        inner: list[Stmt] = []
+        for c_lo, c_hi, c_size in _parts(cols.size, BLOCK_COLS):
+            at = [(rows, (rb,)), (cols, (cb,)), (depth, ())]
+            corner = [_moved(read, o, forms[o], at) for o, read in enumerate(reads)]
+            point = [(rows, (rb, r)), (cols, (cb, c)), (depth, (k,))]
+            acc, a, b = (_moved(read, o, forms[o], point) for o, read in enumerate(reads))
+            value = Binary(BinaryOp.ADD, acc, Call(builtin, (a, b), acc.dtype), acc.dtype)
+            nest: Stmt = Store(store.buffer, acc.indices, value)
+            for var, size in reversed(((r, r_size), (c, c_size), (k, depth.size))):
+                nest = For(var, _int(0), _int(size), (nest,))
+            tile = TileProduct(builtin, (r_size, c_size, depth.size), *corner, steps, (nest,))  # type: ignore[misc]
+            inner.append(For(cb, _int(c_lo), _int(c_hi), (tile,), step=BLOCK_COLS))
+        out.append(For(rb, _int(r_lo), _int(r_hi), tuple(inner), step=BLOCK_ROWS))
+    return tuple(out)
+
+
+def _parts(size: int, block: int) -> list[tuple[int, int, int]]:
+    """``(lo, hi, block size)`` of the whole blocks of an axis and of the partial last one."""
+    whole = size // block * block
+    parts = [(0, whole, block)] if whole else []
+    return parts + ([(whole, size, size - whole)] if size > whole else [])
+
+
+def _moved(read: Read, operand: int, forms: list[Affine], at: list[tuple[_Axis, tuple[str, ...]]]) -> Read:
+    """``read`` (operand ``operand``, index forms ``forms``) with each axis's loops
+    replaced by the sum of the point variables named with it (none: the axis's start)."""
+    indices: list[Expr] = []
+    for d, f in enumerate(forms):
+        form = dict(f)
+        for axis, points in at:
+            for lp in axis.loops:
+                form[""] = form.get("", 0) + form.pop(lp.var, 0) * lp.lo
+            for p in points:
+                form[p] = form.get(p, 0) + axis.unit[operand][d]
+        indices.append(to_expr({v: c for v, c in form.items() if c}))
+    return replace(read, indices=tuple(indices))
+
+
+def _int(v: int) -> Literal:
+    return Literal(v, DType.INT64)
