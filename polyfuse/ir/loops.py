@@ -202,8 +202,8 @@ class TileProduct(Stmt):
     def format_lines(self, indent: str) -> list[str]:
         rows, cols, depth = self.shape
         acc, a, b = (format_loop_expr(r) for r in self.operands)
-        head = (f"{indent}tile {self.builtin} {rows}x{cols}x{depth} {acc} += {a} * {b} "
-                f"steps {', '.join(map(str, self.steps))} {{")
+        head = (f"{indent}tile {self.builtin}({rows}, {cols}, {depth}) {acc} += {a} * {b} "
+                f"steps({', '.join(map(str, self.steps))}) {{")
         return [head, *format_body(self.nest, indent + "  "), f"{indent}}}"]
 
 

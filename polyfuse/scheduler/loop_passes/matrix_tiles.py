@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, Read
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, Read, map_expr
 from polyfuse.ir.loops import (BufferRole, For, LoopKernel, LoopKind, Stmt, Store, TileProduct, constant_trips,
                                fresh_name, rewrite)
 from polyfuse.ir.types import DType
@@ -179,9 +179,9 @@ def _blocks(builtin: str, reads: tuple[Read, Read, Read], store: Store, forms: l
             at = [(rows, (rb,)), (cols, (cb,)), (depth, ())]
             corner = [_moved(read, o, forms[o], at) for o, read in enumerate(reads)]
             point = [(rows, (rb, r)), (cols, (cb, c)), (depth, (k,))]
-            acc, a, b = (_moved(read, o, forms[o], point) for o, read in enumerate(reads))
-            value = Binary(BinaryOp.ADD, acc, Call(builtin, (a, b), acc.dtype), acc.dtype)
-            nest: Stmt = Store(store.buffer, acc.indices, value)
+            moved = {read: _moved(read, o, forms[o], point) for o, read in enumerate(reads)}
+            value = map_expr(store.value, lambda e: moved.get(e, e))  # type: ignore[arg-type]
+            nest: Stmt = Store(store.buffer, moved[reads[0]].indices, value)
             for var, size in reversed(((r, r_size), (c, c_size), (k, depth.size))):
                 nest = For(var, _int(0), _int(size), (nest,))
             tile = TileProduct(builtin, (r_size, c_size, depth.size), *corner, steps, (nest,))  # type: ignore[misc]
