@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import polyfuse as pf
-from polyfuse.targets.cpu import native_dots
+from polyfuse.targets.cpu import native_dots, native_tiles
 from polyfuse.targets.target import Target
 from tests.onnx.ort_compare import one_node_model, onnxruntime_outputs
 from tests.onnx.test_quantization import make_model
@@ -155,3 +155,31 @@ def test_grouped_convolutions_and_activation_products_stay_float32():
 def test_bad_precisions_are_argument_errors(products, kwargs, match):
     with pytest.raises(pf.ArgumentError, match=match):
         pf.compile(products[0], target="host", **kwargs)
+
+
+@pytest.mark.skipif("bfdot2" not in native_tiles(Target.parse("host")),
+                    reason="the host has no AMX-BF16 tiles (or Linux does not grant them)")
+def test_products_run_on_amx_tiles_with_their_epilogues():
+    """Where the host has AMX, the products deep and wide enough for tiles (two MatMuls
+    with a bias and Relu between them, a Conv with bias and Relu) run on them; rows,
+    columns and depths no tile divides; the epilogues apply to each block."""
+    init = {"w1": weights(96, 80), "b1": weights(80), "w2": weights(80, 48), "b2": weights(48),
+            "wc": weights(40, 32, 3, 3), "bc": weights(40)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["y"]),
+             helper.make_node("Conv", ["z", "wc", "bc"], ["c"], pads=[1] * 4),
+             helper.make_node("Relu", ["c"], ["r"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", F, [1, 70, 96]),
+                               helper.make_tensor_value_info("z", F, [1, 32, 9, 11])],
+                       [helper.make_tensor_value_info("y", F, [1, 70, 48]),
+                        helper.make_tensor_value_info("r", F, [1, 40, 9, 11])], init)
+    x, z = RNG.normal(size=(1, 70, 96)).astype(np.float32), RNG.normal(size=(1, 32, 9, 11)).astype(np.float32)
+    compiled = pf.compile(model, target="host", precision="bf16")
+    y, r = compiled(x, z)
+    g = np.maximum(bf16(x) @ bf16(init["w1"]) + init["b1"], 0).astype(np.float32)
+    want_y = bf16(g) @ bf16(init["w2"]) + init["b2"]
+    want_r = np.maximum(conv2d(bf16(z), bf16(init["wc"]), 1, 1) + init["bc"][None, :, None, None], 0)
+    for got, want in ((y, want_y), (r, want_r)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert compiled.dump("loops").count("tile bfdot2(") >= 3 and "tdpbf16ps" in compiled.dump("asm")

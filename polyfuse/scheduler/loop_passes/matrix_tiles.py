@@ -56,7 +56,7 @@ def use_matrix_tiles(kernel: LoopKernel, builtins: frozenset[str]) -> LoopKernel
     if not builtins & set(_OPERANDS):
         return kernel
     taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars} | _loop_vars(kernel.body)
-    return rewrite(kernel, pre=lambda s: _tiled(s, kernel, builtins, taken)
+    return rewrite(kernel, pre=lambda s: _tiled(s, kernel, builtins, taken)  # type: ignore[arg-type, return-value]
                    if isinstance(s, For) and s.kind is LoopKind.SERIAL else None)
 
 
@@ -66,14 +66,52 @@ def _loop_vars(body: tuple[Stmt, ...]) -> set[str]:
     return names
 
 
-def _tiled(top: For, kernel: LoopKernel, builtins: frozenset[str], taken: set[str]) -> Stmt | None:
-    """The perfect nest under ``top`` with its product on tiles, or None if it is none."""
-    nest, store = _perfect(top)
-    if store is None:
+def _tiled(top: For, kernel: LoopKernel, builtins: frozenset[str], taken: set[str]) -> tuple[Stmt, ...] | None:
+    """The nests under ``top`` with their products on tiles, or None if none goes on
+    tiles. A loop around several nests (full and partial register tiles) distributes
+    over them first: every statement under ``top`` accumulating a product into its own
+    element, any order of the loops sums the same products."""
+    chains = _distributed(top)
+    if chains is None or any(_product(store, kernel, builtins) is None for _, store in chains):
         return None
+    out: list[Stmt] = []
+    tiled = False
+    for loops, store in chains:
+        blocks = _on_tiles(loops, store, kernel, builtins, taken)
+        tiled |= blocks is not None
+        out += blocks if blocks is not None else _nest(loops, (store,))
+    return tuple(out) if tiled else None
+
+
+def _distributed(top: For) -> list[tuple[list[For], Store]] | None:
+    """The perfect nests ``top`` distributes into, each its loops and its one store; None
+    unless every loop is serial with constant bounds and holds loops or one store."""
+    if top.kind is not LoopKind.SERIAL or not constant_trips(top):
+        return None
+    if len(top.body) == 1 and isinstance(top.body[0], Store):
+        return [([top], top.body[0])]
+    chains = []
+    for inner in top.body:
+        nests = _distributed(inner) if isinstance(inner, For) else None
+        if nests is None:
+            return None
+        chains += [([top, *loops], store) for loops, store in nests]
+    return chains
+
+
+def _nest(loops: list[For], body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """``loops`` (outermost first) around ``body``."""
+    for lp in reversed(loops):
+        body = (replace(lp, body=body),)
+    return body
+
+
+def _on_tiles(nest: list[For], store: Store, kernel: LoopKernel, builtins: frozenset[str],
+              taken: set[str]) -> tuple[Stmt, ...] | None:
+    """The perfect nest of ``nest`` around ``store`` on tiles, or None if the tiles cannot
+    hold its product."""
     operands = _product(store, kernel, builtins)
-    if operands is None:
-        return None
+    assert operands is not None
     builtin, acc, a, b = operands
     forms = [[affine(i) for i in r.indices] for r in (acc, a, b)]
     if any(f is None for fs in forms for f in fs) or any(r.is_checked(d) for r in (acc, a, b)
@@ -99,22 +137,7 @@ def _tiled(top: For, kernel: LoopKernel, builtins: frozenset[str], taken: set[st
     steps = (_flat(rows.unit[0], strides[0]), _flat(rows.unit[1], strides[1]), _flat(depth.unit[2], strides[2]))
     names = [fresh_name(n, taken) for n in ("rb", "cb", "r", "c", "k")]
     body = _blocks(builtin, (acc, a, b), store, forms, (rows, cols, depth), steps, names)  # type: ignore[arg-type]
-    for lp in reversed(outer):
-        body = (replace(lp, body=body, vector=1, unroll=1),)
-    return body[0] if len(body) == 1 else body  # type: ignore[return-value]
-
-
-def _perfect(top: For) -> tuple[list[For], Store | None]:
-    """The loops of the perfect nest under ``top`` and its one statement, a store (else
-    None), every loop serial with constant bounds."""
-    nest: list[For] = []
-    node: Stmt = top
-    while isinstance(node, For):
-        if node.kind is not LoopKind.SERIAL or not constant_trips(node) or len(node.body) != 1:
-            return nest, None
-        nest.append(node)
-        node = node.body[0]
-    return nest, node if isinstance(node, Store) else None
+    return _nest([replace(lp, vector=1, unroll=1) for lp in outer], body)
 
 
 def _product(store: Store, kernel: LoopKernel, builtins: frozenset[str]) -> tuple[str, Read, Read, Read] | None:
