@@ -21,7 +21,7 @@ from polyfuse.ir.loops import LoopKernel
 from polyfuse.targets.diagnostics import caught_stderr, quiet_remarks
 from polyfuse.targets.llvm_dot import DOTS, inline_dot_products
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
-from polyfuse.targets.llvm_tiles import TILES, link_tile_products
+from polyfuse.targets.llvm_tiles import PERMISSION, TILES, link_tile_products
 
 if TYPE_CHECKING:   # only a type here: targets.target imports this module (through backends)
     from polyfuse.targets.target import Target
@@ -140,16 +140,13 @@ def native_tiles(target: Target) -> frozenset[str]:
     return found if found and _tiles_permitted() else frozenset()
 
 
-_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
-
-
 @functools.cache
 def _tiles_permitted() -> bool:
     """Whether Linux lets this process (every thread of it) use AMX's tile data."""
     if platform.system() != "Linux":
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    return libc.syscall(*PERMISSION) == 0
 
 
 def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:

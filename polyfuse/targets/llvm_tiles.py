@@ -25,9 +25,12 @@ import re
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
+from llvmlite import ir
 
 ROWS, BYTES = 16, 64      # a tile
 WORD = 4                  # bytes of a float32 accumulator and of a word
+# arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux's permission to use the tiles
+PERMISSION = (158, 0x1023, 18)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,22 @@ def definition(name: str) -> str:
               "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)",
               "attributes #0 = { noinline nounwind }"]
     return "\n".join(lines) + "\n"
+
+
+def uses_tiles(llvm_text: str) -> bool:
+    """Whether a kernel's optimized LLVM text calls a block function."""
+    return _NAME.search(llvm_text) is not None
+
+
+def ask_for_tiles(b: ir.IRBuilder) -> None:
+    """Code that asks Linux for the tiles (:data:`PERMISSION`, through libc's ``syscall``):
+    what an ahead-of-time bundle's entry point does before its kernels run, in a program
+    that polyfuse's runtime never asked for it. Asking again when granted is harmless."""
+    i64 = ir.IntType(64)
+    module = b.module
+    syscall = module.globals.get("syscall") or ir.Function(module, ir.FunctionType(i64, [i64], var_arg=True),
+                                                           "syscall")
+    b.call(syscall, [ir.Constant(i64, v) for v in PERMISSION])
 
 
 def link_tile_products(module: llvm.ModuleRef) -> None:
