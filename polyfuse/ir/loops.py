@@ -174,13 +174,14 @@ class Store(Stmt):
 
 @dataclass(frozen=True, slots=True)
 class TileProduct(Stmt):
-    """A block of a product summed by a CPU's matrix tiles (AMX's ``tdpbf16ps``), as TVM's
-    tensorize replaces a loop nest by an intrinsic: ``acc(r, c) += builtin(a(r, k), b(k,
-    c))`` for ``shape = (rows, columns, depth)``, ``acc`` float32, ``a`` and ``b`` words
-    of the ``builtin`` (``bfdot2``: 2 bfloat16). ``acc``, ``a`` and ``b`` are the block's
-    first element of each operand; ``steps`` the elements between its rows in ``acc``,
-    its rows in ``a`` and its words in ``b`` (``acc``'s columns, ``a``'s words and
-    ``b``'s columns are contiguous). ``nest`` is the same product as loops: what the
+    """A block of a product summed by a CPU's matrix tiles (AMX's ``tdpbf16ps`` and
+    ``tdpbusd``), as TVM's tensorize replaces a loop nest by an intrinsic: ``acc(r, c) +=
+    builtin(a(r, k), b(k, c))`` for ``shape = (rows, columns, depth)``, ``a`` and ``b``
+    int32 words of the ``builtin`` (``bfdot2``: 2 bfloat16 summed in float32; ``dot4``: 4
+    bytes summed in int32). ``acc``, ``a`` and ``b`` are the block's first element of each
+    operand; ``steps`` the elements between its rows in ``acc``, its rows in ``a`` and its
+    words in ``b`` (``acc``'s columns, ``a``'s words and ``b``'s columns are contiguous).
+    ``nest`` is the same product as loops: what the
     interpreter and every target without tiles run."""
 
     builtin: str

@@ -126,7 +126,8 @@ def native_dots(target: Target) -> frozenset[str]:
 
 @functools.cache
 def native_tiles(target: Target) -> frozenset[str]:
-    """The dot products the target's matrix tiles sum: ``bfdot2`` with AMX-BF16. Only
+    """The dot products the target's matrix tiles sum: ``bfdot2`` with AMX-BF16, ``dot4``
+    with AMX-INT8. Only
     this machine's CPU (x86 without a CPU named) and only where Linux lets this process
     use the tiles, which it is asked here, once (a process that has not asked dies of
     SIGILL at its first tile instruction); code for a named CPU (ahead-of-time bundles,

@@ -2,7 +2,7 @@
 
 A tile is 16 rows of 64 bytes; ``tdpbf16ps`` adds to a tile of 16 x 16 float32 the
 products of a tile of 16 rows of 16 words (2 bfloat16 each) and a tile of 16 words of 16
-columns. A block of up to 32 x 32 outputs is 2 x 2 accumulator tiles, loaded once,
+columns (``tdpbusd``: int32 sums, words of 4 unsigned and 4 signed bytes, ``dot4``'s). A block of up to 32 x 32 outputs is 2 x 2 accumulator tiles, loaded once,
 updated over the whole depth 16 words at a time (2 tiles of each operand per step,
 8 tiles in all), and stored once. Tiles at the block's edges take fewer rows or bytes:
 shapes are operands of LLVM's tile intrinsics, and LLVM configures the tiles
@@ -28,7 +28,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 ROWS, BYTES = 16, 64      # a tile
-WORD = 4                  # bytes of a float32 accumulator and of a word
+WORD = 4                  # bytes of an accumulator (float32, int32) and of a word
 # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux's permission to use the tiles
 PERMISSION = (158, 0x1023, 18)
 
@@ -42,7 +42,8 @@ class Tiles:
     instruction: str
 
 
-TILES: dict[str, Tiles] = {t.builtin: t for t in (Tiles("bfdot2", "amx-bf16", "tdpbf16ps"),)}
+TILES: dict[str, Tiles] = {t.builtin: t for t in (Tiles("bfdot2", "amx-bf16", "tdpbf16ps"),
+                                                   Tiles("dot4", "amx-int8", "tdpbusd"))}
 
 _NAME = re.compile(r"polyfuse_tiles_(\w+?)_(\d+)x(\d+)x(\d+)_(\d+)_(\d+)_(\d+)")
 

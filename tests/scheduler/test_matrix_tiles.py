@@ -113,3 +113,19 @@ def test_amx_tiles_sum_the_bfloat16_products(m, k, n):
     stages = kernel.specialize(a, b).stages
     assert "tile bfdot2" in stages["loops"] and "tdpbf16ps" in stages["asm"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+DOT4 = "def d(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! dot4(A(m, k), B(k, n)) }"
+
+
+@pytest.mark.skipif("dot4" not in native_tiles(Target.parse("host")),
+                    reason="the host has no AMX-INT8 tiles (or Linux does not grant them)")
+@pytest.mark.parametrize("m, k, n", [(197, 192, 200), (37, 21, 45)])
+def test_amx_tiles_sum_unsigned_bytes_times_signed_ones(m, k, n):
+    a8 = RNG.integers(0, 256, (m, k, 4)).astype(np.uint8)
+    b8 = RNG.integers(-128, 128, (k, n, 4)).astype(np.int8)
+    a, b = a8.view(np.int32)[..., 0], b8.view(np.int32)[..., 0]
+    kernel = pf.define(DOT4, target="host").d
+    np.testing.assert_array_equal(kernel(a, b), np.einsum("mkj,knj->mn", a8.astype(np.int64), b8.astype(np.int64)))
+    stages = kernel.specialize(a, b).stages
+    assert "tile dot4" in stages["loops"] and "tdpbusd" in stages["asm"]

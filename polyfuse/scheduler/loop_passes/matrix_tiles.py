@@ -1,6 +1,7 @@
 """Products on a CPU's matrix tiles (AMX): a loop-IR pass, TVM's tensorize for one intrinsic.
 
-A product of words (``bfdot2``: 2 bfloat16 per int32) accumulated in float32,
+A product of words (``bfdot2``: 2 bfloat16 per int32, summed in float32; ``dot4``: 4
+unsigned times 4 signed bytes, summed in int32),
 
     Y(.., r, .., c) = Y(.., r, .., c) + bfdot2(P(.., r, .., k), W(.., k, .., c))
 
@@ -14,7 +15,7 @@ axes in whole runs of the loop inside them (``c2 + c5 + c7``: rows 64 apart, 4 a
 another dimension) stay loops, around the product (any order sums the same products).
 
 The pass cuts the axes into blocks of :data:`BLOCK_ROWS` x :data:`BLOCK_COLS` outputs
-(2 x 2 tiles of 16 x 16 float32, which the tiles keep across the whole depth) and puts
+(2 x 2 tiles of 16 x 16 sums, which the tiles keep across the whole depth) and puts
 a :class:`~polyfuse.ir.loops.TileProduct` in each, with its loops: a target with tiles
 runs the block on them, every other target and the interpreter run the loops. A last,
 partial block (rows or columns left over) is a block of its own size.
@@ -31,13 +32,13 @@ from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine, to_expr
 from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop
 
-BLOCK_ROWS = 32    # outputs of a block: 2 x 2 tiles of 16 rows of 16 float32
+BLOCK_ROWS = 32    # outputs of a block: 2 x 2 tiles of 16 rows of 16 sums
 BLOCK_COLS = 32
 MIN_COLS = 16      # narrower products waste most of a tile
 MIN_DEPTH = 16     # words: one tile row (64 bytes)
 
 # the word types and accumulators of the builtins the tiles sum
-_OPERANDS = {"bfdot2": (DType.INT32, DType.FLOAT32)}
+_OPERANDS = {"bfdot2": (DType.INT32, DType.FLOAT32), "dot4": (DType.INT32, DType.INT32)}
 
 
 @dataclass(frozen=True)
