@@ -129,3 +129,13 @@ def test_amx_tiles_sum_unsigned_bytes_times_signed_ones(m, k, n):
     np.testing.assert_array_equal(kernel(a, b), np.einsum("mkj,knj->mn", a8.astype(np.int64), b8.astype(np.int64)))
     stages = kernel.specialize(a, b).stages
     assert "tile dot4" in stages["loops"] and "tdpbusd" in stages["asm"]
+
+
+def test_rows_of_sums_that_overlap_stay_loops():
+    """``Y(c0 + c2)``: outputs of different rows and columns are one element, which the
+    tiles would sum apart and store over each other."""
+    kernel = parse_kernel("""kernel k(in int32(32, 16) P, in int32(16, 32) W, out float32(63) Y) {
+  for c0 in 0:32 { for c1 in 0:16 { for c2 in 0:32 vectorize(16) {
+    Y(c0 + c2) = Y(c0 + c2) + bfdot2(P(c0, c1), W(c1, c2)) } } }
+}""")
+    assert use_matrix_tiles(kernel, BF) == kernel

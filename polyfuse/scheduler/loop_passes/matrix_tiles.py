@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, Read, map_expr
 from polyfuse.ir.loops import (BufferRole, For, LoopKernel, LoopKind, Stmt, Store, TileProduct, constant_trips,
-                               fresh_name, rewrite)
+                               fresh_name, rewrite, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine, to_expr
 from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop
@@ -62,18 +62,19 @@ def use_matrix_tiles(kernel: LoopKernel, builtins: frozenset[str]) -> LoopKernel
 
 
 def _loop_vars(body: tuple[Stmt, ...]) -> set[str]:
-    names: set[str] = set()
-    rewrite(body, pre=lambda s: names.add(s.var) if isinstance(s, For) else None)  # type: ignore[func-returns-value]
-    return names
+    return {s.var for s in walk_stmts(body) if isinstance(s, For)}
 
 
 def _tiled(top: For, kernel: LoopKernel, builtins: frozenset[str], taken: set[str]) -> tuple[Stmt, ...] | None:
     """The nests under ``top`` with their products on tiles, or None if none goes on
     tiles. A loop around several nests (full and partial register tiles) distributes
     over them first: every statement under ``top`` accumulating a product into its own
-    element, any order of the loops sums the same products."""
+    element (and none reading what another writes), any order of the loops sums the same
+    products."""
     chains = _distributed(top)
-    if chains is None or any(_product(store, kernel, builtins) is None for _, store in chains):
+    products = [_product(store, kernel, builtins) for _, store in (chains or [])]
+    if not products or any(p is None for p in products) or \
+            {p[1].tensor for p in products} & {r.tensor for p in products for r in p[2:]}:  # type: ignore[index]
         return None
     out: list[Stmt] = []
     tiled = False
@@ -133,9 +134,11 @@ def _on_tiles(nest: list[For], store: Store, kernel: LoopKernel, builtins: froze
     depth = _axis(groups[2], forms, strides, (1,))  # type: ignore[arg-type]
     if rows is None or cols is None or depth is None or cols.size < MIN_COLS or depth.size < MIN_DEPTH:
         return None
+    steps = (_flat(rows.unit[0], strides[0]), _flat(rows.unit[1], strides[1]), _flat(depth.unit[2], strides[2]))
+    if steps[0] < cols.size or min(steps) < 1:
+        return None   # rows of acc overlapping (a sum tile stores would lose) or running backwards
     merged = {lp.var for axis in (rows, cols, depth) for lp in axis.loops}
     outer = [lp for lp in nest if lp.var not in merged]
-    steps = (_flat(rows.unit[0], strides[0]), _flat(rows.unit[1], strides[1]), _flat(depth.unit[2], strides[2]))
     names = [fresh_name(n, taken) for n in ("rb", "cb", "r", "c", "k")]
     body = _blocks(builtin, (acc, a, b), store, forms, (rows, cols, depth), steps, names)  # type: ignore[arg-type]
     return _nest([replace(lp, vector=1, unroll=1) for lp in outer], body)
