@@ -104,6 +104,7 @@ def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Targe
     """The kernel in object code ``obj`` loaded for ``target``: into this process where its
     code runs here, else to run under the emulator."""
     if runs_natively(target):
+        native_tiles(target)   # asks Linux for AMX's tiles, which the code may use (a saved artifact's too)
         return CpuExecutable(load_object(layout.name, obj, stages,
                                          parallel_for=native.parallel_for_threads_address()), layout)
     from polyfuse.runtime.cross import CrossExecutable

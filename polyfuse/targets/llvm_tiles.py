@@ -2,17 +2,19 @@
 
 A tile is 16 rows of 64 bytes; ``tdpbf16ps`` adds to a tile of 16 x 16 float32 the
 products of a tile of 16 rows of 16 words (2 bfloat16 each) and a tile of 16 words of 16
-columns (``tdpbusd``: int32 sums, words of 4 unsigned and 4 signed bytes, ``dot4``'s). A block of up to 32 x 32 outputs is 2 x 2 accumulator tiles, loaded once,
-updated over the whole depth 16 words at a time (2 tiles of each operand per step,
-8 tiles in all), and stored once. Tiles at the block's edges take fewer rows or bytes:
+columns (``tdpbusd``: int32 sums, words of 4 unsigned and 4 signed bytes, ``dot4``'s).
+A block of up to 32 x 32 outputs is 2 x 2 accumulator tiles, loaded once, updated over
+the whole depth 16 words at a time (2 tiles of each operand per step, 8 tiles in all),
+and stored once. Tiles at the block's edges take fewer rows or bytes:
 shapes are operands of LLVM's tile intrinsics, and LLVM configures the tiles
-(``ldtilecfg``) from them. A depth that is not whole steps ends in a step of fewer words.
+(``ldtilecfg``) from them. A depth that is not whole steps ends in a step of fewer words
+(a function of its own).
 
-The kernel's emitter calls a function per block shape, ``polyfuse_tiles_<builtin>_<rows>x
-<cols>x<depth>_<ldc>_<lda>_<ldb>(acc, a, b)`` of the block's first element of each
-operand (the steps between rows in elements are part of the name); its body is written
-here in LLVM's text (llvmlite has no ``x86_amx`` type) and linked into the optimized
-module (:func:`link_tile_products`). It is not inlined: each call configures the tiles
+The kernel's emitter calls a function per block shape (:func:`calls`), ``polyfuse_tiles_
+<builtin>_<rows>x<cols>x<depth>_<ldc>_<lda>_<ldb>(acc, a, b)`` of the block's first
+element of each operand (the steps between rows in elements are part of the name); its
+body is written here in LLVM's text (llvmlite has no ``x86_amx`` type) and linked into
+the optimized module (:func:`link_tile_products`). It is not inlined: each call configures the tiles
 for its own shapes (``ldtilecfg``, ``tilerelease`` on return), a few cycles against the
 hundreds of a block's products, while blocks of several shapes inlined into one kernel
 made LLVM's allocator spill tiles to the stack around every product (5x slower).
