@@ -139,3 +139,13 @@ def test_rows_of_sums_that_overlap_stay_loops():
     Y(c0 + c2) = Y(c0 + c2) + bfdot2(P(c0, c1), W(c1, c2)) } } }
 }""")
     assert use_matrix_tiles(kernel, BF) == kernel
+
+
+def test_targets_without_tiles_keep_the_products_loops():
+    """A named CPU (code for another machine, ahead of time) never gets tiles, even one with
+    AMX: the program that runs it may not have asked Linux for them."""
+    a, b = words(64, 32), words(32, 64)
+    for target in ("x86:skylake-avx512", "x86:sapphirerapids"):
+        assert native_tiles(Target.parse(target)) == frozenset()
+        stages = pf.define(BFDOT2, target=target).d.specialize(a, b).stages
+        assert "tile " not in stages["loops"] and "tdpbf16ps" not in stages["asm"]
