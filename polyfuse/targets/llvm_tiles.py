@@ -67,72 +67,78 @@ def definition(name: str) -> str:
     """The LLVM text of the block function ``name`` (see the module docstring)."""
     m = _NAME.fullmatch(name)
     assert m is not None, name
-    op = TILES[m.group(1)].instruction
-    rows, cols, depth, ldc, lda, ldb = (int(g) for g in m.groups()[1:])
-    row_tiles = [min(ROWS, rows - i) for i in range(0, rows, ROWS)]
-    col_bytes = [WORD * min(ROWS, cols - j) for j in range(0, cols, ROWS)]
-    steps, rest = divmod(depth, BYTES // WORD)
-    assert not (steps and rest), name   # see calls()
-    lines = [f"define linkonce_odr void @{name}(ptr %c, ptr %a, ptr %b) #0 {{", "entry:"]
+    return _Block(name, TILES[m.group(1)].instruction, *(int(g) for g in m.groups()[1:])).text()
 
-    def at(base: str, offset: str, out: str) -> None:   # offset: in elements of 4 bytes
-        lines.append(f"  %{out} = getelementptr inbounds i32, ptr %{base}, i64 {offset}")
 
-    def load(out: str, shape: tuple[int, int], ptr: str, stride: int) -> None:
-        lines.append(f"  %{out} = call x86_amx @llvm.x86.tileloadd64.internal(i16 {shape[0]}, "
-                     f"i16 {shape[1]}, ptr %{ptr}, i64 {stride * WORD})")
+class _Block:
+    """The text of one block function: accumulator tiles loaded, a loop of whole steps
+    (or one partial step), the accumulators stored. Offsets count elements of 4 bytes."""
 
-    def product(out: str, m: int, n: int, k: int, acc: str, a: str, b: str) -> None:
-        lines.append(f"  %{out} = call x86_amx @llvm.x86.{op}.internal(i16 {m}, i16 {n}, i16 {k}, "
-                     f"x86_amx %{acc}, x86_amx %{a}, x86_amx %{b})")
+    def __init__(self, name: str, op: str, rows: int, cols: int, depth: int, ldc: int, lda: int,
+                 ldb: int) -> None:
+        self.name, self.op, self.ldc, self.lda, self.ldb = name, op, ldc, lda, ldb
+        self.rows = [min(ROWS, rows - i) for i in range(0, rows, ROWS)]          # per row tile
+        self.bytes = [WORD * min(ROWS, cols - j) for j in range(0, cols, ROWS)]  # per column tile
+        self.steps, self.rest = divmod(depth, BYTES // WORD)
+        assert not (self.steps and self.rest), name   # see calls()
+        self.lines = [f"define linkonce_odr void @{name}(ptr %c, ptr %a, ptr %b) #0 {{", "entry:"]
 
-    def step(k: str, words: int, tag: str, accs: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
-        """One step of ``words`` words at word ``k`` (an i64 value's text): the new
-        accumulators. Whole steps load each operand tile once for 2 products; the last,
-        partial one loads them for each product (tiles of other shapes than the loop's
-        ran LLVM's allocator out of tiles)."""
-        out = {}
+    def text(self) -> str:
+        accs = {(i, j): self.load(f"c{i}{j}", "c", str(ROWS * (i * self.ldc + j)), (r, n), self.ldc)
+                for i, r in enumerate(self.rows) for j, n in enumerate(self.bytes)}
+        accs = self.loop(accs) if self.steps else self.step("0", self.rest, "r", accs)
         for (i, j), acc in accs.items():
-            a, b = (f"{tag}{i}", f"{tag}{j}") if tag == "l" else (f"{tag}{i}{j}", f"{tag}{i}{j}")
-            if tag != "l" or j == 0:
-                lines.append(f"  %ak{a} = add i64 {k}, {ROWS * i * lda}")
-                at("a", f"%ak{a}", f"pa{a}")
-                load(f"ta{a}", (row_tiles[i], WORD * words), f"pa{a}", lda)
-            if tag != "l" or i == 0:
-                lines.append(f"  %bk{b} = mul i64 {k}, {ldb}")
-                lines.append(f"  %bj{b} = add i64 %bk{b}, {ROWS * j}")
-                at("b", f"%bj{b}", f"pb{b}")
-                load(f"tb{b}", (words, col_bytes[j]), f"pb{b}", ldb)
-            out[i, j] = f"d{tag}{i}{j}"
-            product(out[i, j], row_tiles[i], col_bytes[j], WORD * words, acc, f"ta{a}", f"tb{b}")
+            self.emit(f"%qc{i}{j} = getelementptr inbounds i32, ptr %c, i64 {ROWS * (i * self.ldc + j)}",
+                      f"call void @llvm.x86.tilestored64.internal(i16 {self.rows[i]}, i16 {self.bytes[j]}, "
+                      f"ptr %qc{i}{j}, i64 {self.ldc * WORD}, x86_amx %{acc})")
+        self.emit("ret void")
+        return "\n".join(self.lines + ["}", f"declare x86_amx @llvm.x86.{self.op}.internal(i16, i16, i16, "
+                                             "x86_amx, x86_amx, x86_amx)",
+                                        "declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
+                                        "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)",
+                                        "attributes #0 = { noinline nounwind }"]) + "\n"
+
+    def emit(self, *lines: str) -> None:
+        self.lines += [f"  {line}" for line in lines]
+
+    def load(self, out: str, base: str, offset: str, shape: tuple[int, int], stride: int) -> str:
+        """Tile ``out`` of ``shape`` (rows, bytes) at element ``offset`` of ``base``."""
+        self.emit(f"%p{out} = getelementptr inbounds i32, ptr %{base}, i64 {offset}",
+                  f"%{out} = call x86_amx @llvm.x86.tileloadd64.internal(i16 {shape[0]}, i16 {shape[1]}, "
+                  f"ptr %p{out}, i64 {stride * WORD})")
         return out
 
-    accs = {}
-    for i, r in enumerate(row_tiles):
-        for j, n in enumerate(col_bytes):
-            at("c", str(ROWS * i * ldc + ROWS * j), f"pc{i}{j}")
-            load(f"c{i}{j}", (r, n), f"pc{i}{j}", ldc)
-            accs[i, j] = f"c{i}{j}"
-    if steps:
-        lines += ["  br label %loop", "loop:", "  %s = phi i64 [0, %entry], [%s1, %loop]"]
-        phis = {key: f"acc{key[0]}{key[1]}" for key in accs}
-        for key, name_ in phis.items():
-            lines.append(f"  %{name_} = phi x86_amx [%{accs[key]}, %entry], [%dl{key[0]}{key[1]}, %loop]")
-        lines.append(f"  %k = mul i64 %s, {BYTES // WORD}")
-        accs = step("%k", BYTES // WORD, "l", phis)
-        lines += ["  %s1 = add i64 %s, 1", f"  %more = icmp ult i64 %s1, {steps}",
-                  "  br i1 %more, label %loop, label %done", "done:"]
-    else:
-        accs = step("0", rest, "r", accs)
-    for (i, j), acc in accs.items():
-        at("c", str(ROWS * i * ldc + ROWS * j), f"qc{i}{j}")
-        lines.append(f"  call void @llvm.x86.tilestored64.internal(i16 {row_tiles[i]}, i16 {col_bytes[j]}, "
-                     f"ptr %qc{i}{j}, i64 {ldc * WORD}, x86_amx %{acc})")
-    lines += ["  ret void", "}", f"declare x86_amx @llvm.x86.{op}.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
-              "declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
-              "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)",
-              "attributes #0 = { noinline nounwind }"]
-    return "\n".join(lines) + "\n"
+    def loop(self, accs: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
+        """The whole steps, the accumulators carried around the loop."""
+        self.lines += ["  br label %loop", "loop:"]
+        self.emit("%s = phi i64 [0, %entry], [%s1, %loop]")
+        phis = {}
+        for (i, j), acc in accs.items():
+            phis[i, j] = f"acc{i}{j}"
+            self.emit(f"%acc{i}{j} = phi x86_amx [%{acc}, %entry], [%dl{i}{j}, %loop]")
+        self.emit(f"%k = mul i64 %s, {BYTES // WORD}")
+        out = self.step("%k", BYTES // WORD, "l", phis)
+        self.emit("%s1 = add i64 %s, 1", f"%more = icmp ult i64 %s1, {self.steps}",
+                  "br i1 %more, label %loop, label %done")
+        self.lines.append("done:")
+        return out
+
+    def step(self, k: str, words: int, tag: str, accs: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
+        """``words`` words from word ``k`` (an i64 value's text): each operand tile loaded
+        once for 2 products; the new accumulators."""
+        a, b = [], []
+        for i, r in enumerate(self.rows):
+            self.emit(f"%ak{tag}{i} = add i64 {k}, {ROWS * i * self.lda}")
+            a.append(self.load(f"ta{tag}{i}", "a", f"%ak{tag}{i}", (r, WORD * words), self.lda))
+        for j, n in enumerate(self.bytes):
+            self.emit(f"%bk{tag}{j} = mul i64 {k}, {self.ldb}", f"%bj{tag}{j} = add i64 %bk{tag}{j}, {ROWS * j}")
+            b.append(self.load(f"tb{tag}{j}", "b", f"%bj{tag}{j}", (words, n), self.ldb))
+        out = {}
+        for (i, j), acc in accs.items():
+            out[i, j] = f"d{tag}{i}{j}"
+            self.emit(f"%{out[i, j]} = call x86_amx @llvm.x86.{self.op}.internal(i16 {self.rows[i]}, "
+                      f"i16 {self.bytes[j]}, i16 {WORD * words}, x86_amx %{acc}, x86_amx %{a[i]}, x86_amx %{b[j]})")
+        return out
 
 
 def uses_tiles(llvm_text: str) -> bool:
