@@ -55,7 +55,7 @@ def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(
     to pack ahead of time and which outputs need no stores; ``tiles`` names the dot
     products the target's matrix tiles sum, which
     :func:`~polyfuse.scheduler.loop_passes.use_matrix_tiles` puts on them)."""
-    matrix = (Pass("use_matrix_tiles", lambda k: use_matrix_tiles(k, tiles)),) if tiles else ()
+    matrix = (Pass("use_matrix_tiles", lambda k: use_matrix_tiles(k, tiles, usage.constants)),) if tiles else ()
     return (separate_full_tiles, *matrix, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
             promote_accumulators,
             Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),

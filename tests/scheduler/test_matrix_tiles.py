@@ -149,3 +149,28 @@ def test_targets_without_tiles_keep_the_products_loops():
         assert native_tiles(Target.parse(target)) == frozenset()
         stages = pf.define(BFDOT2, target=target).d.specialize(a, b).stages
         assert "tile " not in stages["loops"] and "tdpbf16ps" not in stages["asm"]
+
+
+@pytest.mark.parametrize("n, packs", [(64, True), (45, False)])
+def test_constant_weights_are_read_from_panels_of_32_columns(n, packs):
+    """``W(k, j)`` packed once as ``W_panels(j / 32, k, j % 32)``: a tile's rows 32 words
+    apart; weights whose columns are no whole panels stay where they are."""
+    kernel = matmul(37, 21, n)
+    tiled = use_matrix_tiles(kernel, BF, frozenset({"W"}))
+    assert parse_kernel(str(tiled)) == tiled
+    assert ("in int32(2, 21, 32) W_panels = pack W(p1, 32*p0 + p2)" in str(tiled)) == packs
+    assert {t.steps for t in tiles(tiled)} == {(n, 21, 32 if packs else n)}
+    args = {"P": words(37, 21), "W": words(21, n)}
+    np.testing.assert_array_equal(interpret_kernel(tiled, args)["Y"], interpret_kernel(kernel, args)["Y"])
+
+
+def test_a_convolutions_weights_pack_with_the_window_outside_the_words():
+    kernel = parse_kernel("""kernel k(in int32(42, 16) P, in int32(16, 3, 32) W, out float32(40, 32) Y) {
+  for c0 in 0:40 { for c3 in 0:3 { for c1 in 0:16 { for c2 in 0:32 vectorize(16) {
+    Y(c0, c2) = Y(c0, c2) + bfdot2(P(c0 + c3, c1), W(c1, c3, c2)) } } } }
+}""")
+    tiled = use_matrix_tiles(kernel, BF, frozenset({"W"}))
+    assert "in int32(1, 3, 16, 32) W_panels = pack W(p2, p1, 32*p0 + p3)" in str(tiled)
+    assert {t.steps for t in tiles(tiled)} == {(32, 16, 32)}
+    args = {"P": words(42, 16), "W": words(16, 3, 32)}
+    np.testing.assert_array_equal(interpret_kernel(tiled, args)["Y"], interpret_kernel(kernel, args)["Y"])

@@ -23,11 +23,11 @@ partial block (rows or columns left over) is a block of its own size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, Read, map_expr
-from polyfuse.ir.loops import (BufferRole, For, LoopKernel, LoopKind, Stmt, Store, TileProduct, constant_trips,
-                               fresh_name, rewrite, walk_stmts)
+from polyfuse.ir.loops import (Buffer, BufferRole, For, If, LoopKernel, LoopKind, Packing, Stmt, Store, TileProduct,
+                               constant_trips, fresh_name, map_body_exprs, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine, to_expr
 from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop
@@ -51,35 +51,73 @@ class _Axis:
     size: int
 
 
-def use_matrix_tiles(kernel: LoopKernel, builtins: frozenset[str]) -> LoopKernel:
+@dataclass
+class _Context:
+    """What the pass knows while it walks a kernel: the dot products the tiles sum, the
+    constant inputs, the names taken, the weights packed in panels so far and the loops
+    around the statement at hand (outermost first)."""
+
+    kernel: LoopKernel
+    builtins: frozenset[str]
+    constants: frozenset[str]
+    taken: set[str]
+    panels: dict[str, tuple[Buffer, tuple[int, ...]]] = field(default_factory=dict)  # and the order of dims
+    path: tuple[For, ...] = ()
+
+
+def use_matrix_tiles(kernel: LoopKernel, builtins: frozenset[str],
+                     constants: frozenset[str] = frozenset()) -> LoopKernel:
     """``kernel`` with the products of ``builtins`` (those the target's tiles sum) put on
-    tiles, block by block (see the module docstring)."""
+    tiles, block by block (see the module docstring). A ``b`` operand named in
+    ``constants`` (weights, the same on every call) is read from a copy packed once, before
+    the kernel runs, in panels of :data:`BLOCK_COLS` columns (see :func:`_panels`)."""
     if not builtins & set(_OPERANDS):
         return kernel
     taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars} | _loop_vars(kernel.body)
-    return rewrite(kernel, pre=lambda s: _tiled(s, kernel, builtins, taken)  # type: ignore[arg-type, return-value]
-                   if isinstance(s, For) and s.kind is LoopKind.SERIAL else None)
+    ctx = _Context(kernel, builtins, constants, taken)
+    body = _visit(kernel.body, ctx)
+    if not ctx.panels:
+        return replace(kernel, body=body)
+    # packed inputs go after the kernel's inputs: calls pass every input before the outputs
+    last_in = max(k for k, b in enumerate(kernel.buffers) if b.role is BufferRole.IN)
+    buffers = kernel.buffers[:last_in + 1] + tuple(p for p, _ in ctx.panels.values()) + kernel.buffers[last_in + 1:]
+    return replace(kernel, buffers=buffers, body=body)
+
+
+def _visit(body: tuple[Stmt, ...], ctx: _Context) -> tuple[Stmt, ...]:
+    out: list[Stmt] = []
+    for s in body:
+        tiled = _tiled(s, ctx) if isinstance(s, For) and s.kind is LoopKind.SERIAL else None
+        if tiled is not None:
+            out += tiled
+        elif isinstance(s, For):
+            out.append(replace(s, body=_visit(s.body, replace(ctx, path=ctx.path + (s,)))))
+        elif isinstance(s, If):
+            out.append(replace(s, then=_visit(s.then, ctx), other=_visit(s.other, ctx)))
+        else:
+            out.append(s)
+    return tuple(out)
 
 
 def _loop_vars(body: tuple[Stmt, ...]) -> set[str]:
     return {s.var for s in walk_stmts(body) if isinstance(s, For)}
 
 
-def _tiled(top: For, kernel: LoopKernel, builtins: frozenset[str], taken: set[str]) -> tuple[Stmt, ...] | None:
+def _tiled(top: For, ctx: _Context) -> tuple[Stmt, ...] | None:
     """The nests under ``top`` with their products on tiles, or None if none goes on
     tiles. A loop around several nests (full and partial register tiles) distributes
     over them first: every statement under ``top`` accumulating a product into its own
     element (and none reading what another writes), any order of the loops sums the same
     products."""
     chains = _distributed(top)
-    products = [_product(store, kernel, builtins) for _, store in (chains or [])]
+    products = [_product(store, ctx.kernel, ctx.builtins) for _, store in (chains or [])]
     if not products or any(p is None for p in products) or \
             {p[1].tensor for p in products} & {r.tensor for p in products for r in p[2:]}:  # type: ignore[index]
         return None
     out: list[Stmt] = []
     tiled = False
     for loops, store in chains:
-        blocks = _on_tiles(loops, store, kernel, builtins, taken)
+        blocks = _on_tiles(loops, store, ctx)
         tiled |= blocks is not None
         out += blocks if blocks is not None else _nest(loops, (store,))
     return tuple(out) if tiled else None
@@ -108,11 +146,11 @@ def _nest(loops: list[For], body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
     return body
 
 
-def _on_tiles(nest: list[For], store: Store, kernel: LoopKernel, builtins: frozenset[str],
-              taken: set[str]) -> tuple[Stmt, ...] | None:
+def _on_tiles(nest: list[For], store: Store, ctx: _Context) -> tuple[Stmt, ...] | None:
     """The perfect nest of ``nest`` around ``store`` on tiles, or None if the tiles cannot
     hold its product."""
-    operands = _product(store, kernel, builtins)
+    kernel = ctx.kernel
+    operands = _product(store, kernel, ctx.builtins)
     assert operands is not None
     builtin, acc, a, b = operands
     forms = [[affine(i) for i in r.indices] for r in (acc, a, b)]
@@ -139,9 +177,54 @@ def _on_tiles(nest: list[For], store: Store, kernel: LoopKernel, builtins: froze
         return None   # rows of acc overlapping (a sum tile stores would lose) or running backwards
     merged = {lp.var for axis in (rows, cols, depth) for lp in axis.loops}
     outer = [lp for lp in nest if lp.var not in merged]
-    names = [fresh_name(n, taken) for n in ("rb", "cb", "r", "c", "k")]
+    panels = _panels(b, forms[2], cols, depth, [*ctx.path, *outer], ctx)  # type: ignore[arg-type]
+    if panels is not None:
+        packed, order = panels
+        steps = steps[:2] + (sum(depth.unit[2][d] * packed.strides[1 + order.index(d)] for d in order),)
+    names = [fresh_name(n, ctx.taken) for n in ("rb", "cb", "r", "c", "k")]
     body = _blocks(builtin, (acc, a, b), store, forms, (rows, cols, depth), steps, names)  # type: ignore[arg-type]
+    if panels is not None:
+        body = map_body_exprs(body, lambda e: _in_panels(e, b.tensor, *panels))
     return _nest([replace(lp, vector=1, unroll=1) for lp in outer], body)
+
+
+def _panels(b: Read, forms: list[Affine], cols: _Axis, depth: _Axis, around: list[For],
+            ctx: _Context) -> tuple[Buffer, tuple[int, ...]] | None:
+    """The constant ``b`` packed in panels of :data:`BLOCK_COLS` columns, ``(columns / 32,
+    other dims..., the depth's dims..., 32)`` (a tile of 16 words then reads 64 bytes of
+    each 128 in a row, not of rows a whole row of the weights apart: 16 pages for 3072
+    columns), and the order of ``b``'s other dims in it; if ``b``'s columns are its last
+    index and every block starts a panel: the columns a multiple of 32, and the loops
+    ``around`` the blocks (and the column axis's start) moving them by multiples of 32."""
+    source = ctx.kernel.buffer(b.tensor)
+    rank = len(source.shape)
+    if b.tensor not in ctx.constants or source.role is not BufferRole.IN or source.packing is not None \
+            or source.shape[-1] % BLOCK_COLS or cols.unit[2] != (0,) * (rank - 1) + (1,) or depth.unit[2][-1]:
+        return None
+    loops = {lp.var: constant_loop(lp) for lp in around}
+    start = forms[-1].get("", 0) + sum(forms[-1].get(lp.var, 0) * lp.lo for lp in cols.loops)
+    moves = [(c, loops.get(v)) for v, c in forms[-1].items() if v and v not in {lp.var for lp in cols.loops}]
+    if start % BLOCK_COLS or any(lp is None or (c * lp.lo) % BLOCK_COLS or (c * lp.step) % BLOCK_COLS
+                                 for c, lp in moves):
+        return None
+    unit = depth.unit[2][:-1]
+    order = tuple(d for d in range(rank - 1) if not unit[d]) + tuple(d for d in range(rank - 1) if unit[d])
+    if b.tensor not in ctx.panels:
+        coefs = tuple(tuple(int(a == order.index(d) + 1) for a in range(rank + 1)) for d in range(rank - 1))
+        packing = Packing(b.tensor, (0,) * rank, coefs + ((BLOCK_COLS,) + (0,) * (rank - 1) + (1,),))
+        shape = (source.shape[-1] // BLOCK_COLS, *(source.shape[d] for d in order), BLOCK_COLS)
+        ctx.panels[b.tensor] = (Buffer(fresh_name(f"{b.tensor}_panels", ctx.taken), source.dtype, shape,
+                                       BufferRole.IN, packing=packing), order)
+    return ctx.panels[b.tensor] if ctx.panels[b.tensor][1] == order else None
+
+
+def _in_panels(e: Expr, tensor: str, panels: Buffer, order: tuple[int, ...]) -> Expr:
+    """A read of ``tensor(i..., j)`` as ``panels(j / 32, i... in ``order``, j % 32)``."""
+    if not isinstance(e, Read) or e.tensor != tensor:
+        return e
+    j, size = e.indices[-1], _int(BLOCK_COLS)
+    return Read(panels.name, (Binary(BinaryOp.DIV, j, size, DType.INT64), *(e.indices[d] for d in order),
+                              Binary(BinaryOp.MOD, j, size, DType.INT64)), e.dtype)
 
 
 def _product(store: Store, kernel: LoopKernel, builtins: frozenset[str]) -> tuple[str, Read, Read, Read] | None:
