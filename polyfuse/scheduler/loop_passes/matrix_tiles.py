@@ -5,7 +5,8 @@ unsigned times 4 signed bytes, summed in int32),
 
     Y(.., r, .., c) = Y(.., r, .., c) + bfdot2(P(.., r, .., k), W(.., k, .., c))
 
-over a perfect nest of serial loops with constant bounds, is a matrix product whose
+over a nest of serial loops with constant bounds (loops around several such nests, full
+and partial register tiles, distribute over them first), is a matrix product whose
 rows ``r`` step through ``Y`` and ``P`` evenly, whose columns ``c`` lie contiguous in
 ``Y`` and ``W``, and whose words ``k`` lie contiguous in ``P`` and step through ``W``
 evenly: the operands of AMX's tiles (16 rows of 64 bytes; ``W``'s words of 2 bfloat16
@@ -18,7 +19,8 @@ The pass cuts the axes into blocks of :data:`BLOCK_ROWS` x :data:`BLOCK_COLS` ou
 (2 x 2 tiles of 16 x 16 sums, which the tiles keep across the whole depth) and puts
 a :class:`~polyfuse.ir.loops.TileProduct` in each, with its loops: a target with tiles
 runs the block on them, every other target and the interpreter run the loops. A last,
-partial block (rows or columns left over) is a block of its own size.
+partial block (rows or columns left over) is a block of its own size. Constant weights
+are read from a copy packed once, in panels of 32 columns (:func:`_panels`).
 """
 
 from __future__ import annotations
