@@ -1,5 +1,5 @@
-"""int8 against float32: polyfuse's quantized models, polyfuse float32 and onnxruntime's
-``quantize_static`` model, in one process.
+"""int8 and bf16 against float32: polyfuse's quantized models, its bfloat16 products,
+polyfuse float32 and onnxruntime's ``quantize_static`` model, in one process.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/quantized.py \\
         [--only resnet50,mobilenet_v2,bert] [--repeat 9] [--layers 2] [--samples 32]
@@ -13,7 +13,9 @@ tensors (``CompiledModel.profile_ranges``) and compiles with ``precision="int8"`
 inputs. On one more random input, the table gives the medians of ``--repeat``
 interleaved runs (onnxruntime with 2 intra-op threads), and each int8 result's cosine
 similarity to polyfuse's float32 output and its agreement on the top-1 class (for
-BERT, on each token's largest hidden feature).
+BERT, on each token's largest hidden feature). The bf16 columns are the float model
+compiled with ``precision="bf16"`` (products by constant weights on bfloat16 operands,
+float32 sums; no calibration).
 """
 
 from __future__ import annotations
@@ -77,18 +79,22 @@ def bench(name: str, layers: int, repeat: int, samples: int, tmp: str) -> str:
     int8 = pf.compile(path, target="host", input_shapes=shapes, precision="int8", profile=profile)
     int8.run(feed)
     compile_s = time.perf_counter() - t
+    bf16 = pf.compile(path, target="host", input_shapes=shapes, precision="bf16")
     quantize_static(path, qdq, Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     session = ort_session(qdq, 2)
     want = f32.run(feed)["output"]
     got, ort_got = int8.run(feed)["output"], session.run(None, feed)[0]
+    bf16_got = bf16.run(feed)["output"]
     fns: dict[str, Callable[[], object]] = {"f32": lambda: f32.run(feed), "int8": lambda: int8.run(feed),
+                                            "bf16": lambda: bf16.run(feed),
                                             "ort": lambda: session.run(None, feed)}
     ms = {k: v * 1e3 for k, v in interleaved_times(fns, rounds=repeat, calls=1).items()}
     return (f"{name:<13} | {profile_s:9.1f} | {compile_s:9.1f} | {ms['f32']:8.2f} | {ms['int8']:8.2f} | "
             f"{ms['ort']:8.2f} | {ms['f32'] / ms['int8']:8.2f} | {ms['ort'] / ms['int8']:8.2f} | "
             f"{cosine(got, want):7.4f} | {top1(got, want):5.2f} | {cosine(ort_got, want):7.4f} | "
-            f"{top1(ort_got, want):5.2f}")
+            f"{top1(ort_got, want):5.2f} | {ms['bf16']:8.2f} | {ms['f32'] / ms['bf16']:8.2f} | "
+            f"{cosine(bf16_got, want):7.4f}")
 
 
 def main() -> None:
@@ -105,7 +111,8 @@ def main() -> None:
     torch.set_num_threads(2)
     print(f"{'model':<13} | {'profile s':>9} | {'int8 s':>9} | {'f32 ms':>8} | {'int8 ms':>8} | "
           f"{'ort8 ms':>8} | {'f32/int8':>8} | {'ort/int8':>8} | {'cos':>7} | {'top1':>5} | "
-          f"{'ort cos':>7} | {'top1':>5}", flush=True)
+          f"{'ort cos':>7} | {'top1':>5} | {'bf16 ms':>8} | {'f32/bf16':>8} | {'bf16 cos':>7}",
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             try:

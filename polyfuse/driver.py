@@ -45,7 +45,7 @@ def define(source: str, *, target: str | Target = "reference",
     return KernelModule({d.name: Kernel(d, tgt, source, options, tuning) for d in module.definitions})
 
 
-PRECISIONS = ("float32", "int8")
+PRECISIONS = ("float32", "bf16", "int8")
 
 
 def compile(model: Any, *, target: str | Target = "reference",
@@ -65,6 +65,9 @@ def compile(model: Any, *, target: str | Target = "reference",
     :class:`~polyfuse.ir.profile.Profile` of this model, or its file) as ``quantization``
     says (:class:`~polyfuse.lowering.calibration.QuantizeOptions`): the QDQ model
     ``polyfuse quantize`` writes, whose products then run on integers.
+    ``precision="bf16"`` multiplies by constant weights (MatMul, Gemm, Conv) on bfloat16
+    operands with float32 sums, the weights rounded at compile time; the rest stays
+    float32 (:mod:`polyfuse.lowering.bfloat16`).
     """
     tgt, options = _checked(target, options, "compile()")
     _check_precision(model, precision, profile, quantization)
@@ -77,7 +80,7 @@ def compile(model: Any, *, target: str | Target = "reference",
         source = ModelSource(graph, model_digest(model))
     else:
         graph = _front_end(model)
-    graph, stages = _optimized(graph)
+    graph, stages = _optimized(graph, precision)
     return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, source)
 
 
@@ -122,10 +125,10 @@ def _front_end(model: Any) -> Graph:
     return to_graph(model, set(OPS) | set(SUBGRAPH_ATTRS))
 
 
-def _optimized(graph: Graph) -> tuple[Graph, dict[str, object]]:
-    """``graph`` after the graph passes, and its text after each pass."""
-    from polyfuse.lowering.graph_passes import PassManager
-    passes = PassManager(verify=True, keep=True)
+def _optimized(graph: Graph, precision: str = "float32") -> tuple[Graph, dict[str, object]]:
+    """``graph`` after the graph passes for ``precision``, and its text after each pass."""
+    from polyfuse.lowering.graph_passes import PassManager, graph_passes
+    passes = PassManager(graph_passes(precision), verify=True, keep=True)
     graph = passes.run(graph)
     return graph, dict(passes.graphs)
 

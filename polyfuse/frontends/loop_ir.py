@@ -18,7 +18,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, Index
                                        UnaryOp)
 from polyfuse.ir.limits import MAX_NEST_DEPTH
 from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Packing,
-                               Stmt, Store)
+                               Stmt, Store, TileProduct)
 from polyfuse.ir.types import DType
 
 _I64 = DType.INT64
@@ -152,6 +152,8 @@ class _LoopParser(Parser):
                 self.advance()
                 other = self.block()
             return If(cond, then, other)
+        if self.word("tile"):
+            return self.tile()
         if self.word("let"):
             self.advance()
             var = self.ident("a local name").id
@@ -165,6 +167,34 @@ class _LoopParser(Parser):
         self.expect(")")
         self.expect("=")
         return Store(target.id, indices, self.typed(self.expr()))
+
+    def tile(self) -> TileProduct:
+        """``tile BUILTIN(rows, cols, depth) ACC += A * B steps(acc, a, b) { nest }``."""
+        self.advance()
+        builtin = self.ident("a dot-product builtin").id
+        shape = self.integers()
+        acc = self.read()
+        self.expect("+=")
+        a = self.read()
+        self.expect("*")
+        b = self.read()
+        self.expect_word("steps")
+        steps = self.integers()
+        if len(shape) != 3 or len(steps) != 3:
+            raise self.error("a tile product has 3 extents (rows, columns, depth) and 3 steps")
+        return TileProduct(builtin, shape, acc, a, b, steps, self.block())  # type: ignore[arg-type]
+
+    def integers(self) -> tuple[int, ...]:
+        self.expect("(")
+        values = tuple(self.comma_list(")", self.integer))
+        self.expect(")")
+        return values
+
+    def read(self) -> Read:
+        read = self.typed(self._operand()[0])
+        if not isinstance(read, Read):
+            raise self.error("expected a buffer element")
+        return read
 
     def loop(self) -> For:
         kind = LoopKind.SERIAL

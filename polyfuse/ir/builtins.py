@@ -16,7 +16,7 @@ class BuiltinKind(enum.Enum):
     FLOAT = "float"      # computes on floats; integer arguments are converted to float32
     NUMERIC = "numeric"  # keeps its argument type (abs, max, min)
     BITS = "bits"        # reads its argument's bits as the type ``result`` (as_float32)
-    BYTES = "bytes"      # reads int32 arguments as 4 bytes each, gives an int32 (dot4)
+    WORDS = "words"      # reads int32 arguments as packed narrow values (dot4, bfdot2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class Builtin:
     name: str
     arity: int
     kind: BuiltinKind
-    result: DType | None = None   # the type of a BITS or BYTES builtin
+    result: DType | None = None   # the type of a BITS or WORDS builtin
 
 
 def _table(kind: BuiltinKind, arity: int, names: str) -> dict[str, Builtin]:
@@ -56,7 +56,11 @@ BUILTINS: dict[str, Builtin] = {
     # the int8 dot product of x86's VNNI (vpdpbusd) and ARM's USDOT: dot4(a, b) sums the
     # four products of a's bytes, unsigned, and b's, signed, the bytes in memory order
     # (little-endian: byte j is bits 8j to 8j + 7); 4 x 255 x 128 fits int32
-    "dot4": Builtin("dot4", 2, BuiltinKind.BYTES, DType.INT32),
+    "dot4": Builtin("dot4", 2, BuiltinKind.WORDS, DType.INT32),
+    # the bfloat16 dot product of x86's AVX512-BF16 (vdpbf16ps) and ARM's BFDOT:
+    # bfdot2(a, b) sums in float32 the two products of a's bfloat16 halves and b's (each
+    # product exact; the low half is the first element in memory)
+    "bfdot2": Builtin("bfdot2", 2, BuiltinKind.WORDS, DType.FLOAT32),
 }
 
 

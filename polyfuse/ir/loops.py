@@ -34,7 +34,7 @@ import numpy as np
 
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.builtins import reinterpreted
-from polyfuse.ir.comprehension import (Binary, Call, Cast, Expr, Literal, ScalarDecl, Select,
+from polyfuse.ir.comprehension import (Binary, Call, Cast, Expr, Literal, Read, ScalarDecl, Select,
                                        Unary, format_expr, map_expr, walk)
 from polyfuse.ir.types import DType
 
@@ -170,6 +170,42 @@ class Store(Stmt):
     buffer: str
     indices: tuple[Expr, ...]
     value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class TileProduct(Stmt):
+    """A block of a product summed by a CPU's matrix tiles (AMX's ``tdpbf16ps`` and
+    ``tdpbusd``), as TVM's tensorize replaces a loop nest by an intrinsic: ``acc(r, c) +=
+    builtin(a(r, k), b(k, c))`` for ``shape = (rows, columns, depth)``, ``a`` and ``b``
+    int32 words of the ``builtin`` (``bfdot2``: 2 bfloat16 summed in float32; ``dot4``: 4
+    bytes summed in int32). ``acc``, ``a`` and ``b`` are the block's first element of each
+    operand; ``steps`` the elements between its rows in ``acc``, its rows in ``a`` and its
+    words in ``b`` (``acc``'s columns, ``a``'s words and ``b``'s columns are contiguous).
+    ``nest`` is the same product as loops: what the
+    interpreter and every target without tiles run."""
+
+    builtin: str
+    shape: tuple[int, int, int]
+    acc: Read
+    a: Read
+    b: Read
+    steps: tuple[int, int, int]
+    nest: tuple[Stmt, ...]
+
+    @property
+    def operands(self) -> tuple[Read, Read, Read]:
+        return self.acc, self.a, self.b
+
+    def map_exprs(self, fn: Callable[[Expr], Expr]) -> TileProduct:
+        acc, a, b = (map_expr(r, fn) for r in self.operands)
+        return replace(self, acc=acc, a=a, b=b, nest=map_body_exprs(self.nest, fn))
+
+    def format_lines(self, indent: str) -> list[str]:
+        rows, cols, depth = self.shape
+        acc, a, b = (format_loop_expr(r) for r in self.operands)
+        head = (f"{indent}tile {self.builtin}({rows}, {cols}, {depth}) {acc} += {a} * {b} "
+                f"steps({', '.join(map(str, self.steps))}) {{")
+        return [head, *format_body(self.nest, indent + "  "), f"{indent}}}"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +363,8 @@ def stmt_nodes(s: Stmt) -> Iterator[Expr]:
         own = (*s.indices, s.value)
     elif isinstance(s, Assign):
         own = (s.value,)
+    elif isinstance(s, TileProduct):
+        own = s.operands
     for e in own:
         yield from walk(e)
 
@@ -339,6 +377,8 @@ def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
         elif isinstance(s, If):
             yield from walk_stmts(s.then)
             yield from walk_stmts(s.other)
+        elif isinstance(s, TileProduct):
+            yield from walk_stmts(s.nest)
 
 
 def format_loop_expr(e: Expr) -> str:

@@ -17,7 +17,7 @@ from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.comprehension_interpreter import FUNCTIONS
-from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, Stmt, Store
+from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, Stmt, Store, TileProduct
 from polyfuse.ir.types import DType, float_to_int, reinterpret
 
 _ARITH = {BinaryOp.ADD: lambda a, b: a + b, BinaryOp.SUB: lambda a, b: a - b,
@@ -155,6 +155,8 @@ class _Interpreter:
                     self.env.pop(v, None)
                 case If(cond=c, then=then, other=other):
                     self.run(then if self.eval(c) else other)
+                case TileProduct(nest=nest):
+                    self.run(nest)
                 case Assign(var=v, value=value):
                     self.env[v] = self.eval(value)
                 case Store(buffer=b, indices=ix, value=value):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.comprehension import Expr, IndexVar, LocalRef, Read, ScalarRef, walk
-from polyfuse.ir.loops import Assign, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store
+from polyfuse.ir.loops import Assign, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, TileProduct
 
 
 def verify_kernel(k: LoopKernel) -> None:
@@ -63,6 +63,10 @@ def verify_kernel(k: LoopKernel) -> None:
             elif isinstance(s, Assign):
                 check_expr(s.value, loops, locals_)
                 locals_.add(s.var)
+            elif isinstance(s, TileProduct):
+                for e in s.operands:
+                    check_expr(e, loops, locals_)
+                check(s.nest, loops, set(locals_), parallel)
             elif isinstance(s, Store):
                 b = buffers.get(s.buffer)
                 if b is None or b.role is BufferRole.IN:

@@ -256,8 +256,19 @@ def dot4(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return total
 
 
+def bfdot2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The ``bfdot2`` builtin: the float32 sum of the products of the two bfloat16 halves
+    of each int32 of ``a`` with those of ``b``."""
+    def halves(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        w = np.asarray(words).astype(np.int64) & 0xFFFFFFFF
+        return ((w & 0xFFFF0000).astype(np.uint32).view(np.float32),
+                ((w & 0xFFFF) << 16).astype(np.uint32).view(np.float32))
+    (a1, a0), (b1, b0) = halves(a), halves(b)
+    return a1 * b1 + a0 * b0
+
+
 FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
-    "dot4": dot4,
+    "dot4": dot4, "bfdot2": bfdot2,
     "round": round_half_away, "rint": np.rint, "acosh": np.arccosh, "asinh": np.arcsinh,
     "atanh": np.arctanh, "copysign": np.copysign, "cospi": cospi, "sinpi": sinpi,
     "cyl_bessel_i0": cyl_bessel_i0, "cyl_bessel_i1": cyl_bessel_i1, "erfinv": erfinv,

@@ -104,6 +104,10 @@ def _typing_problem(n: Expr, tensors: dict[str, TensorDecl], scalars: dict[str, 
                 if dt is not BUILTINS[fn].result or args[0].dtype.bits != dt.bits:
                     return f"'{fn}' needs an argument of {dt.bits} bits and gives {dt}"
                 return None
+            if BUILTINS[fn].kind is BuiltinKind.WORDS:
+                if dt is not BUILTINS[fn].result or any(a.dtype is not DType.INT32 for a in args):
+                    return f"'{fn}' takes int32 words and gives {BUILTINS[fn].result}"
+                return None
             if any(a.dtype is not dt for a in args):
                 return "argument types differ from the result type"
         case Cast() | Literal() | IndexVar():

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field, replace
 
 from polyfuse.ir.graph import Graph, Node
 
-# (the integer products fuse_integer_ops makes are contractions too)
+# (the integer products fuse_integer_ops makes, and the bfloat16 products
+# use_bfloat16_products makes, are contractions too)
 CONTRACTIONS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "QLinearConv", "QLinearMatMul",
-                          "QLinearGemm"})
+                          "QLinearGemm", "BFloat16Conv", "BFloat16MatMul", "BFloat16Gemm"})
 ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log",
     "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu",

@@ -15,6 +15,7 @@ import numpy as np
 
 from polyfuse.ir.graph import Constant, Graph, Node, consumers, sole_use, verify_graph
 from polyfuse.ir.passes import PassManager as IRPassManager
+from polyfuse.lowering.bfloat16 import use_bfloat16_products
 from polyfuse.lowering.fusion import partition_fusion_groups
 from polyfuse.lowering.integer_ops import fuse_integer_ops
 from polyfuse.lowering.layout import convert_layout
@@ -174,6 +175,16 @@ DEFAULT_PASSES: tuple[GraphPass, ...] = (
     eliminate_dead_nodes, eliminate_common_subexpressions, fuse_integer_ops, eliminate_dead_nodes,
     fold_batch_norms, convert_layout, simplify_movement,
     eliminate_dead_nodes, partition_fusion_groups)
+
+
+def graph_passes(precision: str = "float32") -> tuple[GraphPass, ...]:
+    """The passes ``compile`` runs at ``precision``: for ``"bf16"`` the default ones with
+    :func:`use_bfloat16_products` after batch normalizations fold into weights (which it
+    then rounds) and before the layout pass (which runs its convolutions channels-last)."""
+    if precision != "bf16":
+        return DEFAULT_PASSES
+    at = DEFAULT_PASSES.index(convert_layout)
+    return DEFAULT_PASSES[:at] + (use_bfloat16_products,) + DEFAULT_PASSES[at:]
 
 
 @dataclass

@@ -40,7 +40,7 @@ _WINDOWED = frozenset({"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", 
 _POINTWISE = ELEMENTWISE - {"BatchNormalization"}
 # convolutions: where their weights are (the integer ones' other inputs are scalars or
 # vectors per output channel, read as they are)
-_CONVS = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}
+_CONVS = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3, "BFloat16Conv": 1}
 
 
 def channels_last(rank: int) -> tuple[int, ...]:

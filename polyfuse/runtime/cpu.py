@@ -28,7 +28,7 @@ from polyfuse.scheduler.loop_passes.dead_stores import touched
 from polyfuse.scheduler.pipeline import Usage, schedule_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, load_object,
-                                  runs_natively, target_description, vector_bits)
+                                  native_tiles, runs_natively, target_description, vector_bits)
 
 _COMPILED: dict[str, Any] = {}
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
@@ -88,7 +88,8 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     sizes = dict(sizes)
     options = options or default_options(d, sizes, vector_bits(target))
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
-                           target_description(target), repr(options), usage.key())
+                           target_description(target), repr(options), usage.key(),
+                           repr(sorted(native_tiles(target))))
     exe = cache.fetch(
         key, _COMPILED, STATS,
         lambda obj, meta: executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target),
@@ -103,6 +104,7 @@ def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Targe
     """The kernel in object code ``obj`` loaded for ``target``: into this process where its
     code runs here, else to run under the emulator."""
     if runs_natively(target):
+        native_tiles(target)   # asks Linux for AMX's tiles, which the code may use (a saved artifact's too)
         return CpuExecutable(load_object(layout.name, obj, stages,
                                          parallel_for=native.parallel_for_threads_address()), layout)
     from polyfuse.runtime.cross import CrossExecutable
@@ -113,7 +115,7 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
              key: str, usage: Usage) -> Any:
     stages = {"options": repr(options)}
     initialized: set[str] = set()
-    kernel = schedule_definition(d, sizes, options, stages, initialized, usage)
+    kernel = schedule_definition(d, sizes, options, stages, initialized, usage, native_tiles(target))
     layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized - (usage.discarded - touched(kernel)))
     if runs_natively(target):
         jit = compile_kernel(kernel, target, options.num_threads,

@@ -18,6 +18,7 @@ from polyfuse.runtime.program import ARENA, CONSTANT, ERROR, INPUT, OUTPUT, Prog
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import parse_module, target_machine
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR
+from polyfuse.targets.llvm_tiles import ask_for_tiles, uses_tiles
 
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _PTR = _I8.as_pointer()
@@ -66,6 +67,8 @@ def _entry_module(layout: ProgramLayout, entry: str, weight_offsets: dict[str, i
                          "llvm.memcpy.p0.p0.i64")
     memmove = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR, _PTR, _I64, ir.IntType(1)]),
                           "llvm.memmove.p0.p0.i64")
+    if any(uses_tiles(c.stages["llvm_opt"]) for c in layout.calls):
+        ask_for_tiles(b)
     error = b.alloca(_I64, name="error")
     b.store(ir.Constant(_I64, 0), error)
     most = max((len(c.args) for c in layout.calls), default=1)

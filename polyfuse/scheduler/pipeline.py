@@ -20,7 +20,7 @@ from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budg
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead_stores, fuse_epilogues,
                                             pack_operands, promote_accumulators, promote_register_blocks,
-                                            separate_full_tiles, unroll_and_jam)
+                                            separate_full_tiles, unroll_and_jam, use_matrix_tiles)
 from polyfuse.scheduler.model import build_model, covers, skipped_inits
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
@@ -48,12 +48,15 @@ class Usage:
 
 def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(),
                     initialized: set[str] | None = None, whole: frozenset[str] = frozenset(),
-                    usage: Usage = Usage()) -> tuple[LoopPass, ...]:
+                    usage: Usage = Usage(), tiles: frozenset[str] = frozenset()) -> tuple[LoopPass, ...]:
     """The loop passes of a CPU kernel, in order (``zeroed`` and ``initialized`` as
     :func:`~polyfuse.scheduler.loop_passes.promote_register_blocks` takes them, ``whole``
     as :func:`~polyfuse.scheduler.loop_passes.fuse_epilogues`; ``usage`` says which inputs
-    to pack ahead of time and which outputs need no stores)."""
-    return (separate_full_tiles, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
+    to pack ahead of time and which outputs need no stores; ``tiles`` names the dot
+    products the target's matrix tiles sum, which
+    :func:`~polyfuse.scheduler.loop_passes.use_matrix_tiles` puts on them)."""
+    matrix = (Pass("use_matrix_tiles", lambda k: use_matrix_tiles(k, tiles, usage.constants)),) if tiles else ()
+    return (separate_full_tiles, *matrix, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
             promote_accumulators,
             Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),
             Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)),
@@ -113,7 +116,8 @@ def _run(manager: PassManager[IR], ir: IR, stages: dict[str, str] | None, stage:
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
                         stages: dict[str, str] | None = None,
-                        initialized: set[str] | None = None, usage: Usage = Usage()) -> LoopKernel:
+                        initialized: set[str] | None = None, usage: Usage = Usage(),
+                        tiles: frozenset[str] = frozenset()) -> LoopKernel:
     """Model, schedule, tile and lower ``d`` for concrete ``sizes``.
 
     ``stages`` (if given) receives the text of the isl schedule tree and the loop IR.
@@ -121,7 +125,8 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
     (:mod:`polyfuse.scheduler.bounds`). ``initialized`` (if given) receives the outputs
     the kernel starts at zero itself, which the runtime then need not fill. ``usage``
     says what the caller promises (:class:`Usage`): weights whose panels are packed once,
-    before the kernel runs (packed input buffers), and outputs it never reads.
+    before the kernel runs (packed input buffers), and outputs it never reads. ``tiles``:
+    the dot products the target's matrix tiles sum (AMX's), see :func:`cpu_loop_passes`.
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes)
@@ -129,7 +134,7 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
         stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, options)
     return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized, written_whole(d),
-                                                    usage), stages)
+                                                    usage, tiles), stages)
 
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

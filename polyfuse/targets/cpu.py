@@ -6,8 +6,10 @@ address to :func:`compile_kernel` and :func:`load_object` (targets do not import
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
+import platform
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -17,8 +19,9 @@ import llvmlite.binding as llvm
 from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.targets.diagnostics import caught_stderr, quiet_remarks
-from polyfuse.targets.llvm_dot import inline_dot_products
+from polyfuse.targets.llvm_dot import DOTS, inline_dot_products
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
+from polyfuse.targets.llvm_tiles import PERMISSION, TILES, link_tile_products
 
 if TYPE_CHECKING:   # only a type here: targets.target imports this module (through backends)
     from polyfuse.targets.target import Target
@@ -107,15 +110,44 @@ def vector_bits(target: Target) -> int:
 
 
 @functools.cache
-def vnni(target: Target) -> bool:
-    """Whether the target has AVX512-VNNI's int8 dot products (x86: the host's, unless a
-    CPU is named; then its features must say ``+avx512vnni``)."""
+def native_dots(target: Target) -> frozenset[str]:
+    """The dot-product builtins the target has instructions for: ``dot4`` with
+    AVX512-VNNI, ``bfdot2`` with AVX512-BF16 (x86: the host's features, unless a CPU is
+    named; then its features must say ``+avx512vnni``, ``+avx512bf16``)."""
     _initialize()
     if not target.backend.triple.startswith("x86_64"):
-        return False
+        return frozenset()
     if not target.cpu and llvm.get_default_triple().startswith("x86_64"):
-        return bool(llvm.get_host_cpu_features().get("avx512vnni"))
-    return "+avx512vnni" in target.llvm_features.split(",")
+        present = llvm.get_host_cpu_features()
+        return frozenset(fn for fn, d in DOTS.items() if present.get(d.feature))
+    features = target.llvm_features.split(",")
+    return frozenset(fn for fn, d in DOTS.items() if f"+{d.feature}" in features)
+
+
+@functools.cache
+def native_tiles(target: Target) -> frozenset[str]:
+    """The dot products the target's matrix tiles sum: ``bfdot2`` with AMX-BF16, ``dot4``
+    with AMX-INT8. Only
+    this machine's CPU (x86 without a CPU named) and only where Linux lets this process
+    use the tiles, which it is asked here, once (a process that has not asked dies of
+    SIGILL at its first tile instruction); code for a named CPU (ahead-of-time bundles,
+    run by programs that never asked) does without."""
+    _initialize()
+    if target.cpu or not target.backend.triple.startswith("x86_64") \
+            or not llvm.get_default_triple().startswith("x86_64"):
+        return frozenset()
+    present = llvm.get_host_cpu_features()
+    found = frozenset(fn for fn, t in TILES.items() if present.get(t.feature) and present.get("amx-tile"))
+    return found if found and _tiles_permitted() else frozenset()
+
+
+@functools.cache
+def _tiles_permitted() -> bool:
+    """Whether Linux lets this process (every thread of it) use AMX's tile data."""
+    if platform.system() != "Linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(*PERMISSION) == 0
 
 
 def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
@@ -187,10 +219,11 @@ def compile_object(kernel: LoopKernel, target: Target, num_threads: int = 0) -> 
 def _optimized_module(kernel: LoopKernel, target: Target, tm: llvm.TargetMachine,
                       num_threads: int) -> tuple[llvm.ModuleRef, dict[str, str]]:
     text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads, "sve" in target.features,
-                       vector_bits(target) == 512, vnni(target))
+                       vector_bits(target) == 512, native_dots(target), native_tiles(target))
     mod = parse_module(text, f"kernel '{kernel.name}'")
     optimize(mod, tm)
     inline_dot_products(mod, tm)
+    link_tile_products(mod)
     return mod, {"llvm": text, "llvm_opt": str(mod)}
 
 

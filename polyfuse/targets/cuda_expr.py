@@ -69,6 +69,10 @@ HELPERS: dict[str, str] = {
   long long s = 0;
   for (int j = 0; j < 32; j += 8) s += (long long)((a >> j) & 255) * (signed char)((b >> j) & 255);
   return s; }""",
+    "pf_bfdot2": """__device__ __forceinline__ float pf_bfdot2(long long a, long long b) {
+  unsigned ua = (unsigned)a, ub = (unsigned)b;
+  return __uint_as_float(ua & 0xffff0000u) * __uint_as_float(ub & 0xffff0000u)
+       + __uint_as_float(ua << 16) * __uint_as_float(ub << 16); }""",
     "pf_imax": "__device__ __forceinline__ long long pf_imax(long long a, long long b) { return a > b ? a : b; }",
     "pf_imin": "__device__ __forceinline__ long long pf_imin(long long a, long long b) { return a < b ? a : b; }",
     "pf_iabs": "__device__ __forceinline__ long long pf_iabs(long long a) { return a < 0 ? -a : a; }",
@@ -277,8 +281,8 @@ class ExprEmitter:
         fn = e.fn
         if reinterpreted(fn):
             return from_bits(to_bits(args[0], e.args[0].dtype), e.dtype)
-        if fn == "dot4":
-            return f"pf_dot4({args[0]}, {args[1]})"
+        if fn in ("dot4", "bfdot2"):
+            return f"pf_{fn}({args[0]}, {args[1]})"
         if e.dtype.is_bool or e.dtype.is_int:  # on 0/1 or 64-bit integers
             if fn not in ("max", "min", "abs", "floordiv", "floormod"):
                 raise CodegenError(f"builtin '{fn}' has no integer form")

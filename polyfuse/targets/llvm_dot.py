@@ -1,102 +1,195 @@
-"""The ``dot4`` builtin (4 unsigned bytes times 4 signed bytes, summed) on CPUs.
+"""The dot-product builtins on CPUs: ``dot4`` (4 unsigned bytes times 4 signed bytes,
+summed in int32) and ``bfdot2`` (2 bfloat16 times 2 bfloat16, summed in float32).
 
-Where the target has AVX512-VNNI, a dot product added to an accumulator (``acc +
-dot4(a, b)``, what a register block of an integer product sums) is a call of
-:data:`SCALAR`, an opaque function of ``(acc, a, b)``. The call names vector versions
-of it (LLVM's ``vector-function-abi-variant``, plain and masked, 16 lanes), so LLVM's
-loop vectorizer widens a loop of such calls over output channels into calls of the
-vector versions, one ``vpdpbusd`` each, while the accumulators stay in registers around
-them (the functions read no memory). Their bodies are linked and inlined once the module
-is optimized (:func:`inline_dot_products`): defined from the start, the inliner would
-expand the scalar version before the vectorizer saw the call.
+Where the target has the instruction (AVX512-VNNI's ``vpdpbusd``, AVX512-BF16's
+``vdpbf16ps``), a dot product added to an accumulator (``acc + dot4(a, b)``, what a
+register block of a product sums) is a call of an opaque function of ``(acc, a, b)``
+(:attr:`Dot.scalar`). The call names vector versions of it (LLVM's
+``vector-function-abi-variant``, plain and masked, 16 lanes), so LLVM's loop vectorizer
+widens a loop of such calls over output channels into calls of the vector versions, one
+instruction each, while the accumulators stay in registers around them (the functions
+read no memory). Their bodies are linked and inlined once the module is optimized
+(:func:`inline_dot_products`): defined from the start, the inliner would expand the
+scalar version before the vectorizer saw the call.
 
-Elsewhere (no VNNI, aarch64) ``dot4`` is straight-line byte arithmetic in int32, which
-vectorizes like any other.
+Elsewhere (no such instruction, aarch64) a dot product is straight-line arithmetic,
+which vectorizes like any other: bytes in int32, or bfloat16 halves widened to float32
+(exactly: a bfloat16 is a float32's upper half) and added to the accumulator in
+``vdpbf16ps``'s order, the upper halves' product first, so both forms round alike.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-SCALAR = "polyfuse_dot4"
 LANES = 16
-_VECTOR, _MASKED = f"{SCALAR}_v{LANES}", f"{SCALAR}_m{LANES}"
-_I32 = ir.IntType(32)
-_VNNI = f"llvm.x86.avx512.vpdpbusd.{32 * LANES}"
+_I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
-# what replaces the plain declaration llvmlite prints: the variants the vectorizer may use
-# (kept alive until then by llvm.compiler.used)
-_DECLARATIONS = f"""declare i32 @{SCALAR}(i32, i32, i32) #{{attrs}}
-declare <{LANES} x i32> @{_VECTOR}(<{LANES} x i32>, <{LANES} x i32>, <{LANES} x i32>) #{{pure}}
-declare <{LANES} x i32> @{_MASKED}(<{LANES} x i32>, <{LANES} x i32>, <{LANES} x i32>, <{LANES} x i1>) #{{pure}}
-@llvm.compiler.used = appending global [2 x ptr] [ptr @{_VECTOR}, ptr @{_MASKED}], section "llvm.metadata"
-attributes #{{attrs}} = {{ nounwind willreturn memory(none) "vector-function-abi-variant"="_ZGV_LLVM_N{LANES}vvv_{SCALAR}({_VECTOR}),_ZGV_LLVM_M{LANES}vvv_{SCALAR}({_MASKED})" }}
-attributes #{{pure}} = {{ nounwind willreturn memory(none) }}
+
+@dataclass(frozen=True)
+class Dot:
+    """A dot-product builtin of two int32 words summed into an accumulator of type ``acc``
+    (LLVM's name of it), with ``feature``'s ``instruction`` (an LLVM intrinsic of
+    ``LANES`` accumulators and the words as ``operand``) for 16 lanes at a time."""
+
+    builtin: str
+    feature: str
+    acc: str
+    instruction: str
+    operand: str
+    scalar_body: str   # of %acc, %a and %b, ending in %r
+    fallback: Callable[[ir.Value, ir.Value, ir.Value, ir.IRBuilder], ir.Value]
+    intrinsics: str = ""   # declarations the scalar body needs
+
+    @property
+    def scalar(self) -> str:
+        return f"polyfuse_{self.builtin}"
+
+    @property
+    def vector(self) -> str:
+        return f"{self.scalar}_v{LANES}"
+
+    @property
+    def masked(self) -> str:
+        return f"{self.scalar}_m{LANES}"
+
+    def declarations(self, attrs: int) -> str:
+        """What replaces the plain declaration llvmlite prints: the variants the vectorizer
+        may use."""
+        v = f"<{LANES} x {self.acc}>"
+        return f"""declare {self.acc} @{self.scalar}({self.acc}, i32, i32) #{attrs}
+declare {v} @{self.vector}({v}, <{LANES} x i32>, <{LANES} x i32>) #{attrs + 1}
+declare {v} @{self.masked}({v}, <{LANES} x i32>, <{LANES} x i32>, <{LANES} x i1>) #{attrs + 1}
+attributes #{attrs} = {{ nounwind willreturn memory(none) "vector-function-abi-variant"="_ZGV_LLVM_N{LANES}vvv_{self.scalar}({self.vector}),_ZGV_LLVM_M{LANES}vvv_{self.scalar}({self.masked})" }}
+attributes #{attrs + 1} = {{ nounwind willreturn memory(none) }}"""
+
+    def definitions(self) -> str:
+        v, w = f"<{LANES} x {self.acc}>", f"<{LANES} x i32>"
+        return f"""
+define linkonce_odr {self.acc} @{self.scalar}({self.acc} %acc, i32 %a, i32 %b) #0 {{
+{self.scalar_body}
+  ret {self.acc} %r
+}}
+define linkonce_odr {v} @{self.vector}({v} %acc, {w} %a, {w} %b) #0 {{
+  %av = bitcast {w} %a to {self.operand}
+  %bv = bitcast {w} %b to {self.operand}
+  %r = call {v} @{self.instruction}({v} %acc, {self.operand} %av, {self.operand} %bv)
+  ret {v} %r
+}}
+define linkonce_odr {v} @{self.masked}({v} %acc, {w} %a, {w} %b, <{LANES} x i1> %mask) #0 {{
+  %r = call {v} @{self.vector}({v} %acc, {w} %a, {w} %b)
+  %m = select <{LANES} x i1> %mask, {v} %r, {v} %acc
+  ret {v} %m
+}}
+declare {v} @{self.instruction}({v}, {self.operand}, {self.operand})
+{self.intrinsics}
+attributes #0 = {{ alwaysinline nounwind willreturn memory(none) }}
 """
 
-_DEFINITIONS = f"""
-define linkonce_odr i32 @{SCALAR}(i32 %acc, i32 %a, i32 %b) #0 {{
-  %av = bitcast i32 %a to <4 x i8>
+
+def _bytes(acc: ir.Value, a: ir.Value, b: ir.Value, builder: ir.IRBuilder) -> ir.Value:
+    """``acc + dot4(a, b)`` in int32 byte arithmetic."""
+    total = acc
+    for shift in range(0, 32, 8):
+        unsigned = builder.and_(builder.lshr(a, ir.Constant(_I32, shift)), ir.Constant(_I32, 255))
+        signed = builder.ashr(builder.shl(b, ir.Constant(_I32, 24 - shift)), ir.Constant(_I32, 24))
+        total = builder.add(total, builder.mul(unsigned, signed))
+    return total
+
+
+def _halves(word: ir.Value, builder: ir.IRBuilder) -> tuple[ir.Value, ir.Value]:
+    """The upper and lower bfloat16 of an int32 word, as float32."""
+    upper = builder.and_(word, ir.Constant(_I32, -65536))
+    lower = builder.shl(word, ir.Constant(_I32, 16))
+    return builder.bitcast(upper, _F32), builder.bitcast(lower, _F32)
+
+
+def _bfloats(acc: ir.Value, a: ir.Value, b: ir.Value, builder: ir.IRBuilder) -> ir.Value:
+    """``acc + bfdot2(a, b)`` in float32, ``vdpbf16ps``'s order (products are exact)."""
+    (a1, a0), (b1, b0) = _halves(a, builder), _halves(b, builder)
+    return builder.fadd(builder.fadd(acc, builder.fmul(a1, b1)), builder.fmul(a0, b0))
+
+
+DOTS: dict[str, Dot] = {d.builtin: d for d in (
+    Dot("dot4", "avx512vnni", "i32", f"llvm.x86.avx512.vpdpbusd.{32 * LANES}",
+        f"<{4 * LANES} x i8>", """  %av = bitcast i32 %a to <4 x i8>
   %bv = bitcast i32 %b to <4 x i8>
   %az = zext <4 x i8> %av to <4 x i32>
   %bs = sext <4 x i8> %bv to <4 x i32>
   %m = mul <4 x i32> %az, %bs
   %s = call i32 @llvm.vector.reduce.add.v4i32(<4 x i32> %m)
-  %r = add i32 %acc, %s
-  ret i32 %r
-}}
-define linkonce_odr <{LANES} x i32> @{_VECTOR}(<{LANES} x i32> %acc, <{LANES} x i32> %a, <{LANES} x i32> %b) #0 {{
-  %av = bitcast <{LANES} x i32> %a to <{4 * LANES} x i8>
-  %bv = bitcast <{LANES} x i32> %b to <{4 * LANES} x i8>
-  %r = call <{LANES} x i32> @{_VNNI}(<{LANES} x i32> %acc, <{4 * LANES} x i8> %av, <{4 * LANES} x i8> %bv)
-  ret <{LANES} x i32> %r
-}}
-define linkonce_odr <{LANES} x i32> @{_MASKED}(<{LANES} x i32> %acc, <{LANES} x i32> %a, <{LANES} x i32> %b, <{LANES} x i1> %mask) #0 {{
-  %r = call <{LANES} x i32> @{_VECTOR}(<{LANES} x i32> %acc, <{LANES} x i32> %a, <{LANES} x i32> %b)
-  %m = select <{LANES} x i1> %mask, <{LANES} x i32> %r, <{LANES} x i32> %acc
-  ret <{LANES} x i32> %m
-}}
-declare i32 @llvm.vector.reduce.add.v4i32(<4 x i32>)
-declare <{LANES} x i32> @{_VNNI}(<{LANES} x i32>, <{4 * LANES} x i8>, <{4 * LANES} x i8>)
-attributes #0 = {{ alwaysinline nounwind willreturn memory(none) }}
-"""
+  %r = add i32 %acc, %s""", _bytes, "declare i32 @llvm.vector.reduce.add.v4i32(<4 x i32>)"),
+    Dot("bfdot2", "avx512bf16", "float", f"llvm.x86.avx512bf16.dpbf16ps.{32 * LANES}",
+        f"<{2 * LANES} x bfloat>", """  %a1 = and i32 %a, -65536
+  %b1 = and i32 %b, -65536
+  %a0 = shl i32 %a, 16
+  %b0 = shl i32 %b, 16
+  %fa1 = bitcast i32 %a1 to float
+  %fb1 = bitcast i32 %b1 to float
+  %fa0 = bitcast i32 %a0 to float
+  %fb0 = bitcast i32 %b0 to float
+  %p1 = fmul float %fa1, %fb1
+  %s1 = fadd float %acc, %p1
+  %p0 = fmul float %fa0, %fb0
+  %r = fadd float %s1, %p0""", _bfloats),
+)}
 
 
-def dot4(module: ir.Module, acc: ir.Value, a: ir.Value, b: ir.Value, builder: ir.IRBuilder,
-         vnni: bool) -> ir.Value:
-    """``acc + dot4(a, b)`` in int32 (wrapping), of and to i64 registers."""
-    acc32, a32, b32 = (builder.trunc(v, _I32) for v in (acc, a, b))
-    if vnni:
-        fn = module.globals.get(SCALAR) or ir.Function(
-            module, ir.FunctionType(_I32, [_I32] * 3), SCALAR)
-        total = builder.call(fn, [acc32, a32, b32])
+def dot(fn: str, module: ir.Module, acc: ir.Value, a: ir.Value, b: ir.Value,
+        builder: ir.IRBuilder, native: bool) -> ir.Value:
+    """``acc + fn(a, b)`` of registers (i64 integers or a float), ``native``: as the call
+    the vectorizer widens into the target's instruction."""
+    d = DOTS[fn]
+    a32, b32 = builder.trunc(a, _I32), builder.trunc(b, _I32)
+    integer = d.acc == "i32"
+    acc = builder.trunc(acc, _I32) if integer else acc
+    if native:
+        ty = acc.type
+        f = module.globals.get(d.scalar) or ir.Function(module, ir.FunctionType(ty, [ty, _I32, _I32]),
+                                                        d.scalar)
+        total = builder.call(f, [acc, a32, b32])
     else:
-        total = acc32
-        for shift in range(0, 32, 8):
-            unsigned = builder.and_(builder.lshr(a32, ir.Constant(_I32, shift)), ir.Constant(_I32, 255))
-            signed = builder.ashr(builder.shl(b32, ir.Constant(_I32, 24 - shift)), ir.Constant(_I32, 24))
-            total = builder.add(total, builder.mul(unsigned, signed))
-    return builder.sext(total, ir.IntType(64))
+        total = d.fallback(acc, a32, b32, builder)
+    return builder.sext(total, _I64) if integer else total
+
+
+def zero(fn: str) -> ir.Constant:
+    """The accumulator of a dot product standing alone."""
+    return ir.Constant(_I64, 0) if DOTS[fn].acc == "i32" else ir.Constant(_F32, 0.0)
 
 
 def declare_variants(text: str) -> str:
-    """Module text whose plain declaration of :data:`SCALAR` (if any) names its vector
-    variants (llvmlite cannot print the attributes)."""
-    attrs = 1 + max((int(n) for n in re.findall(r"^attributes #(\d+)", text, re.M)), default=0)
-    declaration = re.compile(rf'^declare i32 @"?{SCALAR}"?\(.*\)$', re.M)
-    text_of = _DECLARATIONS.replace("{attrs}", str(attrs)).replace("{pure}", str(attrs + 1))
-    return declaration.sub(lambda _: text_of.rstrip(), text)
+    """Module text whose plain declarations of the dot products' scalar functions (if
+    any) name their vector variants (llvmlite cannot print the attributes), which
+    llvm.compiler.used keeps alive until the vectorizer has had its chance."""
+    kept = []
+    for d in DOTS.values():
+        attrs = 1 + max((int(n) for n in re.findall(r"^attributes #(\d+)", text, re.M)), default=0)
+        declaration = re.compile(rf'^declare {d.acc} @"?{d.scalar}"?\(.*\)$', re.M)
+        text, found = declaration.subn(lambda _, d=d, attrs=attrs: d.declarations(attrs), text)
+        kept += [d.vector, d.masked] * found
+    if not kept:
+        return text
+    pointers = ", ".join(f"ptr @{name}" for name in kept)
+    return (f"{text}\n@llvm.compiler.used = appending global [{len(kept)} x ptr] [{pointers}], "
+            'section "llvm.metadata"\n')
 
 
 def inline_dot_products(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
-    """Link the bodies of :data:`SCALAR` and its vector versions into an optimized
-    ``module`` that calls them, and inline them."""
-    if not {f.name for f in module.functions} & {SCALAR, _VECTOR, _MASKED}:
-        return   # (the optimizer drops the scalar version where every call was widened)
-    module.link_in(llvm.parse_assembly(_DEFINITIONS))
+    """Link the bodies of the dot products' scalar functions and vector versions into an
+    optimized ``module`` that calls them, and inline them."""
+    names = {f.name for f in module.functions}
+    # (the optimizer drops a scalar version where every call was widened)
+    used = [d for d in DOTS.values() if names & {d.scalar, d.vector, d.masked}]
+    if not used:
+        return
+    for d in used:
+        module.link_in(llvm.parse_assembly(d.definitions()))
     pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
     passes = llvm.create_new_module_pass_manager()
     passes.add_always_inliner_pass()

@@ -80,13 +80,13 @@ class ExprEmitter:
     def __init__(self, module: ir.Module, env: dict[str, ir.Value],
                  load: Callable[[Read, ir.IRBuilder], ir.Value],
                  locals_: dict[str, ir.Value] | None = None, scale: bool = False,
-                 vnni: bool = False) -> None:
+                 native: frozenset[str] = frozenset()) -> None:
         self.module = module
         self.env = env
         self.load = load
         self.locals = locals_ or {}
-        self.scale = scale   # math functions scale by 2^n with llvm.ldexp (see llvm_math)
-        self.vnni = vnni     # dot4 has vector versions of VNNI instructions (see llvm_dot)
+        self.scale = scale     # math functions scale by 2^n with llvm.ldexp (see llvm_math)
+        self.native = native   # dot products with vector versions of instructions (llvm_dot)
 
     def intrinsic(self, name: str, ty: ir.Type, nargs: int) -> ir.Function:
         suffix = {F32: "f32", F64: "f64", I64: "i64"}[ty]
@@ -173,10 +173,11 @@ class ExprEmitter:
         return phi
 
     def binary(self, e: Binary, b: ir.IRBuilder) -> ir.Value:
-        if e.op is BinaryOp.ADD and isinstance(e.rhs, Call) and e.rhs.fn == "dot4":
-            # an accumulation, which VNNI's dot products include
+        if e.op is BinaryOp.ADD and isinstance(e.rhs, Call) and e.rhs.fn in llvm_dot.DOTS:
+            # an accumulation, which the dot-product instructions include
+            fn = e.rhs.fn
             a, w = (self.emit(x, b) for x in e.rhs.args)
-            return llvm_dot.dot4(self.module, self.emit(e.lhs, b), a, w, b, self.vnni)
+            return llvm_dot.dot(fn, self.module, self.emit(e.lhs, b), a, w, b, fn in self.native)
         x, y = self.emit(e.lhs, b), self.emit(e.rhs, b)
         op, operand = e.op, e.lhs.dtype
         if op in (BinaryOp.AND, BinaryOp.BIT_AND):
@@ -215,8 +216,8 @@ class ExprEmitter:
         dt, fn = e.dtype, e.fn
         if reinterpreted(fn):
             return from_bits(to_bits(args[0], e.args[0].dtype, b), dt, b)
-        if fn == "dot4":
-            return llvm_dot.dot4(self.module, ir.Constant(I64, 0), *args, b, self.vnni)
+        if fn in llvm_dot.DOTS:
+            return llvm_dot.dot(fn, self.module, llvm_dot.zero(fn), *args, b, fn in self.native)
         if dt.is_bool:  # computed on 0/1 integers
             return b.icmp_signed("!=", _int_call(fn, args, b), ir.Constant(I64, 0))
         if dt.is_int:

@@ -23,11 +23,12 @@ from llvmlite import ir
 
 from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef, walk
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
-                               map_body_exprs, walk_stmts)
+                               TileProduct, map_body_exprs, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.targets.llvm_dot import declare_variants
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
                                         calls_libm, f32_to_bf16, register_type, storage_type)
+from polyfuse.targets.llvm_tiles import calls
 
 PARALLEL_FOR = "polyfuse_parallel_for_threads"
 _I8P = I8.as_pointer()
@@ -44,13 +45,15 @@ class _Scope:
 
 class KernelEmitter:
     def __init__(self, kernel: LoopKernel, module: ir.Module, num_threads: int = 0,
-                 scalable: bool = False, avx512: bool = False, vnni: bool = False) -> None:
+                 scalable: bool = False, avx512: bool = False,
+                 native: frozenset[str] = frozenset(), tiles: frozenset[str] = frozenset()) -> None:
         self.kernel = kernel
         self.module = module
         self.num_threads = num_threads
         self.scalable = scalable   # vector loops as scalable vectors (SVE): vscale x width
         self.avx512 = avx512       # masked vector loads and stores are cheap, vscalefps scales
-        self.vnni = vnni           # int8 dot products (dot4) have VNNI instructions
+        self.native = native       # dot products (dot4, bfdot2) with instructions
+        self.tiles = tiles         # dot products the matrix tiles (AMX) sum
         self.n_parallel = 0
         self.n_loops = 0
 
@@ -120,10 +123,24 @@ class KernelEmitter:
                 self.store(s, scope, b)
             elif isinstance(s, Assign):
                 b.store(self.exprs(scope).emit(s.value, b), scope.locals[s.var])
+            elif isinstance(s, TileProduct):
+                if s.builtin in self.tiles:
+                    self.tile_product(s, scope, b)
+                else:
+                    self.body(s.nest, scope, b)
+
+    def tile_product(self, s: TileProduct, scope: _Scope, b: ir.IRBuilder) -> None:
+        """A call of the block's function on the tiles (:mod:`.llvm_tiles`), linked and
+        inlined once the module is optimized."""
+        acc, a, w = [self.address(r, scope, b) for r in s.operands]
+        for name, a_at, w_at in calls(s.builtin, s.shape, s.steps):
+            f = self.module.globals.get(name) or ir.Function(
+                self.module, ir.FunctionType(ir.VoidType(), [acc.type, a.type, w.type]), name)
+            b.call(f, [acc, b.gep(a, [ir.Constant(I64, a_at)]), b.gep(w, [ir.Constant(I64, w_at)])])
 
     def exprs(self, scope: _Scope) -> ExprEmitter:
         return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b),
-                           scope.locals, scale=self.avx512, vnni=self.vnni)
+                           scope.locals, scale=self.avx512, native=self.native)
 
     def address(self, access: Read, scope: _Scope, b: ir.IRBuilder) -> ir.Value:
         """The element ``access`` names (a read, or a store's target)."""
@@ -361,6 +378,8 @@ def _stmt_exprs(st: Stmt) -> list[Expr]:
         return [*st.indices, st.value]
     if isinstance(st, Assign):
         return [st.value]
+    if isinstance(st, TileProduct):
+        return list(st.operands)
     return []
 
 
@@ -391,17 +410,19 @@ def _to_storage(value: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
 
 
 def emit_module(kernel: LoopKernel, triple: str, data_layout: str, num_threads: int = 0,
-                scalable: bool = False, avx512: bool = False, vnni: bool = False) -> str:
+                scalable: bool = False, avx512: bool = False,
+                native: frozenset[str] = frozenset(), tiles: frozenset[str] = frozenset()) -> str:
     """The LLVM IR text of ``kernel``; loop metadata nodes refer to themselves.
     ``scalable``: vector loops use scalable vectors (for SVE); ``avx512``: a vector
     loop of a constant trip count that is not whole vectors ends in a masked vector,
     not a scalar loop, and math functions scale by powers of two with ``llvm.ldexp``
-    (one ``vscalefps``); ``vnni``: int8 dot products (``dot4``) become VNNI's (see
-    :mod:`.llvm_dot`)."""
+    (one ``vscalefps``); ``native``: the dot products (``dot4``, ``bfdot2``) that
+    become the target's instructions (see :mod:`.llvm_dot`); ``tiles``: those whose tile
+    products run on matrix tiles (see :mod:`.llvm_tiles`)."""
     module = ir.Module(name=kernel.name)
     module.triple = triple
     module.data_layout = data_layout
-    KernelEmitter(kernel, module, num_threads, scalable, avx512, vnni).emit()
+    KernelEmitter(kernel, module, num_threads, scalable, avx512, native, tiles).emit()
     return declare_variants(_self_reference_loops(str(module)))
 
 

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 import polyfuse as pf
 from polyfuse.runtime.bundle import write_bundle
 from polyfuse.runtime.cross import c_compiler, runner_prefix
+from polyfuse.targets.cpu import native_tiles
 from tests.arm_tools import AARCH64
 from tests.onnx.test_frontend import mlp
 from tests.onnx.test_models import cnn, make_model, randn, weights
@@ -48,8 +49,8 @@ def odd_outputs():
                       {"table": table})
 
 
-def build_and_run(model, feed, target, tmp_path, threads=False, env=None):
-    compiled = pf.compile(model, target=target)
+def build_and_run(model, feed, target, tmp_path, threads=False, env=None, **options):
+    compiled = pf.compile(model, target=target, **options)
     write_bundle(compiled, tmp_path, "net", threads=threads, shapes={k: v.shape for k, v in feed.items()})
     exe = tmp_path / "net_main"
     cc = c_compiler(pf.Target.parse(target))
@@ -105,6 +106,17 @@ def test_cnn_bundle_prints_what_compile_run_returns(target, threads, tmp_path):
     if shutil.which("file"):
         described = subprocess.run(["file", str(tmp_path / "net.o")], capture_output=True, text=True).stdout
         assert "relocatable" in described and ("x86-64" if target == "x86" else "aarch64") in described
+
+
+@pytest.mark.skipif("bfdot2" not in native_tiles(pf.Target.parse("host")),
+                    reason="the host has no AMX-BF16 tiles (or Linux does not grant them)")
+@pytest.mark.parametrize("threads", [False, True], ids=["1-thread", "thread-pool"])
+def test_a_bf16_bundle_asks_linux_for_the_amx_tiles_its_kernels_use(threads, tmp_path):
+    """main.c never asks for the tiles; the entry point does (else: SIGILL)."""
+    feed = {"x": randn(64, 128)}
+    compiled, run = build_and_run(wide_mlp(), feed, "x86", tmp_path, threads, precision="bf16")
+    assert "tile bfdot2(" in compiled.dump("loops")
+    assert_prints_the_same(compiled, run, feed)
 
 
 @pytest.mark.parametrize("target", TARGETS)

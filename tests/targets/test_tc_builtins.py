@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import mpmath
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from polyfuse.ir.loops_interpreter import interpret_kernel
 from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
-from polyfuse.targets.cpu import vnni
+from polyfuse.targets.cpu import native_dots
 from polyfuse.targets.llvm_expr import VECTOR_BODIES
 from polyfuse.targets.target import Target
 from tests.arm_tools import AARCH64, needs_arm_tools
@@ -277,6 +278,10 @@ def test_double_arguments_use_libm_or_say_the_algorithm_is_float32_only():
 
 # --- dot4: int8 dot products ------------------------------------------------------------------
 
+# the dot products' forms: VNNI/BF16 x86, AVX-512 without them, numpy, aarch64, CUDA C
+DOT_TARGETS = ["host", "x86:skylake", "reference", AARCH64,
+               pytest.param("cuda", marks=pytest.mark.skipif(
+                   CXX is None, reason="the emulator needs a C++20 compiler"))]
 DOT4 = "def d(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! dot4(A(m, k), B(k, n)) }"
 
 
@@ -291,9 +296,7 @@ def _dot4_operands():
     return a.view(np.int32)[..., 0], b.view(np.int32)[..., 0], want.astype(np.int32)
 
 
-@pytest.mark.parametrize("target", ["host", "x86:skylake", "reference", AARCH64,
-                                    pytest.param("cuda", marks=pytest.mark.skipif(
-                                        CXX is None, reason="the emulator needs a C++20 compiler"))])
+@pytest.mark.parametrize("target", DOT_TARGETS)
 def test_dot4_sums_unsigned_bytes_times_signed_ones(target, request):
     if target == "cuda":
         request.getfixturevalue("emulated")
@@ -305,7 +308,7 @@ def test_dot4_is_vnni_where_the_host_has_it_and_byte_arithmetic_elsewhere(capfd)
     a, b, _ = _dot4_operands()
     host = pf.define(DOT4, target="host").d.specialize(a, b).stages
     skylake = pf.define(DOT4, target="x86:skylake").d.specialize(a, b).stages
-    assert ("vpdpbusd" in host["asm"]) == vnni(Target.parse("host"))
+    assert ("vpdpbusd" in host["asm"]) == ("dot4" in native_dots(Target.parse("host")))
     assert "vpdpbusd" not in skylake["asm"] and "polyfuse_dot4" not in skylake["llvm"]
     assert capfd.readouterr().err == ""
 
@@ -319,3 +322,55 @@ def test_dot4_round_trips_and_runs_on_the_loop_ir_interpreter():
     bound = bind_arguments(d, (a, b))
     got = interpret_kernel(schedule_definition(d, bound.sizes, MappingOptions()), bound.values)
     np.testing.assert_array_equal(got["C"], want)
+
+
+# --- bfdot2: bfloat16 dot products --------------------------------------------------------------
+
+BFDOT2 = "def d(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! bfdot2(A(m, k), B(k, n)) }"
+
+
+def _bfdot2_operands(exact):
+    """Words of 2 bfloat16 (a row count no vector divides) and their sums in float32 as
+    vdpbf16ps makes them: per word, the upper halves' product added first. ``exact``:
+    multiples of 1/2 below 8, whose sums every order gets exactly; else normal values."""
+    rng = np.random.default_rng(2)
+    if exact:
+        a, b = rng.integers(-16, 17, (5, 7, 2)) / 2, rng.integers(-16, 17, (7, 40, 2)) / 2
+    else:
+        a, b = rng.standard_normal((5, 7, 2)) * 3, rng.standard_normal((7, 40, 2)) / 3
+    a, b = a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)
+    af, bf = a.astype(F), b.astype(F)
+    want = np.zeros((5, 40), F)
+    for k in range(7):
+        for half in (1, 0):
+            want = want + af[:, k, half, None] * bf[None, k, :, half]
+    return a.view(np.int32)[..., 0], b.view(np.int32)[..., 0], want
+
+
+@pytest.mark.parametrize("target", DOT_TARGETS)
+def test_bfdot2_sums_products_of_bfloat16_halves_in_float32(target, request):
+    if target == "cuda":
+        request.getfixturevalue("emulated")
+    a, b, want = _bfdot2_operands(exact=True)
+    np.testing.assert_array_equal(pf.define(BFDOT2, target=target).d(a, b), want)
+
+
+@pytest.mark.parametrize("target", ["host", "x86:skylake", AARCH64])
+def test_bfdot2_rounds_as_vdpbf16ps_on_every_cpu(target):
+    a, b, want = _bfdot2_operands(exact=False)
+    np.testing.assert_array_equal(pf.define(BFDOT2, target=target).d(a, b), want)
+
+
+def test_bfdot2_is_vdpbf16ps_where_the_host_has_it_and_float_arithmetic_elsewhere(capfd):
+    a, b, want = _bfdot2_operands(exact=False)
+    host = pf.define(BFDOT2, target="host").d.specialize(a, b).stages
+    skylake = pf.define(BFDOT2, target="x86:skylake").d.specialize(a, b).stages
+    assert ("vdpbf16ps" in host["asm"]) == ("bfdot2" in native_dots(Target.parse("host")))
+    assert "vdpbf16ps" not in skylake["asm"] and "polyfuse_bfdot2" not in skylake["llvm"]
+    assert capfd.readouterr().err == ""
+    # the interpreters add each word's two products before the accumulator: one rounding apart
+    np.testing.assert_allclose(pf.define(BFDOT2, target="reference").d(a, b), want, rtol=1e-5,
+                               atol=1e-5)
+    assert_round_trip(BFDOT2)
+    loops = pf.define(BFDOT2, target="x86").d.specialize(a, b).stages["loops"]
+    assert str(parse_kernel(loops)) == loops

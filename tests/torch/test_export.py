@@ -116,3 +116,18 @@ def test_cli_runs_a_pt2_file(tmp_path, capsys):
     assert_close(got, model(x))
     assert main(["compile", str(path), "--target", "host", "--dump", "groups"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_precision_bf16_rounds_the_products_of_constant_weights():
+    """A Linear's weights reach its Gemm through a transpose, which the bf16 pass follows;
+    the grouped convolution stays float32. The result is the eager one to bfloat16's
+    precision, and not to float32's (the products really round)."""
+    torch.manual_seed(3)
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = pf.compile(torch.export.export(model, (x,)), target="host", precision="bf16")
+    got, want = compiled(x.numpy()), model(x).detach().numpy()
+    graph = compiled.dump("use_bfloat16_products")
+    assert "BFloat16Gemm" in graph and graph.count("BFloat16Conv") == 1
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-3)
+    assert np.abs(got - want).max() > 1e-5

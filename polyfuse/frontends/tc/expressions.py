@@ -175,9 +175,9 @@ class ExprAnalyzer:
         dt, weak = _numeric(acc.dtype), acc.weak
         if builtin.kind is BuiltinKind.BITS:
             return Typed(self.reinterpret(builtin.result, args[0], node.loc), False)
-        if builtin.kind is BuiltinKind.BYTES:
+        if builtin.kind is BuiltinKind.WORDS:
             words = tuple(cast(a.expr, DType.INT32) for a in args)
-            return Typed(Call(node.name, words, DType.INT32, node.loc), False)
+            return Typed(Call(node.name, words, builtin.result, node.loc), False)  # type: ignore[arg-type]
         if builtin.kind is BuiltinKind.FLOAT and not dt.is_float:
             dt = DType.FLOAT32
         return Typed(Call(node.name, tuple(cast(a.expr, dt) for a in args), dt, node.loc), weak)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from polyfuse.ir.types import DType
 from polyfuse.lowering.layout import CHANNELS_LAST
 from polyfuse.lowering.ops import OpContext, TCKernel, literal, register, tensor_param
 
@@ -151,7 +152,7 @@ def _channels(ctx: OpContext, channels: int, per_group: int, groups: int) -> Non
                               f"group(s) of {per_group}")
 
 
-def _bias(ctx: OpContext, channels: int) -> None:
+def check_bias(ctx: OpContext, channels: int) -> None:
     if ctx.has(2) and ctx.shape(2) != (channels,):
         raise ctx.malformed(f"the bias has shape {ctx.shape(2)}; it needs one value for each "
                             f"of the {channels} output channels")
@@ -162,7 +163,7 @@ def _group_of(m: str, per_group: int) -> str:
     return m if per_group == 1 else f"({m} / {per_group})"
 
 
-def _kernel_shape(ctx: OpContext) -> list[int]:
+def kernel_shape(ctx: OpContext) -> list[int]:
     ctx.rank(0, least=3)
     w = ctx.shape(1)
     if len(w) != len(ctx.shape(0)):
@@ -223,10 +224,10 @@ def pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = Fals
 def _conv(ctx: OpContext) -> TCKernel:
     x, w = ctx.shape(0), ctx.shape(1)
     groups = ctx.ints(ctx.attr("group", 1), "group", 1, least=1)[0]
-    axes = window_axes(ctx, _kernel_shape(ctx))
+    axes = window_axes(ctx, kernel_shape(ctx))
     m_out, c_group = w[0], w[1]
     _channels(ctx, x[1], c_group, groups)
-    _bias(ctx, m_out)
+    check_bias(ctx, m_out)
     if m_out % groups:
         raise ctx.unsupported(f"{m_out} output channels do not split into {groups} groups")
     o = [f"o{i}" for i in range(len(axes))]
@@ -285,7 +286,7 @@ def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:
     window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
     read = f"P(n, {window}, c)" if stored_last else f"{source}(n, c, {window})"
     packed = np.ascontiguousarray(ctx.values[1].transpose(*range(1, len(w)), 0))  # type: ignore[union-attr]
-    return _channels_last(ctx, axes, "conv", padding, f"{read} * Wt(c, {', '.join(k)}, m)",
+    return channels_last_kernel(ctx, axes, "conv", padding, f"{read} * Wt(c, {', '.join(k)}, m)",
                           [("c", w[1])], packed)
 
 
@@ -302,14 +303,14 @@ def _depthwise_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel
     weights = ctx.values[1][:, 0]  # type: ignore[index]
     packed = np.ascontiguousarray(weights.transpose(*range(1, weights.ndim), 0))
     product = guarded(inside, f"{read} * Wt({', '.join(k)}, m)", literal(0, ctx.dtype(0)))
-    return _channels_last(ctx, axes, "depthwise_conv", "", product, [], packed)
+    return channels_last_kernel(ctx, axes, "depthwise_conv", "", product, [], packed)
 
 
 def window_names(n: int) -> tuple[list[str], list[str]]:
     return [f"o{i}" for i in range(n)], [f"k{i}" for i in range(n)]
 
 
-def _channels_last(ctx: OpContext, axes: list[WindowAxis], name: str, padding: str,
+def channels_last_kernel(ctx: OpContext, axes: list[WindowAxis], name: str, padding: str,
                    product: str, summed: list[tuple[str, int]], packed: np.ndarray) -> TCKernel:
     """The kernel of a channels-last convolution: ``padding`` (a statement writing ``P``,
     or none), ``T(n, o..., m) +=! product`` over ``summed`` and the window, then ``Y`` in
@@ -321,7 +322,7 @@ def _channels_last(ctx: OpContext, axes: list[WindowAxis], name: str, padding: s
     extents = ([("n", x[0])] + outs + [("m", m_out)] + summed
                + [(ki, a.kernel) for ki, a in zip(k, axes)])
     params = [tensor_param("X", ctx.types[0]),  # type: ignore[arg-type]
-              tensor_param("Wt", (ctx.dtype(1), packed.shape))]
+              tensor_param("Wt", (DType.from_numpy(packed.dtype), packed.shape))]
     bias, inputs = "", (0,)
     if ctx.has(2):
         params.insert(1, tensor_param("B", ctx.types[2]))  # type: ignore[arg-type]
@@ -396,10 +397,10 @@ def transposed_axes(ctx: OpContext, kernel: Sequence[int]) -> list[TransposedAxi
 def _conv_transpose(ctx: OpContext) -> TCKernel:
     x, w = ctx.shape(0), ctx.shape(1)
     groups = ctx.ints(ctx.attr("group", 1), "group", 1, least=1)[0]
-    axes = transposed_axes(ctx, _kernel_shape(ctx))
+    axes = transposed_axes(ctx, kernel_shape(ctx))
     c_group, m_group = x[1] // groups, w[1]
     _channels(ctx, x[1], c_group, groups)
-    _bias(ctx, m_group * groups)
+    check_bias(ctx, m_group * groups)
     if w[0] != x[1]:
         raise ctx.unsupported(f"weights of shape {w} do not match {x[1]} input channels")
     o = [f"o{i}" for i in range(len(axes))]

@@ -70,18 +70,9 @@ TRANSPOSE_ROWS = 8   # rows of A from which Gemm multiplies constant weights' tr
 
 @register("Gemm")
 def _gemm(ctx: OpContext) -> TCKernel:
-    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
-    ta, tb = int(ctx.flag("transA", 0)), int(ctx.flag("transB", 0))
-    ctx.rank(0, 2)
-    ctx.rank(1, 2)
-    if ctx.shape(0)[0 if ta else 1] != ctx.shape(1)[1 if tb else 0]:
-        raise ctx.malformed(f"A {ctx.shape(0)} (transA={ta}) and B {ctx.shape(1)} (transB={tb}) "
-                            "do not multiply: their inner dimensions differ")
-    dt = ctx.dtype(0)
+    ta, tb, m_ext, n_ext = gemm_shape(ctx)
     a = "A(k, m)" if ta else "A(m, k)"
     b = "B(n, k)" if tb else "B(k, n)"
-    m_ext = ctx.shape(0)[1 if ta else 0]
-    n_ext = ctx.shape(1)[0 if tb else 1]
     params = [tensor_param("A", ctx.types[0]), tensor_param("B", ctx.types[1])]  # type: ignore[arg-type]
     constants: tuple[np.ndarray, ...] = ()
     weights = ctx.values[1]
@@ -94,23 +85,44 @@ def _gemm(ctx: OpContext) -> TCKernel:
         params[1] = tensor_param("B", (ctx.dtype(1), constants[0].shape))
         b = "B(k, n)"
     lines = [f"  Y(m, n) +=! {a} * {b} where m in 0:{m_ext}, n in 0:{n_ext}"]
-    if alpha != 1.0:
-        lines.append(f"  Y(m, n) = Y(m, n) * {dt}({alpha!r})")
     inputs: tuple[int, ...] = (0, 1)
-    if ctx.has(2) and beta != 0.0:
-        if broadcast_shape(ctx.shape(2), (m_ext, n_ext)) != (m_ext, n_ext):
-            raise ctx.malformed(f"C has shape {ctx.shape(2)}, which does not broadcast to the "
-                                f"result's {(m_ext, n_ext)}")
-        params.append(tensor_param("C", ctx.types[2]))  # type: ignore[arg-type]
-        c = access("C", broadcast_indices(ctx.shape(2), (m_ext, n_ext), ["m", "n"]))
-        scale = "" if beta == 1.0 else f" * {dt}({beta!r})"
-        lines.append(f"  Y(m, n) = Y(m, n) + {c}{scale}")
-        inputs = (0, 1, 2)
+    epilogue, more, read = gemm_epilogue(ctx, m_ext, n_ext)
+    params += more
+    inputs += read
     if constants:   # B follows the node inputs, as the kernel's last parameter
         params.append(params.pop(1))
         inputs = tuple(i for i in inputs if i != 1)
-    src = f"def k({', '.join(params)}) -> (Y) {{\n" + "\n".join(lines) + "\n}\n"
+    src = f"def k({', '.join(params)}) -> (Y) {{\n" + "\n".join(lines + epilogue) + "\n}\n"
     return TCKernel(src, inputs, constants=constants)
+
+
+def gemm_shape(ctx: OpContext) -> tuple[bool, bool, int, int]:
+    """Gemm's ``transA``, ``transB`` and the product's rows and columns, checked."""
+    ta, tb = ctx.flag("transA", 0), ctx.flag("transB", 0)
+    ctx.rank(0, 2)
+    ctx.rank(1, 2)
+    if ctx.shape(0)[0 if ta else 1] != ctx.shape(1)[1 if tb else 0]:
+        raise ctx.malformed(f"A {ctx.shape(0)} (transA={int(ta)}) and B {ctx.shape(1)} "
+                            f"(transB={int(tb)}) do not multiply: their inner dimensions differ")
+    return ta, tb, ctx.shape(0)[1 if ta else 0], ctx.shape(1)[0 if tb else 1]
+
+
+def gemm_epilogue(ctx: OpContext, m_ext: int, n_ext: int) -> tuple[list[str], list[str],
+                                                                   tuple[int, ...]]:
+    """The statements scaling the product ``Y(m, n)`` by alpha and adding ``beta * C``,
+    with the parameter and node input (C's, if read) they add."""
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    dt = ctx.dtype(0)
+    lines = [f"  Y(m, n) = Y(m, n) * {dt}({alpha!r})"] if alpha != 1.0 else []
+    if not ctx.has(2) or beta == 0.0:
+        return lines, [], ()
+    if broadcast_shape(ctx.shape(2), (m_ext, n_ext)) != (m_ext, n_ext):
+        raise ctx.malformed(f"C has shape {ctx.shape(2)}, which does not broadcast to the "
+                            f"result's {(m_ext, n_ext)}")
+    c = access("C", broadcast_indices(ctx.shape(2), (m_ext, n_ext), ["m", "n"]))
+    scale = "" if beta == 1.0 else f" * {dt}({beta!r})"
+    lines.append(f"  Y(m, n) = Y(m, n) + {c}{scale}")
+    return lines, [tensor_param("C", ctx.types[2])], (2,)  # type: ignore[arg-type]
 
 
 @register("Einsum")

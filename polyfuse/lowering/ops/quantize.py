@@ -32,6 +32,7 @@ from polyfuse.lowering.ops.conv import (WindowAxis, affine, guarded, pad_input, 
                                         window_names)
 from polyfuse.lowering.ops.linalg import Product, matmul_product
 from polyfuse.lowering.ops.narrow import narrowed
+from polyfuse.lowering.ops.words import packed_word, weight_words
 
 QUANTIZED = (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.UINT4, DType.INT4,
              DType.UINT2, DType.INT2, DType.FLOAT8E4M3FN, DType.FLOAT8E4M3FNUZ, DType.FLOAT8E5M2,
@@ -240,7 +241,7 @@ def _integer_matmul(ctx: OpContext, p: Product, za: int, zb: int, columns: int,
 def _dot4_matmul(ctx: OpContext, p: Product, weights: np.ndarray, za: str, bias: str) -> _Sums:
     """``T(out) +=! dot4(Ap(..., k4), Wt(k4, n))``: A copied into words of 4 of its
     columns, the constant ``weights`` (one row per output column, less B's zero points)
-    as words (:func:`_weight_words`), A's zero point corrected outside the sum as a
+    as words (:func:`weight_words`), A's zero point corrected outside the sum as a
     convolution's is (:func:`_channels_last_sums`)."""
     a = p.inputs[0]
     shape, depth = ctx.shape(a), weights.shape[1]
@@ -258,7 +259,8 @@ def _dot4_matmul(ctx: OpContext, p: Product, weights: np.ndarray, za: str, bias:
     return _Sums(lines, f"{access('T', p.out)}{correction}{bias}", list(zip(p.out, p.extents)),
                  [("Ap", DType.INT32, tuple(e for _, e in extents)),
                   ("T", DType.INT32, tuple(p.extents))],
-                 [("Wt", _weight_words(weights))] + ([("S", sums)] if zero else []), (p.inputs[1],))
+                 [("Wt", weight_words(weights.astype(np.int8)))] + ([("S", sums)] if zero else []),
+                 (p.inputs[1],))
 
 
 def _per_row(ctx: OpContext, i: int, what: str, p: Product) -> str:
@@ -407,7 +409,7 @@ def _dot4_sums(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray, sums
     (x86's ``vpdpbusd``: unsigned bytes times signed bytes, summed 4 to an int32 lane):
     ``T(n, o..., m) +=! dot4(P(n, h..., c4), Wt(c4, k..., m))`` with ``P`` the input
     copied into words of 4 channels (padded, channels-last) and ``Wt`` the weights as
-    words (:func:`_weight_words`)."""
+    words (:func:`weight_words`)."""
     x = ctx.shape(0)
     words = -(-x[1] // 4)
     zero = _unsigned_zero(ctx, 0, zx)
@@ -426,7 +428,7 @@ def _dot4_sums(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray, sums
     product = f"dot4(P(n, {window}, c4), Wt(c4, {', '.join(k)}, m))"
     correction = f" - {zero} * S(m)" if zero else ""
     return _accumulated(ctx, padded, lines, temporaries, product, [("c4", words)],
-                        [("Wt", _weight_words(weights))] + ([("S", sums)] if zero else []),
+                        [("Wt", weight_words(weights.astype(np.int8)))] + ([("S", sums)] if zero else []),
                         correction + tail)
 
 
@@ -445,26 +447,9 @@ def _byte_word(ctx: OpContext, i: int, reads: Sequence[str], index: str, count: 
     the values at ``4 * index + j`` along an axis of ``count``, where that is inside
     it and ``inside`` holds, else ``zero`` (a padding that adds nothing once the zero
     point is corrected; past ``count`` the weights are 0)."""
-    last = -(-count // 4) - 1
-    parts = []
-    for j, read in enumerate(reads):
-        value = f"uint32(int32({read}) + 128)" if ctx.element(i) is DType.INT8 else f"uint32({read})"
-        past = [f"{affine([(index, 4)], j)} < {count}"] if 4 * last + j >= count else []
-        byte = guarded([*inside, *past], value, f"uint32({zero or 0})")
-        parts.append(f"(({byte}) << {8 * j})" if j else f"({byte})")
-    return f"as_int32({' | '.join(parts)})"
-
-
-def _weight_words(weights: np.ndarray) -> np.ndarray:
-    """Weights ``(M, C, K...)`` (fitting int8) as int32 words ``(C4, K..., M)``: the 4
-    bytes of a word are 4 consecutive channels of one output (channels past C are 0),
-    the operand ``dot4`` reads 16 outputs of in one vector."""
-    m, c, rest = weights.shape[0], weights.shape[1], weights.shape[2:]
-    words = -(-c // 4)
-    spread = np.zeros((m, 4 * words, *rest), np.int8)
-    spread[:, :c] = weights
-    packed = np.moveaxis(spread.reshape(m, words, 4, *rest), (0, 2), (-2, -1))
-    return np.ascontiguousarray(packed).view(np.int32)[..., 0]
+    signed = ctx.element(i) is DType.INT8
+    values = [f"uint32(int32({read}) + 128)" if signed else f"uint32({read})" for read in reads]
+    return packed_word(values, index, count, inside, f"uint32({zero or 0})")
 
 
 def _accumulated(ctx: OpContext, axes: list[WindowAxis], lines: list[str],

@@ -3,6 +3,8 @@ scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lower
 
 * :func:`separate_full_tiles` (``separate_tiles.py``): full tiles split from partial ones,
   so their inner loops have constant bounds;
+* :func:`use_matrix_tiles` (``matrix_tiles.py``): a product of dot-product words put on
+  a CPU's matrix tiles (AMX), block by block, where the target has them;
 * :func:`unroll_and_jam` (``unroll_and_jam.py``): register blocking of the loop right
   around the innermost one;
 * :func:`promote_accumulators` (``promote_accumulators.py``): reductions kept in locals;
@@ -32,13 +34,14 @@ from polyfuse.scheduler.loop_passes.pack_operands import pack_operands
 from polyfuse.scheduler.loop_passes.promote_accumulators import promote_accumulators
 from polyfuse.scheduler.loop_passes.register_blocks import promote_register_blocks
 from polyfuse.scheduler.loop_passes.separate_tiles import separate_full_tiles
+from polyfuse.scheduler.loop_passes.matrix_tiles import use_matrix_tiles
 from polyfuse.scheduler.loop_passes.unroll_and_jam import unroll_and_jam
 
 LoopPass = Callable[[LoopKernel], LoopKernel]
 
 __all__ = ["LoopPass", "LoopPassManager", "Pass", "drop_dead_stores", "fuse_epilogues", "pack_operands", "promote_accumulators",
            "promote_register_blocks", "separate_full_tiles",
-           "unroll_and_jam"]
+           "unroll_and_jam", "use_matrix_tiles"]
 
 
 class LoopPassManager(PassManager[LoopKernel]):

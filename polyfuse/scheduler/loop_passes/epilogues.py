@@ -27,8 +27,8 @@ import math
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import (BufferRole, For, If, LoopKernel, Stmt, Store, constant_trips, rewrite, stmt_nodes,
-                               walk_stmts)
+from polyfuse.ir.loops import (BufferRole, For, If, LoopKernel, Stmt, Store, TileProduct, constant_trips, rewrite,
+                               stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
 
 _I64 = DType.INT64
@@ -145,8 +145,8 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, whole: frozenset[str],
     if any(r.tensor in written - {source} for r in walk(template) if isinstance(r, Read)) or \
             any(isinstance(r, Read) and r.tensor == target for st in walk_stmts((first,)) for r in stmt_nodes(st)):
         return None
-    blocks: list[tuple[For, list[For]]] = []   # each block's store nest, its reduction tiles
-    if not _find_blocks(first, source, kernel, [], blocks):
+    blocks: list[tuple[Stmt, list[For]]] = []   # each block's store nest (or tile product), its reduction tiles
+    if not _find_blocks(first, source, kernel, [], blocks) or not blocks:
         return None
     # a block store nest at the top (its tiles cover the output) becomes two statements
     return rewrite((first,), pre=lambda s: _apply(s, blocks, source, target, template))
@@ -168,11 +168,12 @@ def _is_block_store(s: Stmt, source: str, kernel: LoopKernel) -> bool:
 
 
 def _find_blocks(s: Stmt, source: str, kernel: LoopKernel, path: list[For],
-                 found: list[tuple[For, list[For]]]) -> bool:
+                 found: list[tuple[Stmt, list[For]]]) -> bool:
     """Collect the block store nests under ``s`` with the loops around them; False when
     ``source`` is stored any other way."""
-    if isinstance(s, For) and _is_block_store(s, source, kernel):
-        stores = _innermost(s)
+    tile = isinstance(s, TileProduct) and s.acc.tensor == source
+    if tile or isinstance(s, For) and _is_block_store(s, source, kernel):
+        stores = _innermost(s.nest[0] if tile else s)  # type: ignore[union-attr]
         assert stores is not None
         used = {n.name for st in stores for i in st.indices for n in walk(i) if isinstance(n, IndexVar)}
         tiles = [lp for lp in path if lp.var not in used]
@@ -186,7 +187,22 @@ def _find_blocks(s: Stmt, source: str, kernel: LoopKernel, path: list[For],
         return all(_find_blocks(c, source, kernel, path + [s], found) for c in s.body)
     if isinstance(s, If):
         return all(_find_blocks(c, source, kernel, path, found) for c in (*s.then, *s.other))
-    return True
+    return not any(isinstance(t, Store) and t.buffer == source for t in walk_stmts((s,)))
+
+
+def _on_tiles(tile: TileProduct, target: str, template: Expr) -> Stmt:
+    """The epilogue over a tile product's block, once its tiles have stored it: its
+    loops but the depth, each ``T(F)`` it stored read back (from L1) into ``Y(F)``."""
+    rows = tile.nest[0]
+    cols = rows.body[0]   # type: ignore[attr-defined]
+    st = _innermost(rows)[0]   # type: ignore[index]
+
+    def place(e: Expr) -> Expr:
+        if isinstance(e, IndexVar) and e.name.startswith(_SLOT):
+            return st.indices[int(e.name[len(_SLOT):])]
+        return e
+    store = Store(target, st.indices, map_expr(template, place))
+    return replace(rows, body=(replace(cols, body=(store,), vector=16),))
 
 
 def _last(lp: For) -> Expr:
@@ -195,7 +211,7 @@ def _last(lp: For) -> Expr:
     return Binary(BinaryOp.EQ, IndexVar(lp.var, _I64), Literal(last, _I64), DType.BOOL)
 
 
-def _apply(s: Stmt, blocks: list[tuple[For, list[For]]], source: str, target: str,
+def _apply(s: Stmt, blocks: list[tuple[Stmt, list[For]]], source: str, target: str,
            template: Expr) -> tuple[Stmt, ...] | None:
     block = next(((b, tiles) for b, tiles in blocks if b is s), None)
     if block is None:
@@ -218,7 +234,8 @@ def _apply(s: Stmt, blocks: list[tuple[For, list[For]]], source: str, target: st
             return e
         return Store(target, st.indices, map_expr(template, place))
 
-    applied = rewrite((nest,), pre=epilogue)[0]
+    applied = _on_tiles(nest, target, template) if isinstance(nest, TileProduct) else \
+        rewrite((nest,), pre=epilogue)[0]
     if not tiles:
         return nest, applied
     cond = _last(tiles[0])

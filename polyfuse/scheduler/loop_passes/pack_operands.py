@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, walk
 from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Packing, Stmt,
-                               Store, constant_trips, fresh_name, map_body_exprs)
+                               Store, TileProduct, constant_trips, fresh_name, map_body_exprs)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine
 
@@ -54,7 +54,9 @@ _I64 = DType.INT64
 
 
 @dataclass(frozen=True)
-class _Loop:
+class ConstantLoop:
+    """A loop with literal bounds: ``trips`` iterations from ``lo`` by ``step``."""
+
     var: str
     lo: int
     trips: int
@@ -71,10 +73,10 @@ class _Site:
     """One read of the tensor inside the nest: its index forms split at the nest's top."""
 
     read: Read
-    path: tuple[_Loop, ...]       # the nest's loops around the read, outermost first
+    path: tuple[ConstantLoop, ...]       # the nest's loops around the read, outermost first
     outer: tuple[Affine, ...]     # per index: the part fixed outside the nest
     inner: tuple[Affine, ...]     # per index: the part the nest's loops move (with constants)
-    vector: _Loop                 # the vector loop moving the last index
+    vector: ConstantLoop                 # the vector loop moving the last index
 
 
 def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset()) -> LoopKernel:
@@ -134,7 +136,7 @@ class _Packer:
         return top, copies
 
     def pack(self, top: For, tensor: str, sites: list[_Site],
-             tiles: list[_Loop] | None) -> tuple[For, list[Stmt]] | None:
+             tiles: list[ConstantLoop] | None) -> tuple[For, list[Stmt]] | None:
         """The nest reading ``tensor`` packed, and the copy filling the packed buffer (none
         when ``tiles``, the enclosing loops its boxes move with, prepack every box)."""
         source = self.inputs[tensor]
@@ -212,17 +214,17 @@ class _Packer:
         return fresh_name(base, self.taken)
 
 
-def _tiles(sites: list[_Site], enclosing: tuple[For, ...]) -> list[_Loop] | None:
+def _tiles(sites: list[_Site], enclosing: tuple[For, ...]) -> list[ConstantLoop] | None:
     """The enclosing loops the sites' boxes move with (outermost first), when each has
     constant bounds (then every box they visit is one the kernel reads); else None."""
     moving = {v for form in sites[0].outer for v in form}
-    tiles = [_constant_loop(lp) for lp in enclosing if lp.var in moving]
+    tiles = [constant_loop(lp) for lp in enclosing if lp.var in moving]
     if len(tiles) != len(moving) or any(lp is None for lp in tiles):
         return None
     return tiles  # type: ignore[return-value]
 
 
-def _tile_number(lp: _Loop) -> Expr:
+def _tile_number(lp: ConstantLoop) -> Expr:
     """``(var - lo) / step``: which of its iterations loop ``lp`` is in."""
     at: Expr = IndexVar(lp.var, _I64)
     if lp.lo:
@@ -230,7 +232,7 @@ def _tile_number(lp: _Loop) -> Expr:
     return Binary(BinaryOp.DIV, at, Literal(lp.step, _I64), _I64) if lp.step != 1 else at
 
 
-def _packing(tensor: str, site: _Site, tiles: list[_Loop], lows: list[int], nr: int, rank: int) -> Packing:
+def _packing(tensor: str, site: _Site, tiles: list[ConstantLoop], lows: list[int], nr: int, rank: int) -> Packing:
     """Element ``(t..., panel, e..., v)`` of the prepacked buffer: the box of tile
     numbers ``t`` of the loops ``tiles``, laid out as :meth:`_Packer.copy` lays out one box."""
     axes = len(tiles) + rank
@@ -259,9 +261,9 @@ def _sites(top: For, inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None
     found: dict[str, list[_Site]] = {}
     rejected: set[str] = set()
 
-    def visit(s: Stmt, path: tuple[_Loop, ...], guarded: bool) -> bool:
+    def visit(s: Stmt, path: tuple[ConstantLoop, ...], guarded: bool) -> bool:
         if isinstance(s, For):
-            loop = _constant_loop(s)
+            loop = constant_loop(s)
             if loop is None or s.kind is not LoopKind.SERIAL:
                 rejected.update(_tensors_in((s,)))
                 return True
@@ -276,9 +278,11 @@ def _sites(top: For, inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None
             reads_in((*s.indices, s.value), path, guarded)
         elif isinstance(s, Assign):
             reads_in((s.value,), path, guarded)
+        elif isinstance(s, TileProduct):   # its operands are where the tiles read them
+            rejected.update(_tensors_in((s,)))
         return True
 
-    def reads_in(exprs: tuple[Expr, ...], path: tuple[_Loop, ...], guarded: bool) -> None:
+    def reads_in(exprs: tuple[Expr, ...], path: tuple[ConstantLoop, ...], guarded: bool) -> None:
         for e in exprs:
             for r in walk(e):
                 if isinstance(r, Read) and r.tensor in inputs:
@@ -288,13 +292,13 @@ def _sites(top: For, inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None
                     else:
                         found.setdefault(r.tensor, []).append(site)
 
-    if _constant_loop(top) is None:
+    if constant_loop(top) is None:
         return None
     visit(top, (), False)
     return {t: s for t, s in found.items() if t not in rejected}
 
 
-def _site(r: Read, path: tuple[_Loop, ...]) -> _Site | None:
+def _site(r: Read, path: tuple[ConstantLoop, ...]) -> _Site | None:
     if any(r.is_checked(d) for d in range(len(r.indices))):
         return None
     forms = [affine(i) for i in r.indices]
@@ -321,7 +325,7 @@ def _panel_aligned(site: _Site, nr: int, low: int) -> bool:
     return all((c * by_var[v].lo) % nr == 0 and (c * by_var[v].step) % nr == 0 for v, c in rest.items())
 
 
-def _span(form: Affine, path: tuple[_Loop, ...]) -> tuple[int, int]:
+def _span(form: Affine, path: tuple[ConstantLoop, ...]) -> tuple[int, int]:
     """The least and greatest value of ``form`` over the loops of ``path``."""
     by_var = {lp.var: lp for lp in path}
     lo = hi = form.get("", 0)
@@ -332,18 +336,19 @@ def _span(form: Affine, path: tuple[_Loop, ...]) -> tuple[int, int]:
     return lo, hi
 
 
-def _loops_of(sites: list[_Site]) -> list[_Loop]:
+def _loops_of(sites: list[_Site]) -> list[ConstantLoop]:
     """The distinct loops around the reads."""
-    seen: dict[str, _Loop] = {}
+    seen: dict[str, ConstantLoop] = {}
     for s in sites:
         for lp in s.path:
             seen.setdefault(lp.var, lp)
     return list(seen.values())
 
 
-def _constant_loop(s: For) -> _Loop | None:
+def constant_loop(s: For) -> ConstantLoop | None:
+    """``s`` as a :class:`ConstantLoop`, or None when its bounds are not literals."""
     trips = constant_trips(s)
-    return _Loop(s.var, int(s.lo.value), trips, s.step, s.vector) if trips else None  # type: ignore[attr-defined]
+    return ConstantLoop(s.var, int(s.lo.value), trips, s.step, s.vector) if trips else None  # type: ignore[attr-defined]
 
 
 def _tensors_in(body: tuple[Stmt, ...]) -> set[str]:
