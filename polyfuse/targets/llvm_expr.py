@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from llvmlite import ir
 
 from polyfuse.errors import CodegenError
@@ -137,12 +138,8 @@ class ExprEmitter:
         if dst.is_int:
             if src.is_bool:
                 return b.zext(x, I64)
-            if src.is_float:  # saturating (NaN is 0), as ir.types.float_to_int defines it
-                name = "llvm.fptoui.sat" if dst is DType.UINT64 else "llvm.fptosi.sat"
-                full = f"{name}.i64.{'f32' if x.type is F32 else 'f64'}"
-                fn = self.module.globals.get(full) or \
-                    ir.Function(self.module, ir.FunctionType(I64, [x.type]), full)
-                x = b.call(fn, [x])
+            if src.is_float:
+                x = self.saturated(x, dst is DType.UINT64, b)
             if dst.bits == 64:
                 return x
             narrow = b.trunc(x, storage_type(dst))
@@ -155,6 +152,25 @@ class ExprEmitter:
         elif x.type != ty:
             x = b.fpext(x, ty) if ty is F64 else b.fptrunc(x, ty)
         return round_to_storage(x, dst, b)
+
+    def saturated(self, x: ir.Value, unsigned: bool, b: ir.IRBuilder) -> ir.Value:
+        """Float ``x`` toward zero into 64 bits, saturating (NaN is 0), as
+        ir.types.float_to_int defines it: clamped to the floats inside the range, converted,
+        then the ends chosen by compares. LLVM scalarizes its own ``fptosi.sat`` on vectors
+        (a compare and two moves a lane); these are vector instructions."""
+        ty = x.type
+        top = 2.0 ** (64 if unsigned else 63)
+        below = float(np.nextafter(np.asarray(top, np.float32 if ty is F32 else np.float64), 0))
+        lowest = 0.0 if unsigned else -2.0 ** 63
+        clamped = b.call(self.intrinsic("llvm.minnum", ty, 2),
+                         [b.call(self.intrinsic("llvm.maxnum", ty, 2),
+                                 [x, ir.Constant(ty, lowest)]), ir.Constant(ty, below)])
+        whole = b.fptoui(clamped, I64) if unsigned else b.fptosi(clamped, I64)
+        high = b.fcmp_ordered(">=", x, ir.Constant(ty, top))
+        whole = b.select(high, ir.Constant(I64, -1 if unsigned else 2 ** 63 - 1), whole)
+        if unsigned:   # maxnum already made NaN 0
+            return whole
+        return b.select(b.fcmp_unordered("uno", x, x), ir.Constant(I64, 0), whole)
 
     def select(self, c: Expr, t: Expr, o: Expr, b: ir.IRBuilder) -> ir.Value:
         cond = self.emit(c, b)

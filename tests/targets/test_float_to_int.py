@@ -42,6 +42,17 @@ def test_every_target_converts_special_values_the_same(src, dst, target):
     np.testing.assert_array_equal(got, float_to_int(values, DType.from_name(dst)))
 
 
+@pytest.mark.parametrize("dst", INTS)
+@pytest.mark.parametrize("src", ["float32", "float64"])
+def test_vector_lanes_convert_as_scalars_do(src, dst):
+    # long enough that the loop runs vectorized: every lane saturates on its own
+    rng = np.random.default_rng(len(dst))
+    values = np.concatenate([np.array(SPECIAL * 8), rng.normal(0, 1, 500) * 10.0 ** rng.integers(0, 25, 500)])
+    values = rng.permutation(values * np.where(rng.random(values.size) < 0.5, -1, 1)).astype(src)
+    got = pf.define(program(src, dst), target="host").f(values)
+    np.testing.assert_array_equal(got, float_to_int(values, DType.from_name(dst)))
+
+
 @pytest.mark.parametrize("dst", ["int32", "uint8", "uint64"])
 def test_the_loop_ir_interpreter_converts_the_same(dst):
     values = np.array(SPECIAL, np.float32)
