@@ -63,6 +63,30 @@ _LIBM_DOUBLE = {n: n for n in "acosh asinh atanh exp10 fdim hypot logb nextafter
                 "tgamma".split()}
 
 
+def clamp_chain(e: Expr) -> tuple[Expr, list[tuple[str, Literal]]]:
+    """``e`` as float ``max``/``min`` of constants around an operand (``min(max(x, lo),
+    hi)``, as a saturating conversion is written): the operand, and each ``max`` or
+    ``min`` with its constant, innermost first."""
+    chain: list[tuple[str, Literal]] = []
+    while isinstance(e, Call) and e.fn in ("max", "min") and e.dtype.is_float and len(e.args) == 2:
+        constant = [a for a in e.args if isinstance(a, Literal)]
+        if not constant:
+            break
+        chain.append((e.fn, constant[0]))
+        e = e.args[1] if e.args[0] is constant[0] else e.args[0]
+    return e, chain[::-1]
+
+
+def clamped_range(e: Expr) -> tuple[float, float] | None:
+    """The range ``e``'s clamp (:func:`clamp_chain`) keeps it to, NaN aside; None if
+    either end is open."""
+    lo, hi = -float("inf"), float("inf")
+    for fn, c in clamp_chain(e)[1]:
+        v = float(c.value)
+        lo, hi = (max(lo, v), max(hi, v)) if fn == "max" else (min(lo, v), min(hi, v))
+    return (lo, hi) if -float("inf") < lo and hi < float("inf") else None
+
+
 def calls_libm(e: Call, *, scalable: bool = False) -> bool:
     """Whether the call becomes a scalar libm call, which keeps its loop from vectorizing
     (for ``scalable`` vectors, as SVE's are, or fixed-width ones)."""
@@ -115,7 +139,9 @@ class ExprEmitter:
             case Read():
                 return self.load(e, b)
             case Cast(dtype=dt, operand=a):
-                return self.convert(self.emit(a, b), a.dtype, dt, b)
+                within = clamped_range(a)
+                x = self.clamped(a, b) if within is not None and dt.is_int else self.emit(a, b)
+                return self.convert(x, a.dtype, dt, b, within)
             case Unary(op=UnaryOp.NEG, operand=a):
                 x = self.emit(a, b)
                 return b.fneg(x) if e.dtype.is_float else b.sub(ir.Constant(I64, 0), x)
@@ -129,7 +155,10 @@ class ExprEmitter:
                 return self.call(e, b)
         raise CodegenError(f"cannot generate code for {e}")
 
-    def convert(self, x: ir.Value, src: DType, dst: DType, b: ir.IRBuilder) -> ir.Value:
+    def convert(self, x: ir.Value, src: DType, dst: DType, b: ir.IRBuilder,
+                within: tuple[float, float] | None = None) -> ir.Value:
+        """``x`` of type ``src`` as ``dst``; ``within``: bounds a float ``x`` is known to
+        keep to, NaN aside (see :func:`clamped_range`)."""
         if dst.is_bool:
             if src.is_bool:
                 return x
@@ -138,7 +167,12 @@ class ExprEmitter:
         if dst.is_int:
             if src.is_bool:
                 return b.zext(x, I64)
-            if src.is_float:
+            if src.is_float and dst is not DType.UINT64 and within is not None and \
+                    -2.0 ** 31 <= within[0] and within[1] < 2.0 ** 31:
+                # 32 bits convert it exactly: a quarter of the vector work of 64
+                whole = b.sext(b.fptosi(x, I32), I64)
+                x = b.select(b.fcmp_unordered("uno", x, x), ir.Constant(I64, 0), whole)
+            elif src.is_float:
                 x = self.saturated(x, dst is DType.UINT64, b)
             if dst.bits == 64:
                 return x
@@ -152,6 +186,18 @@ class ExprEmitter:
         elif x.type != ty:
             x = b.fpext(x, ty) if ty is F64 else b.fptrunc(x, ty)
         return round_to_storage(x, dst, b)
+
+    def clamped(self, e: Expr, b: ir.IRBuilder) -> ir.Value:
+        """A clamp (:func:`clamp_chain`) on its way to an integer, as compares and selects
+        (``c > x ? c : x``): one maxps or minps each on x86, where llvm.maximum's order of
+        signed zeros and NaNs takes three instructions. NaN stays NaN; only the sign of a
+        zero may differ, which no integer keeps."""
+        inner, chain = clamp_chain(e)
+        x = self.emit(inner, b)
+        for fn, c in chain:
+            bound = self.emit(c, b)
+            x = b.select(b.fcmp_ordered(">" if fn == "max" else "<", bound, x), bound, x)
+        return x
 
     def saturated(self, x: ir.Value, unsigned: bool, b: ir.IRBuilder) -> ir.Value:
         """Float ``x`` toward zero into 64 bits, saturating (NaN is 0), as
