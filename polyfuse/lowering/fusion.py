@@ -30,7 +30,7 @@ from polyfuse.ir.graph import Graph, Node, consumers, sole_use
 
 # (the integer products fuse_integer_ops makes are contractions too)
 CONTRACTIONS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "QLinearConv", "QLinearMatMul",
-                          "QLinearGemm"})
+                          "QLinearGemm", "MatMulInteger", "ConvInteger"})
 ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log",
     "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu",
