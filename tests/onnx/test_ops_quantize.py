@@ -202,6 +202,7 @@ WORD_CONVS = [
     # no padding and whole words: the product reads the words in place, no copy
     ((1, 24, 9, 7), (20, 24, 1, 1), 2, (0, 0, 0, 0), 1),
     ((2, 8, 7, 6), (33, 8, 3, 2), 1, (0, 0, 0, 0), 1),
+    ((1, 16, 12, 12), (64, 16, 1, 1), 1, (0, 0, 0, 0), 1),   # 4 words: register blocks still
     ((1, 40, 9, 5), (40, 1, 3, 3), 2, (1, 1, 1, 1), 40),   # depthwise: int32 products
 ]
 
@@ -246,6 +247,8 @@ def test_qlinear_conv_with_bias_and_per_channel_scales(dtype, xs, ws, stride, pa
     text = compiled.dump("specialized")
     assert ("dot4(" in text) == (group == 1)
     assert ("dot4(P(" in text) == (group == 1 and (any(pads) or xs[1] % 4 != 0))
+    if ws == (64, 16, 1, 1) and target == "host":   # each dot4 step sums 4 channels: deep enough
+        assert "acc(0, " in compiled.dump("loops")
 
 
 def one_hot_conv(x, sw, zy, bias=None):
