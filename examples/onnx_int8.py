@@ -41,7 +41,8 @@ x = {"x": rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)}
 from_ort = ort.InferenceSession(qdq.SerializeToString()).run(None, x)[0]
 int8 = pf.compile(model, target="host", precision="int8", profile=profile)
 got, want = int8.run(x)["logits"], float_model.run(x)["logits"]
-integer_ops = [op for op in ("QLinearConv", "QLinearGemm") if op in int8.dump("partition_fusion_groups")]
+integer_ops = [op for op in ("QLinearConv", "QLinearGemm", "MatMulInteger")
+               if op in int8.dump("partition_fusion_groups")]   # (the logits: integers dequantized)
 print(f"integer ops in polyfuse's graph: {', '.join(integer_ops)}")
 # the convolutions' constant weights are repacked as words of 4 input channels, each step
 # of a sum one dot4 (4 uint8 x int8 products): vpdpbusd where the CPU has AVX512-VNNI

@@ -12,6 +12,11 @@ composed and elementwise producers inlined into their readers (see
 Each node's ``group`` field names its group; the printed graph shows the decisions
 (``# conv3 @g2``), and :func:`describe_groups` lists them.
 
+A DequantizeLinear read by one elementwise node joins that node's group, not its
+producer's: the integers cross memory instead of the floats (a quarter of the bytes for
+8-bit values), and the reader widens them as it loads them. Where the reader is its
+producer's epilogue (a product's own dequantization), that is the same group.
+
 A group runs where its last member stands. A node may join a group only if nothing
 between the group's current end and the node reads a value of the group (that reader
 would run before the group): the order stays topological.
@@ -21,12 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from polyfuse.ir.graph import Graph, Node
+from polyfuse.ir.graph import Graph, Node, consumers, sole_use
 
 # (the integer products fuse_integer_ops makes, and the bfloat16 products
 # use_bfloat16_products makes, are contractions too)
 CONTRACTIONS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "QLinearConv", "QLinearMatMul",
-                          "QLinearGemm", "BFloat16Conv", "BFloat16MatMul", "BFloat16Gemm"})
+                          "QLinearGemm", "MatMulInteger", "ConvInteger", "BFloat16Conv", "BFloat16MatMul",
+                          "BFloat16Gemm"})
 ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log",
     "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu",
@@ -59,19 +65,28 @@ def partition_fusion_groups(g: Graph) -> Graph:
     group_of: dict[str, _Group] = {}   # value -> group defining it
     groups: list[_Group] = []
     nodes = g.nodes
+    claims: dict[int, list[int]] = {}   # reader -> the dequantizations that join its group
+    for dequantization, reader in _deferred(g).items():
+        claims.setdefault(reader, []).append(dequantization)
+    deferred = {d for ds in claims.values() for d in ds}
     for pos, n in enumerate(nodes):
-        target = _joinable(nodes, pos, group_of) if n.op in ELEMENTWISE | QUANTIZERS | CLOSING else None
+        if pos in deferred:
+            continue
+        pending = claims.get(pos, [])
+        target = _joinable(nodes, pos, group_of, pending) \
+            if n.op in ELEMENTWISE | QUANTIZERS | CLOSING else None
         if target is None and n.op in CONTRACTIONS | ELEMENTWISE | QUANTIZERS:
             target = _Group(anchored=n.op in CONTRACTIONS)
             groups.append(target)
         if target is None:
             continue
-        target.members.append(pos)
-        target.values.update(o for o in n.outputs if o)
+        for p in [*pending, pos]:
+            target.members.append(p)
+            target.values.update(o for o in nodes[p].outputs if o)
+            for o in nodes[p].outputs:
+                if o:
+                    group_of[o] = target
         target.closed = n.op in CLOSING
-        for o in n.outputs:
-            if o:
-                group_of[o] = target
     fused = [grp for grp in groups if len(grp.members) > 1]
     label = {pos: f"g{k}" for k, grp in enumerate(fused) for pos in grp.members}
     end_of = {pos: grp for grp in fused for pos in grp.members}
@@ -85,16 +100,35 @@ def partition_fusion_groups(g: Graph) -> Graph:
     return replace(g, nodes=tuple(order))
 
 
-def _joinable(nodes: tuple[Node, ...], pos: int, group_of: dict[str, _Group]) -> _Group | None:
+def _deferred(g: Graph) -> dict[int, int]:
+    """The DequantizeLinear nodes that join their reader's group (module docstring), by
+    position, each with its reader's: the one node reading its output, an elementwise op
+    or a QuantizeLinear (which always lands in a group)."""
+    users = consumers(g)
+    where = {id(n): pos for pos, n in enumerate(g.nodes)}
+    out: dict[int, int] = {}
+    for pos, n in enumerate(g.nodes):
+        reader = sole_use(g, users, n.outputs[0]) if n.op == "DequantizeLinear" else None
+        if reader is not None and reader.op in ELEMENTWISE | {"QuantizeLinear"}:
+            out[pos] = where[id(reader)]
+    return out
+
+
+def _joinable(nodes: tuple[Node, ...], pos: int, group_of: dict[str, _Group],
+              pending: list[int]) -> _Group | None:
+    """The group node ``pos`` joins, if any: one defining an input, with nothing between
+    its end and the node reading its values. An input a ``pending`` dequantization (one
+    joining the node's group) defines counts as that dequantization's input."""
     n = nodes[pos]
     closing = n.op in CLOSING
+    through = {nodes[p].outputs[0]: nodes[p].inputs[0] for p in pending}
     for value in n.inputs:
-        grp = group_of.get(value)
+        grp = group_of.get(through.get(value, value))
         if grp is None or grp.closed or len(grp.members) >= MAX_MEMBERS:
             continue
         if closing and (grp.anchored or len(n.outputs) > 1):
             continue
-        between = nodes[grp.end + 1:pos]
+        between = [m for p, m in enumerate(nodes[grp.end + 1:pos], grp.end + 1) if p not in pending]
         if any(i in grp.values for m in between for i in m.inputs):
             continue
         return grp

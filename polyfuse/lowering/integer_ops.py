@@ -12,6 +12,10 @@ dequantization goes when nothing else reads it), so activations stay 8-bit betwe
 kernels. A float bias is quantized at the product's scale ``sx * sw``; a dequantized
 int32 bias is used as it is when its scale is that product.
 
+A MatMul or Gemm of a dequantized activation and dequantized constant weights whose float
+result no quantization reads (a classifier's logits) runs as MatMulInteger too, its
+int32 sums (with the int32 bias, as above) dequantized at ``sx * sw`` (per column).
+
 Movement ops between a dequantization and a quantization of the same scale and zero
 point (a flatten before a classifier) move the integers themselves.
 """
@@ -143,15 +147,18 @@ class _Rewrite:
         return _Quantized(v.name, s, z)
 
     def integer_node(self, n: Node) -> list[Node] | None:
-        """The integer op (and the Max of a ReLU) replacing ``n`` and its quantization."""
+        """The integer op (and the Max of a ReLU) replacing ``n`` and its quantization, or
+        (no quantization after it) the integer product dequantized (:meth:`float_product`)."""
         x, w = (self.dequantized(i) for i in n.inputs[:2])
-        after = self.quantizing(n.outputs[0])
-        if x is None or w is None or after is None or x.scale.array.size != 1 \
+        if x is None or w is None or x.scale.array.size != 1 \
                 or x.zero.array.size != 1 or not self.per_channel(n, w):
             return None
         if n.op == "Gemm" and (n.attr("transA", 0) or float(n.attr("alpha", 1.0)) != 1.0
                                or float(n.attr("beta", 1.0)) != 1.0):
             return None
+        after = self.quantizing(n.outputs[0])
+        if after is None:
+            return self.float_product(n, x, w) if n.op != "Conv" else None
         q, act = after
         ys, yz = q.inputs[1], q.inputs[2]
         inputs = [x.value, x.scale.name, x.zero.name, w.value, w.scale.name, w.zero.name]
@@ -170,6 +177,31 @@ class _Rewrite:
         before = f"{n.outputs[0]}.quantized"
         return [replace(n, op=INTEGER_OPS[n.op], inputs=tuple(inputs), outputs=(before,), attrs=attrs),
                 self.activation(act, before, q, out)]
+
+    def float_product(self, n: Node, x: _Quantized, w: _Quantized) -> list[Node] | None:
+        """``n`` (MatMul or Gemm, constant weights) as MatMulInteger, the int32 bias (if
+        any) added and the sums dequantized at ``sx * sw``: the float result of integers."""
+        weights = self.constants.get(w.value)
+        bias = self.integer_bias(n, x, w) if n.op == "Gemm" else ""
+        if weights is None or bias is None:
+            return None
+        transposed = n.op == "Gemm" and n.attr("transB", 0)
+        b = w.value
+        if transposed:
+            b = f"{n.name}.integer_weights"
+            self.constants[b] = Constant(b, np.ascontiguousarray(weights.array.T))
+        scale = f"{n.name}.integer_scale"
+        self.constants[scale] = Constant(scale, (x.scale.array.astype(np.float32).ravel()
+                                                 * w.scale.array.astype(np.float32).ravel()))
+        sums = f"{n.outputs[0]}.integer"
+        nodes = [replace(n, op="MatMulInteger", inputs=(x.value, b, x.zero.name, w.zero.name),
+                         outputs=(sums,), attrs=())]
+        if bias:
+            nodes.append(replace(n, name=f"{n.name}.bias", op="Add", inputs=(sums, bias),
+                                 outputs=(f"{sums}.biased",), attrs=()))
+            sums = f"{sums}.biased"
+        return nodes + [replace(n, name=f"{n.name}.dequantize", op="DequantizeLinear",
+                                inputs=(sums, scale), outputs=n.outputs, attrs=(("axis", -1),))]
 
     def integer_movement(self, n: Node) -> Node | None:
         """``n`` (a movement op) on the integers, when a quantization of the same scale and
@@ -202,9 +234,7 @@ def fuse_integer_ops(g: Graph) -> Graph:
             continue
         new = new if isinstance(new, list) else [new]
         replaced[n.name] = new
-        after = r.quantizing(n.outputs[0])
-        assert after is not None
-        dropped.update(m.name for m in after if m is not None)
+        dropped.update(m.name for m in r.quantizing(n.outputs[0]) or () if m is not None)
     if not replaced:
         return g
     nodes = [m for n in g.nodes if n.name not in dropped for m in replaced.get(n.name, [n])]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from polyfuse.ir.comprehension import Definition, IndexVar, Read, walk
+from polyfuse.ir.comprehension import Call, Definition, IndexVar, Read, walk
 from polyfuse.scheduler.loop_nest import LoopNest, work
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
@@ -39,7 +39,8 @@ PARALLEL_TILES = 2         # column tiles below which the rows go on the threads
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
 ROW_VECTORS = 8            # accumulator vectors of a row sum's tile (of 32 registers)
 MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
-                           # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27)
+                           # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27;
+                           # a dot4 step counts 4: 16 int8 channels make 4 steps of 16)
 
 
 def element_bits(d: Definition) -> int:
@@ -153,7 +154,8 @@ def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
 def _contraction(nest: LoopNest, width: int) -> MappingOptions:
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     extents = nest.extent_of()
-    depth = math.prod(extents[i] for i in red)
+    words = any(isinstance(c, Call) and c.fn == "dot4" for c in walk(st.rhs))
+    depth = math.prod(extents[i] for i in red) * (4 if words else 1)
     if len(lhs) < 2 or not red or depth < MIN_DEPTH:
         return MappingOptions(vector_width=width, unroll=2)
     reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from llvmlite import ir
 
 from polyfuse.errors import CodegenError
@@ -60,6 +61,30 @@ VECTOR_BODIES = {**llvm_special.BODIES, **llvm_gamma.BODIES}
 # on float32 these are VECTOR_BODIES, on float64 libm's
 _LIBM_DOUBLE = {n: n for n in "acosh asinh atanh exp10 fdim hypot logb nextafter remainder lgamma "
                 "tgamma".split()}
+
+
+def clamp_chain(e: Expr) -> tuple[Expr, list[tuple[str, Literal]]]:
+    """``e`` as float ``max``/``min`` of constants around an operand (``min(max(x, lo),
+    hi)``, as a saturating conversion is written): the operand, and each ``max`` or
+    ``min`` with its constant, innermost first."""
+    chain: list[tuple[str, Literal]] = []
+    while isinstance(e, Call) and e.fn in ("max", "min") and e.dtype.is_float and len(e.args) == 2:
+        constant = [a for a in e.args if isinstance(a, Literal)]
+        if not constant:
+            break
+        chain.append((e.fn, constant[0]))
+        e = e.args[1] if e.args[0] is constant[0] else e.args[0]
+    return e, chain[::-1]
+
+
+def clamped_range(e: Expr) -> tuple[float, float] | None:
+    """The range ``e``'s clamp (:func:`clamp_chain`) keeps it to, NaN aside; None if
+    either end is open."""
+    lo, hi = -float("inf"), float("inf")
+    for fn, c in clamp_chain(e)[1]:
+        v = float(c.value)
+        lo, hi = (max(lo, v), max(hi, v)) if fn == "max" else (min(lo, v), min(hi, v))
+    return (lo, hi) if -float("inf") < lo and hi < float("inf") else None
 
 
 def calls_libm(e: Call, *, scalable: bool = False) -> bool:
@@ -114,7 +139,9 @@ class ExprEmitter:
             case Read():
                 return self.load(e, b)
             case Cast(dtype=dt, operand=a):
-                return self.convert(self.emit(a, b), a.dtype, dt, b)
+                within = clamped_range(a)
+                x = self.clamped(a, b) if within is not None and dt.is_int else self.emit(a, b)
+                return self.convert(x, a.dtype, dt, b, within)
             case Unary(op=UnaryOp.NEG, operand=a):
                 x = self.emit(a, b)
                 return b.fneg(x) if e.dtype.is_float else b.sub(ir.Constant(I64, 0), x)
@@ -128,7 +155,10 @@ class ExprEmitter:
                 return self.call(e, b)
         raise CodegenError(f"cannot generate code for {e}")
 
-    def convert(self, x: ir.Value, src: DType, dst: DType, b: ir.IRBuilder) -> ir.Value:
+    def convert(self, x: ir.Value, src: DType, dst: DType, b: ir.IRBuilder,
+                within: tuple[float, float] | None = None) -> ir.Value:
+        """``x`` of type ``src`` as ``dst``; ``within``: bounds a float ``x`` is known to
+        keep to, NaN aside (see :func:`clamped_range`)."""
         if dst.is_bool:
             if src.is_bool:
                 return x
@@ -137,12 +167,13 @@ class ExprEmitter:
         if dst.is_int:
             if src.is_bool:
                 return b.zext(x, I64)
-            if src.is_float:  # saturating (NaN is 0), as ir.types.float_to_int defines it
-                name = "llvm.fptoui.sat" if dst is DType.UINT64 else "llvm.fptosi.sat"
-                full = f"{name}.i64.{'f32' if x.type is F32 else 'f64'}"
-                fn = self.module.globals.get(full) or \
-                    ir.Function(self.module, ir.FunctionType(I64, [x.type]), full)
-                x = b.call(fn, [x])
+            if src.is_float and dst is not DType.UINT64 and within is not None and \
+                    -2.0 ** 31 <= within[0] and within[1] < 2.0 ** 31:
+                # 32 bits convert it exactly: a quarter of the vector work of 64
+                whole = b.sext(b.fptosi(x, I32), I64)
+                x = b.select(b.fcmp_unordered("uno", x, x), ir.Constant(I64, 0), whole)
+            elif src.is_float:
+                x = self.saturated(x, dst is DType.UINT64, b)
             if dst.bits == 64:
                 return x
             narrow = b.trunc(x, storage_type(dst))
@@ -155,6 +186,37 @@ class ExprEmitter:
         elif x.type != ty:
             x = b.fpext(x, ty) if ty is F64 else b.fptrunc(x, ty)
         return round_to_storage(x, dst, b)
+
+    def clamped(self, e: Expr, b: ir.IRBuilder) -> ir.Value:
+        """A clamp (:func:`clamp_chain`) on its way to an integer, as compares and selects
+        (``c > x ? c : x``): one maxps or minps each on x86, where llvm.maximum's order of
+        signed zeros and NaNs takes three instructions. NaN stays NaN; only the sign of a
+        zero may differ, which no integer keeps."""
+        inner, chain = clamp_chain(e)
+        x = self.emit(inner, b)
+        for fn, c in chain:
+            bound = self.emit(c, b)
+            x = b.select(b.fcmp_ordered(">" if fn == "max" else "<", bound, x), bound, x)
+        return x
+
+    def saturated(self, x: ir.Value, unsigned: bool, b: ir.IRBuilder) -> ir.Value:
+        """Float ``x`` toward zero into 64 bits, saturating (NaN is 0), as
+        ir.types.float_to_int defines it: clamped to the floats inside the range, converted,
+        then the ends chosen by compares. LLVM scalarizes its own ``fptosi.sat`` on vectors
+        (a compare and two moves a lane); these are vector instructions."""
+        ty = x.type
+        top = 2.0 ** (64 if unsigned else 63)
+        below = float(np.nextafter(np.asarray(top, np.float32 if ty is F32 else np.float64), 0))
+        lowest = 0.0 if unsigned else -2.0 ** 63
+        clamped = b.call(self.intrinsic("llvm.minnum", ty, 2),
+                         [b.call(self.intrinsic("llvm.maxnum", ty, 2),
+                                 [x, ir.Constant(ty, lowest)]), ir.Constant(ty, below)])
+        whole = b.fptoui(clamped, I64) if unsigned else b.fptosi(clamped, I64)
+        high = b.fcmp_ordered(">=", x, ir.Constant(ty, top))
+        whole = b.select(high, ir.Constant(I64, -1 if unsigned else 2 ** 63 - 1), whole)
+        if unsigned:   # maxnum already made NaN 0
+            return whole
+        return b.select(b.fcmp_unordered("uno", x, x), ir.Constant(I64, 0), whole)
 
     def select(self, c: Expr, t: Expr, o: Expr, b: ir.IRBuilder) -> ir.Value:
         cond = self.emit(c, b)

@@ -172,6 +172,32 @@ def test_fusion_groups_take_epilogues_and_keep_the_order_topological():
     assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4)
 
 
+def test_a_dequantization_joins_its_readers_group_so_the_integers_cross_memory():
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quant"),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="deq"),
+             helper.make_node("MatMul", ["y", "W"], ["m"], name="mm"),
+             helper.make_node("QuantizeLinear", ["m", "s", "z"], ["mq"], name="mquant"),
+             helper.make_node("DequantizeLinear", ["mq", "s", "z"], ["md"], name="mdeq"),
+             helper.make_node("Add", ["md", "d"], ["a"], name="add"),           # residual: deq joins
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["e"], name="deq2"),
+             helper.make_node("Softmax", ["e"], ["t"], name="softmax")]         # not elementwise
+    model = _model(nodes, {"x": [3, 5], "y": [3, 4]}, {"a": [3, 5], "t": [3, 5]},
+                   {"W": RNG.standard_normal((4, 5)).astype(np.float32),
+                    "s": np.array(0.05, np.float32), "z": np.array(128, np.uint8)})
+    g = to_graph(model)
+    after = partition_fusion_groups(g)
+    # quant writes uint8 that deq reads in g0 (the softmax is no elementwise reader)
+    assert describe_groups(after).splitlines() == [
+        "g0: mm (MatMul) -> mquant (QuantizeLinear) -> deq (DequantizeLinear) -> mdeq (DequantizeLinear)"
+        " -> add (Add)",
+        "g1: deq2 (DequantizeLinear) -> softmax (Softmax)"]
+    assert "%q = QuantizeLinear(%x, %s, %z)  # quant\n" in str(after)
+    feeds = {"x": RNG.standard_normal((3, 5)).astype(np.float32),
+             "y": RNG.standard_normal((3, 4)).astype(np.float32)}
+    _same_numbers(g, after, feeds)
+    assert_matches_onnxruntime(model, feeds, rtol=1e-4, atol=0.06)   # a quantization step at ties
+
+
 def test_a_fused_conv_epilogue_is_one_statement():
     """Conv, BatchNormalization, Relu and a residual Add: one kernel whose last statement
     computes the whole epilogue from the channels-last accumulator, on channels-last

@@ -199,6 +199,10 @@ WORD_CONVS = [
     ((1, 3, 9, 5), (17, 3, 3, 3), 2, (1, 1, 1, 1), 1),
     ((2, 17, 7, 7), (40, 17, 3, 3), 1, (1, 0, 2, 1), 1),
     ((1, 40, 7, 7), (3, 40, 1, 1), 1, (0, 0, 0, 0), 1),
+    # no padding and whole words: the product reads the words in place, no copy
+    ((1, 24, 9, 7), (20, 24, 1, 1), 2, (0, 0, 0, 0), 1),
+    ((2, 8, 7, 6), (33, 8, 3, 2), 1, (0, 0, 0, 0), 1),
+    ((1, 16, 12, 12), (64, 16, 1, 1), 1, (0, 0, 0, 0), 1),   # 4 words: register blocks still
     ((1, 40, 9, 5), (40, 1, 3, 3), 2, (1, 1, 1, 1), 40),   # depthwise: int32 products
 ]
 
@@ -238,8 +242,66 @@ def test_qlinear_conv_with_bias_and_per_channel_scales(dtype, xs, ws, stride, pa
     assert_same(got, want)
     assert len(np.unique(got)) > 20
     assert np.abs(got.astype(int) - onnxruntime_outputs(m, {"x": x})[0]).max() <= 1
-    # the weights (constants) are words of 4 channels, but for grouped convolutions'
-    assert ("dot4(" in compiled.dump("specialized")) == (group == 1)
+    # the weights (constants) are words of 4 channels, but for grouped convolutions'; the
+    # input is copied into words where padding or a short last word needs it
+    text = compiled.dump("specialized")
+    assert ("dot4(" in text) == (group == 1)
+    assert ("dot4(P(" in text) == (group == 1 and (any(pads) or xs[1] % 4 != 0))
+    if ws == (64, 16, 1, 1) and target == "host":   # each dot4 step sums 4 channels: deep enough
+        assert "acc(0, " in compiled.dump("loops")
+
+
+def one_hot_conv(x, sw, zy, bias=None):
+    """QLinearConv 1x1 of x whose output channel m is ``x[:, 0] * sw[m] + bias[m]`` requantized,
+    with unit input and output scales (so the factor is sw[m] itself)."""
+    m, dtype = len(sw), x.dtype.type
+    w = np.zeros((m, x.shape[1], 1, 1), np.int8)
+    w[:, 0] = 1
+    consts = {"sx": np.float32(1), "zx": np.array(0, dtype), "w": w, "sw": sw,
+              "zw": np.zeros(m, np.int8), "sy": np.float32(1), "zy": zy}
+    if bias is not None:
+        consts["b"] = bias
+    node = helper.make_node("QLinearConv", ["x", *consts], ["y"], name="q")
+    return one_node_model(node, {"x": x}, {"y": helper.np_dtype_to_tensor_dtype(np.dtype(dtype))},
+                          consts)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_requantization_rounds_the_exact_product_at_ties(dtype, target):
+    # factors h / a0 put a0 * factor just off a tie h + 0.5 that float32's product rounds onto
+    info = np.iinfo(dtype)
+    x = ints(dtype, 1, 4, 16, 16)
+    x[0, 0] = RNG.permutation(np.arange(info.min, info.max + 1)).reshape(16, 16)   # every value
+    a0 = RNG.integers(30, 127, 40) * RNG.choice([-1, 1], 40)
+    sw = ((RNG.integers(0, 60, 40) + 0.5) * np.sign(a0) / a0).astype(np.float32)
+    zy = np.array(-5 if dtype == np.int8 else 120, dtype)
+    bias = RNG.integers(-3, 3, 40).astype(np.int32)
+    got = pf.compile(one_hot_conv(x, sw, zy, bias), target=target).run({"x": x})["y"]
+    acc = x[:, :1].astype(np.int64) + bias[:, None, None]
+    want = requantize(acc, sw[:, None, None], zy, dtype)
+    assert_same(got, want)
+    float32_product = saturate(np.rint(acc.astype(np.float32) * sw[:, None, None]) + zy, dtype)
+    assert (float32_product != want).sum() > 20    # the ties this test is about
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_sums_past_float32s_integers_requantize_exactly(target):
+    # 600 channels of 255 * -128: sums to about -2**24.2, scaled back into range
+    x = np.full((1, 600, 2, 3), 255, np.uint8)
+    x[0, :, 1] = RNG.integers(0, 256, (600, 3))
+    w = np.full((2, 600, 1, 1), -128, np.int8)
+    sw = np.array([2.0**-17 * 1.000001, 3e-6], np.float32)
+    consts = {"sx": np.float32(1), "zx": np.array(0, np.uint8), "w": w, "sw": sw,
+              "zw": np.zeros(2, np.int8), "sy": np.float32(1), "zy": np.array(255, np.uint8)}
+    node = helper.make_node("QLinearConv", ["x", *consts], ["y"], name="q")
+    m = one_node_model(node, {"x": x}, {"y": TensorProto.UINT8}, consts)
+    compiled = pf.compile(m, target=target)
+    got = compiled.run({"x": x})["y"]
+    acc = np.einsum("nchw,mc->nmhw", x.astype(np.int64), w[:, :, 0, 0].astype(np.int64))
+    assert np.abs(acc).max() > 2**24
+    assert_same(got, requantize(acc, sw[:, None, None], np.uint8(255), np.uint8))
+    assert 0 < got.min() and got.max() < 255
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -277,7 +339,9 @@ def test_qlinear_matmul_with_constant_weights(dtype, k, n, target):
     got = compiled.run({"a": a})["y"]
     acc = (a.astype(np.int64) - za) @ b.astype(np.int64)
     assert_same(got, requantize(acc, np.float32(sa * sb) / sy, zy, dtype))
-    assert len(np.unique(got)) > 20 and "dot4(" in compiled.dump("specialized")
+    text = compiled.dump("specialized")
+    assert len(np.unique(got)) > 20 and "dot4(" in text
+    assert ("dot4(Ap(" in text) == (k % 4 != 0)   # whole words of A are read in place
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -296,9 +296,9 @@ def requantized(acc, sx, sw, sy, zy):
                    0, 255).astype(np.uint8)
 
 
-def qdq_product(op, x_shape, y_shape, w, w_axis, bias=None, act=None, **attrs):
-    """x_u8 -> DQ, w_s8 -> DQ (per channel), op, (Relu or Clip to [0, 6]), Q -> y_u8; and its
-    parameters."""
+def qdq_product(op, x_shape, y_shape, w, w_axis, bias=None, act=None, quantized=True, **attrs):
+    """x_u8 -> DQ, w_s8 -> DQ (per channel), op, (Relu or Clip to [0, 6]), Q -> y_u8 (or,
+    not ``quantized``, the float product y); and its parameters."""
     sx, zx, sy, zy = np.float32(0.02), np.uint8(131), np.float32(0.05), np.uint8(7)
     sw = RNG.uniform(0.002, 0.01, w.shape[w_axis]).astype(np.float32)
     init = {"sx": sx, "zx": zx, "w": w, "sw": sw, "zw": np.zeros_like(sw, np.int8), "sy": sy, "zy": zy,
@@ -312,9 +312,13 @@ def qdq_product(op, x_shape, y_shape, w, w_axis, bias=None, act=None, **attrs):
              helper.make_node(op, ins, ["p"], name="product", **attrs)]
     if act:
         nodes.append(helper.make_node(act, ["p", "lo", "hi"] if act == "Clip" else ["p"], ["pa"]))
-    nodes.append(helper.make_node("QuantizeLinear", ["pa" if act else "p", "sy", "zy"], ["y"]))
+    if quantized:
+        nodes.append(helper.make_node("QuantizeLinear", ["pa" if act else "p", "sy", "zy"], ["y"]))
+    else:
+        nodes[-1].output[0] = "y"
     m = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.UINT8, x_shape)],
-                   [helper.make_tensor_value_info("y", TensorProto.UINT8, y_shape)], init, opset=19)
+                   [helper.make_tensor_value_info("y", TensorProto.UINT8 if quantized else TensorProto.FLOAT,
+                                                  y_shape)], init, opset=19)
     return m, (sx, zx, sw, sy, zy)
 
 
@@ -369,6 +373,30 @@ def test_quantized_matmul_and_gemm_run_as_exact_integer_kernels(target):
     qb = np.rint(bias.astype(np.float64) / product).astype(np.int64)
     assert_integer_kernel(m, x, (x.astype(np.int64) - params[1]) @ w.astype(np.int64) + qb, params,
                           target=target)
+
+
+@pytest.mark.parametrize("target", ["host", AARCH64])
+@pytest.mark.parametrize("op", ["Gemm", "MatMul"])
+def test_a_product_with_a_float_result_sums_integers_and_dequantizes_the_sums(op, target):
+    # (a classifier's logits): the int32 sums and bias at sx * sw, one rounding to float32
+    x = RNG.integers(0, 256, (3, 4, 36), dtype=np.uint8) if op == "MatMul" else \
+        RNG.integers(0, 256, (5, 36), dtype=np.uint8)
+    w = RNG.integers(-127, 128, (36, 21), dtype=np.int8)
+    bias = RNG.normal(0, 1, 21).astype(np.float32) if op == "Gemm" else None
+    m, (sx, zx, sw, _, _) = qdq_product(op, x.shape, (*x.shape[:-1], 21), np.ascontiguousarray(w.T)
+                                        if op == "Gemm" else w, 0 if op == "Gemm" else 1, bias,
+                                        quantized=False, **({"transB": 1} if op == "Gemm" else {}))
+    compiled = pf.compile(m, target=target)
+    assert "MatMulInteger" in compiled.dump("partition_fusion_groups")
+    scale = (np.float32(sx) * sw).astype(np.float64)
+    acc = (x.astype(np.int64) - zx) @ w.astype(np.int64)
+    if bias is not None:
+        acc += np.rint(bias.astype(np.float64) / scale).astype(np.int64)
+    got = compiled.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, (acc * scale).astype(np.float32))
+    # onnxruntime multiplies the dequantized floats; the bias here is rounded to sx * sw
+    np.testing.assert_allclose(got, onnxruntime_outputs(m, {"x": x})[0], rtol=1e-5,
+                               atol=float(scale.max()))
 
 
 # --- errors -----------------------------------------------------------------------------------

@@ -42,6 +42,33 @@ def test_every_target_converts_special_values_the_same(src, dst, target):
     np.testing.assert_array_equal(got, float_to_int(values, DType.from_name(dst)))
 
 
+@pytest.mark.parametrize("dst", INTS)
+@pytest.mark.parametrize("src", ["float32", "float64"])
+def test_vector_lanes_convert_as_scalars_do(src, dst):
+    # long enough that the loop runs vectorized: every lane saturates on its own
+    rng = np.random.default_rng(len(dst))
+    values = np.concatenate([np.array(SPECIAL * 8), rng.normal(0, 1, 500) * 10.0 ** rng.integers(0, 25, 500)])
+    values = rng.permutation(values * np.where(rng.random(values.size) < 0.5, -1, 1)).astype(src)
+    got = pf.define(program(src, dst), target="host").f(values)
+    np.testing.assert_array_equal(got, float_to_int(values, DType.from_name(dst)))
+
+
+@pytest.mark.parametrize("dst", ["int8", "uint8", "int16", "int32", "int64", "uint64"])
+@pytest.mark.parametrize("src", ["float32", "float64"])
+@pytest.mark.parametrize("clamp, lo, hi", [("min(max(A(i), -300.5), 300.5)", -300.5, 300.5),
+                                           ("max(min(A(i), 2e9), -7.0)", -7.0, 2e9),
+                                           ("min(max(A(i), -3e9), 255.0)", -3e9, 255.0),
+                                           ("max(min(max(A(i), 0.0), 1e30), 9.0)", 9.0, 1e30)])
+def test_clamped_values_convert_as_unclamped_ones_do(clamp, lo, hi, src, dst):
+    # within 32 bits the clamp lets a 32-bit conversion serve (NaN still 0); wider, the 64-bit one
+    rng = np.random.default_rng(3)
+    values = np.concatenate([np.array(SPECIAL * 8), rng.normal(0, 1, 300) * 10.0 ** rng.integers(0, 12, 300)])
+    values = rng.permutation(values * np.where(rng.random(values.size) < 0.5, -1, 1)).astype(src)
+    got = pf.define(f"def f({src}(N) A) -> (B) {{ B(i) = {dst}({clamp}) }}", target="host").f(values)
+    clamped = np.minimum(np.maximum(values.astype(np.float64), lo), hi)   # NaN stays NaN
+    np.testing.assert_array_equal(got, float_to_int(clamped, DType.from_name(dst)))
+
+
 @pytest.mark.parametrize("dst", ["int32", "uint8", "uint64"])
 def test_the_loop_ir_interpreter_converts_the_same(dst):
     values = np.array(SPECIAL, np.float32)

@@ -240,27 +240,32 @@ def _integer_matmul(ctx: OpContext, p: Product, za: int, zb: int, columns: int,
 
 def _dot4_matmul(ctx: OpContext, p: Product, weights: np.ndarray, za: str, bias: str) -> _Sums:
     """``T(out) +=! dot4(Ap(..., k4), Wt(k4, n))``: A copied into words of 4 of its
-    columns, the constant ``weights`` (one row per output column, less B's zero points)
-    as words (:func:`weight_words`), A's zero point corrected outside the sum as a
-    convolution's is (:func:`_channels_last_sums`)."""
+    columns (or read in place where they are whole words), the constant ``weights`` (one
+    row per output column, less B's zero points) as words (:func:`weight_words`), A's
+    zero point corrected outside the sum as a convolution's is (:func:`_channels_last_sums`)."""
     a = p.inputs[0]
     shape, depth = ctx.shape(a), weights.shape[1]
-    lead = list(INDEX[:len(shape) - 1])
     zero = _unsigned_zero(ctx, a, za)
-    word = _byte_word(ctx, a, [access(f"I{a}", [*lead, affine([("k4", 4)], j)]) for j in range(4)],
-                      "k4", depth, [], zero)
     words = -(-depth // 4)
-    extents = list(zip(lead, shape[:-1])) + [("k4", words)]
-    lines = [f"Ap({', '.join([*lead, 'k4'])}) = {word}{where(extents)}",
-             f"{access('T', p.out)} +=! dot4({access('Ap', [*p.a[:-1], 'k4'])}, Wt(k4, {p.n}))"
-             f"{where(list(zip(p.out, p.extents)) + [('k4', words)])}"]
+    lines, temporaries = [], []
+    if depth % 4:   # the last word is short: A copied into words, zero past its columns
+        lead = list(INDEX[:len(shape) - 1])
+        word = _byte_word(ctx, a, [access(f"I{a}", [*lead, affine([("k4", 4)], j)])
+                                   for j in range(4)], "k4", depth, [], zero)
+        extents = list(zip(lead, shape[:-1])) + [("k4", words)]
+        lines.append(f"Ap({', '.join([*lead, 'k4'])}) = {word}{where(extents)}")
+        temporaries.append(("Ap", DType.INT32, tuple(e for _, e in extents)))
+        word = access("Ap", [*p.a[:-1], "k4"])
+    else:           # words of A read in place
+        word = _byte_word(ctx, a, [access(f"I{a}", [*p.a[:-1], affine([("k4", 4)], j)])
+                                   for j in range(4)], "k4", depth, [], zero)
+    lines.append(f"{access('T', p.out)} +=! dot4({word}, Wt(k4, {p.n}))"
+                 f"{where(list(zip(p.out, p.extents)) + [('k4', words)])}")
     sums = weights.sum(axis=1, dtype=np.int64).astype(np.int32)
     correction = f" - {zero} * S({p.n})" if zero else ""
     return _Sums(lines, f"{access('T', p.out)}{correction}{bias}", list(zip(p.out, p.extents)),
-                 [("Ap", DType.INT32, tuple(e for _, e in extents)),
-                  ("T", DType.INT32, tuple(p.extents))],
-                 [("Wt", weight_words(weights.astype(np.int8)))] + ([("S", sums)] if zero else []),
-                 (p.inputs[1],))
+                 [*temporaries, ("T", DType.INT32, tuple(p.extents))],
+                 [("Wt", weight_words(weights.astype(np.int8)))] + ([("S", sums)] if zero else []), (p.inputs[1],))
 
 
 def _per_row(ctx: OpContext, i: int, what: str, p: Product) -> str:
@@ -408,28 +413,48 @@ def _dot4_sums(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray, sums
     """The sums of 8-bit inputs and weights 4 channels at a time, each step one ``dot4``
     (x86's ``vpdpbusd``: unsigned bytes times signed bytes, summed 4 to an int32 lane):
     ``T(n, o..., m) +=! dot4(P(n, h..., c4), Wt(c4, k..., m))`` with ``P`` the input
-    copied into words of 4 channels (padded, channels-last) and ``Wt`` the weights as
-    words (:func:`weight_words`)."""
+    copied into words of 4 channels (padded, channels-last; :func:`_copied_words`), or
+    the input itself where it needs no padding, and ``Wt`` the weights as words
+    (:func:`weight_words`)."""
     x = ctx.shape(0)
     words = -(-x[1] // 4)
     zero = _unsigned_zero(ctx, 0, zx)
-    h, o, k = [f"h{d}" for d in range(len(axes))], *window_names(len(axes))
+    o, k = window_names(len(axes))
+    if x[1] % 4 == 0 and not any(a.inside(oi, ki) for a, oi, ki in zip(axes, o, k)):
+        # no padding, no channels past the last word: each word is 4 channels as they lie
+        # in memory (channels-last), read in place by the product instead of copied first
+        window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
+        word = _byte_word(ctx, 0, [f"I0(n, {affine([('c4', 4)], j)}, {window})" for j in range(4)],
+                          "c4", x[1], [], zero)
+        lines: list[str] = []
+        temporaries: list[Declared] = []
+        padded = axes
+    else:
+        lines, temporaries, padded = _copied_words(ctx, axes, zero)
+        word = f"P(n, {', '.join(a.position(oi, ki) for a, oi, ki in zip(padded, o, k))}, c4)"
+    product = f"dot4({word}, Wt(c4, {', '.join(k)}, m))"
+    correction = f" - {zero} * S(m)" if zero else ""
+    return _accumulated(ctx, padded, lines, temporaries, product, [("c4", words)],
+                        [("Wt", weight_words(weights.astype(np.int8)))] + ([("S", sums)] if zero else []),
+                        correction + tail)
+
+
+def _copied_words(ctx: OpContext, axes: list[WindowAxis], zero: str
+                  ) -> tuple[list[str], list[Declared], list[WindowAxis]]:
+    """``P(n, h..., c4)``: the input copied into words of 4 channels, channels-last, with
+    ``zero`` in the padding and past the last channel; the statement, P, and the axes
+    over it."""
+    x = ctx.shape(0)
+    h = [f"h{d}" for d in range(len(axes))]
     spatial = [cond for hi, a in zip(h, axes) for cond in
                ([f"{hi} >= {a.pad}"] if a.pad > 0 else [])
                + ([f"{hi} < {a.pad + a.size}"] if a.span > a.pad + a.size else [])]
     position = ", ".join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))
     word = _byte_word(ctx, 0, [f"I0(n, {affine([('c4', 4)], j)}, {position})" for j in range(4)],
                       "c4", x[1], spatial, zero)
-    extents = [("n", x[0])] + [(hi, a.span) for hi, a in zip(h, axes)] + [("c4", words)]
-    lines = [f"P(n, {', '.join(h)}, c4) = {word}{where(extents)}"]
-    temporaries: list[Declared] = [("P", DType.INT32, tuple(e for _, e in extents))]
-    padded = [a.padded() for a in axes]
-    window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(padded, o, k))
-    product = f"dot4(P(n, {window}, c4), Wt(c4, {', '.join(k)}, m))"
-    correction = f" - {zero} * S(m)" if zero else ""
-    return _accumulated(ctx, padded, lines, temporaries, product, [("c4", words)],
-                        [("Wt", weight_words(weights.astype(np.int8)))] + ([("S", sums)] if zero else []),
-                        correction + tail)
+    extents = [("n", x[0])] + [(hi, a.span) for hi, a in zip(h, axes)] + [("c4", -(-x[1] // 4))]
+    return ([f"P(n, {', '.join(h)}, c4) = {word}{where(extents)}"],
+            [("P", DType.INT32, tuple(e for _, e in extents))], [a.padded() for a in axes])
 
 
 def _unsigned_zero(ctx: OpContext, i: int, zero: str) -> str:
