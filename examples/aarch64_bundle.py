@@ -1,6 +1,7 @@
 """aarch64 code and ahead-of-time bundles: a TC kernel compiled for ARM (NEON and SVE) and
-run under qemu-user, then an ONNX model saved as a bundle (object file, C header, weights,
-example main.c) that a C compiler links into a program with no Python in it."""
+an int8 dot-product kernel (I8MM's usdot), run under qemu-user, then an ONNX model saved
+as a bundle (object file, C header, weights, example main.c) that a C compiler links into
+a program with no Python in it."""
 
 import subprocess
 import tempfile
@@ -26,7 +27,21 @@ try:
 except pf.TargetError as err:                 # no qemu-user / cross compiler installed
     print("compiled for aarch64, not run here:", err)
 
+# int8 dot products: dot4 sums 4 uint8 x int8 products of two int32 words; with I8MM
+# that is NEON's usdot (with +dotprod only: sdot, the unsigned bytes offset by 128)
+dots = pf.define("def d(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! dot4(A(m, k), B(k, n)) }",
+                 target="aarch64+i8mm")
 rng = np.random.default_rng(0)
+a8, b8 = rng.integers(0, 256, (3, 8, 4), np.uint8), rng.integers(-128, 128, (8, 10, 4), np.int8)
+words = a8.view(np.int32)[..., 0], b8.view(np.int32)[..., 0]
+asm = dots.d.specialize(*words).stages["asm"]
+print("usdot instructions in the dot4 kernel:", sum("usdot" in line for line in asm.splitlines()))
+try:
+    want = np.einsum("mkj,knj->mn", a8.astype(np.int32), b8.astype(np.int32))
+    print("aarch64 dot4 equals numpy:", bool((dots.d(*words) == want).all()))  # qemu -cpu max
+except pf.TargetError as err:
+    print("compiled for aarch64, not run here:", err)
+
 init = {"W": rng.standard_normal((8, 16)).astype(np.float32) / 4,
         "b": rng.standard_normal(8).astype(np.float32)}
 model = helper.make_model(helper.make_graph(

@@ -89,8 +89,17 @@ def runner_prefix(target: Target) -> list[str]:
                           "(on Debian/Ubuntu: apt-get install -y qemu-user "
                           "gcc-aarch64-linux-gnu); compiling works without it "
                           "(kernel.specialize(...), bundles)")
-    cpu = target.cpu if target.cpu in QEMU_CPUS else "max"
-    return [qemu, "-cpu", cpu, "-L", f"/usr/{target.name}-linux-gnu"]
+    return [qemu, "-cpu", _qemu_cpu(target), "-L", f"/usr/{target.name}-linux-gnu"]
+
+
+def _qemu_cpu(target: Target) -> str:
+    """The CPU qemu emulates for ``target``: the one named, where qemu knows it and the
+    spec adds no features beyond those that chose it (``aarch64+sve``: an A64FX); else
+    "max" (``aarch64+i8mm`` is a Neoverse N1 with I8MM, which no CPU qemu names has)."""
+    backend = target.backend
+    chosen = {f for f, cpu in backend.feature_cpus if cpu == target.cpu}
+    added = set(target.features) - set(backend.features) - chosen
+    return target.cpu if target.cpu in QEMU_CPUS and not added else "max"
 
 
 class CrossProgram:

@@ -11,7 +11,9 @@ import functools
 import itertools
 import platform
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import llvmlite.binding as llvm
@@ -19,7 +21,7 @@ import llvmlite.binding as llvm
 from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.targets.diagnostics import caught_stderr, quiet_remarks
-from polyfuse.targets.llvm_dot import DOTS, inline_dot_products
+from polyfuse.targets.llvm_dot import ISAS, Isa, inline_dot_products
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
 from polyfuse.targets.llvm_tiles import PERMISSION, TILES, link_tile_products
 
@@ -110,18 +112,22 @@ def vector_bits(target: Target) -> int:
 
 
 @functools.cache
-def native_dots(target: Target) -> frozenset[str]:
-    """The dot-product builtins the target has instructions for: ``dot4`` with
-    AVX512-VNNI, ``bfdot2`` with AVX512-BF16 (x86: the host's features, unless a CPU is
-    named; then its features must say ``+avx512vnni``, ``+avx512bf16``)."""
+def native_dots(target: Target) -> Mapping[str, Isa]:
+    """The dot-product builtins the target has instructions for, and which (the first
+    of :data:`ISAS` whose feature it has): ``dot4`` with AVX512-VNNI, or NEON's I8MM or
+    DotProd; ``bfdot2`` with AVX512-BF16. The features are this machine's where no CPU
+    is named, else the spec's (``+avx512vnni``, ``+i8mm``, ``+dotprod``, ...)."""
     _initialize()
-    if not target.backend.triple.startswith("x86_64"):
-        return frozenset()
-    if not target.cpu and llvm.get_default_triple().startswith("x86_64"):
-        present = llvm.get_host_cpu_features()
-        return frozenset(fn for fn, d in DOTS.items() if present.get(d.feature))
-    features = target.llvm_features.split(",")
-    return frozenset(fn for fn, d in DOTS.items() if f"+{d.feature}" in features)
+    arch = target.backend.triple.split("-")[0]
+    if not target.cpu and llvm.get_default_triple().split("-")[0] == arch:
+        present = {f for f, on in llvm.get_host_cpu_features().items() if on}
+    else:
+        present = set(target.features)
+    found: dict[str, Isa] = {}
+    for isa in ISAS:
+        if isa.arch == arch and isa.feature in present:
+            found.setdefault(isa.builtin, isa)
+    return MappingProxyType(found)
 
 
 @functools.cache
@@ -222,7 +228,7 @@ def _optimized_module(kernel: LoopKernel, target: Target, tm: llvm.TargetMachine
                        vector_bits(target) == 512, native_dots(target), native_tiles(target))
     mod = parse_module(text, f"kernel '{kernel.name}'")
     optimize(mod, tm)
-    inline_dot_products(mod, tm)
+    inline_dot_products(mod, tm, native_dots(target))
     link_tile_products(mod)
     return mod, {"llvm": text, "llvm_opt": str(mod)}
 

@@ -17,7 +17,9 @@ Loops carry ``llvm.loop`` metadata for the vector width and unroll factor.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from llvmlite import ir
 
@@ -25,7 +27,7 @@ from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, Scala
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
                                TileProduct, map_body_exprs, walk_stmts)
 from polyfuse.ir.types import DType
-from polyfuse.targets.llvm_dot import declare_variants
+from polyfuse.targets.llvm_dot import Isa, declare_variants
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
                                         calls_libm, f32_to_bf16, register_type, storage_type)
 from polyfuse.targets.llvm_tiles import calls
@@ -411,19 +413,20 @@ def _to_storage(value: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:
 
 def emit_module(kernel: LoopKernel, triple: str, data_layout: str, num_threads: int = 0,
                 scalable: bool = False, avx512: bool = False,
-                native: frozenset[str] = frozenset(), tiles: frozenset[str] = frozenset()) -> str:
+                native: Mapping[str, Isa] = MappingProxyType({}),
+                tiles: frozenset[str] = frozenset()) -> str:
     """The LLVM IR text of ``kernel``; loop metadata nodes refer to themselves.
     ``scalable``: vector loops use scalable vectors (for SVE); ``avx512``: a vector
     loop of a constant trip count that is not whole vectors ends in a masked vector,
     not a scalar loop, and math functions scale by powers of two with ``llvm.ldexp``
     (one ``vscalefps``); ``native``: the dot products (``dot4``, ``bfdot2``) that
-    become the target's instructions (see :mod:`.llvm_dot`); ``tiles``: those whose tile
+    become the target's instructions, and which (see :mod:`.llvm_dot`); ``tiles``: those whose tile
     products run on matrix tiles (see :mod:`.llvm_tiles`)."""
     module = ir.Module(name=kernel.name)
     module.triple = triple
     module.data_layout = data_layout
-    KernelEmitter(kernel, module, num_threads, scalable, avx512, native, tiles).emit()
-    return declare_variants(_self_reference_loops(str(module)))
+    KernelEmitter(kernel, module, num_threads, scalable, avx512, frozenset(native), tiles).emit()
+    return declare_variants(_self_reference_loops(str(module)), native)
 
 
 def _self_reference_loops(text: str) -> str:

@@ -313,6 +313,45 @@ def test_dot4_is_vnni_where_the_host_has_it_and_byte_arithmetic_elsewhere(capfd)
     assert capfd.readouterr().err == ""
 
 
+def _every_byte_pair():
+    """Words whose first bytes meet every unsigned byte with every signed one (the
+    other bytes shifted copies of them), a column count no vector divides, and numpy's sums."""
+    m, k, n = np.arange(256), np.arange(3), np.arange(259)
+    a = (m[:, None, None] + 64 * np.arange(4) + 17 * k[None, :, None]) % 256
+    b = (n[None, :, None] + 64 * np.arange(4) + 31 * k[:, None, None]) % 256
+    a, b = a.astype(np.uint8), b.astype(np.uint8)
+    want = np.einsum("mkj,knj->mn", a.astype(np.int64), b.view(np.int8).astype(np.int64))
+    return a.view(np.int32)[..., 0], b.view(np.int32)[..., 0], want.astype(np.int32)
+
+
+def test_sdot_offset_sums_unsigned_bytes_as_signed_ones_plus_128():
+    """acc + dot4(a, b) = sdot(acc, a ^ 0x80808080, b) + 128 sdot(0, 0x01010101, b), in
+    int32 arithmetic, for every pair of bytes and words of extreme bytes."""
+    u, s = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8))
+    a = np.stack([u.ravel(), np.roll(u.ravel(), 1), 255 - u.ravel(), u.ravel() ^ 0x80], -1)
+    b = np.stack([s.ravel(), np.roll(s.ravel(), 3), 255 - s.ravel(), s.ravel()], -1).view(np.int8)
+    acc, b = np.int64(2**31 - 5), b.astype(np.int64)   # sums wrap to int32 alike
+    want = acc + np.einsum("wj,wj->w", a.astype(np.int64), b)
+    offset = (a ^ 0x80).view(np.int8).astype(np.int64)
+    got = acc + np.einsum("wj,wj->w", offset, b) + 128 * np.einsum("wj,wj->w", np.ones_like(b), b)
+    np.testing.assert_array_equal(got.astype(np.int32), want.astype(np.int32))
+
+
+@pytest.mark.parametrize("target, instruction", [("aarch64", None), ("aarch64+dotprod", "sdot"),
+                                                 ("aarch64+i8mm", "usdot")])
+@needs_arm_tools
+def test_dot4_is_sdot_with_dotprod_usdot_with_i8mm_and_bytes_without(target, instruction, capfd):
+    a, b, want = _every_byte_pair()
+    kernel = pf.define(DOT4, target=target).d
+    asm = kernel.specialize(a, b).stages["asm"]
+    found = {i for i in ("sdot", "usdot") if re.search(rf"\b{i}\b", asm)}
+    assert found == ({instruction} if instruction else set())
+    np.testing.assert_array_equal(kernel(a, b), want)
+    small_a, small_b, small_want = _dot4_operands()
+    np.testing.assert_array_equal(kernel(small_a, small_b), small_want)
+    assert capfd.readouterr().err == ""
+
+
 def test_dot4_round_trips_and_runs_on_the_loop_ir_interpreter():
     a, b, want = _dot4_operands()
     assert_round_trip(DOT4)
