@@ -197,3 +197,13 @@ def test_bundles_refuse_other_targets_and_bad_names(tmp_path):
         write_bundle(pf.compile(cnn(), target="x86"), tmp_path / "a-file")
     with pytest.raises(pf.ArgumentError, match="input shapes"):
         write_bundle(pf.compile(mlp(batch="batch"), target="x86"), tmp_path)
+
+
+@pytest.mark.skipif(os.uname().machine == "aarch64" or not shutil.which("qemu-aarch64"),
+                    reason="aarch64 programs run under qemu-aarch64 only on other machines")
+@pytest.mark.parametrize("target, cpu", [("aarch64", "neoverse-n1"), ("aarch64+sve", "a64fx"),
+                                         ("aarch64:cortex-a72", "cortex-a72"),
+                                         ("aarch64+i8mm", "max"), ("aarch64:cortex-a72+dotprod", "max")])
+def test_qemu_emulates_the_named_cpu_unless_the_spec_adds_features(target, cpu):
+    prefix = runner_prefix(pf.Target.parse(target))
+    assert prefix[1:3] == ["-cpu", cpu]
