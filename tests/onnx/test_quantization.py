@@ -342,6 +342,7 @@ def assert_integer_kernel(m, x, acc, params, act=None, channels=(-1,), target="h
 
 @pytest.mark.parametrize("act, target", [(None, "host"), ("Relu", "host"), ("Clip", "host"),
                                          pytest.param("Clip", "aarch64", marks=AARCH64.marks),
+                                         pytest.param("Clip", "aarch64+i8mm", marks=AARCH64.marks),
                                          ("Relu", "reference")])
 def test_quantized_conv_runs_as_an_exact_integer_kernel(act, target):
     w = RNG.integers(-127, 128, (6, 4, 3, 3), dtype=np.int8)
@@ -359,7 +360,8 @@ def test_quantized_conv_runs_as_an_exact_integer_kernel(act, target):
     assert_integer_kernel(m, x, acc + qb[None, :, None, None], params, act, (-1, 1, 1), target)
 
 
-@pytest.mark.parametrize("target", ["host", AARCH64])
+@pytest.mark.parametrize("target", ["host", AARCH64, *(pytest.param(f"aarch64+{f}", marks=AARCH64.marks)
+                                                   for f in ("dotprod", "i8mm"))])
 def test_quantized_matmul_and_gemm_run_as_exact_integer_kernels(target):
     x = RNG.integers(0, 256, (5, 24), dtype=np.uint8)
     w = RNG.integers(-127, 128, (24, 11), dtype=np.int8)
