@@ -97,13 +97,20 @@ def emulated(target: Target) -> bool:
     return target.backend.cpus and not runs_natively(target)
 
 
+def _host_features(target: Target) -> Mapping[str, bool] | None:
+    """This machine's CPU features where ``target`` is code for it (its architecture, no
+    CPU named), else None."""
+    _initialize()
+    if target.cpu or llvm.get_default_triple().split("-")[0] != target.backend.triple.split("-")[0]:
+        return None
+    return llvm.get_host_cpu_features()
+
+
 @functools.cache
 def vector_bits(target: Target) -> int:
     """The widest SIMD register the target machine uses for floats (x86: the host's)."""
-    _initialize()
-    if target.backend.triple.startswith("x86_64") and not target.cpu \
-            and llvm.get_default_triple().startswith("x86_64"):
-        feats = llvm.get_host_cpu_features()
+    feats = _host_features(target)
+    if target.backend.triple.startswith("x86_64") and feats is not None:
         if feats.get("avx512f"):
             return 512
         if feats.get("avx2") or feats.get("avx"):
@@ -117,12 +124,9 @@ def native_dots(target: Target) -> Mapping[str, Isa]:
     of :data:`ISAS` whose feature it has): ``dot4`` with AVX512-VNNI, or NEON's I8MM or
     DotProd; ``bfdot2`` with AVX512-BF16. The features are this machine's where no CPU
     is named, else the spec's (``+avx512vnni``, ``+i8mm``, ``+dotprod``, ...)."""
-    _initialize()
     arch = target.backend.triple.split("-")[0]
-    if not target.cpu and llvm.get_default_triple().split("-")[0] == arch:
-        present = {f for f, on in llvm.get_host_cpu_features().items() if on}
-    else:
-        present = set(target.features)
+    host = _host_features(target)
+    present = set(target.features) if host is None else {f for f, on in host.items() if on}
     found: dict[str, Isa] = {}
     for isa in ISAS:
         if isa.arch == arch and isa.feature in present:
@@ -133,16 +137,13 @@ def native_dots(target: Target) -> Mapping[str, Isa]:
 @functools.cache
 def native_tiles(target: Target) -> frozenset[str]:
     """The dot products the target's matrix tiles sum: ``bfdot2`` with AMX-BF16, ``dot4``
-    with AMX-INT8. Only
-    this machine's CPU (x86 without a CPU named) and only where Linux lets this process
-    use the tiles, which it is asked here, once (a process that has not asked dies of
-    SIGILL at its first tile instruction); code for a named CPU (ahead-of-time bundles,
-    run by programs that never asked) does without."""
-    _initialize()
-    if target.cpu or not target.backend.triple.startswith("x86_64") \
-            or not llvm.get_default_triple().startswith("x86_64"):
+    with AMX-INT8. Only this machine's CPU (x86 without a CPU named) and only where Linux
+    lets this process use the tiles, which it is asked here, once (a process that has not
+    asked dies of SIGILL at its first tile instruction); code for a named CPU
+    (ahead-of-time bundles, run by programs that never asked) does without."""
+    present = _host_features(target)
+    if present is None or not target.backend.triple.startswith("x86_64"):
         return frozenset()
-    present = llvm.get_host_cpu_features()
     found = frozenset(fn for fn, t in TILES.items() if present.get(t.feature) and present.get("amx-tile"))
     return found if found and _tiles_permitted() else frozenset()
 

@@ -123,15 +123,18 @@ def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, whole: frozenset[str],
     if not isinstance(first, For) or not stores:
         return None
     target = stores[0].buffer
-    if split and (target not in whole or any(isinstance(s, Store) and s.buffer == target
-                                             for s in walk_stmts(tuple(others)))):
+
+    def alone(name: str) -> bool:   # one statement writes it whole, in this nest only
+        return name in whole and not any(isinstance(s, Store) and s.buffer == name
+                                         for s in walk_stmts(tuple(others)))
+    if split and not alone(target):
         return None
     written = {s.buffer for s in walk_stmts((first,)) if isinstance(s, Store)}
     sources = {r.tensor for s in stores for r in walk(s.value) if isinstance(r, Read)} & written
     if len(sources) != 1 or any(s.buffer != target for s in stores) or target in written:
         return None
     source = sources.pop()
-    if source not in whole or any(isinstance(s, Store) and s.buffer == source for s in walk_stmts(tuple(others))):
+    if not alone(source):
         return None  # the blocks here would store only part of T: the epilogue must cover all of Y
     dtype = kernel.buffer(source).dtype
     if dtype.compute is not dtype or kernel.buffer(target).role is BufferRole.LOCAL:
