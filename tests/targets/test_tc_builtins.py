@@ -413,3 +413,11 @@ def test_bfdot2_is_vdpbf16ps_where_the_host_has_it_and_float_arithmetic_elsewher
     assert_round_trip(BFDOT2)
     loops = pf.define(BFDOT2, target="x86").d.specialize(a, b).stages["loops"]
     assert str(parse_kernel(loops)) == loops
+
+
+@pytest.mark.parametrize("fn", ["dot4", "bfdot2"])
+def test_a_word_builtin_refuses_float_arguments_at_their_line_and_column(fn):
+    """A float converted to an int32 word would be read as packed bytes or bfloat16
+    halves: the front end names the builtin and the argument's type instead."""
+    with pytest.raises(pf.TCSemanticError, match=rf"1:35: error: '{fn}' reads int32 words.*float32"):
+        parse_definition(f"def f(float(N) A) -> (B) {{ B(i) = {fn}(A(i), A(i)) }}")

@@ -176,6 +176,11 @@ class ExprAnalyzer:
         if builtin.kind is BuiltinKind.BITS:
             return Typed(self.reinterpret(builtin.result, args[0], node.loc), False)
         if builtin.kind is BuiltinKind.WORDS:
+            floats = [a.expr.dtype for a in args if a.expr.dtype.is_float]
+            if floats:   # a value converted to a word would be read as packed bytes or halves
+                raise self.error(f"'{node.name}' reads int32 words of packed narrow values; an "
+                                 f"argument is {floats[0]}", node.loc,
+                                 hint="pass int32 words (as_int32(x) takes a float32's bits)")
             words = tuple(cast(a.expr, DType.INT32) for a in args)
             return Typed(Call(node.name, words, builtin.result, node.loc), False)  # type: ignore[arg-type]
         if builtin.kind is BuiltinKind.FLOAT and not dt.is_float:
