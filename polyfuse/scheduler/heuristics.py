@@ -41,6 +41,8 @@ ROW_VECTORS = 8            # accumulator vectors of a row sum's tile (of 32 regi
 MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27;
                            # a dot4 step counts 4: 16 int8 channels make 4 steps of 16)
+SWEPT_BYTES = 512 << 10   # output a reduction panel sweeps, past which panels go deeper
+DEEP_BYTES = 512 << 10     # a deep panel's packed box of the vector operand (L2-resident)
 
 
 def element_bits(d: Definition) -> int:
@@ -61,7 +63,7 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     if _reduces_rows(nest):
         return _row_reduction(nest, width)
     if nest.work < CONTRACTION_MIN and _gathers(nest):
-        return _contraction(nest, _accumulator_width(d, nest, vector_bits, width))
+        return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8)
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2:
         rest = sum(work(s, sizes) for s in d.statements if s is not st)
         if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
@@ -70,7 +72,7 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
             # contiguous index outermost; alone, each keeps its own order
             return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
         return MappingOptions(vector_width=width, unroll=2)
-    return _contraction(nest, _accumulator_width(d, nest, vector_bits, width))
+    return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8)
 
 
 def _accumulator_width(d: Definition, nest: LoopNest, vector_bits: int, width: int) -> int:
@@ -151,7 +153,7 @@ def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
                           unroll=2 if chunk >= 2 * width else 1)
 
 
-def _contraction(nest: LoopNest, width: int) -> MappingOptions:
+def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptions:
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     extents = nest.extent_of()
     words = any(isinstance(c, Call) and c.fn == "dot4" for c in walk(st.rhs))
@@ -190,7 +192,12 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
             and extents[first] >= 4 * PARALLEL_TILES)
         if rows_first and extents[vec] <= CACHE_COLS:
             cols = extents[vec]
-        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth)}
+        # the output a reduction panel sweeps: every row, a tile of columns; each panel
+        # loads and stores it once more, from memory once it outgrows L2 (C of a 2048
+        # matmul: 2 MiB per 256 columns), so such panels go deeper
+        swept = math.prod(extents[i] for i in others) * cols * element_bytes
+        deep = DEEP_BYTES // (cols * element_bytes) if swept > SWEPT_BYTES else CACHE_DEPTH
+        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, deep)}
         # BLIS's loop order: column panels (on the threads), then reduction panels, then
         # rows, so a packed panel of the vector operand serves every row of the output;
         # with rows on the threads the first row index goes first instead
@@ -229,14 +236,14 @@ def _contraction(nest: LoopNest, width: int) -> MappingOptions:
         unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
 
 
-def _depth_tile(extents: dict[str, int], red: list[str], depth: str) -> int:
-    """The tile of the reduction index ``depth``: about :data:`CACHE_DEPTH` reduction steps
-    with the other reduction indices untiled (a 3x3 convolution's window), a power of two;
-    0 (untiled) when the whole reduction is not much deeper (a 7x7 stem over 3 channels)."""
+def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int) -> int:
+    """The tile of the reduction index ``depth``: about ``steps`` reduction steps with the
+    other reduction indices untiled (a 3x3 convolution's window), a power of two; 0
+    (untiled) when the whole reduction is not much deeper (a 7x7 stem over 3 channels)."""
     rest = math.prod(extents[i] for i in red if i != depth)
-    if rest * extents[depth] <= 2 * CACHE_DEPTH:
+    if rest * extents[depth] <= 2 * steps:
         return 0
-    return 1 << (max(1, CACHE_DEPTH // rest).bit_length() - 1)
+    return 1 << (max(1, steps // rest).bit_length() - 1)
 
 
 def _divisor_at_most(extent: int, most: int, parts: int = 1) -> int:

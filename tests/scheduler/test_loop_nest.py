@@ -84,6 +84,26 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     assert rowsum.to_named(default_gpu_options(d, {"N": 64, "D": 1000})).tile_sizes == (("n", 1), ("d", 0))
 
 
+def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels():
+    # 1100 rows by 256 columns of C (1.1 MiB) per reduction panel: each panel loads and
+    # stores that much again, so panels go deep (512 steps: a 512 x 256 box of B, 512 KiB)
+    sizes = {"M": 1100, "K": 1500, "N": 1024}
+    d, mm = nest(MM, "mm", sizes)
+    tiles = dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)
+    assert tiles["k"] == 512 and tiles["n"] == 256
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1100, 1500)).astype(np.float32)
+    b = rng.standard_normal((1500, 1024)).astype(np.float32)
+    kernel = pf.define(MM, target="host").mm
+    loops = kernel.specialize(a, b).stages["loops"]
+    assert "local float32(4, 512, 64) B_packed" in loops   # the deep panel, packed
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=2e-3)
+    # 64 rows sweep 64 KiB per panel: the usual 128-step panels
+    small = dict(MM_SIZES, M=64, K=1500)
+    d, mm = nest(MM, "mm", small)
+    assert dict(mm.to_named(default_options(d, small, 512)).tile_sizes)["k"] == 128
+
+
 GLOBAL_POOL = ("def pool(float(N,H,W,C) X) -> (Y) { Y(n,c) +=! X(n,h,w,c) }")
 
 

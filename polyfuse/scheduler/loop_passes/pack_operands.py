@@ -45,8 +45,8 @@ from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, 
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine
 
-PACK_BYTES = 128 << 10     # one packed box at most (L2-resident; its micro-panels fit L1)
-LOCAL_BYTES = 192 << 10    # all packed boxes of a kernel together (they live on the stack)
+PACK_BYTES = 512 << 10     # one packed box at most (L2-resident: a deep panel of a big matmul)
+LOCAL_BYTES = 768 << 10    # all packed boxes of a kernel together (they live on the stack)
 MIN_REUSE = 4              # reads of each packed element per copy, at least
 PREPACK_GROWTH = 2         # a prepacked operand takes at most this many times its own size
 
