@@ -41,6 +41,7 @@ ROW_VECTORS = 8            # accumulator vectors of a row sum's tile (of 32 regi
 MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27;
                            # a dot4 step counts 4: 16 int8 channels make 4 steps of 16)
+MIN_REUSE_ROWS = 16        # output rows that a transposed operand's packed panel serves, at least
 SWEPT_BYTES = 512 << 10   # output a reduction panel sweeps, past which panels go deeper
 DEEP_BYTES = 512 << 10     # a deep panel's packed box of the vector operand (L2-resident)
 
@@ -164,6 +165,13 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
     last = Counter(i for r in reads for i in _names(r.indices[-1]) if i in lhs)
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
     registers: dict[str, int] = {}
+    rows = math.prod(extents[i] for i in lhs[:-1])
+    if _transposed(reads, lhs[-1]) and rows >= MIN_REUSE_ROWS and (
+            not last or max(last, key=lambda i: (last[i], lhs.index(i))) != lhs[-1]):
+        # an operand reads the output's contiguous index, but not contiguously (B(n, k)
+        # of A·Bᵀ, W(b, n, k) of a batched one): pack_operands copies its panels
+        # transposed, and the register blocks vectorize that index as for B(k, n)
+        last = Counter({lhs[-1]: 1})
     if last:
         vec = max(last, key=lambda i: (last[i], lhs.index(i)))
         if vec != lhs[-1]:
@@ -171,7 +179,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             # gathered and scattered on every step; plain loops do better (LLVM keeps one
             # accumulator per output element in a register)
             return MappingOptions(vector_width=width, unroll=2)
-        vec_reads = [r for r in reads if vec in _names(r.indices[-1])]
+        vec_reads = [r for r in reads if any(vec in _names(x) for x in r.indices)]
         others = [i for i in lhs if i != vec]
         free = [i for i in others if not any(i in _names(x) for r in vec_reads for x in r.indices)]
         jam = (free or others)[-1]
@@ -196,8 +204,11 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         # loads and stores it once more, from memory once it outgrows L2 (C of a 2048
         # matmul: 2 MiB per 256 columns), so such panels go deeper
         swept = math.prod(extents[i] for i in others) * cols * element_bytes
-        deep = DEEP_BYTES // (cols * element_bytes) if swept > SWEPT_BYTES else CACHE_DEPTH
-        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, deep)}
+        # (a whole reduction not much deeper than a panel stays untiled, unless its box
+        # would outgrow a deep panel's)
+        steps, most = ((DEEP_BYTES // (cols * element_bytes),) * 2 if swept > SWEPT_BYTES
+                       else (CACHE_DEPTH, 2 * CACHE_DEPTH))
+        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most)}
         # BLIS's loop order: column panels (on the threads), then reduction panels, then
         # rows, so a packed panel of the vector operand serves every row of the output;
         # with rows on the threads the first row index goes first instead
@@ -236,12 +247,23 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
 
 
-def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int) -> int:
+def _transposed(reads: list[Read], vec: str) -> bool:
+    """Whether the operands that read output index ``vec`` read it in one index each, an
+    index other than their last (so a copy transposes their panels), plainly (``n``, not
+    a window ``n + k``)."""
+    along = [r for r in reads if any(vec in _names(x) for x in r.indices)]
+    return bool(along) and all(
+        vec not in _names(r.indices[-1]) and [_names(x) for x in r.indices].count({vec}) == 1
+        and sum(vec in _names(x) for x in r.indices) == 1 for r in along)
+
+
+def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int, most: int) -> int:
     """The tile of the reduction index ``depth``: about ``steps`` reduction steps with the
     other reduction indices untiled (a 3x3 convolution's window), a power of two; 0
-    (untiled) when the whole reduction is not much deeper (a 7x7 stem over 3 channels)."""
+    (untiled) when the whole reduction takes at most ``most`` steps (a 7x7 stem over 3
+    channels)."""
     rest = math.prod(extents[i] for i in red if i != depth)
-    if rest * extents[depth] <= 2 * steps:
+    if rest * extents[depth] <= most:
         return 0
     return 1 << (max(1, steps // rest).bit_length() - 1)
 

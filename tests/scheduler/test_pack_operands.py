@@ -113,6 +113,59 @@ def test_a_prepacked_operand_holds_every_box_its_enclosing_tile_loops_visit():
                                rtol=1e-5, atol=1e-5)
 
 
+# B given transposed, Bt(n, k): the vector loop c3 moves its first index, 8 rows apart
+# per step; the copy transposes the box into the same panels, read contiguously
+MICRO_T = MICRO.replace("(16, 24) B", "(24, 16) Bt").replace("B(c2, c1 + c3)", "Bt(c1 + c3, c2)")
+PACKED_T = """kernel mm(in float32(8, 16) A, in float32(24, 16) Bt, out float32(8, 24) C, local float32(3, 16, 8) Bt_packed) {
+  for Bt_packed_0 in 0:3 {
+    for Bt_packed_1 in 0:16 {
+      for Bt_packed_2 in 0:8 vectorize(4) {
+        Bt_packed(Bt_packed_0, Bt_packed_1, Bt_packed_2) = Bt(Bt_packed_0 * 8 + Bt_packed_2, Bt_packed_1)
+      }
+    }
+  }"""
+
+
+def test_a_transposed_vector_operand_is_copied_into_the_same_panels():
+    out = pack_operands(parse_kernel(MICRO_T))
+    assert str(out).startswith(PACKED_T)
+    assert "A(c0, c2) * Bt_packed(c1 / 8, c2, c3)" in str(out)
+    assert parse_kernel(str(out)) == out
+    got = interpret_kernel(out, {"A": A, "Bt": np.ascontiguousarray(B.T)})
+    np.testing.assert_allclose(got["C"], A @ B, rtol=1e-5)
+    # a constant one is packed transposed before the kernel runs
+    pre = pack_operands(parse_kernel(MICRO_T), frozenset({"Bt"}))
+    packed = pre.buffer("Bt_prepacked")
+    assert packed.shape == (3, 16, 8) and str(packed.packing) == "pack Bt(8*p0 + p2, p1)"
+    bt = np.ascontiguousarray(B.T)
+    np.testing.assert_allclose(interpret_kernel(pre, {"A": A, "Bt": bt})["C"], A @ B, rtol=1e-5)
+    given = packed.packing.apply(bt, packed.shape)
+    np.testing.assert_allclose(interpret_kernel(pre, {"A": A, "Bt": bt, "Bt_prepacked": given})["C"],
+                               A @ B, rtol=1e-5)
+
+
+TRANSPOSED = {
+    "A·Bᵀ": ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
+             lambda a, b: a @ b.T, lambda m, k, n: [(m, k), (n, k)]),
+    "Aᵀ·Bᵀ": ("def f(float(K,M) A, float(N,K) B) -> (C) { C(m,n) +=! A(k,m) * B(n,k) }",
+              lambda a, b: a.T @ b.T, lambda m, k, n: [(k, m), (n, k)]),
+    "batched": ("def f(float(Bt,K,M) A, float(Bt,N,K) W) -> (C) { C(b,m,n) +=! A(b,k,m) * W(b,n,k) }",
+                lambda a, w: a.transpose(0, 2, 1) @ w.transpose(0, 2, 1), lambda m, k, n: [(3, k, m), (3, n, k)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRANSPOSED))
+@pytest.mark.parametrize("shape", [(256, 300, 512), (130, 257, 200)])
+def test_native_products_with_a_transposed_operand_vectorize_the_output_through_packed_panels(case, shape):
+    src, ref, shapes = TRANSPOSED[case]
+    a, b = (RNG.standard_normal(s).astype(np.float32) for s in shapes(*shape))
+    kernel = pf.define(src, target="host").f
+    loops = kernel.specialize(a, b).stages["loops"]
+    second = "W" if case == "batched" else "B"
+    assert "local float32(" in loops and f"{second}_packed(" in loops   # copied transposed
+    np.testing.assert_allclose(kernel(a, b), ref(a, b), rtol=2e-4, atol=2e-3)
+
+
 @pytest.mark.parametrize("change", [
     ("for c0 in 0:8 step 2", "for c0 in 0:2 step 2"),           # no reuse: one row block
     ("        for c3 in 0:8 vectorize(4) {", "        if c0 < 6 {\n        for c3 in 0:8 vectorize(4) {"),

@@ -9,13 +9,18 @@ pass copies the box of such an operand that a loop nest reads into a ``local`` b
 the micro-kernel reads it, and rewrites the reads. For a box of extents
 ``(e0, ..., el)`` read ``nr`` elements at a time along ``el`` the layout is
 ``(el / nr, e0, ..., e(l-1), nr)``: each micro-panel is contiguous, as BLIS packs B.
+A box read ``nr`` elements at a time along another dimension ``ed`` (a transposed
+operand: ``B(n, k)`` of ``A·Bᵀ``, the vector loop moving ``n``) is laid out
+``(ed / nr, e0, ..., el without ed, nr)``: the copy transposes it, as BLIS's packing
+takes either layout of an operand, and the micro-kernel reads it contiguously.
 
 A read is packed at the outermost loop (the nest's top) where
 
 * every loop from there to the read is serial with constant bounds, with no ``if``
   between them (the copy reads exactly what the nest reads: never outside the tensor);
-* its indices are affine in the loops, its last one ``v + rest`` for the vector loop
-  ``v in 0:nr`` and a ``rest`` that moves in whole multiples of ``nr``;
+* its indices are affine in the loops, one of them (the last, or for a transposed
+  operand another) ``v + rest`` for the vector loop ``v in 0:nr`` and a ``rest`` that
+  moves in whole multiples of ``nr``, the others free of ``v``;
 * all reads of that tensor in the nest share their offsets from outside the nest;
 * the copy is reused: the loops that no index of the tensor uses run at least
   :data:`MIN_REUSE` times per copy;
@@ -76,7 +81,8 @@ class _Site:
     path: tuple[ConstantLoop, ...]       # the nest's loops around the read, outermost first
     outer: tuple[Affine, ...]     # per index: the part fixed outside the nest
     inner: tuple[Affine, ...]     # per index: the part the nest's loops move (with constants)
-    vector: ConstantLoop                 # the vector loop moving the last index
+    vector: ConstantLoop                 # the vector loop moving index ``dim``
+    dim: int                             # the index the vector loop moves (the last, unless transposed)
 
 
 def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset()) -> LoopKernel:
@@ -141,7 +147,8 @@ class _Packer:
         when ``tiles``, the enclosing loops its boxes move with, prepack every box)."""
         source = self.inputs[tensor]
         rank = len(source.shape)
-        if any(s.outer != sites[0].outer for s in sites) or any(
+        pd = sites[0].dim
+        if any(s.outer != sites[0].outer or s.dim != pd for s in sites) or any(
                 s.vector.var != t.vector.var for s in sites for t in sites if s.read == t.read):
             return None
         nr = sites[0].vector.trips
@@ -149,20 +156,21 @@ class _Packer:
         lows = [min(lo for lo, _ in dim) for dim in spans]
         highs = [max(hi for _, hi in dim) for dim in spans]
         extents = [h - lo + 1 for lo, h in zip(lows, highs)]
-        if any(not _panel_aligned(s, nr, lows[-1]) for s in sites) or extents[-1] % nr:
+        if any(not _panel_aligned(s, nr, lows[pd]) for s in sites) or extents[pd] % nr:
             return None
-        if extents[-1] == nr and tuple(extents[1:]) == tuple(source.shape[1:]):
+        if pd == rank - 1 and extents[-1] == nr and tuple(extents[1:]) == tuple(source.shape[1:]):
             return None   # one panel of whole rows: the copy would be laid out as the source
+        across = [d for d in range(rank) if d != pd]   # the box's dimensions within a panel
         size = math.prod(extents) * np.dtype(source.dtype.numpy).itemsize
         used = {v for s in sites for form in s.inner for v in form}
         reuse = math.prod(lp.trips for lp in _loops_of(sites) if lp.var not in used)
         if reuse < MIN_REUSE:
             return None
-        box = (extents[-1] // nr, *extents[:-1], nr)
+        box = (extents[pd] // nr, *(extents[d] for d in across), nr)
         packing = None
         if tiles is not None:
             shape = (*(lp.trips for lp in tiles), *box)
-            packing = _packing(tensor, sites[0], tiles, lows, nr, len(box))
+            packing = _packing(tensor, sites[0], tiles, lows, nr, len(box), across)
             # every box the tile loops visit, even those an enclosing guard skips (a partial
             # last tile), must lie inside the operand
             if not packing.inside(shape, source.shape) \
@@ -185,23 +193,26 @@ class _Packer:
             if site is None:
                 return e
             v = site.vector.var
-            rest = {**site.inner[-1], "": site.inner[-1].get("", 0) - lows[-1]}
+            rest = {**site.inner[pd], "": site.inner[pd].get("", 0) - lows[pd]}
             rest.pop(v)
             panel = Binary(BinaryOp.DIV, _expr(rest), Literal(nr, _I64), _I64)
-            within = [_expr({**f, "": f.get("", 0) - lo}) for f, lo in zip(site.inner[:-1], lows)]
+            within = [_expr({**site.inner[d], "": site.inner[d].get("", 0) - lows[d]}) for d in across]
             return Read(name, (*lead, panel, *within, IndexVar(v, _I64)), source.dtype)
 
         top = replace(top, body=map_body_exprs(top.body, packed_read))
-        return top, [] if packing is not None else [self.copy(name, source, sites[0], lows, box, nr)]
+        return top, [] if packing is not None else [self.copy(name, source, sites[0], lows, box, nr, across)]
 
     def copy(self, name: str, source: Buffer, site: _Site, lows: list[int],
-             shape: tuple[int, ...], nr: int) -> Stmt:
-        """The loops filling the packed buffer: panel, then the box's leading dims, then
+             shape: tuple[int, ...], nr: int, across: list[int]) -> Stmt:
+        """The loops filling the packed buffer: panel, then the box's other dims, then
         the elements of a panel row (vectorized like the micro-kernel's loop)."""
         names = [self.fresh(f"{name}_{d}") for d in range(len(shape))]
         ivs = [IndexVar(n, _I64) for n in names]
-        last = Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, ivs[0], Literal(nr, _I64), _I64), ivs[-1], _I64)
-        within = [*ivs[1:-1], last]
+        within: list[Expr] = [ivs[0]] * len(site.outer)
+        for d, iv in zip(across, ivs[1:-1]):
+            within[d] = iv
+        within[site.dim] = Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, ivs[0], Literal(nr, _I64), _I64),
+                                  ivs[-1], _I64)
         indices = tuple(_plus(_expr({**outer, "": outer.get("", 0) + lo}), i)
                         for outer, lo, i in zip(site.outer, lows, within))
         stmt: Stmt = Store(name, tuple(ivs), Read(source.name, indices, source.dtype))
@@ -232,9 +243,11 @@ def _tile_number(lp: ConstantLoop) -> Expr:
     return Binary(BinaryOp.DIV, at, Literal(lp.step, _I64), _I64) if lp.step != 1 else at
 
 
-def _packing(tensor: str, site: _Site, tiles: list[ConstantLoop], lows: list[int], nr: int, rank: int) -> Packing:
+def _packing(tensor: str, site: _Site, tiles: list[ConstantLoop], lows: list[int], nr: int, rank: int,
+             across: list[int]) -> Packing:
     """Element ``(t..., panel, e..., v)`` of the prepacked buffer: the box of tile
-    numbers ``t`` of the loops ``tiles``, laid out as :meth:`_Packer.copy` lays out one box."""
+    numbers ``t`` of the loops ``tiles``, laid out as :meth:`_Packer.copy` lays out one box
+    (``across``: the source dimensions of ``e``)."""
     axes = len(tiles) + rank
     offsets, coefs = [], []
     for d, form in enumerate(site.outer):
@@ -244,11 +257,11 @@ def _packing(tensor: str, site: _Site, tiles: list[ConstantLoop], lows: list[int
             c = form.get(lp.var, 0)
             offset += c * lp.lo
             row[k] = c * lp.step
-        if d == len(site.outer) - 1:
+        if d == site.dim:
             row[len(tiles)] += nr
             row[axes - 1] += 1
         else:
-            row[len(tiles) + 1 + d] += 1
+            row[len(tiles) + 1 + across.index(d)] += 1
         offsets.append(offset)
         coefs.append(tuple(row))
     return Packing(tensor, tuple(offsets), tuple(coefs))
@@ -307,11 +320,14 @@ def _site(r: Read, path: tuple[ConstantLoop, ...]) -> _Site | None:
     mine = {lp.var for lp in path}
     outer = tuple({v: c for v, c in f.items() if v not in mine and v} for f in forms)  # type: ignore[union-attr]
     inner = tuple({v: c for v, c in f.items() if v in mine or not v} for f in forms)  # type: ignore[union-attr]
-    vectors = [lp for lp in path if lp.vector > 1 and lp.lo == 0 and lp.step == 1
-               and inner[-1].get(lp.var) == 1 and all(lp.var not in f for f in inner[:-1])]
-    if not vectors or vectors[-1].trips < 2:
-        return None
-    return _Site(r, path, outer, inner, vectors[-1])
+    # the vector loop moves the last index, or (a transposed operand) another one
+    for dim in (len(forms) - 1, *range(len(forms) - 1)):
+        vectors = [lp for lp in path if lp.vector > 1 and lp.lo == 0 and lp.step == 1
+                   and inner[dim].get(lp.var) == 1
+                   and all(lp.var not in f for d, f in enumerate(inner) if d != dim)]
+        if vectors and vectors[-1].trips >= 2:
+            return _Site(r, path, outer, inner, vectors[-1], dim)
+    return None
 
 
 def _panel_aligned(site: _Site, nr: int, low: int) -> bool:
@@ -319,7 +335,7 @@ def _panel_aligned(site: _Site, nr: int, low: int) -> bool:
     if site.vector.trips != nr:
         return False
     by_var = {lp.var: lp for lp in site.path}
-    rest = {v: c for v, c in site.inner[-1].items() if v != site.vector.var}
+    rest = {v: c for v, c in site.inner[site.dim].items() if v != site.vector.var}
     if (rest.pop("", 0) - low) % nr:
         return False
     return all((c * by_var[v].lo) % nr == 0 and (c * by_var[v].step) % nr == 0 for v, c in rest.items())
