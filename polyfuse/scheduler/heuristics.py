@@ -32,6 +32,8 @@ from polyfuse.scheduler.loop_nest import LoopNest, work
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
+FAR_ROWS = 6               # jammed rows far apart in a block of 4 vectors each, where they fit
+FAR_ROWS_ANYWAY = 512      # rows past which FAR_ROWS jam even with a partial last block
 CACHE_ROWS, CACHE_COLS, CACHE_DEPTH = 64, 256, 128  # cache tile (elements)
 PROLOGUE_RATIO = 64        # a statement this much heavier than the others runs alone
 MIN_COLS = 64             # the narrowest cache tile of the vector index
@@ -282,7 +284,13 @@ def _register_rows(extent: int, near: bool) -> tuple[int, int]:
     56 wide maps of convolutions: about 3x a 4 x 4 block there); rows far apart take 4
     rows of four vectors (about 1.8x a 8 x 2 block on a 1024 matmul). Either falls back
     to the other where its rows do not divide the extent; where neither does, the first
-    that fits stays, and the last, partial block runs unjammed."""
+    that fits stays, and the last, partial block runs unjammed. Far rows take 6 x 4 (24
+    accumulators: 1.05x a 4 x 4 block on 198 x 768 x 3072, 1024 and 2048 matmuls) where 6
+    divides the rows or they are many: the rows of a partial last block run unjammed and
+    read panels of their own (at 256 rows, 4 such rows made a product with a transposed
+    operand 0.7x); the narrow maps of convolutions keep blocks that divide them."""
+    if not near and (extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY):
+        return FAR_ROWS, 4
     wide, narrow = [(r, 2) for r in (8, 7, 6)], [(MR, 4)]
     preferred = wide + narrow if near else narrow + wide
     for rows, vectors in preferred:

@@ -63,13 +63,13 @@ def test_the_heaviest_statement_is_the_nest():
 def test_the_heuristics_write_their_choices_on_the_named_members():
     d, mm = nest(MM, "mm", MM_SIZES)
     named = mm.to_named(default_options(d, MM_SIZES, 512))
-    # cache tiles 64 rows of m by 64 columns of n (384 columns: 256 would make one whole
-    # tile and a half one for the threads, 128 three tiles, an odd number); k's 256 steps,
-    # not much more than the 128-step tile, stay whole; 4 x 64 register blocks; column
-    # panels outermost (BLIS)
-    assert named.tile_sizes == (("m", 64), ("n", 64), ("k", 0))
+    # cache tiles 60 rows of m (whole 6-row blocks) by 64 columns of n (384 columns: 256
+    # would make one whole tile and a half one for the threads, 128 three tiles, an odd
+    # number); k's 256 steps, not much more than the 128-step tile, stay whole; 6 x 64
+    # register blocks (512 rows, far apart); column panels outermost (BLIS)
+    assert named.tile_sizes == (("m", 60), ("n", 64), ("k", 0))
     assert named.tile_order == ("n", "k", "m")
-    assert named.register_tile == (("m", 4), ("n", 64), ("k", 0))
+    assert named.register_tile == (("m", 6), ("n", 64), ("k", 0))
     assert named.point_order == ("k", "m", "n")   # reduction outermost, n vectorized innermost
     d, conv = nest(CONV, "conv", CONV_SIZES)
     named = conv.to_named(default_options(d, CONV_SIZES, 512))
@@ -102,6 +102,22 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
     small = dict(MM_SIZES, M=64, K=1500)
     d, mm = nest(MM, "mm", small)
     assert dict(mm.to_named(default_options(d, small, 512)).tile_sizes)["k"] == 128
+
+
+@pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 4), (130, 4)])
+def test_rows_far_apart_jam_six_where_six_divide_them_or_they_are_many(rows, jammed):
+    sizes = {"M": rows, "K": 300, "N": 200}
+    d, mm = nest(MM, "mm", sizes)
+    options = mm.to_named(default_options(d, sizes, 512))
+    # 6 rows of 4 vectors (24 accumulators) where 6 divides the rows or they are many;
+    # 4 of 4 where a partial block of 6 would leave a share of the rows unjammed
+    assert dict(options.register_tile)["m"] == jammed
+    rng = np.random.default_rng(rows)
+    a = rng.standard_normal((rows, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 200)).astype(np.float32)
+    kernel = pf.define(MM, target="host").mm
+    assert f"unroll_jam={jammed}" in kernel.specialize(a, b).stages["options"]
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=2e-3)
 
 
 GLOBAL_POOL = ("def pool(float(N,H,W,C) X) -> (Y) { Y(n,c) +=! X(n,h,w,c) }")
