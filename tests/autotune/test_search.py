@@ -133,13 +133,13 @@ def test_violations_name_the_rule():
 
 def test_repair_adapts_the_options_of_other_shapes():
     space = SPACES["matmul300"]
-    heuristic = space.default()  # 4 register rows of 4 vectors in a 64-row tile
-    assert space.violations(heuristic) == [] and heuristic.tile_sizes[0] == 64
-    elsewhere = replace(heuristic, register_tile=(6, 32, 0), unroll_jam=6)  # 6 rows do not divide 64
+    heuristic = space.default()  # 6 register rows of 4 vectors in a 60-row tile
+    assert space.violations(heuristic) == [] and heuristic.tile_sizes[0] == 60
+    elsewhere = replace(heuristic, register_tile=(8, 32, 0), unroll_jam=8)  # 8 rows do not divide 60
     assert space.violations(elsewhere)
     fixed = space.repair(elsewhere)
     assert space.violations(fixed) == []
-    assert fixed.register_tile == (4, 32, 0) and fixed.unroll_jam == 4  # rows dividing 64 and 300
+    assert fixed.register_tile == (6, 32, 0) and fixed.unroll_jam == 6  # rows dividing 60 and 300
     conv = SPACES["conv"]
     assert conv.violations(conv.repair(MM_SPACE.default())) == []  # another band entirely
 

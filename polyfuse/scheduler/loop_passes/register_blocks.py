@@ -29,7 +29,6 @@ precision sum is rounded once, as the reference interpreter rounds it.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, Literal, Read, map_expr, walk
@@ -64,10 +63,16 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
     loaded: set[str] = set()      # outputs some block (or plain store) loads from memory
 
     def visit(body: tuple[Stmt, ...], path: list[For], shared: frozenset[str]) -> tuple[Stmt, ...]:
-        # outputs that several statements of a body store (a reduction split into full and
-        # partial tiles): each block may sum only part of an element, so none starts at zero
-        stores = Counter(b for s in body for b in {t.buffer for t in walk_stmts((s,)) if isinstance(t, Store)})
-        shared = shared | {b for b, n in stores.items() if n > 1}
+        # outputs that several statements of a body may store in the same elements (a
+        # reduction split into full and partial tiles): each block may sum only part of an
+        # element, so none starts at zero. Full and partial tiles of an output's rows store
+        # apart, and start at zero as before the split.
+        stored: dict[str, list[Stmt]] = {}
+        for s in body:
+            for b in {t.buffer for t in walk_stmts((s,)) if isinstance(t, Store)}:
+                stored.setdefault(b, []).append(s)
+        shared = shared | {b for b, ss in stored.items()
+                           if any(not _apart(x, y, b) for k, x in enumerate(ss) for y in ss[k + 1:])}
         out: list[Stmt] = []
         for s in body:
             block = _block(s, kernel) if isinstance(s, For) and s.kind is LoopKind.SERIAL else None
@@ -94,6 +99,55 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
     if initialized is not None:
         initialized |= {t for t in from_zero - loaded if not _reads_before_written(body, t)}
     return replace(kernel, buffers=kernel.buffers + tuple(buffers), body=body)
+
+
+def _apart(x: Stmt, y: Stmt, buffer: str) -> bool:
+    """Whether statements ``x`` and ``y`` store ``buffer`` in different elements: along
+    some index both store it at the same offset from outside plus ranges, over their own
+    loops, that do not meet (the rows of full tiles and of the partial one after them)."""
+    rx, ry = _region(x, buffer), _region(y, buffer)
+    return rx is not None and ry is not None and any(
+        ox == oy and (hx < ly or hy < lx) for (ox, (lx, hx)), (oy, (ly, hy)) in zip(rx, ry))
+
+
+def _region(top: Stmt, buffer: str) -> list[tuple[dict[str, int], tuple[int, int]]] | None:
+    """Per index of ``buffer``, where the stores under ``top`` put it: the affine part fixed
+    outside ``top`` and the least and greatest value of the rest over ``top``'s loops;
+    None when a loop's bounds or an index is not affine and constant enough to say."""
+    found: list[list[tuple[dict[str, int], tuple[int, int]]]] = []
+
+    def visit(s: Stmt, loops: dict[str, tuple[int, int]]) -> bool:
+        if isinstance(s, For):
+            trips = constant_trips(s)
+            if trips is None:
+                return False
+            lo = s.lo.value  # type: ignore[attr-defined]
+            inner = {**loops, s.var: (lo, lo + (trips - 1) * s.step)} if trips else loops
+            return all(visit(t, inner) for t in s.body)
+        if isinstance(s, If):
+            return all(visit(t, loops) for t in (*s.then, *s.other))
+        if isinstance(s, Store) and s.buffer == buffer:
+            dims = []
+            for index in s.indices:
+                form = affine(index)
+                if form is None:
+                    return False
+                outer = {v: c for v, c in form.items() if v and v not in loops}
+                lo = hi = form.get("", 0)
+                for v, c in form.items():
+                    if v in loops:
+                        ends = (c * loops[v][0], c * loops[v][1])
+                        lo, hi = lo + min(ends), hi + max(ends)
+                dims.append((outer, (lo, hi)))
+            found.append(dims)
+        return True
+
+    if not visit(top, {}) or not found:
+        return None
+    if any(d[0] != first[0] for dims in found for d, first in zip(dims, found[0])):
+        return None
+    return [(found[0][k][0], (min(d[k][1][0] for d in found), max(d[k][1][1] for d in found)))
+            for k in range(len(found[0]))]
 
 
 def _reads_before_written(body: tuple[Stmt, ...], tensor: str) -> bool:
