@@ -149,6 +149,8 @@ TRANSPOSED = {
              lambda a, b: a @ b.T, lambda m, k, n: [(m, k), (n, k)]),
     "Aᵀ·Bᵀ": ("def f(float(K,M) A, float(N,K) B) -> (C) { C(m,n) +=! A(k,m) * B(n,k) }",
               lambda a, b: a.T @ b.T, lambda m, k, n: [(k, m), (n, k)]),
+    "Aᵀ·B": ("def f(float(K,M) A, float(K,N) B) -> (C) { C(m,n) +=! A(k,m) * B(k,n) }",
+             lambda a, b: a.T @ b, lambda m, k, n: [(k, m), (k, n)]),
     "batched": ("def f(float(Bt,K,M) A, float(Bt,N,K) W) -> (C) { C(b,m,n) +=! A(b,k,m) * W(b,n,k) }",
                 lambda a, w: a.transpose(0, 2, 1) @ w.transpose(0, 2, 1), lambda m, k, n: [(3, k, m), (3, n, k)]),
 }
@@ -162,8 +164,50 @@ def test_native_products_with_a_transposed_operand_vectorize_the_output_through_
     kernel = pf.define(src, target="host").f
     loops = kernel.specialize(a, b).stages["loops"]
     second = "W" if case == "batched" else "B"
-    assert "local float32(" in loops and f"{second}_packed(" in loops   # copied transposed
+    if case != "Aᵀ·B":
+        assert f"{second}_packed(" in loops   # copied transposed
+    if shape[0] == 256 and (case.startswith("Aᵀ") or case == "batched"):
+        # the jammed rows' scalars lie a row apart along k: their panels are copied too
+        # (at 130 x 200 a row tile's copy would serve too few column blocks)
+        assert "A_packed(" in loops
     np.testing.assert_allclose(kernel(a, b), ref(a, b), rtol=2e-4, atol=2e-3)
+
+
+# A given transposed, At(k, m): the 2 jammed rows' scalars At(c2, c0) and At(c2, c0 + 1)
+# step a row of At apart along the reduction c2; with rows of 32 floats (128 bytes, a new
+# line every step) their box is copied as panels of the 2 rows, each step's pair side by
+# side, and reused by the 4 column blocks of c1
+BROADCAST_T = """kernel mm(in float32(16, 32) At, in float32(16, 32) B, out float32(8, 32) C) {
+  for c0 in 0:8 step 2 {
+    for c1 in 0:32 step 8 {
+      for c2 in 0:16 {
+        for c3 in 0:8 vectorize(4) {
+          C(c0, c1 + c3) = C(c0, c1 + c3) + At(c2, c0) * B(c2, c1 + c3)
+          C(c0 + 1, c1 + c3) = C(c0 + 1, c1 + c3) + At(c2, c0 + 1) * B(c2, c1 + c3)
+        }
+      }
+    }
+  }
+}"""
+
+
+def test_jammed_rows_of_a_transposed_operand_are_copied_into_panels_of_their_rows():
+    at = RNG.standard_normal((16, 32)).astype(np.float32)
+    b = RNG.standard_normal((16, 32)).astype(np.float32)
+    out = pack_operands(parse_kernel(BROADCAST_T))
+    text = str(out)
+    assert "local float32(4, 16, 2) At_packed" in text, text
+    assert "At_packed(At_packed_0, At_packed_1, At_packed_2) = At(At_packed_1, At_packed_0 * 2 + At_packed_2)" in text
+    assert "At_packed(c0 / 2, c2, 0) * B_packed(" in text and "At_packed(c0 / 2, c2, 1) * B_packed(" in text
+    assert parse_kernel(text) == out
+    np.testing.assert_allclose(interpret_kernel(out, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5)
+    # a constant one is packed so before the kernel runs
+    pre = pack_operands(parse_kernel(BROADCAST_T), frozenset({"At"}))
+    assert str(pre.buffer("At_prepacked").packing) == "pack At(p1, 2*p0 + p2)"
+    np.testing.assert_allclose(interpret_kernel(pre, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5)
+    # rows 8 floats apart (32 bytes) share lines: the reads stay as they are
+    narrow = BROADCAST_T.replace("(16, 32) At", "(16, 8) At")
+    assert "At_packed" not in str(pack_operands(parse_kernel(narrow)))
 
 
 @pytest.mark.parametrize("change", [

@@ -13,6 +13,10 @@ A box read ``nr`` elements at a time along another dimension ``ed`` (a transpose
 operand: ``B(n, k)`` of ``A·Bᵀ``, the vector loop moving ``n``) is laid out
 ``(ed / nr, e0, ..., el without ed, nr)``: the copy transposes it, as BLIS's packing
 takes either layout of an operand, and the micro-kernel reads it contiguously.
+The scalars a block broadcasts, one per jammed row (``A(k, m + j)``, ``j`` in ``0:mr``),
+are packed the same way along the rows' index, in panels of ``mr`` (BLIS's packed A),
+where each reduction step would read them a cache line or more from the last step's
+(``Aᵀ·B``: a new line, and a new page, every step); read along a row they stay.
 
 A read is packed at the outermost loop (the nest's top) where
 
@@ -81,7 +85,7 @@ class _Site:
     path: tuple[ConstantLoop, ...]       # the nest's loops around the read, outermost first
     outer: tuple[Affine, ...]     # per index: the part fixed outside the nest
     inner: tuple[Affine, ...]     # per index: the part the nest's loops move (with constants)
-    vector: ConstantLoop                 # the vector loop moving index ``dim``
+    vector: ConstantLoop | None          # the vector loop moving index ``dim`` (None: a broadcast)
     dim: int                             # the index the vector loop moves (the last, unless transposed)
 
 
@@ -147,30 +151,41 @@ class _Packer:
         when ``tiles``, the enclosing loops its boxes move with, prepack every box)."""
         source = self.inputs[tensor]
         rank = len(source.shape)
-        pd = sites[0].dim
-        if any(s.outer != sites[0].outer or s.dim != pd for s in sites) or any(
-                s.vector.var != t.vector.var for s in sites for t in sites if s.read == t.read):
+        if any(s.outer != sites[0].outer for s in sites):
             return None
-        nr = sites[0].vector.trips
+        if all(s.vector is not None for s in sites):
+            pd = sites[0].dim
+            if any(s.dim != pd for s in sites) or any(
+                    s.vector.var != t.vector.var for s in sites for t in sites if s.read == t.read):  # type: ignore[union-attr]
+                return None
+            nr = sites[0].vector.trips  # type: ignore[union-attr]
+            element = {id(s): IndexVar(s.vector.var, _I64) for s in sites}  # type: ignore[union-attr]
+        else:
+            found = _jammed(sites, source)
+            if found is None:
+                return None
+            pd, nr, element = found
         spans = [[_span(s.inner[d], s.path) for s in sites] for d in range(rank)]
         lows = [min(lo for lo, _ in dim) for dim in spans]
         highs = [max(hi for _, hi in dim) for dim in spans]
         extents = [h - lo + 1 for lo, h in zip(lows, highs)]
-        if any(not _panel_aligned(s, nr, lows[pd]) for s in sites) or extents[pd] % nr:
+        if any(not _panel_aligned(s, pd, nr, lows[pd], element[id(s)]) for s in sites) or extents[pd] % nr:
             return None
         if pd == rank - 1 and extents[-1] == nr and tuple(extents[1:]) == tuple(source.shape[1:]):
             return None   # one panel of whole rows: the copy would be laid out as the source
         across = [d for d in range(rank) if d != pd]   # the box's dimensions within a panel
         size = math.prod(extents) * np.dtype(source.dtype.numpy).itemsize
         used = {v for s in sites for form in s.inner for v in form}
-        reuse = math.prod(lp.trips for lp in _loops_of(sites) if lp.var not in used)
+        # (a broadcast's vector loops reuse it in registers, not from the copy)
+        reuse = math.prod(lp.trips for lp in _loops_of(sites) if lp.var not in used
+                          and (sites[0].vector is not None or lp.vector <= 1))
         if reuse < MIN_REUSE:
             return None
         box = (extents[pd] // nr, *(extents[d] for d in across), nr)
         packing = None
         if tiles is not None:
             shape = (*(lp.trips for lp in tiles), *box)
-            packing = _packing(tensor, sites[0], tiles, lows, nr, len(box), across)
+            packing = _packing(tensor, sites[0], tiles, lows, nr, len(box), pd, across)
             # every box the tile loops visit, even those an enclosing guard skips (a partial
             # last tile), must lie inside the operand
             if not packing.inside(shape, source.shape) \
@@ -192,18 +207,17 @@ class _Packer:
             site = next((s for s in sites if s.read == e), None)
             if site is None:
                 return e
-            v = site.vector.var
-            rest = {**site.inner[pd], "": site.inner[pd].get("", 0) - lows[pd]}
-            rest.pop(v)
+            rest = _without(site.inner[pd], element[id(site)])
+            rest = {**rest, "": rest.get("", 0) - lows[pd]}
             panel = Binary(BinaryOp.DIV, _expr(rest), Literal(nr, _I64), _I64)
             within = [_expr({**site.inner[d], "": site.inner[d].get("", 0) - lows[d]}) for d in across]
-            return Read(name, (*lead, panel, *within, IndexVar(v, _I64)), source.dtype)
+            return Read(name, (*lead, panel, *within, element[id(site)]), source.dtype)
 
         top = replace(top, body=map_body_exprs(top.body, packed_read))
-        return top, [] if packing is not None else [self.copy(name, source, sites[0], lows, box, nr, across)]
+        return top, [] if packing is not None else [self.copy(name, source, sites[0], lows, box, nr, pd, across)]
 
     def copy(self, name: str, source: Buffer, site: _Site, lows: list[int],
-             shape: tuple[int, ...], nr: int, across: list[int]) -> Stmt:
+             shape: tuple[int, ...], nr: int, pd: int, across: list[int]) -> Stmt:
         """The loops filling the packed buffer: panel, then the box's other dims, then
         the elements of a panel row (vectorized like the micro-kernel's loop)."""
         names = [self.fresh(f"{name}_{d}") for d in range(len(shape))]
@@ -211,13 +225,13 @@ class _Packer:
         within: list[Expr] = [ivs[0]] * len(site.outer)
         for d, iv in zip(across, ivs[1:-1]):
             within[d] = iv
-        within[site.dim] = Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, ivs[0], Literal(nr, _I64), _I64),
+        within[pd] = Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, ivs[0], Literal(nr, _I64), _I64),
                                   ivs[-1], _I64)
         indices = tuple(_plus(_expr({**outer, "": outer.get("", 0) + lo}), i)
                         for outer, lo, i in zip(site.outer, lows, within))
         stmt: Stmt = Store(name, tuple(ivs), Read(source.name, indices, source.dtype))
         for d in reversed(range(len(shape))):
-            vector = site.vector.vector if d == len(shape) - 1 else 1
+            vector = site.vector.vector if d == len(shape) - 1 and site.vector is not None else 1
             stmt = For(names[d], Literal(0, _I64), Literal(shape[d], _I64), (stmt,), vector=vector)
         return stmt
 
@@ -244,7 +258,7 @@ def _tile_number(lp: ConstantLoop) -> Expr:
 
 
 def _packing(tensor: str, site: _Site, tiles: list[ConstantLoop], lows: list[int], nr: int, rank: int,
-             across: list[int]) -> Packing:
+             pd: int, across: list[int]) -> Packing:
     """Element ``(t..., panel, e..., v)`` of the prepacked buffer: the box of tile
     numbers ``t`` of the loops ``tiles``, laid out as :meth:`_Packer.copy` lays out one box
     (``across``: the source dimensions of ``e``)."""
@@ -257,7 +271,7 @@ def _packing(tensor: str, site: _Site, tiles: list[ConstantLoop], lows: list[int
             c = form.get(lp.var, 0)
             offset += c * lp.lo
             row[k] = c * lp.step
-        if d == site.dim:
+        if d == pd:
             row[len(tiles)] += nr
             row[axes - 1] += 1
         else:
@@ -327,18 +341,59 @@ def _site(r: Read, path: tuple[ConstantLoop, ...]) -> _Site | None:
                    and all(lp.var not in f for d, f in enumerate(inner) if d != dim)]
         if vectors and vectors[-1].trips >= 2:
             return _Site(r, path, outer, inner, vectors[-1], dim)
+    if any(lp.vector > 1 and all(lp.var not in f for f in inner) for lp in path):
+        return _Site(r, path, outer, inner, None, -1)   # a scalar a vector loop broadcasts
     return None
 
 
-def _panel_aligned(site: _Site, nr: int, low: int) -> bool:
-    """The last index minus the vector loop moves in whole panels (from ``low``)."""
-    if site.vector.trips != nr:
+def _panel_aligned(site: _Site, dim: int, nr: int, low: int, element: Expr) -> bool:
+    """Index ``dim`` minus the element within a panel (the vector loop, or a jammed
+    row's offset) moves in whole panels (from ``low``)."""
+    if site.vector is not None and site.vector.trips != nr:
         return False
     by_var = {lp.var: lp for lp in site.path}
-    rest = {v: c for v, c in site.inner[site.dim].items() if v != site.vector.var}
+    rest = _without(site.inner[dim], element)
     if (rest.pop("", 0) - low) % nr:
         return False
     return all((c * by_var[v].lo) % nr == 0 and (c * by_var[v].step) % nr == 0 for v, c in rest.items())
+
+
+def _without(form: Affine, element: Expr) -> Affine:
+    """``form`` less a panel's element: the vector loop's variable, or a literal offset."""
+    if isinstance(element, IndexVar):
+        return {v: c for v, c in form.items() if v != element.name}
+    return {**form, "": form.get("", 0) - int(element.value)}  # type: ignore[attr-defined]
+
+
+LINE_BYTES = 64   # a broadcast operand is packed when each reduction step reads a new line
+
+
+def _jammed(sites: list[_Site], source: Buffer) -> tuple[int, int, dict[int, Expr]] | None:
+    """Broadcast reads of the jammed rows of a register block, ``A(k, m + j)`` for
+    ``j`` in ``0:mr`` (a transposed ``A`` of ``Aᵀ·B``), as one panel dimension: the
+    index where the reads differ, by the offsets ``0 .. mr-1`` only; ``mr``; and each
+    read's offset. None unless the innermost reduction loop steps through the source a
+    cache line or more at a time (a row apart: its reads would fall on a new line, and a
+    new page, every step; reads along a row stay as they are)."""
+    forms = [s.inner for s in sites]
+    differ = [d for d in range(len(forms[0])) if any(f[d] != forms[0][d] for f in forms)]
+    if len(differ) != 1:
+        return None
+    pd = differ[0]
+    moving = [{v: c for v, c in f[pd].items() if v} for f in forms]
+    offsets = [f[pd].get("", 0) for f in forms]
+    base, mr = min(offsets), len(set(offsets))
+    if any(m != moving[0] for m in moving) or set(offsets) != set(range(base, base + mr)) or mr < 2:
+        return None
+    # the innermost loop (of several iterations, not a vector loop) that moves the read
+    inner = [lp for lp in sites[0].path if lp.vector <= 1 and lp.trips > 1 and any(lp.var in f for f in forms[0])]
+    if not inner or inner[-1].var in forms[0][pd]:
+        return None
+    strides = [math.prod(source.shape[d + 1:]) for d in range(len(source.shape))]
+    step = sum(f.get(inner[-1].var, 0) * stride for f, stride in zip(forms[0], strides)) * inner[-1].step
+    if abs(step) * np.dtype(source.dtype.numpy).itemsize < LINE_BYTES:
+        return None
+    return pd, mr, {id(s): Literal(o - base, _I64) for s, o in zip(sites, offsets)}
 
 
 def _span(form: Affine, path: tuple[ConstantLoop, ...]) -> tuple[int, int]:
