@@ -490,28 +490,33 @@ def test_blocks_of_a_reduction_split_over_two_nests_add_to_the_zeroed_output():
     partial tiles): neither block holds the whole sum, so each adds its accumulators to
     C instead of storing them over the other's, and C still needs its zeros."""
     a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
-    first = BLOCK.replace("for c3 in 0:6 {", "for c3 in 0:2 {")
-    rest = BLOCK.replace("for c3 in 0:6 {", "for c3 in 2:6 {")
-    split = first[:-2] + rest[rest.index("{\n") + 2:]
+    split = _two_nests(BLOCK, "for c3 in 0:6 {", "for c3 in 0:2 {", "for c3 in 2:6 {")
     initialized: set[str] = set()
     out = promote_register_blocks(parse_kernel(split), frozenset({"C"}), initialized)
     assert str(out).count("C(c1, c0 + c2) = C(c1, c0 + c2) + acc") == 2 and not initialized, str(out)
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-5)
+
+
+def _two_nests(kernel: str, loop: str, first: str, second: str) -> str:
+    """``kernel``'s one nest twice, side by side, with ``loop`` as ``first`` in the one
+    and as ``second`` in the other."""
+    one, other = kernel.replace(loop, first), kernel.replace(loop, second)
+    return one[:-2] + other[other.index("{\n") + 2:]
+
 
 def test_blocks_of_rows_split_over_two_nests_still_start_at_zero():
     """Rows 0:2 in one nest and 2:4 in another (full tiles and the partial one after
     them): each block sums the whole reduction of rows the other never stores, so both
     start at zero and C needs no zeros; rows that meet (0:4 and 2:4) add to C."""
     a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
-    first = BLOCK.replace("for c1 in 0:4 step 2 {", "for c1 in 0:2 step 2 {")
-    rest = BLOCK.replace("for c1 in 0:4 step 2 {", "for c1 in 2:4 step 2 {")
-    split = first[:-2] + rest[rest.index("{\n") + 2:]
+    rows = "for c1 in 0:4 step 2 {"
+    split = _two_nests(BLOCK, rows, "for c1 in 0:2 step 2 {", "for c1 in 2:4 step 2 {")
     initialized: set[str] = set()
     out = promote_register_blocks(parse_kernel(split), frozenset({"C"}), initialized)
     assert "acc(1, c2) = 0.0" in str(out) and "acc2(1, c2) = 0.0" in str(out)
     assert "= C(" not in str(out) and initialized == {"C"}, str(out)
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
-    overlap = BLOCK[:-2] + rest[rest.index("{\n") + 2:]
+    overlap = _two_nests(BLOCK, rows, rows, "for c1 in 2:4 step 2 {")
     initialized = set()
     out = promote_register_blocks(parse_kernel(overlap), frozenset({"C"}), initialized)
     assert "= C(c1, c0 + c2) + acc" in str(out) and not initialized, str(out)
