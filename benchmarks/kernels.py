@@ -74,6 +74,11 @@ CASES = [
          lambda a, b: a @ b, 2 * 2048 ** 3),
     Case("matmul4096", MATMUL, lambda r: (_f32(r, 4096, 4096), _f32(r, 4096, 4096)),
          lambda a, b: a @ b, 2 * 4096 ** 3),
+    # transposed operands: A·Bᵀ (attention's Q·Kᵀ, a Linear's weight) and Aᵀ·B (a gradient)
+    Case("matmul_nt1024", "def nt(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
+         lambda r: (_f32(r, 1024, 1024), _f32(r, 1024, 1024)), lambda a, b: a @ b.T, 2 * 1024 ** 3),
+    Case("matmul_tn1024", "def tn(float(K,M) A, float(K,N) B) -> (C) { C(m,n) +=! A(k,m) * B(k,n) }",
+         lambda r: (_f32(r, 1024, 1024), _f32(r, 1024, 1024)), lambda a, b: a.T @ b, 2 * 1024 ** 3),
     Case("tbmm", "def tbmm(float(B,K,M) A, float(B,N,K) W) -> (C) "
                  "{ C(b,m,n) +=! A(b,k,m) * W(b,n,k) }",
          lambda r: (_f32(r, 8, 256, 256), _f32(r, 8, 256, 256)),
