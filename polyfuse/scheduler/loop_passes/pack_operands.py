@@ -117,11 +117,16 @@ class _Packer:
         operands packed."""
         inside_parallel = any(lp.kind is LoopKind.PARALLEL for lp in enclosing)
         out: list[Stmt] = []
+        if len(stmts) > 1 and all(isinstance(s, For) and s.kind is LoopKind.SERIAL for s in stmts):
+            # sibling nests (full tiles and the partial one after them) share one copy of
+            # what they read together; each alone may read too little of it to pay
+            group, copies = self.nest(stmts, enclosing)  # type: ignore[arg-type]
+            stmts, out = group, copies
         for s in stmts:
             if isinstance(s, For):
-                copies: list[Stmt] = []
+                copies = []
                 if inside_parallel or s.kind is LoopKind.SERIAL:
-                    s, copies = self.nest(s, enclosing)
+                    (s,), copies = self.nest((s,), enclosing)
                 out += copies
                 out.append(replace(s, body=self.body(s.body, enclosing + (s,))))
             elif isinstance(s, If):
@@ -131,22 +136,23 @@ class _Packer:
                 out.append(s)
         return tuple(out)
 
-    def nest(self, top: For, enclosing: tuple[For, ...]) -> tuple[For, list[Stmt]]:
-        """``top`` with its packable operands read from packed copies, and the copies."""
-        sites = _sites(top, self.inputs)
+    def nest(self, tops: tuple[For, ...], enclosing: tuple[For, ...]) -> tuple[tuple[For, ...], list[Stmt]]:
+        """The nests ``tops`` (siblings) with their packable operands read from packed
+        copies, and the copies."""
+        sites = _sites(tops, self.inputs)
         if sites is None:
-            return top, []
+            return tops, []
         copies: list[Stmt] = []
         for tensor in sorted(sites):
             tiles = _tiles(sites[tensor], enclosing) if tensor in self.constants else None
-            packed = self.pack(top, tensor, sites[tensor], tiles)
+            packed = self.pack(tops, tensor, sites[tensor], tiles)
             if packed is not None:
-                top, copy = packed
+                tops, copy = packed
                 copies += copy
-        return top, copies
+        return tops, copies
 
-    def pack(self, top: For, tensor: str, sites: list[_Site],
-             tiles: list[ConstantLoop] | None) -> tuple[For, list[Stmt]] | None:
+    def pack(self, tops: tuple[For, ...], tensor: str, sites: list[_Site],
+             tiles: list[ConstantLoop] | None) -> tuple[tuple[For, ...], list[Stmt]] | None:
         """The nest reading ``tensor`` packed, and the copy filling the packed buffer (none
         when ``tiles``, the enclosing loops its boxes move with, prepack every box)."""
         source = self.inputs[tensor]
@@ -213,8 +219,8 @@ class _Packer:
             within = [_expr({**site.inner[d], "": site.inner[d].get("", 0) - lows[d]}) for d in across]
             return Read(name, (*lead, panel, *within, element[id(site)]), source.dtype)
 
-        top = replace(top, body=map_body_exprs(top.body, packed_read))
-        return top, [] if packing is not None else [self.copy(name, source, sites[0], lows, box, nr, pd, across)]
+        tops = tuple(replace(top, body=map_body_exprs(top.body, packed_read)) for top in tops)
+        return tops, [] if packing is not None else [self.copy(name, source, sites[0], lows, box, nr, pd, across)]
 
     def copy(self, name: str, source: Buffer, site: _Site, lows: list[int],
              shape: tuple[int, ...], nr: int, pd: int, across: list[int]) -> Stmt:
@@ -281,10 +287,10 @@ def _packing(tensor: str, site: _Site, tiles: list[ConstantLoop], lows: list[int
     return Packing(tensor, tuple(offsets), tuple(coefs))
 
 
-def _sites(top: For, inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None:
-    """The reads of input tensors in the nest under ``top`` that a packed copy could serve,
-    by tensor; tensors with any other read are left out; None when the nest has no
-    constant loops."""
+def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None:
+    """The reads of input tensors in the nests under ``tops`` that a packed copy could
+    serve, by tensor; tensors with any other read are left out; None when a nest's top
+    loop has no constant bounds."""
     found: dict[str, list[_Site]] = {}
     rejected: set[str] = set()
 
@@ -319,9 +325,10 @@ def _sites(top: For, inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None
                     else:
                         found.setdefault(r.tensor, []).append(site)
 
-    if constant_loop(top) is None:
+    if any(constant_loop(top) is None for top in tops):
         return None
-    visit(top, (), False)
+    for top in tops:
+        visit(top, (), False)
     return {t: s for t, s in found.items() if t not in rejected}
 
 
