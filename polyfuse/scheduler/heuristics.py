@@ -34,6 +34,7 @@ from polyfuse.scheduler.options import Fusion, MappingOptions
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
 FAR_ROWS = 6               # jammed rows far apart in a block of 4 vectors each, where they fit
 FAR_ROWS_ANYWAY = 512      # rows past which FAR_ROWS jam even with a partial last block
+FAR_ROWS_SOME = 48         # the same for rows that slide no window (a matmul's, a 1x1 conv's)
 CACHE_ROWS, CACHE_COLS, CACHE_DEPTH = 64, 256, 128  # cache tile (elements)
 PROLOGUE_RATIO = 64        # a statement this much heavier than the others runs alone
 MIN_COLS = 64             # the narrowest cache tile of the vector index
@@ -237,7 +238,9 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
     # the jammed rows' scalars: neighbours in memory (a convolution's window) or rows
     # far apart (a matmul's A(m, k), one cache line and TLB entry per row)?
     near = any(jam in _names(r.indices[-1]) for r in reads if vec not in _names(r.indices[-1]))
-    mr, vectors = _register_rows(extents[jam], near)
+    # does the jammed index slide a window (w + kw of a convolution)?
+    window = any(jam in _names(x) and _names(x) & set(red) for r in reads for x in r.indices)
+    mr, vectors = _register_rows(extents[jam], near, window)
     if tiles[jam] and tiles[jam] < extents[jam]:
         tiles[jam] = tiles[jam] // mr * mr   # whole register blocks in a cache tile
     nr, vw = _vector_block(cols, width, vectors if last else 4)
@@ -278,18 +281,24 @@ def _divisor_at_most(extent: int, most: int, parts: int = 1) -> int:
     return max(fits, default=1)
 
 
-def _register_rows(extent: int, near: bool) -> tuple[int, int]:
+def _register_rows(extent: int, near: bool, window: bool = False) -> tuple[int, int]:
     """Jammed rows of a register block and the vectors per row. Rows whose scalars are
     neighbours in memory take 6 to 8 rows of two vectors (7 x 2 suits the 7, 14, 28 and
     56 wide maps of convolutions: about 3x a 4 x 4 block there); rows far apart take 4
     rows of four vectors (about 1.8x a 8 x 2 block on a 1024 matmul). Either falls back
     to the other where its rows do not divide the extent; where neither does, the first
-    that fits stays, and the last, partial block runs unjammed. Far rows take 6 x 4 (24
-    accumulators: 1.05x a 4 x 4 block on 198 x 768 x 3072, 1024 and 2048 matmuls) where 6
-    divides the rows or they are many: the rows of a partial last block run unjammed and
-    read panels of their own (at 256 rows, 4 such rows made a product with a transposed
-    operand 0.7x); the narrow maps of convolutions keep blocks that divide them."""
-    if not near and (extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY):
+    that fits stays, and the last, partial block is jammed by its own rows (the
+    ``unroll_and_jam`` pass). Far rows take 6 x 4 (24
+    accumulators: 1.05x a 4 x 4 block on 1024 and 2048 matmuls, up to 1.08x on
+    197 x 768 x 3072, 1.1x on a 56 x 56 map's 1x1 convolution) where 6 divides the rows,
+    or there are at least :data:`FAR_ROWS_ANYWAY` of them (a partial last block is jammed
+    by its own rows), or :data:`FAR_ROWS_SOME` that slide no window and fit one cache
+    tile (a 56-wide map's 1x1 convolution): rows split into a partial cache tile keep an
+    epilogue from fusing into the blocks, and a 3x3 convolution's rows of a 56-wide map
+    ran 1.2x slower in blocks of 6."""
+    one_tile = extent <= CACHE_ROWS // FAR_ROWS * FAR_ROWS
+    if not near and (extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY
+                     or (FAR_ROWS_SOME <= extent and one_tile and not window)):
         return FAR_ROWS, 4
     wide, narrow = [(r, 2) for r in (8, 7, 6)], [(MR, 4)]
     preferred = wide + narrow if near else narrow + wide

@@ -73,7 +73,7 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     assert named.point_order == ("k", "m", "n")   # reduction outermost, n vectorized innermost
     d, conv = nest(CONV, "conv", CONV_SIZES)
     named = conv.to_named(default_options(d, CONV_SIZES, 512))
-    # one tile of columns covers the 28 outputs of a row (too few to split over threads)
+    # one tile of columns covers the 28 outputs of a row (too few to split over threads);
     assert dict(named.tile_sizes)["w"] == 28 and dict(named.register_tile)["m"] == 4
     # 64 channels by 3 x 3 taps: 8 channels make a tile of about 128 steps
     assert dict(named.tile_sizes)["c"] == 8
@@ -104,13 +104,13 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
     assert dict(mm.to_named(default_options(d, small, 512)).tile_sizes)["k"] == 128
 
 
-@pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 4), (130, 4)])
+@pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 4), (130, 4), (56, 6), (46, 4)])
 def test_rows_far_apart_jam_six_where_six_divide_them_or_they_are_many(rows, jammed):
     sizes = {"M": rows, "K": 300, "N": 200}
     d, mm = nest(MM, "mm", sizes)
     options = mm.to_named(default_options(d, sizes, 512))
-    # 6 rows of 4 vectors (24 accumulators) where 6 divides the rows or they are many;
-    # 4 of 4 where a partial block of 6 would leave a share of the rows unjammed
+    # 6 rows of 4 vectors (24 accumulators) where 6 divides the rows, they are many, or
+    # they fit one cache tile (56); 4 of 4 where they would leave a partial cache tile
     assert dict(options.register_tile)["m"] == jammed
     rng = np.random.default_rng(rows)
     a = rng.standard_normal((rows, 300)).astype(np.float32)

@@ -134,15 +134,18 @@ def test_parallel_loops_keep_every_iteration_on_the_threads():
     np.testing.assert_array_equal(interpret_kernel(after, {"A": a})["B"], a * 2)
 
 
-@pytest.mark.parametrize("m", [50, 197])
-def test_row_blocks_that_do_not_divide_the_rows(m):
-    """197 rows (ViT's tokens) take 4-row blocks too: the full blocks are jammed, the
-    last row runs alone; results are numpy's."""
+@pytest.mark.parametrize("m, rows", [(50, 6), (197, 4)])
+def test_row_blocks_that_do_not_divide_the_rows(m, rows):
+    """197 rows (ViT's tokens) take 4-row blocks, 50 (one cache tile) blocks of 6: the
+    full blocks are jammed, and so are the rows left over (50 = 8 x 6 + 2), while a
+    single row left over (197 = 49 x 4 + 1) runs alone; results are numpy's."""
     k = pf.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
                   target="host").mm
     a = RNG.standard_normal((m, 300)).astype(np.float32)
     b = RNG.standard_normal((300, 256)).astype(np.float32)
     spec = k.specialize(a, b)
-    assert "register_tile=(4, " in spec.stages["options"]
-    assert "(c7 + 3), " in spec.stages["loops"]   # a jammed block of 4 rows
+    assert f"register_tile=({rows}, " in spec.stages["options"]
+    assert "(c7 + 3), " in spec.stages["loops"]   # a jammed block of 4 or 6 rows
+    if m == 50:
+        assert "for c7 in 0:2 step 2 {" in spec.stages["loops"]   # the 2 rows left, jammed
     np.testing.assert_allclose(k(a, b), a @ b, rtol=1e-4, atol=1e-4)

@@ -1,7 +1,7 @@
 """Unroll-and-jam: a loop-IR pass for register blocking.
 
 ``for i in lo:hi { for j { S(i, j) } }`` with a constant trip count divisible by ``f``
-becomes ``for i in lo:hi step f { for j { S(i, j); S(i + 1, j); ...; S(i + f - 1, j) } }``:
+(or of 2 to ``f - 1``: the rows a partial block leaves, all jammed) becomes ``for i in lo:hi step f { for j { S(i, j); S(i + 1, j); ...; S(i + f - 1, j) } }``:
 the copies share the loads that do not depend on ``i`` (a row of B in a matmul) and,
 after SIMD, keep ``f`` rows of accumulators in registers. The scheduler only asks for
 it on the point loops of a permutable (tiled) band, where interchanging the
@@ -37,7 +37,11 @@ def _jam(outer: For, factor: int) -> For | None:
     if any(isinstance(s, (For, If)) for s in inner.body):
         return None  # only the loop right around the innermost one
     lo, hi = _constant(outer.lo), _constant(outer.hi)
-    if lo is None or hi is None or (hi - lo) % (outer.step * factor) or hi <= lo:
+    if lo is None or hi is None or hi <= lo:
+        return None
+    if 2 <= (hi - lo) // outer.step < factor and (hi - lo) % outer.step == 0:
+        factor = (hi - lo) // outer.step   # a partial block (the rows a tile leaves): all of them
+    if (hi - lo) % (outer.step * factor):
         return None
     if any(isinstance(n, IndexVar) and n.name == outer.var for e in (inner.lo, inner.hi)
            for n in walk(e)):
