@@ -132,16 +132,16 @@ def test_a_transposed_vector_operand_is_copied_into_the_same_panels():
     assert "A(c0, c2) * Bt_packed(c1 / 8, c2, c3)" in str(out)
     assert parse_kernel(str(out)) == out
     got = interpret_kernel(out, {"A": A, "Bt": np.ascontiguousarray(B.T)})
-    np.testing.assert_allclose(got["C"], A @ B, rtol=1e-5)
+    np.testing.assert_allclose(got["C"], A @ B, rtol=1e-5, atol=1e-5)
     # a constant one is packed transposed before the kernel runs
     pre = pack_operands(parse_kernel(MICRO_T), frozenset({"Bt"}))
     packed = pre.buffer("Bt_prepacked")
     assert packed.shape == (3, 16, 8) and str(packed.packing) == "pack Bt(8*p0 + p2, p1)"
     bt = np.ascontiguousarray(B.T)
-    np.testing.assert_allclose(interpret_kernel(pre, {"A": A, "Bt": bt})["C"], A @ B, rtol=1e-5)
+    np.testing.assert_allclose(interpret_kernel(pre, {"A": A, "Bt": bt})["C"], A @ B, rtol=1e-5, atol=1e-5)
     given = packed.packing.apply(bt, packed.shape)
     np.testing.assert_allclose(interpret_kernel(pre, {"A": A, "Bt": bt, "Bt_prepacked": given})["C"],
-                               A @ B, rtol=1e-5)
+                               A @ B, rtol=1e-5, atol=1e-5)
 
 
 TRANSPOSED = {
@@ -204,19 +204,20 @@ BROADCAST_T = """kernel mm(in float32(16, 32) At, in float32(16, 32) B, out floa
 
 
 def test_jammed_rows_of_a_transposed_operand_are_copied_into_panels_of_their_rows():
-    at = RNG.standard_normal((16, 32)).astype(np.float32)
-    b = RNG.standard_normal((16, 32)).astype(np.float32)
+    rng = np.random.default_rng(11)
+    at = rng.standard_normal((16, 32)).astype(np.float32)
+    b = rng.standard_normal((16, 32)).astype(np.float32)
     out = pack_operands(parse_kernel(BROADCAST_T))
     text = str(out)
     assert "local float32(4, 16, 2) At_packed" in text, text
     assert "At_packed(At_packed_0, At_packed_1, At_packed_2) = At(At_packed_1, At_packed_0 * 2 + At_packed_2)" in text
     assert "At_packed(c0 / 2, c2, 0) * B_packed(" in text and "At_packed(c0 / 2, c2, 1) * B_packed(" in text
     assert parse_kernel(text) == out
-    np.testing.assert_allclose(interpret_kernel(out, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5)
+    np.testing.assert_allclose(interpret_kernel(out, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5, atol=1e-5)
     # a constant one is packed so before the kernel runs
     pre = pack_operands(parse_kernel(BROADCAST_T), frozenset({"At"}))
     assert str(pre.buffer("At_prepacked").packing) == "pack At(p1, 2*p0 + p2)"
-    np.testing.assert_allclose(interpret_kernel(pre, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5)
+    np.testing.assert_allclose(interpret_kernel(pre, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5, atol=1e-5)
     # rows 8 floats apart (32 bytes) share lines: the reads stay as they are
     narrow = BROADCAST_T.replace("(16, 32) At", "(16, 8) At")
     assert "At_packed" not in str(pack_operands(parse_kernel(narrow)))
