@@ -168,15 +168,14 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
     last = Counter(i for r in reads for i in _names(r.indices[-1]) if i in lhs)
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
     registers: dict[str, int] = {}
+    vec = max(last, key=lambda i: (last[i], lhs.index(i))) if last else None
     rows = math.prod(extents[i] for i in lhs[:-1])
-    if _transposed(reads, lhs[-1]) and rows >= MIN_REUSE_ROWS and (
-            not last or max(last, key=lambda i: (last[i], lhs.index(i))) != lhs[-1]):
+    if vec != lhs[-1] and rows >= MIN_REUSE_ROWS and _transposed(reads, lhs[-1]):
         # an operand reads the output's contiguous index, but not contiguously (B(n, k)
         # of A·Bᵀ, W(b, n, k) of a batched one): pack_operands copies its panels
         # transposed, and the register blocks vectorize that index as for B(k, n)
-        last = Counter({lhs[-1]: 1})
-    if last:
-        vec = max(last, key=lambda i: (last[i], lhs.index(i)))
+        last, vec = Counter({lhs[-1]: 1}), lhs[-1]
+    if vec is not None:
         if vec != lhs[-1]:
             # the output is not contiguous along the vector: its accumulators would be
             # gathered and scattered on every step; plain loops do better (LLVM keeps one
@@ -256,10 +255,9 @@ def _transposed(reads: list[Read], vec: str) -> bool:
     """Whether the operands that read output index ``vec`` read it in one index each, an
     index other than their last (so a copy transposes their panels), plainly (``n``, not
     a window ``n + k``)."""
-    along = [r for r in reads if any(vec in _names(x) for x in r.indices)]
-    return bool(along) and all(
-        vec not in _names(r.indices[-1]) and [_names(x) for x in r.indices].count({vec}) == 1
-        and sum(vec in _names(x) for x in r.indices) == 1 for r in along)
+    uses = [[_names(x) for x in r.indices if vec in _names(x)] for r in reads]
+    along = [(u, r) for u, r in zip(uses, reads) if u]
+    return bool(along) and all(u == [{vec}] and vec not in _names(r.indices[-1]) for u, r in along)
 
 
 def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int, most: int) -> int:
@@ -281,7 +279,7 @@ def _divisor_at_most(extent: int, most: int, parts: int = 1) -> int:
     return max(fits, default=1)
 
 
-def _register_rows(extent: int, near: bool, window: bool = False) -> tuple[int, int]:
+def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
     """Jammed rows of a register block and the vectors per row. Rows whose scalars are
     neighbours in memory take 6 to 8 rows of two vectors (7 x 2 suits the 7, 14, 28 and
     56 wide maps of convolutions: about 3x a 4 x 4 block there); rows far apart take 4

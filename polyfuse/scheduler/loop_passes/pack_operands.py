@@ -58,6 +58,7 @@ PACK_BYTES = 512 << 10     # one packed box at most (L2-resident: a deep panel o
 LOCAL_BYTES = 768 << 10    # all packed boxes of a kernel together (they live on the stack)
 MIN_REUSE = 4              # reads of each packed element per copy, at least
 PREPACK_GROWTH = 2         # a prepacked operand takes at most this many times its own size
+LINE_BYTES = 64            # a broadcast operand is packed when each reduction step reads a new line
 
 _I64 = DType.INT64
 
@@ -171,7 +172,7 @@ class _Packer:
             if found is None:
                 return None
             pd, nr, element = found
-        spans = [[_span(s.inner[d], s.path) for s in sites] for d in range(rank)]
+        spans = [[span(s.inner[d], s.path) for s in sites] for d in range(rank)]
         lows = [min(lo for lo, _ in dim) for dim in spans]
         highs = [max(hi for _, hi in dim) for dim in spans]
         extents = [h - lo + 1 for lo, h in zip(lows, highs)]
@@ -372,8 +373,6 @@ def _without(form: Affine, element: Expr) -> Affine:
     return {**form, "": form.get("", 0) - int(element.value)}  # type: ignore[attr-defined]
 
 
-LINE_BYTES = 64   # a broadcast operand is packed when each reduction step reads a new line
-
 
 def _jammed(sites: list[_Site], source: Buffer) -> tuple[int, int, dict[int, Expr]] | None:
     """Broadcast reads of the jammed rows of a register block, ``A(k, m + j)`` for
@@ -396,14 +395,13 @@ def _jammed(sites: list[_Site], source: Buffer) -> tuple[int, int, dict[int, Exp
     inner = [lp for lp in sites[0].path if lp.vector <= 1 and lp.trips > 1 and any(lp.var in f for f in forms[0])]
     if not inner or inner[-1].var in forms[0][pd]:
         return None
-    strides = [math.prod(source.shape[d + 1:]) for d in range(len(source.shape))]
-    step = sum(f.get(inner[-1].var, 0) * stride for f, stride in zip(forms[0], strides)) * inner[-1].step
+    step = sum(f.get(inner[-1].var, 0) * stride for f, stride in zip(forms[0], source.strides)) * inner[-1].step
     if abs(step) * np.dtype(source.dtype.numpy).itemsize < LINE_BYTES:
         return None
     return pd, mr, {id(s): Literal(o - base, _I64) for s, o in zip(sites, offsets)}
 
 
-def _span(form: Affine, path: tuple[ConstantLoop, ...]) -> tuple[int, int]:
+def span(form: Affine, path: tuple[ConstantLoop, ...]) -> tuple[int, int]:
     """The least and greatest value of ``form`` over the loops of ``path``."""
     by_var = {lp.var: lp for lp in path}
     lo = hi = form.get("", 0)

@@ -36,6 +36,7 @@ from polyfuse.ir.loops import (Buffer, BufferRole, For, If, LoopKernel, LoopKind
                                fresh_name, stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import affine
+from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop, span
 
 MAX_ACCUMULATORS = 32 * 16  # elements of a block (32 vector registers of 16 floats)
 # Narrower vector loops are left to LLVM: on an x86 CPU whose registers are wider than the
@@ -116,33 +117,23 @@ def _region(top: Stmt, buffer: str) -> list[tuple[dict[str, int], tuple[int, int
     None when a loop's bounds or an index is not affine and constant enough to say."""
     found: list[list[tuple[dict[str, int], tuple[int, int]]]] = []
 
-    def visit(s: Stmt, loops: dict[str, tuple[int, int]]) -> bool:
+    def visit(s: Stmt, loops: tuple[ConstantLoop, ...]) -> bool:
         if isinstance(s, For):
-            trips = constant_trips(s)
-            if trips is None:
-                return False
-            lo = s.lo.value  # type: ignore[attr-defined]
-            inner = {**loops, s.var: (lo, lo + (trips - 1) * s.step)} if trips else loops
-            return all(visit(t, inner) for t in s.body)
+            loop = constant_loop(s)
+            return loop is not None and all(visit(t, loops + (loop,)) for t in s.body)
         if isinstance(s, If):
             return all(visit(t, loops) for t in (*s.then, *s.other))
         if isinstance(s, Store) and s.buffer == buffer:
-            dims = []
-            for index in s.indices:
-                form = affine(index)
-                if form is None:
-                    return False
-                outer = {v: c for v, c in form.items() if v and v not in loops}
-                lo = hi = form.get("", 0)
-                for v, c in form.items():
-                    if v in loops:
-                        ends = (c * loops[v][0], c * loops[v][1])
-                        lo, hi = lo + min(ends), hi + max(ends)
-                dims.append((outer, (lo, hi)))
-            found.append(dims)
+            forms = [affine(index) for index in s.indices]
+            if any(f is None for f in forms):
+                return False
+            mine = {lp.var for lp in loops}
+            found.append([({v: c for v, c in f.items() if v and v not in mine},  # type: ignore[union-attr]
+                           span({v: c for v, c in f.items() if v in mine or not v}, loops))  # type: ignore[union-attr]
+                          for f in forms])
         return True
 
-    if not visit(top, {}) or not found:
+    if not visit(top, ()) or not found:
         return None
     if any(d[0] != first[0] for dims in found for d, first in zip(dims, found[0])):
         return None

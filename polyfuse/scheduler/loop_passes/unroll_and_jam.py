@@ -1,7 +1,8 @@
 """Unroll-and-jam: a loop-IR pass for register blocking.
 
 ``for i in lo:hi { for j { S(i, j) } }`` with a constant trip count divisible by ``f``
-(or of 2 to ``f - 1``: the rows a partial block leaves, all jammed) becomes ``for i in lo:hi step f { for j { S(i, j); S(i + 1, j); ...; S(i + f - 1, j) } }``:
+becomes ``for i in lo:hi step f { for j { S(i, j); S(i + 1, j); ...; S(i + f - 1, j) } }``
+(a trip count of 2 to ``f - 1``, the rows a partial block leaves, is jammed whole):
 the copies share the loads that do not depend on ``i`` (a row of B in a matmul) and,
 after SIMD, keep ``f`` rows of accumulators in registers. The scheduler only asks for
 it on the point loops of a permutable (tiled) band, where interchanging the
