@@ -551,6 +551,43 @@ def test_an_epilogue_split_into_full_and_partial_tiles_fuses_when_it_writes_its_
     np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
 
 
+def test_an_epilogue_in_sibling_nests_of_full_and_partial_tiles_fuses():
+    """The epilogue as two nests side by side at the kernel's top (rows 0:3, then the
+    partial tile 3:4, as separate_full_tiles leaves a row tile that does not divide):
+    both go into the blocks when one statement writes Y whole."""
+    a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
+    bias = RNG.standard_normal(10).astype(np.float32)
+    nest = """  for c4 in {} {{
+    for c5 in 0:10 vectorize(16) {{
+      Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)
+    }}
+  }}
+"""
+    split = EPILOGUE.replace(nest.format("0:4"), nest.format("0:3") + nest.format("3:4"))
+    kernel = parse_kernel(split)
+    assert str(kernel).count("Y(c4, c5) = max") == 2 and fuse_epilogues(kernel) == kernel
+    out = fuse_epilogues(kernel, frozenset({"Y", "C"}))
+    assert "Y(c4, c5)" not in str(out) and "max(acc(1, c2)" in str(out), str(out)
+    got = interpret_kernel(out, {"A": a, "B": b, "D": bias})["Y"]
+    np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("m", [126, 197, 200])
+def test_a_product_whose_rows_leave_a_partial_tile_applies_its_epilogue_in_the_blocks(m):
+    """Natively, rows that leave a partial cache tile (200 in tiles of 64): the epilogue,
+    split like the product into full and partial tiles, still runs in the blocks."""
+    mm = pf.define("def f(float(M,K) A, float(K,N) B, float(N) D) -> (Y, T) {\n"
+                   "  T(m, n) +=! A(m, k) * B(k, n)\n  Y(m, n) = max(T(m, n) + D(n), 0.0)\n}",
+                   target="host").f
+    a, b = RNG.standard_normal((m, 64)).astype(np.float32), RNG.standard_normal((64, 256)).astype(np.float32)
+    d = RNG.standard_normal(256).astype(np.float32)
+    spec = mm.specialize(a, b, d)
+    assert "max(acc" in spec.stages["loops"] and "max(T(" not in spec.stages["loops"], spec.stages["loops"]
+    y, t = spec(a, b, d)
+    np.testing.assert_allclose(t, a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, np.maximum(a @ b + d, 0), rtol=1e-4, atol=1e-4)
+
+
 def test_a_small_product_takes_register_blocks_and_keeps_its_epilogue():
     """A product too small for cache tiles whose plain schedule would gather B's rows
     vectorizes n in register blocks (the default heuristics), which store at the kernel's

@@ -12,13 +12,15 @@ for the nests ``promote_register_blocks`` leaves, whose blocks end in
     if <the reduction's last tile>:                     # (tiled reductions only)
       for ...: Y(F) = max(acc(j, v) + B(F3) + R(F), 0)  # the epilogue, on the block
 
-and the epilogue's nest goes. It applies when the epilogue nest follows the contraction's
-directly and every statement of it is ``Y(E) = f(T(E), ...)``, the same ``f`` for every
-statement, whose other reads index only by whole indices of ``E`` (``B(E3)``, ``R(E)``):
-then ``f`` at the block's element ``F`` is ``f`` with ``E`` replaced by ``F``. The block
-must store every element of ``T`` from an ``acc``; loops around it that its element does
-not move with are reduction tiles, and the epilogue runs on their last iteration. ``T``
-is still stored: it is an output of the definition, which a TC caller gets back.
+and the epilogue's nest goes. It applies when the epilogue nest (or the nests of full and
+partial tiles that ``separate_full_tiles`` split it into, side by side) follows the
+contraction's directly and every statement of it is ``Y(E) = f(T(E), ...)``, the same
+``f`` for every statement, whose other reads index only by whole indices of ``E``
+(``B(E3)``, ``R(E)``): then ``f`` at the block's element ``F`` is ``f`` with ``E``
+replaced by ``F``. The block must store every element of ``T`` from an ``acc``; loops
+around it that its element does not move with are reduction tiles, and the epilogue runs
+on their last iteration. ``T`` is still stored: it is an output of the definition, which
+a TC caller gets back.
 """
 
 from __future__ import annotations
@@ -44,20 +46,36 @@ def fuse_epilogues(kernel: LoopKernel, whole: frozenset[str] = frozenset()) -> L
     piecewise by several statements, one row each, would leave the other rows of ``Y``
     unwritten). An epilogue nest writing one of them may be split into full and partial
     tiles (its stores are still every element); any other must be one perfect nest whose
-    iterations cover the output."""
+    iterations cover the output. The nests of full and partial tiles of an epilogue
+    whose rows leave a partial cache tile (200 rows in tiles of 64) follow one another
+    at the kernel's top; they fuse together."""
     body = list(kernel.body)
     changed = False
     k = 0
     while k + 1 < len(body):
-        others = body[:k] + body[k + 2:]
-        fused = _fuse(body[k], body[k + 1], kernel, whole, others)
+        n = _epilogue_nests(body, k + 1)
+        others = body[:k] + body[k + 1 + n:]
+        fused = _fuse(body[k], body[k + 1:k + 1 + n], kernel, whole, others)
         if fused is None:
             k += 1
         else:   # the contraction's nest, or (its block stores at the top) stores and epilogue
-            body[k:k + 2] = fused
+            body[k:k + 1 + n] = fused
             changed = True
             k += len(fused) - 1
     return replace(kernel, body=tuple(body)) if changed else kernel
+
+
+def _epilogue_nests(body: list[Stmt], start: int) -> int:
+    """How many nests from ``body[start]`` on store only the buffer it stores: one
+    epilogue split into full tiles and the partial ones after them (at least 1)."""
+    def target(s: Stmt) -> str | None:
+        buffers = {t.buffer for t in walk_stmts((s,)) if isinstance(t, Store)}
+        return buffers.pop() if isinstance(s, For) and len(buffers) == 1 else None
+    first = target(body[start])
+    n = 1
+    while first is not None and start + n < len(body) and target(body[start + n]) == first:
+        n += 1
+    return n
 
 
 def _innermost(nest: Stmt) -> tuple[Store, ...] | None:
@@ -114,12 +132,14 @@ def _all_stores(nest: Stmt) -> tuple[Store, ...] | None:
     return tuple(stmts) if stmts and all(isinstance(s, Store) for s in stmts) else None  # type: ignore[misc]
 
 
-def _fuse(first: Stmt, second: Stmt, kernel: LoopKernel, whole: frozenset[str],
+def _fuse(first: Stmt, seconds: list[Stmt], kernel: LoopKernel, whole: frozenset[str],
           others: list[Stmt]) -> tuple[Stmt, ...] | None:
-    stores = _innermost(second)
+    second = seconds[0]
+    stores = _innermost(second) if len(seconds) == 1 else None
     split = stores is None   # full and partial tiles: fine for an output written whole
     if split:
-        stores = _all_stores(second)
+        found = [_all_stores(s) for s in seconds]
+        stores = None if None in found else tuple(t for f in found for t in f)  # type: ignore[union-attr]
     if not isinstance(first, For) or not stores:
         return None
     target = stores[0].buffer
