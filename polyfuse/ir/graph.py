@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.errors import IRVerificationError
-from polyfuse.ir.types import DType
+from polyfuse.ir.types import DType, aligned_array
 
 Dim = int | str
 
@@ -69,6 +69,9 @@ class Constant:
 
     name: str
     array: np.ndarray = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "array", aligned_array(self.array))   # see types.aligned_array
 
     @property
     def type(self) -> TensorType:

@@ -180,3 +180,23 @@ def reinterpret(x: object, src: DType, dst: DType) -> np.ndarray:
     reads as a true bool."""
     bits = np.asarray(x).astype(src.numpy).view(np.dtype(f"uint{src.bits}"))
     return bits != 0 if dst.is_bool else bits.view(dst.numpy)
+
+
+CONSTANT_ALIGNMENT = 64   # bytes: a cache line, and a 512-bit vector
+
+
+def aligned_array(x: object, alignment: int = CONSTANT_ALIGNMENT) -> np.ndarray:
+    """``x`` as a C-contiguous array whose data starts at a multiple of ``alignment``
+    bytes: itself where it already is one, else a copy. Constants are kept so: kernels
+    read weights they do not pack as whole vectors, and numpy places large arrays 16
+    bytes past a line, so each 64-byte vector of them would straddle two cache lines
+    (a 1x1 convolution reading its weights so ran 1.2x slower). Arrays of objects (ONNX
+    strings) stay as they are."""
+    a = np.asarray(x)
+    if a.dtype.hasobject or (a.flags.c_contiguous and a.ctypes.data % alignment == 0):
+        return a
+    raw = np.empty(a.nbytes + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out

@@ -36,7 +36,7 @@ from polyfuse.ir.plan import ControlStep, KernelStep, Plan, Step, Trim, ViewStep
 from polyfuse.ir.steps import Block, events
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
-from polyfuse.ir.types import DType
+from polyfuse.ir.types import DType, aligned_array
 from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.control import live_nodes, resolve_control_flow
 from polyfuse.lowering.program_control import program_control
@@ -179,7 +179,7 @@ class _Planner:
     def record(self, constants: Mapping[str, np.ndarray]) -> None:
         """Record the constants of inlined subgraphs."""
         for name, array in constants.items():
-            self.consts[name] = array
+            self.consts[name] = aligned_array(array)
             self.types[name] = _type(array)
 
     def expanded(self, node: Node) -> list[Node]:
@@ -220,7 +220,7 @@ class _Planner:
             self.narrow[name] = t.dtype
             t = TensorType(t.dtype.storage, t.shape)
             array = array.astype(t.dtype.numpy)
-        self.consts[name] = array
+        self.consts[name] = aligned_array(array)   # a weights' repacked copy is read as vectors
         self.types[name] = t
         return t
 
@@ -296,7 +296,7 @@ class _Planner:
             if all(n in self.consts for n in names):  # fold at compile time with the interpreter
                 results = interpret(d, {p.name: self.consts[n] for p, n in zip(d.params, names)}, sizes)
                 for name, t in zip(outs, d.outputs):
-                    self.consts[name] = results[t.name]
+                    self.consts[name] = aligned_array(results[t.name])
                     self.define(what, name, _type(results[t.name]))
                 return None
             self.kernel(node.name, d, lowered.source, names, outs, types)

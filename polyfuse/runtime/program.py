@@ -29,6 +29,7 @@ from polyfuse.ir.comprehension import Definition, Read
 from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel, Packing, stmt_nodes, walk_stmts
 from polyfuse.ir.plan import KernelStep, Plan, aligned
 from polyfuse.ir.steps import events, leaves
+from polyfuse.ir.types import aligned_array
 from polyfuse.runtime.instructions import Instruction, Run, program_code
 
 
@@ -203,7 +204,7 @@ class ProgramLayout:
                 return (OUTPUT, slot_of[r], start)
             if r in memory.offsets:
                 return (ARENA, 0, memory.offsets[r] + start)
-            constants.setdefault(r, np.ascontiguousarray(plan.constants[r]))
+            constants.setdefault(r, aligned_array(plan.constants[r]))   # (a view of one may not be)
             return (CONSTANT, r, start)
 
         def packed(value: str, shape: tuple[int, ...], packing: Packing) -> tuple[int, Any, int]:

@@ -228,3 +228,28 @@ def test_the_verifier_refuses_broken_loops():
     offsets = {**plan.memory.offsets, "loop/a_out": plan.memory.offsets["m"]}
     with pytest.raises(IRVerificationError, match="live at the same time and overlap"):
         broken(plan, memory=dataclasses.replace(plan.memory, offsets=offsets)).verify()
+
+
+def test_constants_are_kept_on_cache_lines_for_the_kernels_reading_them():
+    """numpy puts large arrays 16 bytes past a cache line; a graph's constants, the
+    arrays a plan computes at compile time (a conv's repacked weights) and what the
+    kernels are given are copied to 64-byte boundaries (each vector load of a weight
+    would otherwise straddle two lines), with their values, dtypes and shapes."""
+    raw = np.zeros(4 * 300 + 16, np.uint8)
+    start = (16 - raw.ctypes.data) % 64   # 16 bytes past a line
+    w = raw[start:start + 4 * 300].view(np.float32).reshape(20, 15)
+    w[...] = RNG.standard_normal((20, 15))
+    assert w.ctypes.data % 64 == 16
+    c = Constant("w", w)
+    assert c.array.ctypes.data % 64 == 0 and c.array.shape == (20, 15) and c.array.dtype == np.float32
+    np.testing.assert_array_equal(c.array, w)
+    assert Constant("s", np.array(["a", "bc"], object)).array.dtype == object   # strings as they are
+    x = RNG.standard_normal((1, 15, 6, 6)).astype(np.float32)
+    g = Graph("conv", (Value("x", TensorType(F32, (1, 15, 6, 6))),), (Value("y", TensorType(F32, (1, 20, 6, 6))),),
+              (Node("Conv", "conv", ("x", "w"), ("y",), ()),), (Constant("w", w.reshape(20, 15, 1, 1)),), 17)
+    model = compile_graph(g, "host", passes=True)
+    got = model.run({"x": x})["y"]
+    np.testing.assert_allclose(got, np.einsum("nchw,mc->nmhw", x, w), rtol=1e-4, atol=1e-5)
+    plan = model._latest_plan("x")
+    assert all(a.ctypes.data % 64 == 0 for a in plan.plan.constants.values() if a.nbytes)
+    assert all(a.ctypes.data % 64 == 0 for a in plan.program.layout.constants.values() if a.nbytes >= 64)
