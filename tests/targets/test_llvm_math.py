@@ -190,8 +190,9 @@ NAN = float("nan")
 TINY = 2.0 ** -149  # the smallest subnormal float32
 # Results that are exact in float32, including IEEE special cases and saturation.
 EXACT = [
-    ("exp", [0.0, -0.0, np.inf, -np.inf, NAN, 88.72284, -104.0, -1000.0],
-     [1.0, 1.0, np.inf, 0.0, NAN, np.inf, 0.0, 0.0]),
+    ("exp", [0.0, -0.0, np.inf, -np.inf, NAN, 88.72284, -104.0, -1000.0,   # (8 at a time)
+             -103.97208, -103.972084, -3.4028235e38, -1e4, -105.0, 1e-30, -1e-30, -np.inf],
+     [1.0, 1.0, np.inf, 0.0, NAN, np.inf, 0.0, 0.0, TINY, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]),
     ("log", [0.0, -0.0, np.inf, -1.0, -np.inf, NAN, 1.0, TINY],
      [-np.inf, -np.inf, np.inf, NAN, NAN, NAN, 0.0, -149 * math.log(2)]),
     ("tanh", [0.0, -0.0, np.inf, -np.inf, NAN, 20.0, -20.0, 1e-30],
@@ -211,6 +212,26 @@ def test_special_values(machine, name, x, want, scale):
     np.testing.assert_array_equal(got, np.float32(want))  # NaN == NaN here
     numbers = ~np.isnan(got)
     np.testing.assert_array_equal(np.signbit(got[numbers]), np.signbit(np.float32(want)[numbers]))
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64") or platform.system() != "Linux",
+                    reason="x86 floating-point flags, through glibc's libm")
+@pytest.mark.parametrize("scale", SCALES, ids=lambda s: "ldexp" if s else "exponent-bits")
+def test_exp_of_what_rounds_to_zero_does_not_underflow(machine, scale):
+    """exp of inputs far below the row's maximum (a softmax's masked scores: finfo.min,
+    -1e4) is 0 without an underflowing product, which costs x86 a microcode assist per
+    instruction; results that are subnormal still are, exactly."""
+    libm = ctypes.CDLL("libm.so.6")
+    fe_underflow = 0x10   # x86's FE_UNDERFLOW
+    jit = Jit(machine, compile_kernel(machine, kernel("exp", 16, scale), optimize=True))
+    x = np.resize(np.float32([np.finfo(np.float32).min, -1e4, -200.0, -104.0, 0.5, -3.0, 80.0, -87.0]), 64)
+    libm.feclearexcept(fe_underflow)
+    got = jit(x)
+    assert not libm.fetestexcept(fe_underflow)
+    np.testing.assert_allclose(got, np.exp(x.astype(np.float64)).astype(np.float32), rtol=2e-7)
+    tiny = np.full(16, -95.0, np.float32)
+    libm.feclearexcept(fe_underflow)
+    assert jit(tiny)[0] == np.float32(np.exp(-95.0)) and libm.fetestexcept(fe_underflow)
 
 
 def test_exp_is_inlined_vector_code(machine):
