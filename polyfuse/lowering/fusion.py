@@ -5,6 +5,8 @@ elementwise op, and grows, in graph order, by elementwise ops reading its values
 (bias, BatchNormalization, activations, residual adds: a contraction's epilogue).
 A group with no contraction may also take one normalization or reduction that reads
 it (an elementwise prologue of Softmax or LayerNormalization), after which it closes.
+An elementwise op reading two groups without a contraction joins them into one (the
+two arms of a diamond: GELU's ``0.5 * x`` and ``1 + tanh(...)``).
 The members of a group are then lowered to one TC definition, their statements
 composed and elementwise producers inlined into their readers (see
 :mod:`polyfuse.lowering.compose`), so an epilogue costs no pass over memory of its own.
@@ -80,6 +82,12 @@ def partition_fusion_groups(g: Graph) -> Graph:
             groups.append(target)
         if target is None:
             continue
+        for other in _also_joinable(nodes, pos, group_of, target, pending):
+            groups.remove(other)
+            target.members = sorted(target.members + other.members)
+            target.values |= other.values
+            for v in other.values:
+                group_of[v] = target
         for p in [*pending, pos]:
             target.members.append(p)
             target.values.update(o for o in nodes[p].outputs if o)
@@ -133,6 +141,31 @@ def _joinable(nodes: tuple[Node, ...], pos: int, group_of: dict[str, _Group],
             continue
         return grp
     return None
+
+
+def _also_joinable(nodes: tuple[Node, ...], pos: int, group_of: dict[str, _Group], target: _Group,
+                   pending: list[int]) -> list[_Group]:
+    """The other groups of elementwise ops (no contraction) defining inputs of node
+    ``pos``, an elementwise op joining ``target`` (one too), that merge into it: a
+    diamond's two arms (GELU's ``0.5 * x`` and ``1 + tanh(...)``, computed apart from
+    ``x``, meet in one product), each with nothing between its end and the node
+    reading its values."""
+    n = nodes[pos]
+    if target.anchored or n.op not in ELEMENTWISE:
+        return []
+    out: list[_Group] = []
+    size = len(target.members) + 1
+    for value in n.inputs:
+        grp = group_of.get(value)
+        if grp is None or grp is target or grp in out or grp.anchored or grp.closed or \
+                size + len(grp.members) > MAX_MEMBERS:
+            continue
+        between = [m for p, m in enumerate(nodes[grp.end + 1:pos], grp.end + 1) if p not in pending]
+        if any(i in grp.values for m in between for i in m.inputs):
+            continue
+        out.append(grp)
+        size += len(grp.members)
+    return out
 
 
 def describe_groups(g: Graph) -> str:

@@ -442,9 +442,11 @@ def _fixed(p: TensorDecl) -> bool:
 
 
 def _integer_power(e: Expr) -> Expr:
-    """``pow(x, 2)`` and ``pow(x, 3)`` of an element ``x`` as products, ``pow(x, 1)`` as
-    ``x`` (as onnxruntime computes its Pow with these exponents); other calls unchanged."""
-    if isinstance(e, Call) and e.fn == "pow" and e.dtype.is_float and isinstance(e.args[0], Read) \
+    """``pow(x, 2)`` and ``pow(x, 3)`` as products, ``pow(x, 1)`` as ``x`` (as onnxruntime
+    computes its Pow with these exponents); other calls unchanged. ``x`` may be any
+    expression (a product's element with its bias added, in an epilogue): LLVM computes
+    the repeated operand once."""
+    if isinstance(e, Call) and e.fn == "pow" and e.dtype.is_float \
             and isinstance(e.args[1], Literal) and e.args[1].value in (1, 2, 3):
         x = e.args[0]
         out = x

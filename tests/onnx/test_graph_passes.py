@@ -172,6 +172,37 @@ def test_fusion_groups_take_epilogues_and_keep_the_order_topological():
     assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4)
 
 
+def test_the_arms_of_an_elementwise_diamond_run_as_one_group():
+    """GELU's tanh form: ``0.5 * x`` and ``1 + tanh(c * (x + 0.044715 * x^3))`` start
+    apart from ``x`` (two groups) and meet in one product, which merges them: one kernel,
+    one pass over memory. A group with a contraction takes no such second arm."""
+    c = {k: np.array(v, np.float32) for k, v in
+         {"half": 0.5, "three": 3.0, "k": 0.044715, "s": 0.7978846, "one": 1.0}.items()}
+    gelu = [helper.make_node("Mul", ["x", "half"], ["h"], name="half_x"),
+            helper.make_node("Pow", ["x", "three"], ["p"], name="cube"),
+            helper.make_node("Mul", ["p", "k"], ["pk"], name="scale"),
+            helper.make_node("Add", ["x", "pk"], ["inner"], name="inner"),
+            helper.make_node("Mul", ["inner", "s"], ["arg"], name="arg"),
+            helper.make_node("Tanh", ["arg"], ["t"], name="tanh"),
+            helper.make_node("Add", ["t", "one"], ["t1"], name="plus_one"),
+            helper.make_node("Mul", ["h", "t1"], ["y"], name="product")]
+    model = _model(gelu, {"x": [4, 24]}, {"y": [4, 24]}, c)
+    g = to_graph(model)
+    after = partition_fusion_groups(g)
+    assert describe_groups(after).splitlines() == [
+        "g0: half_x (Mul) -> cube (Pow) -> scale (Mul) -> inner (Add) -> arg (Mul) -> tanh (Tanh)"
+        " -> plus_one (Add) -> product (Mul)"]
+    x = RNG.standard_normal((4, 24)).astype(np.float32)
+    _same_numbers(g, after, {"x": x})
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-6)
+    anchored = [helper.make_node("MatMul", ["x", "W"], ["x2"], name="mm"),
+                helper.make_node("Exp", ["x"], ["e"], name="exp"),
+                helper.make_node("Add", ["x2", "e"], ["y"], name="add")]
+    g = to_graph(_model(anchored, {"x": [4, 4]}, {"y": [4, 4]},
+                        {"W": RNG.standard_normal((4, 4)).astype(np.float32)}))
+    assert describe_groups(partition_fusion_groups(g)).splitlines() == ["g0: mm (MatMul) -> add (Add)"]
+
+
 def test_a_dequantization_joins_its_readers_group_so_the_integers_cross_memory():
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quant"),
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="deq"),
@@ -271,3 +302,15 @@ def test_scalar_constants_become_literals_and_small_powers_products():
     text = kernel.stages["specialized"]
     assert "pow(" not in text and "0.044714998" in text, text
     assert text.startswith("def fused(float32(5, 7) v0, float32(7) ") and text.count("float32(7)") == 1, text
+    # the power of a product's biased element, in the product's epilogue: products too
+    # (as pow, it would be a scalar library call per element)
+    nodes = [n("MatMul", ["x", "w"], ["m"], name="mm"), n("Add", ["m", "b"], ["a"], name="bias"),
+             n("Pow", ["a", "three"], ["y"], name="cube")]
+    inits = {"w": RNG.standard_normal((7, 32)).astype(np.float32), "b": RNG.standard_normal(32).astype(np.float32),
+             "three": np.array(3.0, np.float32)}
+    model = _model(nodes, {"x": [5, 7]}, {"y": [5, 32]}, inits)
+    compiled = pf.compile(model, target="host")
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4, compiled=compiled)
+    [(step, kernel)] = list(compiled.plan_for().steps())
+    assert "pow(" not in kernel.stages["specialized"] and "powf" not in kernel.stages["asm"], \
+        kernel.stages["specialized"]
