@@ -235,7 +235,7 @@ def test_constants_are_kept_on_cache_lines_for_the_kernels_reading_them():
     arrays a plan computes at compile time (a conv's repacked weights) and what the
     kernels are given are copied to 64-byte boundaries (each vector load of a weight
     would otherwise straddle two lines), with their values, dtypes and shapes."""
-    raw = np.zeros(4 * 300 + 16, np.uint8)
+    raw = np.zeros(4 * 300 + 64, np.uint8)
     start = (16 - raw.ctypes.data) % 64   # 16 bytes past a line
     w = raw[start:start + 4 * 300].view(np.float32).reshape(20, 15)
     w[...] = RNG.standard_normal((20, 15))
