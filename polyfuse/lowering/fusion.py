@@ -136,11 +136,17 @@ def _joinable(nodes: tuple[Node, ...], pos: int, group_of: dict[str, _Group],
             continue
         if closing and (grp.anchored or len(n.outputs) > 1):
             continue
-        between = [m for p, m in enumerate(nodes[grp.end + 1:pos], grp.end + 1) if p not in pending]
-        if any(i in grp.values for m in between for i in m.inputs):
+        if _read_before(nodes, grp, pos, pending):
             continue
         return grp
     return None
+
+
+def _read_before(nodes: tuple[Node, ...], grp: _Group, pos: int, pending: list[int]) -> bool:
+    """Whether a node between ``grp``'s end and node ``pos`` (``pending`` dequantizations
+    aside) reads a value of ``grp``: the group, run at ``pos``, would come after it."""
+    between = [m for p, m in enumerate(nodes[grp.end + 1:pos], grp.end + 1) if p not in pending]
+    return any(i in grp.values for m in between for i in m.inputs)
 
 
 def _also_joinable(nodes: tuple[Node, ...], pos: int, group_of: dict[str, _Group], target: _Group,
@@ -160,8 +166,7 @@ def _also_joinable(nodes: tuple[Node, ...], pos: int, group_of: dict[str, _Group
         if grp is None or grp is target or grp in out or grp.anchored or grp.closed or \
                 size + len(grp.members) > MAX_MEMBERS:
             continue
-        between = [m for p, m in enumerate(nodes[grp.end + 1:pos], grp.end + 1) if p not in pending]
-        if any(i in grp.values for m in between for i in m.inputs):
+        if _read_before(nodes, grp, pos, pending):
             continue
         out.append(grp)
         size += len(grp.members)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from polyfuse.ir.comprehension import Call, Definition, IndexVar, Read, walk
+from polyfuse.ir.comprehension import Call, Definition, IndexVar, Read, Statement, walk
 from polyfuse.scheduler.loop_nest import LoopNest, work
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
@@ -56,6 +56,17 @@ def element_bits(d: Definition) -> int:
 
 def _names(e) -> set[str]:  # type: ignore[no-untyped-def]
     return {n.name for n in walk(e) if isinstance(n, IndexVar)}
+
+
+def _operands(st: Statement) -> list[Read]:
+    """The statement's reads of tensors other than the one it writes (not scalars)."""
+    return [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
+
+
+def _slides(reads: list[Read], outputs: set[str], summed: set[str]) -> bool:
+    """Whether a read slides a window: one index moves with both an output index of
+    ``outputs`` and a reduction index of ``summed`` (``w + kw``, a pool's ``2 * h + kh``)."""
+    return any(_names(x) & outputs and _names(x) & summed for r in reads for x in r.indices)
 
 
 def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> MappingOptions:
@@ -87,9 +98,8 @@ def _reuses(nest: LoopNest) -> bool:
     mean) gain nothing from them: their rows run plainly, each reduced in a register
     (a ViT's 12 x 197 x 197 softmax: 1.3x faster)."""
     st, lhs, red = nest.statement, set(nest.outputs), set(nest.reduction_members)
-    reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
-    return any(lhs - set().union(*(_names(x) for x in r.indices)) for r in reads) or \
-        any(_names(x) & lhs and _names(x) & red for r in reads for x in r.indices)
+    reads = _operands(st)
+    return _slides(reads, lhs, red) or any(lhs - set().union(*(_names(x) for x in r.indices)) for r in reads)
 
 
 def _accumulator_width(d: Definition, nest: LoopNest, vector_bits: int, width: int) -> int:
@@ -110,7 +120,7 @@ def _gathers(nest: LoopNest) -> bool:
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     if len(lhs) < 2 or not red:
         return False
-    reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
+    reads = _operands(st)
     across = any(red[-1] not in _names(r.indices[-1]) and any(red[-1] in _names(x) for x in r.indices)
                  for r in reads)
     return across and any(lhs[-1] in _names(r.indices[-1]) for r in reads)
@@ -140,13 +150,13 @@ def _reduces_rows(nest: LoopNest) -> bool:
     st, lhs, red = nest.statement, nest.outputs, nest.reduction_members
     if not lhs or not red or not st.indices or lhs[-1] != st.indices[-1]:
         return False
-    reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
+    reads = _operands(st)
     vec, others, summed = lhs[-1], set(lhs[:-1]), set(red)
     along = [r for r in reads if any(vec in _names(x) for x in r.indices)]
     # a window (o + k) makes neighbouring outputs share reads, which register blocks reuse
-    windows = any(_names(x) & others and _names(x) & summed for r in reads for x in r.indices)
-    return bool(along) and not windows and (len(along) == len(reads) or not others) and all(
-        vec in _names(r.indices[-1]) and not _names(r.indices[-1]) & summed for r in along)
+    return bool(along) and not _slides(reads, others, summed) and \
+        (len(along) == len(reads) or not others) and \
+        all(vec in _names(r.indices[-1]) and not _names(r.indices[-1]) & summed for r in along)
 
 
 def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
@@ -177,7 +187,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
     depth = math.prod(extents[i] for i in red) * (4 if words else 1)
     if len(lhs) < 2 or not red or depth < MIN_DEPTH:
         return MappingOptions(vector_width=width, unroll=2)
-    reads = [r for r in walk(st.rhs) if isinstance(r, Read) and r.tensor != st.tensor and r.indices]
+    reads = _operands(st)
     last = Counter(i for r in reads for i in _names(r.indices[-1]) if i in lhs)
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
     registers: dict[str, int] = {}
@@ -251,8 +261,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
     # far apart (a matmul's A(m, k), one cache line and TLB entry per row)?
     near = any(jam in _names(r.indices[-1]) for r in reads if vec not in _names(r.indices[-1]))
     # does the jammed index slide a window (w + kw of a convolution)?
-    window = any(jam in _names(x) and _names(x) & set(red) for r in reads for x in r.indices)
-    mr, vectors = _register_rows(extents[jam], near, window)
+    mr, vectors = _register_rows(extents[jam], near, _slides(reads, {jam}, set(red)))
     if tiles[jam] and tiles[jam] < extents[jam]:
         tiles[jam] = tiles[jam] // mr * mr   # whole register blocks in a cache tile
     nr, vw = _vector_block(cols, width, vectors if last else 4)

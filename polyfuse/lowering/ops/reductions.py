@@ -197,12 +197,10 @@ def _softmax(ctx: OpContext) -> TCKernel:
     else:
         lines.append(f"{access('S', red.lhs)} +=! "
                      f"{exp_shifted(access('X', red.reduction), access('M', red.lhs))}")
-    if narrow:
-        lines.append(f"{access('S', red.lhs)} = {rounded(access('S', red.lhs))}")
-    if ctx.node.op == "Softmax" and narrow:
-        lines.append(f"{y} = {dt}({exp_shifted(x, m)} / {s})")
-    elif ctx.node.op != "Softmax":
-        lines.append(f"{y} = {dt}({x} - {m} - log({s}))")
+        if narrow:
+            lines.append(f"{access('S', red.lhs)} = {rounded(access('S', red.lhs))}")
+        lines.append(f"{y} = {dt}({exp_shifted(x, m)} / {s})" if ctx.node.op == "Softmax"
+                     else f"{y} = {dt}({x} - {m} - log({s}))")
     temp = red.shape(shape)
     outputs = [tensor_param("Y", (dt, shape)), tensor_param("M", (acc, temp)),
                tensor_param("S", (acc, temp))]
