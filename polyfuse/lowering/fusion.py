@@ -34,7 +34,7 @@ from polyfuse.ir.graph import Graph, Node, consumers, sole_use
 # use_bfloat16_products makes, are contractions too)
 CONTRACTIONS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "QLinearConv", "QLinearMatMul",
                           "QLinearGemm", "MatMulInteger", "ConvInteger", "BFloat16Conv", "BFloat16MatMul",
-                          "BFloat16Gemm"})
+                          "BFloat16Gemm", "WinogradOutput"})
 ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log",
     "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu",

@@ -31,6 +31,7 @@ import numpy as np
 from polyfuse.ir.comprehension import Definition, Expr, Read, Statement, TensorDecl, map_expr
 from polyfuse.ir.graph import Constant, Graph, Node
 from polyfuse.lowering.fusion import ELEMENTWISE, QUANTIZERS
+from polyfuse.lowering.winograd import winograd_nodes, winograd_tile
 
 CHANNELS_LAST = "polyfuse.channels_last"   # node attribute: input 0 and output 0 are channels-last
 
@@ -160,6 +161,16 @@ class _Converter:
             return False   # grouped convolutions stay in ONNX's layout
         if not self._has_rank(n.inputs[0], rank):
             return False   # unknown, or wrong (the lowering names the node)
+        x = self.g.type_of(n.inputs[0])
+        tile = winograd_tile(n, w.array, x)
+        if tile:   # (winograd_tile needs the input's type)
+            assert x is not None
+            source = self._to_twin(n.inputs[0], rank)
+            nodes, constants = winograd_nodes(n, tile, source, self._define(n, rank)[0], w.array, x,
+                                              self._fresh)
+            self.nodes += nodes
+            self.constants |= {c.name: c for c in constants}
+            return True
         self._channels_last(n, self._to_twin(n.inputs[0], rank), rank)
         return True
 

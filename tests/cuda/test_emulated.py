@@ -53,11 +53,13 @@ def test_a_bad_index_on_the_device_is_a_bounds_error(emulated):
         mod.gather(X, np.array([1, 5], np.int32))
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer_block"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer_block", "winograd_conv"])
 def test_model_on_the_emulated_device_matches_onnxruntime(name, emulated):
     from tests.onnx.ort_compare import assert_matches_onnxruntime
     from tests.onnx.test_models import attention_feeds, cnn, mlp, randn, transformer_block
+    from tests.onnx.test_winograd import winograd_model
     model, feed = {"cnn": (cnn, lambda: {"x": randn(1, 3, 32, 32)}),
+                   "winograd_conv": (winograd_model, lambda: {"x": randn(1, 32, 11, 14)}),
                    "mlp": (lambda: mlp(batch="batch"), lambda: {"x": randn(5, 16)}),
                    "transformer_block": (lambda: transformer_block(gelu_op=True),
                                          lambda: attention_feeds(2, 8)),
