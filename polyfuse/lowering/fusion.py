@@ -1,8 +1,9 @@
 """Fusion partitioning: which graph nodes run as one kernel.
 
-A *group* starts at a contraction (Conv, ConvTranspose, Gemm, MatMul) or at an
-elementwise op, and grows, in graph order, by elementwise ops reading its values
-(bias, BatchNormalization, activations, residual adds: a contraction's epilogue).
+A *group* starts at a contraction (Conv, ConvTranspose, Gemm, MatMul, a Winograd
+convolution's output transform) or at an elementwise op, and grows, in graph order, by
+elementwise ops reading its values (bias, BatchNormalization, activations, residual adds:
+a contraction's epilogue).
 A group with no contraction may also take one normalization or reduction that reads
 it (an elementwise prologue of Softmax or LayerNormalization), after which it closes.
 An elementwise op reading two groups without a contraction joins them into one (the

@@ -16,6 +16,10 @@ through the ops that follow:
 * anything else reads ONNX's layout: the first such reader of a value gets a Transpose
   back, under the value's own name, as do graph outputs.
 
+A 3x3 convolution that :func:`~polyfuse.lowering.winograd.winograd_tile` gives a tile
+becomes three nodes on the twins instead (Winograd's F(m x m, 3x3): input transform,
+batched MatMul, output transform; :mod:`polyfuse.lowering.winograd`).
+
 Nodes computing channels-last carry the attribute :data:`CHANNELS_LAST`. Their
 lowerings still see ONNX's layout: the planner shows them input 0 channels-first and
 :func:`to_channels_last` then permutes the kernel's input 0 and output 0 (their
@@ -162,7 +166,8 @@ class _Converter:
         if not self._has_rank(n.inputs[0], rank):
             return False   # unknown, or wrong (the lowering names the node)
         x = self.g.type_of(n.inputs[0])
-        tile = winograd_tile(n, w.array, x)
+        bias = self.g.type_of(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else None
+        tile = winograd_tile(n, w.array, x, bias)
         if tile:   # (winograd_tile needs the input's type)
             assert x is not None
             source = self._to_twin(n.inputs[0], rank)

@@ -57,13 +57,18 @@ def transformed_filters(w: np.ndarray, tile: int) -> np.ndarray:
     return np.einsum("xi,mcij,yj->xycm", g, w.astype(np.float64), g).astype(np.float32)
 
 
-def winograd_tile(n: Node, w: np.ndarray, x: TensorType | None) -> int:
+def winograd_tile(n: Node, w: np.ndarray, x: TensorType | None, bias: TensorType | None) -> int:
     """The tile (outputs along each axis) Conv node ``n`` of filters ``w`` on an input of
-    type ``x`` runs in, or 0 for the direct convolution. Winograd takes 2-D 3x3 float32
-    convolutions of stride and dilation 1, one group, explicit padding of at most 1, a
-    known map size and at least :data:`MIN_CHANNELS` input and output channels (a
-    multiple of 16 of the latter)."""
+    type ``x`` with a bias of type ``bias`` (None: none, or unknown) runs in, or 0 for the
+    direct convolution. Winograd takes well-formed 2-D 3x3 float32 convolutions of stride
+    and dilation 1, one group, explicit padding of at most 1, a known map size and at
+    least :data:`MIN_CHANNELS` input and output channels (a multiple of 16 of the
+    latter); the direct convolution's lowering names what is wrong with the others."""
     if n.op != "Conv" or w.ndim != 4 or w.shape[2:] != (3, 3) or w.dtype != np.float32:
+        return 0
+    if (len(n.inputs) > 2 and n.inputs[2]) and (bias is None or bias != TensorType(DType.FLOAT32, (w.shape[0],))):
+        return 0
+    if n.attr("kernel_shape") is not None and tuple(int(k) for k in n.attr("kernel_shape")) != (3, 3):
         return 0
     if x is None or x.dtype is not DType.FLOAT32 or x.rank != 4 or \
             not all(isinstance(d, int) for d in x.shape[1:]) or x.shape[1] != w.shape[1]:

@@ -50,15 +50,28 @@ def _conv(name="conv", **attrs):
 ])
 def test_which_convolutions_take_which_tile(shape, attrs, tile):
     w = np.zeros((shape[1], shape[1], 3, 3), np.float32)
-    assert winograd.winograd_tile(_conv(**attrs), w, TensorType(DType.FLOAT32, shape)) == tile
+    assert winograd.winograd_tile(_conv(**attrs), w, TensorType(DType.FLOAT32, shape), None) == tile
 
 
-def test_grouped_strided_or_5x5_convolutions_keep_the_direct_one():
+def test_grouped_5x5_float64_or_malformed_convolutions_keep_the_direct_one():
     x = TensorType(DType.FLOAT32, (1, 64, 56, 56))
-    assert winograd.winograd_tile(_conv(group=2), np.zeros((64, 32, 3, 3), np.float32), x) == 0
-    assert winograd.winograd_tile(_conv(), np.zeros((64, 64, 5, 5), np.float32), x) == 0
-    assert winograd.winograd_tile(_conv(), np.zeros((64, 64, 3, 3), np.float64), x) == 0
-    assert winograd.winograd_tile(_conv(), np.zeros((64, 64, 3, 3), np.float32), None) == 0
+    w = np.zeros((64, 64, 3, 3), np.float32)
+    biased = Node("Conv", "conv", ("x", "w", "b"), ("y",), (("pads", (1, 1, 1, 1)),))
+    assert winograd.winograd_tile(biased, w, x, TensorType(DType.FLOAT32, (64,))) == 4
+    assert winograd.winograd_tile(_conv(group=2), np.zeros((64, 32, 3, 3), np.float32), x, None) == 0
+    assert winograd.winograd_tile(_conv(), np.zeros((64, 64, 5, 5), np.float32), x, None) == 0
+    assert winograd.winograd_tile(_conv(), w.astype(np.float64), x, None) == 0
+    assert winograd.winograd_tile(_conv(), w, None, None) == 0                       # unknown input
+    assert winograd.winograd_tile(_conv(kernel_shape=(5, 5)), w, x, None) == 0       # disagrees
+    for bias in (None, TensorType(DType.FLOAT32, (63,)), TensorType(DType.FLOAT64, (64,))):
+        assert winograd.winograd_tile(biased, w, x, bias) == 0
+
+
+def test_a_malformed_bias_is_reported_as_for_any_convolution():
+    model = _model((1, 32, 28, 28), 32, (1, 1, 1, 1), True, False)
+    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.zeros(31, np.float32), "b"))
+    with pytest.raises(pf.ModelError, match="bias has shape"):
+        pf.compile(model, target="host").run({"x": np.zeros((1, 32, 28, 28), np.float32)})
 
 
 def _model(x_shape, m_out, pads, bias, residual):

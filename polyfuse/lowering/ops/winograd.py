@@ -11,9 +11,11 @@ m x m outputs and a = m + 2 inputs along each axis:
 * ``WinogradOutput(S[, B])``: ``Y(n, h, w, m) = (Aᵀ S_p A)(h % m, w % m) + B(m)``,
   channels-last, which the convolution's epilogue (activation, residual add) joins.
 
-Both transforms are separable: ``Bᵀ d`` along rows, then ``· B`` along columns, each a
-sum of a terms per element with the channel innermost (vectorized), as are ``Aᵀ S`` and
-``· A``. Attributes: ``tile`` (m), ``tiles`` (tiles along each axis), ``pads`` (the
+Each transform is sums of products by the matrices' entries with the channel innermost
+(vectorized). The input's is separable: ``Bᵀ d`` along rows, then ``· B`` along columns,
+a terms per element each. The output's is one statement of a² terms per output: its
+separable form would read the row transform at ``(h / m, h % m)``, a dependence isl takes
+seconds to schedule. Attributes: ``tile`` (m), ``tiles`` (tiles along each axis), ``pads`` (the
 padding before each axis) on the input and ``sizes`` (the output's height and width) on
 the output.
 """
