@@ -88,6 +88,7 @@ class _Checker:
         self.d = d
         self.sizes = sizes
         self.ctx = isl.Context()
+        self.proofs: dict[tuple[str, str, int, tuple[str, ...], bool], bool] = {}   # one statement's
 
     def statement(self, st: Statement) -> Statement:
         its = st.indices + st.reduction_indices
@@ -104,6 +105,7 @@ class _Checker:
         box = {n: (evaluate_int(st.range_of(n).lo, self.sizes),
                    evaluate_int(st.range_of(n).hi, self.sizes) - 1) for n in its}
         self.writes(st, domain, tup, names)
+        self.proofs = {}
         return replace(st, rhs=_Rewrite(self, st, domain, tup, names, box).expr(st.rhs, _Path()))
 
     def writes(self, st: Statement, domain: isl.Set, tup: str, names: dict[str, str]) -> None:
@@ -121,6 +123,15 @@ class _Checker:
         except _NotAffine:
             reach = _interval(r.indices[dim], box, self.sizes)
             return reach is not None and 0 <= reach[0] and reach[1] < extent
+        # reads of a statement often repeat an index under the same conditions (a
+        # Winograd transform's tiles: 36 reads, one tile index): proven once
+        key = (r.tensor, index, extent, path.constraints, path.opaque)
+        if key not in self.proofs:
+            self.proofs[key] = self._proven(st, r, dim, extent, path, domain, tup, names, index)
+        return self.proofs[key]
+
+    def _proven(self, st: Statement, r: Read, dim: int, extent: int, path: _Path, domain: isl.Set,
+                tup: str, names: dict[str, str], index: str) -> bool:
         runs = domain
         if path.constraints:
             where = isl.Set.read_from_str(self.ctx, f"{{ {tup} : {' and '.join(path.constraints)} }}")
