@@ -66,20 +66,17 @@ def winograd_tile(n: Node, w: np.ndarray, x: TensorType | None, bias: TensorType
     latter); the direct convolution's lowering names what is wrong with the others."""
     if n.op != "Conv" or w.ndim != 4 or w.shape[2:] != (3, 3) or w.dtype != np.float32:
         return 0
-    if (len(n.inputs) > 2 and n.inputs[2]) and (bias is None or bias != TensorType(DType.FLOAT32, (w.shape[0],))):
-        return 0
-    if n.attr("kernel_shape") is not None and tuple(int(k) for k in n.attr("kernel_shape")) != (3, 3):
+    if (len(n.inputs) > 2 and n.inputs[2]) and bias != TensorType(DType.FLOAT32, (w.shape[0],)):
         return 0
     if x is None or x.dtype is not DType.FLOAT32 or x.rank != 4 or \
             not all(isinstance(d, int) for d in x.shape[1:]) or x.shape[1] != w.shape[1]:
         return 0
-    if n.attr("group", 1) != 1 or str(n.attr("auto_pad", "NOTSET")) != "NOTSET" or \
-            any(int(s) != 1 for s in n.attr("strides", (1, 1))) or \
-            any(int(d) != 1 for d in n.attr("dilations", (1, 1))):
-        return 0
-    pads = [int(p) for p in n.attr("pads", (0, 0, 0, 0))]
-    if len(pads) != 4 or any(p < 0 or p > 1 for p in pads) or \
-            min(w.shape[:2]) < MIN_CHANNELS or w.shape[0] % 16:
+    kernel, strides, dilations, pads = (_ints(n, k, d) for k, d in (
+        ("kernel_shape", (3, 3)), ("strides", (1, 1)), ("dilations", (1, 1)), ("pads", (0,) * 4)))
+    if kernel != (3, 3) or strides != (1, 1) or dilations != (1, 1) or pads is None or \
+            len(pads) != 4 or any(p < 0 or p > 1 for p in pads) or _ints(n, "group", (1,)) != (1,) or \
+            str(n.attr("auto_pad", "NOTSET")) != "NOTSET" or min(w.shape[:2]) < MIN_CHANNELS or \
+            w.shape[0] % 16:
         return 0
     sizes = _output_sizes(x, pads)
     batch = x.shape[0] if isinstance(x.shape[0], int) else 1   # (a symbolic batch: at least 1)
@@ -87,7 +84,17 @@ def winograd_tile(n: Node, w: np.ndarray, x: TensorType | None, bias: TensorType
                  if batch * math.prod(_tiles(sizes, t)) >= MIN_TILES), 0)
 
 
-def _output_sizes(x: TensorType, pads: list[int]) -> tuple[int, int]:
+def _ints(n: Node, key: str, default: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Attribute ``key`` of ``n`` as a tuple of integers (one for a scalar), None when it
+    holds something else (the direct lowering reports a malformed node)."""
+    value = n.attr(key, default)
+    try:
+        return (int(value),) if np.ndim(value) == 0 else tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _output_sizes(x: TensorType, pads: tuple[int, ...]) -> tuple[int, int]:
     return (int(x.shape[2]) + pads[0] + pads[2] - 2, int(x.shape[3]) + pads[1] + pads[3] - 2)
 
 
@@ -100,7 +107,8 @@ def winograd_nodes(n: Node, tile: int, source: str, result: str, w: np.ndarray, 
     """The nodes computing Conv ``n`` in tiles of ``tile`` (:func:`winograd_tile`) from
     the channels-last twin ``source`` of its input into the channels-last ``result``, and
     the constant they add (the transformed filters). ``fresh`` makes unused names."""
-    pads = [int(p) for p in n.attr("pads", (0, 0, 0, 0))]
+    pads = _ints(n, "pads", (0,) * 4)
+    assert isinstance(pads, tuple)   # (winograd_tile checked it)
     sizes = _output_sizes(x, pads)
     tiles = _tiles(sizes, tile)
     filters = Constant(fresh(f"{n.name}:winograd_filters"), transformed_filters(w, tile))

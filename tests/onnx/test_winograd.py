@@ -29,7 +29,8 @@ def test_a_tile_of_the_transforms_is_the_correlation(tile):
     bank = RNG.standard_normal((3, 4, 3, 3)).astype(np.float32)
     u = winograd.transformed_filters(bank, tile)
     assert u.shape == (tile + 2, tile + 2, 4, 3) and u.dtype == np.float32
-    np.testing.assert_allclose(u[:, :, 2, 1], g_t @ bank[1, 2].astype(np.float64) @ g_t.T, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(u[:, :, 2, 1], g_t @ bank[1, 2].astype(np.float64) @ g_t.T,
+                               rtol=1e-6, atol=1e-6)
 
 
 def _conv(name="conv", **attrs):
@@ -63,6 +64,8 @@ def test_grouped_5x5_float64_or_malformed_convolutions_keep_the_direct_one():
     assert winograd.winograd_tile(_conv(), w.astype(np.float64), x, None) == 0
     assert winograd.winograd_tile(_conv(), w, None, None) == 0                       # unknown input
     assert winograd.winograd_tile(_conv(kernel_shape=(5, 5)), w, x, None) == 0       # disagrees
+    for malformed in ({"strides": "one"}, {"pads": (1, 1)}, {"pads": 1}, {"dilations": (None, 1)}):
+        assert winograd.winograd_tile(_conv(**malformed), w, x, None) == 0
     for bias in (None, TensorType(DType.FLOAT32, (63,)), TensorType(DType.FLOAT64, (64,))):
         assert winograd.winograd_tile(biased, w, x, bias) == 0
 
