@@ -127,3 +127,14 @@ def test_winograd_convolutions_match_onnxruntime(x_shape, m_out, pads, bias, res
         labels = [st.label for st, _ in compiled.plan_for().steps()]
         assert any("conv" in label and "relu" in label for label in labels), labels
         assert not any(label == "relu" or label == "add" for label in labels), labels
+
+
+def test_a_symbolic_batch_runs_at_each_size_the_calls_bring():
+    model = _model((1, 48, 27, 23), 48, (1, 1, 1, 1), True, True)
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    compiled = pf.compile(model, target="host")
+    assert "tile=4" in compiled.dump("partition_fusion_groups")
+    for batch in (1, 3):
+        x = RNG.standard_normal((batch, 48, 27, 23)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4, compiled=compiled)
