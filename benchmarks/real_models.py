@@ -175,10 +175,10 @@ def conv_table(name: str, path: str, compiled: object, feed: dict, threads: int)
     winograd: set[str] = set()
     for label, seconds in compiled.profile(feed, repeat=9):   # type: ignore[attr-defined]
         names = label.split("[", 1)[-1].rstrip("]").split()
-        for part in ("/winograd_input", "/winograd_products"):
-            if len(names) == 1 and names[0].endswith(part):
-                names = [names[0][:-len(part)]]
-                winograd.add(names[0])
+        conv_of_part = names[0].rsplit("/winograd_", 1)[0]   # its input transform or products
+        if len(names) == 1 and conv_of_part != names[0]:
+            names = [conv_of_part]
+            winograd.add(conv_of_part)
         conv = next((n for n in names if n in flops and flops[n][0].startswith("3x3")), None)
         if conv is not None:
             spent[conv] = spent.get(conv, 0.0) + seconds

@@ -165,18 +165,17 @@ class _Converter:
             return False   # grouped convolutions stay in ONNX's layout
         if not self._has_rank(n.inputs[0], rank):
             return False   # unknown, or wrong (the lowering names the node)
+        source = self._to_twin(n.inputs[0], rank)
         x = self.g.type_of(n.inputs[0])
         bias = self.g.type_of(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else None
         tile = winograd_tile(n, w.array, x, bias)
-        if tile:   # (winograd_tile needs the input's type)
-            assert x is not None
-            source = self._to_twin(n.inputs[0], rank)
+        if tile and x is not None:   # (a tile implies a known input type)
             nodes, constants = winograd_nodes(n, tile, source, self._define(n, rank)[0], w.array, x,
                                               self._fresh)
             self.nodes += nodes
             self.constants |= {c.name: c for c in constants}
-            return True
-        self._channels_last(n, self._to_twin(n.inputs[0], rank), rank)
+        else:
+            self._channels_last(n, source, rank)
         return True
 
     def _one_scale(self, n: Node) -> bool:
