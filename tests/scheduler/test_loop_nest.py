@@ -120,6 +120,40 @@ def test_rows_far_apart_jam_six_where_six_divide_them_or_they_are_many(rows, jam
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=2e-3)
 
 
+CONV_LAST = ("def conv(float(N,H,W,C) P, float(C,KH,KW,M) Wt) -> (O) "
+             "{ O(n,h,w,m) +=! P(n,h+kh,w+kw,c) * Wt(c,kh,kw,m) }")
+
+
+@pytest.mark.parametrize("src, entry, sizes, block", [
+    (CONV_LAST, "conv", {"N": 1, "H": 9, "W": 9, "C": 40, "KH": 3, "KW": 3, "M": 96}, 32),
+    (MM, "mm", {"M": 49, "K": 300, "N": 192}, 64)])
+def test_few_rows_take_column_tiles_of_one_register_block(src, entry, sizes, block):
+    # 49 rows (a 7x7 map's) fit one cache tile: each thread streams the vector operand in
+    # column tiles of one register block (7 x 2 vectors for the convolution's window, 6 x
+    # 4 for the matmul's far rows), column tiles outermost; the depth panels stay as usual
+    d, n = nest(src, entry, sizes)
+    named = n.to_named(default_options(d, sizes, 512))
+    vec = n.outputs[-1]
+    assert dict(named.tile_sizes)[vec] == block == dict(named.register_tile)[vec]
+    assert named.tile_order[0] == vec
+    rng = np.random.default_rng(5)
+    if entry == "conv":
+        x = rng.standard_normal((1, 9, 9, 40)).astype(np.float32)
+        w = rng.standard_normal((40, 3, 3, 96)).astype(np.float32)
+        want = sum(np.einsum("nhwc,cm->nhwm", x[:, i:i + 7, j:j + 7], w[:, i, j])
+                   for i in range(3) for j in range(3))
+    else:
+        x = rng.standard_normal((49, 300)).astype(np.float32)
+        w = rng.standard_normal((300, 192)).astype(np.float32)
+        want = x @ w
+    kernel = getattr(pf.define(src, target="host"), entry)
+    np.testing.assert_allclose(kernel(x, w), want, rtol=1e-3, atol=2e-3)
+    if entry == "conv":   # columns that no whole number of blocks covers keep wider tiles
+        wider = dict(sizes, M=200)
+        d, n = nest(src, entry, wider)
+        assert dict(n.to_named(default_options(d, wider, 512)).tile_sizes)[vec] == 64
+
+
 GLOBAL_POOL = ("def pool(float(N,H,W,C) X) -> (Y) { Y(n,c) +=! X(n,h,w,c) }")
 
 
