@@ -12,6 +12,12 @@ The module has three layers of functions:
   ``begin..end`` of the parallel loop, again with noalias buffers so they vectorize.
 
 Loops carry ``llvm.loop`` metadata for the vector width and unroll factor.
+
+A vector loop that reads a packed operand (a micro-kernel's row of a panel, packed at
+compile time or by the kernel) first prefetches that row's stream :data:`PREFETCH_AHEAD`
+bytes ahead into L2 (:meth:`KernelEmitter.prefetch_packed`): panels of weights that come
+from memory (each used by few rows, a model's weights evicted by the kernels between two
+uses) then arrive before the micro-kernel waits for them.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from llvmlite import ir
 
 from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef, walk
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
-                               TileProduct, map_body_exprs, walk_stmts)
+                               TileProduct, map_body_exprs, stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.targets.llvm_dot import Isa, declare_variants
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
@@ -33,7 +39,16 @@ from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter,
 from polyfuse.targets.llvm_tiles import calls
 
 PARALLEL_FOR = "polyfuse_parallel_for_threads"
+PREFETCH = "llvm.prefetch.p0"
+# bytes between a packed operand's element a micro-kernel reads and the one it prefetches
+# (ResNet-50 ran 1.07x faster on two threads and 1.05x on one, BERT 1.08x; 4 to 16 KiB
+# measured within 1%), and bytes prefetched there: one pair of cache lines, whose
+# neighbours the hardware's stream prefetcher then follows (a 6 x 4 block's whole row of
+# four lines ran 1.03x slower than its first two)
+PREFETCH_AHEAD = 8 << 10
+PREFETCH_BYTES = 128
 _I8P = I8.as_pointer()
+I32 = ir.IntType(32)
 
 
 @dataclass
@@ -181,6 +196,8 @@ class KernelEmitter:
         emitter = self.exprs(scope)
         lo = lo if lo is not None else emitter.emit(s.lo, b)
         hi = hi if hi is not None else emitter.emit(s.hi, b)
+        if s.vector > 1:
+            self.prefetch_packed(s, lo, scope, b)
         pre = b.block
         header = b.append_basic_block(f"{s.var}.header")
         body = b.append_basic_block(f"{s.var}.body")
@@ -198,6 +215,31 @@ class KernelEmitter:
         latch = b.branch(header)
         latch.set_metadata("llvm.loop", self.loop_metadata(s))
         b.position_at_end(exit_)
+
+    def prefetch_packed(self, s: For, lo: ir.Value, scope: _Scope, b: ir.IRBuilder) -> None:
+        """Before vector loop ``s``: a prefetch into L2 of :data:`PREFETCH_BYTES` at
+        :data:`PREFETCH_AHEAD` bytes past the first element ``s`` reads of each packed
+        buffer (its row of a panel: the rows a micro-kernel reads next lie ahead of it).
+        A prefetch is a hint that cannot fault, so one past a buffer's end is harmless;
+        reads with checked indices are left alone."""
+        reads: dict[str, Read] = {}
+        for st in s.body:
+            for r in stmt_nodes(st):
+                if isinstance(r, Read) and r.tensor not in reads and \
+                        self.kernel.buffer(r.tensor).packing is not None and \
+                        not any(r.is_checked(d) for d in range(len(r.indices))):
+                    reads[r.tensor] = r
+        if not reads:
+            return
+        first = _Scope(scope.buffers, {**scope.values, s.var: lo}, scope.locals)
+        fn = self.module.globals.get(PREFETCH) or ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), [_I8P, I32, I32, I32]), PREFETCH)
+        # read (0), locality 2 (keep in L2 and outward), data cache (1)
+        hint = [ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)]
+        for r in reads.values():
+            at = b.bitcast(self.address(r, first, b), _I8P)
+            for line in range(0, PREFETCH_BYTES, 64):
+                b.call(fn, [b.gep(at, [ir.Constant(I64, PREFETCH_AHEAD + line)]), *hint])
 
     def loop_metadata(self, s: For) -> ir.MDValue:
         self.n_loops += 1

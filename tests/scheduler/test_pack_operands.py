@@ -337,3 +337,26 @@ def test_a_bundle_carries_packed_weights_not_the_originals(tmp_path):
     assert "B_prepacked = pack B(" in model.dump("loops")
     layout = model.plan_for().program.layout
     assert sum(a.nbytes for a in layout.constants.values()) < 1.1 * w.nbytes   # not w twice
+
+
+@pytest.mark.parametrize("target", ["host", pytest.param("aarch64", marks=needs_arm_tools)])
+def test_micro_kernels_prefetch_the_prepacked_panels_they_stream(target):
+    # each vector loop reading a panel packed at compile time prefetches its stream a few
+    # KiB ahead (into L2: a hint, so past the panel's end too); panels the kernel packs
+    # itself were just written and are not prefetched
+    from polyfuse.frontends.tc import parse
+    from polyfuse.runtime.kernel import Kernel
+    from polyfuse.scheduler.pipeline import Usage
+    from polyfuse.targets.llvm_kernel import PREFETCH_AHEAD
+    a = RNG.standard_normal((53, 300)).astype(np.float32)
+    b = RNG.standard_normal((300, 200)).astype(np.float32)
+    tgt = pf.define(MM, target=target).mm.target
+    kernel = Kernel(parse(MM).definitions[0], tgt, MM, usage=Usage(constants=frozenset({"B"})))
+    llvm = kernel.specialize(a, b).stages["llvm"]
+    calls = [ln for ln in llvm.splitlines() if 'call void @"llvm.prefetch.p0"(' in ln]
+    assert calls and all("i32 0, i32 2, i32 1" in ln for ln in calls)
+    assert f"i64 {PREFETCH_AHEAD}" in llvm
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=2e-3)
+    plain = pf.define(MM, target=target).mm
+    assert "llvm.prefetch" not in plain.specialize(a, b).stages["llvm"]
+    np.testing.assert_allclose(plain(a, b), a @ b, rtol=2e-4, atol=2e-3)
