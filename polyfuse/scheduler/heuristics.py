@@ -323,17 +323,15 @@ def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
     rows of four vectors (about 1.8x a 8 x 2 block on a 1024 matmul). Either falls back
     to the other where its rows do not divide the extent; where neither does, the first
     that fits stays, and the last, partial block is jammed by its own rows (the
-    ``unroll_and_jam`` pass). Far rows take 6 x 4 (24
-    accumulators: 1.05x a 4 x 4 block on 1024 and 2048 matmuls, up to 1.08x on
-    197 x 768 x 3072, 1.1x on a 56 x 56 map's 1x1 convolution) where 6 divides the rows,
-    or there are at least :data:`FAR_ROWS_ANYWAY` of them (a partial last block is jammed
-    by its own rows), or :data:`FAR_ROWS_SOME` that slide no window and fit one cache
-    tile (a 56-wide map's 1x1 convolution). Elsewhere 6 x 4 measured no faster (197 and
-    128 rows, 7 and 14 wide maps' 1x1 convolutions, within 2%), and a 3x3 convolution's
-    rows of a 56-wide map ran 1.2x slower in blocks of 6."""
-    one_tile = extent <= CACHE_ROWS // FAR_ROWS * FAR_ROWS
+    ``unroll_and_jam`` pass). Far rows take 6 x 4 (24 accumulators: 1.05x a 4 x 4 block on
+    1024 and 2048 matmuls, on 197 x 768 x 3072 and back, 1.1x on a 56 x 56 map's 1x1
+    convolution; ViT-B/16 and BERT 1.045x faster on two threads) where 6 divides the rows,
+    or there are at least :data:`FAR_ROWS_ANYWAY` of them, or :data:`FAR_ROWS_SOME` that
+    slide no window (a matmul's 197 rows, a 56-wide map's 1x1 convolution); a partial last
+    block is jammed by its own rows. A 3x3 convolution's rows of a 56-wide map ran 1.2x
+    slower in blocks of 6."""
     if not near and (extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY
-                     or (FAR_ROWS_SOME <= extent and one_tile and not window)):
+                     or (FAR_ROWS_SOME <= extent and not window)):
         return FAR_ROWS, 4
     wide, narrow = [(r, 2) for r in (8, 7, 6)], [(MR, 4)]
     preferred = wide + narrow if near else narrow + wide

@@ -74,7 +74,8 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     d, conv = nest(CONV, "conv", CONV_SIZES)
     named = conv.to_named(default_options(d, CONV_SIZES, 512))
     # one tile of columns covers the 28 outputs of a row (too few to split over threads);
-    assert dict(named.tile_sizes)["w"] == 28 and dict(named.register_tile)["m"] == 4
+    # the 64 output channels (far apart in the weights, sliding no window) jam 6 at a time
+    assert dict(named.tile_sizes)["w"] == 28 and dict(named.register_tile)["m"] == 6
     # 64 channels by 3 x 3 taps: 8 channels make a tile of about 128 steps
     assert dict(named.tile_sizes)["c"] == 8
     assert named.point_order == ("c", "kh", "kw", "n", "h", "m", "w")
@@ -104,13 +105,13 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
     assert dict(mm.to_named(default_options(d, small, 512)).tile_sizes)["k"] == 128
 
 
-@pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 4), (130, 4), (56, 6), (46, 4)])
+@pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 6), (197, 6), (56, 6), (46, 4), (28, 4)])
 def test_rows_far_apart_jam_six_where_six_divide_them_or_they_are_many(rows, jammed):
     sizes = {"M": rows, "K": 300, "N": 200}
     d, mm = nest(MM, "mm", sizes)
     options = mm.to_named(default_options(d, sizes, 512))
-    # 6 rows of 4 vectors (24 accumulators) where 6 divides the rows, they are many, or
-    # they fit one cache tile (56); 4 of 4 where they would leave a partial cache tile
+    # 6 rows of 4 vectors (24 accumulators) where 6 divides the rows or there are 48 or
+    # more (the partial last block jammed by its own rows); 4 of 4 for fewer
     assert dict(options.register_tile)["m"] == jammed
     rng = np.random.default_rng(rows)
     a = rng.standard_normal((rows, 300)).astype(np.float32)
