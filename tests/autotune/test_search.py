@@ -151,9 +151,11 @@ def test_features_describe_the_loops():
     x = np.array([space.features(space.sample(rng)) for _ in range(50)])
     assert x.shape == (50, len(names)) and np.isfinite(x).all()
     f = dict(zip(names, space.features(space.default())))
-    assert f["m.log_tile"] == 6 and f["n.log_trip"] == 6 and f["n.innermost"] == 1 and f["m.jammed"] == 1
-    # a 4 x 64 register block over all 256 steps of k (a reduction that short stays whole)
-    assert f["log_vector_width"] == 4 and f["log_register_block"] == math.log2(4 * 64 * 256)
+    # cache tiles of 60 rows (whole 6-row blocks)
+    assert f["m.log_tile"] == math.log2(60) and f["n.log_trip"] == 6 and f["n.innermost"] == 1
+    assert f["m.jammed"] == 1
+    # a 6 x 64 register block over all 256 steps of k (a reduction that short stays whole)
+    assert f["log_vector_width"] == 4 and f["log_register_block"] == math.log2(6 * 64 * 256)
     assert f["n.contiguous"] > f["m.contiguous"]
 
 
