@@ -13,11 +13,12 @@ The module has three layers of functions:
 
 Loops carry ``llvm.loop`` metadata for the vector width and unroll factor.
 
-A vector loop that reads a packed operand (a micro-kernel's row of a panel, packed at
-compile time or by the kernel) first prefetches that row's stream :data:`PREFETCH_AHEAD`
-bytes ahead into L2 (:meth:`KernelEmitter.prefetch_packed`): panels of weights that come
-from memory (each used by few rows, a model's weights evicted by the kernels between two
-uses) then arrive before the micro-kernel waits for them.
+A vector loop that reads an operand packed at compile time (a micro-kernel's row of a
+panel of a model's weights) first prefetches that row's stream :data:`PREFETCH_AHEAD`
+bytes ahead into L2 (:meth:`KernelEmitter.prefetch_packed`): weights that come from
+memory (evicted by the kernels between two runs, each used by few rows) then arrive
+before the micro-kernel waits for them. Panels a kernel packs itself were just written
+and are not prefetched.
 """
 
 from __future__ import annotations
@@ -41,14 +42,14 @@ from polyfuse.targets.llvm_tiles import calls
 PARALLEL_FOR = "polyfuse_parallel_for_threads"
 PREFETCH = "llvm.prefetch.p0"
 # bytes between a packed operand's element a micro-kernel reads and the one it prefetches
-# (ResNet-50 ran 1.07x faster on two threads and 1.05x on one, BERT 1.08x; 4 to 16 KiB
+# (ResNet-50 ran 1.08x faster on two threads and 1.05x on one, BERT 1.10x; 4 to 24 KiB
 # measured within 1%), and bytes prefetched there: one pair of cache lines, whose
 # neighbours the hardware's stream prefetcher then follows (a 6 x 4 block's whole row of
 # four lines ran 1.03x slower than its first two)
 PREFETCH_AHEAD = 8 << 10
 PREFETCH_BYTES = 128
 _I8P = I8.as_pointer()
-I32 = ir.IntType(32)
+_I32 = ir.IntType(32)
 
 
 @dataclass
@@ -218,8 +219,8 @@ class KernelEmitter:
 
     def prefetch_packed(self, s: For, lo: ir.Value, scope: _Scope, b: ir.IRBuilder) -> None:
         """Before vector loop ``s``: a prefetch into L2 of :data:`PREFETCH_BYTES` at
-        :data:`PREFETCH_AHEAD` bytes past the first element ``s`` reads of each packed
-        buffer (its row of a panel: the rows a micro-kernel reads next lie ahead of it).
+        :data:`PREFETCH_AHEAD` bytes past the first element ``s`` reads of each buffer
+        packed at compile time (its row of a panel: the rows a micro-kernel reads next lie ahead of it).
         A prefetch is a hint that cannot fault, so one past a buffer's end is harmless;
         reads with checked indices are left alone."""
         reads: dict[str, Read] = {}
@@ -233,9 +234,9 @@ class KernelEmitter:
             return
         first = _Scope(scope.buffers, {**scope.values, s.var: lo}, scope.locals)
         fn = self.module.globals.get(PREFETCH) or ir.Function(
-            self.module, ir.FunctionType(ir.VoidType(), [_I8P, I32, I32, I32]), PREFETCH)
+            self.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]), PREFETCH)
         # read (0), locality 2 (keep in L2 and outward), data cache (1)
-        hint = [ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)]
+        hint = [ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)]
         for r in reads.values():
             at = b.bitcast(self.address(r, first, b), _I8P)
             for line in range(0, PREFETCH_BYTES, 64):
