@@ -89,7 +89,7 @@ def _ints(n: Node, key: str, default: tuple[int, ...]) -> tuple[int, ...] | None
     holds something else (the direct lowering reports a malformed node)."""
     value = n.attr(key, default)
     try:
-        return (int(value),) if np.ndim(value) == 0 else tuple(int(v) for v in value)
+        return tuple(int(v) for v in np.asarray(value).reshape(-1))
     except (TypeError, ValueError):
         return None
 

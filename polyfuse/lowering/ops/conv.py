@@ -225,6 +225,7 @@ def pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = Fals
     ``channels_last`` puts the channel index last: ``P(n, h..., c)``, with ``pitch``
     elements per pixel if given (the channels past the input's filled too)."""
     batch, channels = ctx.shape(0)[:2]
+    pitch = max(pitch, channels)
     h = [f"h{i}" for i in range(len(axes))]
     read = f"{source}(n, c, {', '.join(affine([(hi, 1)], -a.pad) for hi, a in zip(h, axes))})"
     inside = [cond for hi, a in zip(h, axes) for cond in
@@ -233,7 +234,7 @@ def pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = Fals
     if pitch > channels:
         inside.append(f"c < {channels}")
     spatial = [(hi, a.span) for hi, a in zip(h, axes)]
-    extents = [("n", batch)] + (spatial + [("c", max(pitch, channels))] if channels_last
+    extents = [("n", batch)] + (spatial + [("c", pitch)] if channels_last
                                 else [("c", channels)] + spatial)
     return (f"  P({', '.join(i for i, _ in extents)}) = "
             f"{guarded(inside, read, fill or literal(0, ctx.dtype(0)))}{where(extents)}")
