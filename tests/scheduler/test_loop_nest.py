@@ -85,20 +85,32 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     assert rowsum.to_named(default_gpu_options(d, {"N": 64, "D": 1000})).tile_sizes == (("n", 1), ("d", 0))
 
 
+TN = "def tn(float(K,M) A, float(K,N) B) -> (C) { C(m,n) +=! A(k,m) * B(k,n) }"
+
+
 def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels():
-    # 1100 rows by 256 columns of C (1.1 MiB) per reduction panel: each panel loads and
-    # stores that much again, so panels go deep (512 steps: a 512 x 256 box of B, 512 KiB)
-    sizes = {"M": 1100, "K": 1500, "N": 1024}
-    d, mm = nest(MM, "mm", sizes)
-    tiles = dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)
-    assert tiles["k"] == 512 and tiles["n"] == 256
+    # 1100 rows by 256 columns of C (1.1 MiB) per reduction panel: each panel would load
+    # and store that much again, so panels go deep: a 512 KiB box of B. A reduction
+    # deeper than a 512 x 256 box narrows the columns to deepen the panel: one register
+    # block (64 columns) where that holds the whole reduction, else two (1024 steps)
     rng = np.random.default_rng(3)
-    a = rng.standard_normal((1100, 1500)).astype(np.float32)
-    b = rng.standard_normal((1500, 1024)).astype(np.float32)
     kernel = pf.define(MM, target="host").mm
-    loops = kernel.specialize(a, b).stages["loops"]
-    assert "local float32(4, 512, 64) B_packed" in loops   # the deep panel, packed
-    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=2e-3)
+    for depth, cols, steps, box in [(1500, 64, 0, "(1, 1500, 64) B_packed"),
+                                    (2500, 128, 1024, "(2, 1024, 64) B_packed")]:
+        sizes = {"M": 1100, "K": depth, "N": 1024}
+        d, mm = nest(MM, "mm", sizes)
+        tiles = dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)
+        assert (tiles["k"], tiles["n"]) == (steps, cols)
+        a = rng.standard_normal((1100, depth)).astype(np.float32)
+        b = rng.standard_normal((depth, 1024)).astype(np.float32)
+        assert f"local float32{box}" in kernel.specialize(a, b).stages["loops"]  # packed
+        np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=3e-3)
+    # Aᵀ·B packs its broadcast operand too, which would grow with the depth: 256 columns
+    # of 512 steps stay
+    sizes = {"M": 1100, "K": 1500, "N": 1024}
+    d, tn = nest(TN, "tn", sizes)
+    tiles = dict(tn.to_named(default_options(d, sizes, 512)).tile_sizes)
+    assert (tiles["k"], tiles["n"]) == (512, 256)
     # 64 rows sweep 64 KiB per panel: the usual 128-step panels
     small = dict(MM_SIZES, M=64, K=1500)
     d, mm = nest(MM, "mm", small)
