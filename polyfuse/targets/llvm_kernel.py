@@ -17,8 +17,10 @@ A vector loop that reads an operand packed at compile time (a micro-kernel's row
 panel of a model's weights) first prefetches that row's stream :data:`PREFETCH_AHEAD`
 bytes ahead into L2 (:meth:`KernelEmitter.prefetch_packed`): weights that come from
 memory (evicted by the kernels between two runs, each used by few rows) then arrive
-before the micro-kernel waits for them. Panels a kernel packs itself were just written
-and are not prefetched.
+before the micro-kernel waits for them. Where several register blocks share a panel of
+a few KiB (a 3x3 convolution's rows of a 7x7 map), each block's pass prefetches its own
+slice of the next panel instead (:mod:`.panel_prefetch`). Panels a kernel packs itself
+were just written and are not prefetched.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from polyfuse.targets.llvm_dot import Isa, declare_variants
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
                                         calls_libm, f32_to_bf16, register_type, storage_type)
 from polyfuse.targets.llvm_tiles import calls
+from polyfuse.targets.panel_prefetch import LINE, PanelPrefetch, panel_prefetches
 
 PARALLEL_FOR = "polyfuse_parallel_for_threads"
 PREFETCH = "llvm.prefetch.p0"
@@ -50,6 +53,8 @@ PREFETCH_AHEAD = 8 << 10
 PREFETCH_BYTES = 128
 _I8P = I8.as_pointer()
 _I32 = ir.IntType(32)
+# a prefetch's read (0), locality 2 (keep in L2 and outward), data cache (1)
+_INTO_L2 = (ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1))
 
 
 @dataclass
@@ -74,6 +79,8 @@ class KernelEmitter:
         self.tiles = tiles         # dot products the matrix tiles (AMX) sum
         self.n_parallel = 0
         self.n_loops = 0
+        self.enclosing: list[For] = []    # the loops around the statement being emitted
+        self.spread: set[str] = set()     # prepacked tensors an enclosing loop prefetches
 
     # --- entry points ---
     def emit(self) -> ir.Function:
@@ -160,8 +167,9 @@ class KernelEmitter:
         return ExprEmitter(self.module, scope.values, lambda r, b: self.load(r, scope, b),
                            scope.locals, scale=self.avx512, native=self.native)
 
-    def address(self, access: Read, scope: _Scope, b: ir.IRBuilder) -> ir.Value:
-        """The element ``access`` names (a read, or a store's target)."""
+    def address(self, access: Read, scope: _Scope, b: ir.IRBuilder, inbounds: bool = True) -> ir.Value:
+        """The element ``access`` names (a read, or a store's target; one a prefetch
+        names, maybe past the buffer, not ``inbounds``)."""
         buffer, indices = access.tensor, access.indices
         buf = self.kernel.buffer(buffer)
         emitter = self.exprs(scope)
@@ -171,7 +179,7 @@ class KernelEmitter:
             if access.is_checked(dim):
                 term = self.checked_index(term, extent, scope, b)
             offset = b.add(offset, term if stride == 1 else b.mul(term, ir.Constant(I64, stride)))
-        return b.gep(scope.buffers[buffer], [offset], inbounds=True)
+        return b.gep(scope.buffers[buffer], [offset], inbounds=inbounds)
 
     def checked_index(self, index: ir.Value, extent: int, scope: _Scope,
                       b: ir.IRBuilder) -> ir.Value:
@@ -210,12 +218,38 @@ class KernelEmitter:
         b.cbranch(b.icmp_signed("<", iv, hi), body, exit_)
         b.position_at_end(body)
         inner = _Scope(scope.buffers, {**scope.values, s.var: iv}, scope.locals)
+        panels = [p for p in panel_prefetches(s, tuple(self.enclosing), self.kernel)
+                  if p.tensor not in self.spread]
+        self.prefetch_panels(s, iv, panels, inner, b)
+        added = {p.tensor for p in panels}
+        self.enclosing.append(s)
+        self.spread |= added
         self.body(s.body, inner, b)
+        self.spread -= added
+        self.enclosing.pop()
         nxt = b.add(iv, ir.Constant(I64, s.step), flags=["nsw"])
         iv.add_incoming(nxt, b.block)
         latch = b.branch(header)
         latch.set_metadata("llvm.loop", self.loop_metadata(s))
         b.position_at_end(exit_)
+
+    def prefetch_panels(self, s: For, iv: ir.Value, panels: list[PanelPrefetch], scope: _Scope,
+                        b: ir.IRBuilder) -> None:
+        """At the start of each pass of ``s``: its slice of the next panel of each of
+        ``panels`` (:mod:`.panel_prefetch`), into L2."""
+        if not panels:
+            return
+        fn = self.prefetch_intrinsic()
+        index = b.sdiv(b.sub(iv, ir.Constant(I64, int(s.lo.value))), ir.Constant(I64, s.step))  # type: ignore[attr-defined]
+        for p in panels:   # (the last panel's next lies past the buffer: a hint, no fault)
+            at = b.bitcast(self.address(p.first, scope, b, inbounds=False), _I8P)
+            at = b.gep(at, [b.mul(index, ir.Constant(I64, p.lines * LINE))])
+            for line in range(p.lines):
+                b.call(fn, [b.gep(at, [ir.Constant(I64, line * LINE)]), *_INTO_L2])
+
+    def prefetch_intrinsic(self) -> ir.Function:
+        return self.module.globals.get(PREFETCH) or ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]), PREFETCH)
 
     def prefetch_packed(self, s: For, lo: ir.Value, scope: _Scope, b: ir.IRBuilder) -> None:
         """Before vector loop ``s``: a prefetch into L2 of :data:`PREFETCH_BYTES` at
@@ -226,21 +260,18 @@ class KernelEmitter:
         reads: dict[str, Read] = {}
         for st in s.body:
             for r in stmt_nodes(st):
-                if isinstance(r, Read) and r.tensor not in reads and \
+                if isinstance(r, Read) and r.tensor not in reads and r.tensor not in self.spread and \
                         self.kernel.buffer(r.tensor).packing is not None and \
                         not any(r.is_checked(d) for d in range(len(r.indices))):
                     reads[r.tensor] = r
         if not reads:
             return
         first = _Scope(scope.buffers, {**scope.values, s.var: lo}, scope.locals)
-        fn = self.module.globals.get(PREFETCH) or ir.Function(
-            self.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]), PREFETCH)
-        # read (0), locality 2 (keep in L2 and outward), data cache (1)
-        hint = [ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)]
+        fn = self.prefetch_intrinsic()
         for r in reads.values():
             at = b.bitcast(self.address(r, first, b), _I8P)
             for line in range(0, PREFETCH_BYTES, 64):
-                b.call(fn, [b.gep(at, [ir.Constant(I64, PREFETCH_AHEAD + line)]), *hint])
+                b.call(fn, [b.gep(at, [ir.Constant(I64, PREFETCH_AHEAD + line)]), *_INTO_L2])
 
     def loop_metadata(self, s: For) -> ir.MDValue:
         self.n_loops += 1
