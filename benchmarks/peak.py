@@ -4,7 +4,8 @@ with LLVM for the host CPU and run on 1..N threads at once.
 
     python benchmarks/peak.py [--threads 2]
 
-The benchmarks report kernels' GFLOP/s as a fraction of this number (``fma_peak``).
+The benchmarks report kernels' GFLOP/s as a fraction of this number, measured in
+alternation with each kernel (``fma_round``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from functools import lru_cache
 
 import llvmlite.binding as llvm
@@ -78,18 +80,30 @@ def fma_peak(threads: int = 1) -> float:
     return max(alone * threads, _measured(threads)) if threads > 1 else alone
 
 
-def _measured(threads: int) -> float:
-    """GFLOP/s of ``threads`` threads each running the FMA loop (best of 5 runs)."""
+def fma_round(threads: int) -> tuple[Callable[[], None], float]:
+    """A run of the FMA loop on ``threads`` threads at once (about 16 ms on a 3 GHz
+    AVX-512 core), and the flops it does. Timed in alternation with a kernel
+    (``timing.interleaved_times``), it gives the peak at the speed the machine ran the
+    kernel at: a virtual machine's speed drifts by 15-30% over minutes, which a peak
+    measured once would count against (or for) the kernels timed later."""
     fn, lanes, _ = _kernel()
-    flops = 2.0 * lanes * ACCUMULATORS * ITERATIONS * threads
-    best = float("inf")
-    for _ in range(5):
+
+    def run() -> None:
         workers = [threading.Thread(target=fn, args=(ITERATIONS,)) for _ in range(threads)]
-        start = time.perf_counter()
         for t in workers:
             t.start()   # ctypes releases the GIL for the call
         for t in workers:
             t.join()
+    return run, 2.0 * lanes * ACCUMULATORS * ITERATIONS * threads
+
+
+def _measured(threads: int) -> float:
+    """GFLOP/s of ``threads`` threads each running the FMA loop (best of 5 runs)."""
+    run, flops = fma_round(threads)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        run()
         best = min(best, time.perf_counter() - start)
     return flops / best / 1e9
 
