@@ -53,7 +53,8 @@ def panel_prefetches(loop: For, enclosing: tuple[For, ...], kernel: LoopKernel) 
     to: per tensor, where ``loop`` is the innermost loop around its micro-kernel that its
     reads do not move with."""
     passes = _constant(loop)
-    if passes is None or passes[1] < 2 or loop.vector > 1:
+    if passes is None or passes[1] < 2 or loop.vector > 1 or \
+            not any(b.packing is not None for b in kernel.buffers):
         return []
     found: dict[str, PanelPrefetch] = {}
     for read, path in _packed_reads(loop.body, (), kernel):
