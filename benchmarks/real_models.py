@@ -40,7 +40,7 @@ import onnxruntime as ort
 import torch
 
 import polyfuse as pf
-from peak import fma_round
+from peak import fma_rounds
 from timing import interleaved_times
 
 # benchmarks/kernels.py would shadow the `kernels` package that transformers imports.
@@ -168,12 +168,13 @@ def conv_table(name: str, path: str, compiled: object, feed: dict, threads: int)
     epilogue), its rate the direct convolution's flops over their time (an effective
     rate, which can pass the peak: the method does fewer multiplications). The peak is
     the FMA loop's, timed in alternation with the profile's runs."""
-    run_peak, peak_flops = fma_round(threads)
+    run_peak, peak_rate = fma_rounds(threads)
     profiles: list[list[tuple[str, float]]] = []
 
     def profile() -> None:
         profiles.append(compiled.profile(feed, repeat=1))   # type: ignore[attr-defined]
-    peak = peak_flops / interleaved_times({"profile": profile, "peak": run_peak}, 9, calls=1)["peak"] / 1e9
+    interleaved_times({"profile": profile, "peak": run_peak}, 9, calls=1)
+    peak = peak_rate()
     runs = profiles[1:]   # (the first was the warm-up)
     kernels = [(label, float(np.median([p[k][1] for p in runs]))) for k, (label, _) in enumerate(runs[0])]
     flops = conv_flops(path)
