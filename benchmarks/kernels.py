@@ -6,9 +6,8 @@
 For each kernel: the compile time (specialization: scheduling, LLVM, JIT), the
 median time of --repeat runs after a warm-up for polyfuse and for numpy (timed in
 alternation), the rate (GFLOP/s or GB/s of compulsory traffic), GFLOP/s as a fraction of
-the FMA peak on as many threads (``peak.py``: its register-only loop, timed in the same
-alternation, so that the machine's drifts of speed do not count), and speed-up = numpy
-time / polyfuse time. The OpenBLAS variables are unset because they select numpy's slower
+the FMA peak on as many threads (``peak.py``, measured just before the kernel is timed:
+the machine's speed drifts), and speed-up = numpy time / polyfuse time. The OpenBLAS variables are unset because they select numpy's slower
 kernels; OpenBLAS's threads sleep soon after a call (``OPENBLAS_THREAD_TIMEOUT``), as
 polyfuse's do, instead of spinning on the cores the next polyfuse run needs.
 """
@@ -26,7 +25,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before numpy loads Open
 import numpy as np
 
 import polyfuse as pf
-from peak import fma_peak, fma_rounds
+from peak import fma_peak
 from polyfuse.runtime import native
 from timing import interleaved_times
 
@@ -120,8 +119,7 @@ def main() -> None:
     wanted = set(filter(None, args.only.split(",")))
     rng = np.random.default_rng(0)
     threads = native.get_num_threads()
-    print(f"FMA peak on {threads} threads: {fma_peak(threads):.1f} GFLOP/s now; 'of peak' divides by "
-          f"the peak timed in alternation with each kernel (its 'peak' column)")
+    print(f"FMA peak on {threads} threads: measured before each kernel (its 'peak' column)")
     print(f"{'kernel':<12} {'compile s':>9} {'polyfuse ms':>12} {'numpy ms':>9} "
           f"{'rate':>16} {'of peak':>8} {'peak':>6} {'vs numpy':>9}")
     for case in CASES:
@@ -132,18 +130,14 @@ def main() -> None:
         t = time.perf_counter()
         spec = kernel.specialize(*inputs)
         compile_s = time.perf_counter() - t
-        run_peak, peak_rate = fma_rounds(threads)
-        # the peak after polyfuse's run, not numpy's (OpenBLAS's threads spin on the cores
-        # for a moment after a call: 3% off a peak run straight after one)
-        fns = {"ours": lambda: spec(*inputs), "peak": run_peak} if case.unit == "GFLOP/s" else \
-            {"ours": lambda: spec(*inputs)}
-        times = interleaved_times({**fns, "numpy": lambda: case.numpy(*inputs)}, args.repeat, calls=1)
+        peak = fma_peak(threads) if case.unit == "GFLOP/s" else 0.0
+        times = interleaved_times({"ours": lambda: spec(*inputs), "numpy": lambda: case.numpy(*inputs)},
+                                  args.repeat, calls=1)
         ours, ref = times["ours"], times["numpy"]
         got = spec(*inputs)
         got = got[0] if isinstance(got, tuple) else got
         np.testing.assert_allclose(got, case.numpy(*inputs), rtol=2e-3, atol=2e-3)
         rate = case.work / ours / 1e9
-        peak = peak_rate() if "peak" in times else 0.0
         of_peak, peak_col = (f"{rate / peak:7.0%}", f"{peak:6.0f}") if peak else ("", "")
         print(f"{case.name:<12} {compile_s:9.2f} {ours * 1e3:12.2f} {ref * 1e3:9.2f} "
               f"{rate:9.1f} {case.unit:<6} {of_peak:>8} {peak_col:>6} {ref / ours:8.2f}x", flush=True)

@@ -4,18 +4,16 @@ with LLVM for the host CPU and run on 1..N threads at once.
 
     python benchmarks/peak.py [--threads 2]
 
-The benchmarks report kernels' GFLOP/s as a fraction of this number, measured in
-alternation with each kernel (``fma_rounds``).
+The benchmarks report kernels' GFLOP/s as a fraction of this number (``fma_peak``),
+measured just before each kernel is timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
 import threading
 import time
-from collections.abc import Callable
 from functools import lru_cache
 
 import llvmlite.binding as llvm
@@ -72,49 +70,30 @@ def _kernel() -> tuple[ctypes.CFUNCTYPE, int, object]:
     return fn, w, engine
 
 
-@lru_cache(maxsize=None)
 def fma_peak(threads: int = 1) -> float:
-    """The peak of ``threads`` cores: the GFLOP/s of that many threads each running the FMA
-    loop at once, or that many times one thread's, whichever is higher (a core another
-    process is using makes the first too low)."""
+    """The peak of ``threads`` cores now: the GFLOP/s of that many threads each running the
+    FMA loop at once, or that many times one thread's, whichever is higher (a core another
+    process is using makes the first too low). Measured afresh on each call (about a
+    quarter of a second): a virtual machine's speed drifts by 15-30% over minutes, so the
+    benchmarks measure it just before each kernel they divide by it."""
     alone = _measured(1)
     return max(alone * threads, _measured(threads)) if threads > 1 else alone
 
 
-def fma_rounds(threads: int, settle: float = 0.002) -> tuple[Callable[[], None], Callable[[], float]]:
-    """``run``, which runs the FMA loop once on ``threads`` threads at once (about 16 ms
-    on a 3 GHz AVX-512 core), and ``rate``, the median GFLOP/s of the runs so far. Run in
-    alternation with a kernel (``timing.interleaved_times``), it gives the peak at the
-    speed the machine ran the kernel at: a virtual machine's speed drifts by 15-30% over
-    minutes, which a peak measured once would count against (or for) the kernels timed
-    later. Each run first waits ``settle`` seconds, untimed: the threads of the kernel run
-    just before (polyfuse's, OpenBLAS's) spin for a millisecond or so before they sleep,
-    and would take cycles from the loop (up to 15% of a run right after a matmul)."""
+def _measured(threads: int) -> float:
+    """GFLOP/s of ``threads`` threads each running the FMA loop (best of 5 runs)."""
     fn, lanes, _ = _kernel()
     flops = 2.0 * lanes * ACCUMULATORS * ITERATIONS * threads
-    seconds: list[float] = []
-
-    def run() -> None:
-        time.sleep(settle)
+    best = float("inf")
+    for _ in range(5):
         workers = [threading.Thread(target=fn, args=(ITERATIONS,)) for _ in range(threads)]
         start = time.perf_counter()
         for t in workers:
             t.start()   # ctypes releases the GIL for the call
         for t in workers:
             t.join()
-        seconds.append(time.perf_counter() - start)
-
-    def rate() -> float:
-        return flops / statistics.median(seconds) / 1e9
-    return run, rate
-
-
-def _measured(threads: int) -> float:
-    """GFLOP/s of ``threads`` threads each running the FMA loop (median of 5 runs)."""
-    run, rate = fma_rounds(threads)
-    for _ in range(5):
-        run()
-    return rate()
+        best = min(best, time.perf_counter() - start)
+    return flops / best / 1e9
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ import onnxruntime as ort
 import torch
 
 import polyfuse as pf
-from peak import fma_rounds
+from peak import fma_peak
 from timing import interleaved_times
 
 # benchmarks/kernels.py would shadow the `kernels` package that transformers imports.
@@ -167,23 +167,14 @@ def conv_table(name: str, path: str, compiled: object, feed: dict, threads: int)
     F(m x m, 3x3) is its three kernels (input transform, products, output transform and
     epilogue), its rate the direct convolution's flops over their time (an effective
     rate, which can pass the peak: the method does fewer multiplications). The peak is
-    the FMA loop's, timed in alternation with the profile's runs."""
-    run_peak, peak_rate = fma_rounds(threads)
-    profiles: list[list[tuple[str, float]]] = []
-
-    def profile() -> None:
-        profiles.append(compiled.profile(feed, repeat=1))   # type: ignore[attr-defined]
-    interleaved_times({"profile": profile, "peak": run_peak}, 9, calls=1)
-    peak = peak_rate()
-    runs = profiles[1:]   # (the first was the warm-up)
-    kernels = [(label, float(np.median([p[k][1] for p in runs]))) for k, (label, _) in enumerate(runs[0])]
+    measured just before the profile runs."""
+    peak = fma_peak(threads)
     flops = conv_flops(path)
-    lines = [f"\n{name}: 3x3 convolutions, {threads} thread(s), FMA peak {peak:.0f} GFLOP/s "
-             f"(timed in alternation with the model's runs)",
+    lines = [f"\n{name}: 3x3 convolutions, {threads} thread(s), FMA peak {peak:.0f} GFLOP/s",
              f"{'kernel':<44} | {'conv':<22} | {'ms':>6} | {'GFLOP/s':>7} | of peak | method"]
     spent: dict[str, float] = {}
     winograd: set[str] = set()
-    for label, seconds in kernels:
+    for label, seconds in compiled.profile(feed, repeat=9):   # type: ignore[attr-defined]
         names = label.split("[", 1)[-1].rstrip("]").split()
         conv_of_part = names[0].rsplit("/winograd_", 1)[0]   # its input transform or products
         if len(names) == 1 and conv_of_part != names[0]:
