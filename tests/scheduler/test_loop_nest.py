@@ -105,12 +105,17 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
         b = rng.standard_normal((depth, 1024)).astype(np.float32)
         assert f"local float32{box}" in kernel.specialize(a, b).stages["loops"]  # packed
         np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=3e-3)
-    # Aᵀ·B packs its broadcast operand too, which would grow with the depth: 256 columns
-    # of 512 steps stay
+    # Aᵀ·B packs its broadcast operand too, a copy per column tile that would grow with the
+    # depth: wider tiles of shallower panels instead (512 columns of 256 steps)
     sizes = {"M": 1100, "K": 1500, "N": 1024}
     d, tn = nest(TN, "tn", sizes)
     tiles = dict(tn.to_named(default_options(d, sizes, 512)).tile_sizes)
-    assert (tiles["k"], tiles["n"]) == (512, 256)
+    assert (tiles["k"], tiles["n"]) == (256, 512)
+    a = rng.standard_normal((1500, 1100)).astype(np.float32)
+    b = rng.standard_normal((1500, 1024)).astype(np.float32)
+    transposed = pf.define(TN, target="host").tn
+    assert "A_packed" in transposed.specialize(a, b).stages["loops"]
+    np.testing.assert_allclose(transposed(a, b), a.T @ b, rtol=1e-3, atol=3e-3)
     # 64 rows sweep 64 KiB per panel: the usual 128-step panels
     small = dict(MM_SIZES, M=64, K=1500)
     d, mm = nest(MM, "mm", small)
