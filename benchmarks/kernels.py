@@ -7,9 +7,10 @@ For each kernel: the compile time (specialization: scheduling, LLVM, JIT), the
 median time of --repeat runs after a warm-up for polyfuse and for numpy (timed in
 alternation), the rate (GFLOP/s or GB/s of compulsory traffic), GFLOP/s as a fraction of
 the FMA peak on as many threads (``peak.py``, measured just before the kernel is timed:
-the machine's speed drifts), and speed-up = numpy time / polyfuse time. The OpenBLAS variables are unset because they select numpy's slower
-kernels; OpenBLAS's threads sleep soon after a call (``OPENBLAS_THREAD_TIMEOUT``), as
-polyfuse's do, instead of spinning on the cores the next polyfuse run needs.
+the machine's speed drifts), and speed-up = numpy time / polyfuse time. The OpenBLAS
+variables are unset because they select numpy's slower kernels; OpenBLAS's threads sleep
+soon after a call (``OPENBLAS_THREAD_TIMEOUT``), as polyfuse's do, instead of spinning on
+the cores the next polyfuse run needs.
 """
 
 from __future__ import annotations

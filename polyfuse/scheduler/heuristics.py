@@ -226,13 +226,13 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             and extents[first] >= 4 * PARALLEL_TILES)
         if rows_first and extents[vec] <= CACHE_COLS:
             cols = extents[vec]
+        block = _register_block(reads, extents, jam, vec, red)[1] * width   # its columns
         if math.prod(extents[i] for i in others) <= CACHE_ROWS:
             # few rows (a 7x7 map's 49), all in one cache tile: each packed element of
             # the vector operand serves only those rows, so the kernel streams it from
             # memory. A column tile of one register block makes each thread's stream one
             # sequential pass over its panels, each reused from L1 by every row (ResNet-50's
             # 3x3 convolutions of 7x7 maps: 1.2x faster in the model on two threads)
-            block = _register_block(reads, extents, jam, vec, red)[1] * width
             if extents[vec] % block == 0 and extents[vec] // block >= PARALLEL_TILES:
                 cols, rows_first = block, False
         # the output a reduction panel sweeps: every row, a tile of columns; each panel
@@ -241,34 +241,13 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         swept = math.prod(extents[i] for i in others) * cols * element_bytes
         # (a whole reduction not much deeper than a panel stays untiled, unless its box
         # would outgrow a deep panel's)
-        steps, most = ((DEEP_BYTES // (cols * element_bytes),) * 2 if swept > SWEPT_BYTES
-                       else (CACHE_DEPTH, 2 * CACHE_DEPTH))
-        total = math.prod(extents[i] for i in red)
-        in_place = all(depth in _names(r.indices[-1]) for r in reads if r not in vec_reads)
-        if swept > SWEPT_BYTES and total > steps and in_place:
-            # a reduction deeper than a deep panel, its broadcast operand read in place
-            # along its rows (A(m, k), not packed): narrower columns for deeper panels (the
-            # box stays DEEP_BYTES), so each output is loaded and stored fewer times and
-            # each row's scalars serve more steps. Two register blocks wide, or one where
-            # that holds the whole reduction (SGEMM on two threads: 1024 1.04x, 2048
-            # 1.09x, 4096 1.02-1.04x, A·Bᵀ 1024 1.06x; one block on 1024 gains nothing).
-            # A packed broadcast operand (A(k, m) of Aᵀ·B) would grow with the depth: 0.8x
-            block = _register_block(reads, extents, jam, vec, red)[1] * width
-            narrow = next((b * block for b in range(DEEP_BLOCKS, 0, -1)
-                           if DEEP_BYTES // (b * block * element_bytes) >= total), DEEP_BLOCKS * block)
-            if cols > narrow and extents[vec] % narrow == 0:
-                cols = narrow
-                steps = most = DEEP_BYTES // (cols * element_bytes)
-        elif swept > SWEPT_BYTES and total > steps:
-            # the same, its broadcast operand packed (A(k, m) of Aᵀ·B): each copy of its
-            # rows serves one column tile, so wider tiles of shallower panels (the box stays
-            # DEEP_BYTES) copy it fewer times (Aᵀ·B 1024: 1.08x on two threads, 1.12x on
-            # one; 2048: 1.05x)
-            wide = 2 * cols
-            if extents[vec] % wide == 0 and extents[vec] // wide >= PARALLEL_TILES \
-                    and (extents[vec] // wide) % PARALLEL_TILES == 0:
-                cols = wide
-                steps = most = DEEP_BYTES // (cols * element_bytes)
+        if swept > SWEPT_BYTES:
+            in_place = all(depth in _names(r.indices[-1]) for r in reads if r not in vec_reads)
+            cols = _deep_columns(cols, extents[vec], math.prod(extents[i] for i in red), block,
+                                 in_place, element_bytes)
+            steps = most = DEEP_BYTES // (cols * element_bytes)
+        else:
+            steps, most = CACHE_DEPTH, 2 * CACHE_DEPTH
         tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most)}
         # BLIS's loop order: column panels (on the threads), then reduction panels, then
         # rows, so a packed panel of the vector operand serves every row of the output;
@@ -303,6 +282,31 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         register_tile=nest.per_member(registers), point_order=nest.order(order), vector_width=vw,
         tile_order=nest.order(tile_order),
         unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
+
+
+def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: bool,
+                  element_bytes: int) -> int:
+    """The column tile of a deep panel (a box of :data:`DEEP_BYTES` of the vector operand)
+    over ``columns`` columns and a reduction of ``total`` steps, register blocks of
+    ``block`` columns; ``cols`` where the panel holds the whole reduction."""
+    if DEEP_BYTES // (cols * element_bytes) >= total:
+        return cols
+    if in_place:
+        # the broadcast operand read in place along its rows (A(m, k), not packed):
+        # narrower columns for deeper panels, so each output is loaded and stored fewer
+        # times and each row's scalars serve more steps. Two register blocks wide, or one
+        # where that holds the whole reduction (SGEMM on two threads: 1024 1.04x, 2048
+        # 1.09x, 4096 1.02-1.04x, A·Bᵀ 1024 1.06x; one block on 1024 gains nothing). A
+        # packed broadcast operand (A(k, m) of Aᵀ·B) would grow with the depth: 0.8x
+        narrow = next((b * block for b in range(DEEP_BLOCKS, 0, -1)
+                       if DEEP_BYTES // (b * block * element_bytes) >= total), DEEP_BLOCKS * block)
+        return narrow if cols > narrow and columns % narrow == 0 else cols
+    # the broadcast operand packed (A(k, m) of Aᵀ·B): each copy of its rows serves one
+    # column tile, so wider tiles of shallower panels copy it fewer times (Aᵀ·B 1024:
+    # 1.08x on two threads, 1.12x on one; 2048: 1.05x)
+    tiles = columns // (2 * cols)
+    whole = columns % (2 * cols) == 0 and tiles >= PARALLEL_TILES and tiles % PARALLEL_TILES == 0
+    return 2 * cols if whole else cols
 
 
 def _register_block(reads: list[Read], extents: dict[str, int], jam: str, vec: str,

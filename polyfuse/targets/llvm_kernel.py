@@ -270,7 +270,7 @@ class KernelEmitter:
         fn = self.prefetch_intrinsic()
         for r in reads.values():
             at = b.bitcast(self.address(r, first, b), _I8P)
-            for line in range(0, PREFETCH_BYTES, 64):
+            for line in range(0, PREFETCH_BYTES, LINE):
                 b.call(fn, [b.gep(at, [ir.Constant(I64, PREFETCH_AHEAD + line)]), *_INTO_L2])
 
     def loop_metadata(self, s: For) -> ir.MDValue:

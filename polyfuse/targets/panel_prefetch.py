@@ -28,6 +28,7 @@ from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal,
 from polyfuse.ir.loops import For, If, LoopKernel, Stmt, TileProduct, constant_trips, stmt_nodes
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import affine
+from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop, span
 
 LINE = 64
 # cache lines one pass prefetches at most: a larger panel per pass (a matmul's deep panel,
@@ -42,9 +43,12 @@ class PanelPrefetch:
     """Each pass of a loop prefetches ``lines`` cache lines of the next panel of ``tensor``,
     pass ``i`` from line ``i * lines`` of the panel that starts at element ``first``."""
 
-    tensor: str
     first: Read
     lines: int
+
+    @property
+    def tensor(self) -> str:
+        return self.first.tensor
 
 
 def panel_prefetches(loop: For, enclosing: tuple[For, ...], kernel: LoopKernel) -> list[PanelPrefetch]:
@@ -52,15 +56,15 @@ def panel_prefetches(loop: For, enclosing: tuple[For, ...], kernel: LoopKernel) 
     ``enclosing``, outermost first) share and that the next step of an enclosing loop moves
     to: per tensor, where ``loop`` is the innermost loop around its micro-kernel that its
     reads do not move with."""
-    passes = _constant(loop)
-    if passes is None or passes[1] < 2 or loop.vector > 1 or \
+    passes = constant_trips(loop)
+    if not passes or passes < 2 or loop.vector > 1 or \
             not any(b.packing is not None for b in kernel.buffers):
         return []
     found: dict[str, PanelPrefetch] = {}
     for read, path in _packed_reads(loop.body, (), kernel):
         if read.tensor in found or any(read.is_checked(d) for d in range(len(read.indices))):
             continue
-        got = _panel(loop, passes[1], read, path, enclosing, kernel)
+        got = _panel(loop, passes, read, path, enclosing, kernel)
         if got is not None:
             found[read.tensor] = got
     return list(found.values())
@@ -76,21 +80,24 @@ def _panel(loop: For, passes: int, read: Read, path: tuple[For, ...], enclosing:
         return None
     # the innermost loop that shares the panel: no loop inside it, around the reduction's
     # last loop, runs several passes over the same panel
-    if any(lp.vector <= 1 and lp.var not in moves and (_constant(lp) or (0, 0))[1] > 1
+    if any(lp.vector <= 1 and lp.var not in moves and (constant_trips(lp) or 0) > 1
            and path.index(lp) < path.index(steps[-1]) for lp in path):
         return None
     tile = next((lp for lp in reversed(enclosing) if lp.var in moves), None)
-    span = _span(read, path, kernel)
-    if tile is None or span is None:
+    loops = [constant_loop(lp) for lp in path]
+    if tile is None or None in loops:
         return None
-    lines = math.ceil(span / LINE / passes)
+    bytes_ = _panel_bytes(read, loops, kernel)   # type: ignore[arg-type]
+    if bytes_ is None:
+        return None
+    lines = math.ceil(bytes_ / LINE / passes)
     if lines > SPREAD_LINES:
         return None
-    at: dict[str, Expr] = {lp.var: Literal(_constant(lp)[0], _I64) for lp in path}  # type: ignore[index]
+    at: dict[str, Expr] = {lp.var: Literal(lp.lo, _I64) for lp in loops}  # type: ignore[union-attr]
     at[tile.var] = Binary(BinaryOp.ADD, IndexVar(tile.var, _I64), Literal(tile.step, _I64), _I64)
     first = map_expr(read, lambda e: at.get(e.name, e) if isinstance(e, IndexVar) else e)
     assert isinstance(first, Read)
-    return PanelPrefetch(read.tensor, first, lines)
+    return PanelPrefetch(first, lines)
 
 
 def _packed_reads(body: tuple[Stmt, ...], path: tuple[For, ...],
@@ -107,33 +114,21 @@ def _packed_reads(body: tuple[Stmt, ...], path: tuple[For, ...],
     return out
 
 
-def _span(read: Read, path: tuple[For, ...], kernel: LoopKernel) -> int | None:
-    """Bytes from the first to past the last element ``read`` reaches as the loops ``path``
-    run (a panel); None unless they have constant bounds and move it affinely."""
+def _panel_bytes(read: Read, loops: list[ConstantLoop], kernel: LoopKernel) -> int | None:
+    """Bytes from the first to past the last element ``read`` reaches as ``loops`` run (a
+    panel); None unless they move it affinely."""
     buf = kernel.buffer(read.tensor)
-    bounds = {lp.var: _constant(lp) for lp in path}
-    if any(b is None for b in bounds.values()):
-        return None
-    span = 0
+    moving = {lp.var for lp in loops}
+    reach = 0
     for index, stride in zip(read.indices, buf.strides):
-        if not _index_vars(index) & bounds.keys():
+        if not _index_vars(index) & moving:
             continue
         form = affine(index)
         if form is None:
             return None
-        span += sum(abs(c) * stride * (bounds[v][1] - 1) * _step(path, v)  # type: ignore[index]
-                    for v, c in form.items() if v in bounds)
-    return (span + 1) * np.dtype(buf.dtype.numpy).itemsize
-
-
-def _constant(lp: For) -> tuple[int, int] | None:
-    """``(lo, trips)`` of a loop with literal bounds."""
-    trips = constant_trips(lp)
-    return (int(lp.lo.value), trips) if trips else None  # type: ignore[attr-defined]
-
-
-def _step(path: tuple[For, ...], var: str) -> int:
-    return next(lp.step for lp in path if lp.var == var)
+        lo, hi = span({v: c for v, c in form.items() if v in moving}, tuple(loops))
+        reach += (hi - lo) * stride
+    return (reach + 1) * np.dtype(buf.dtype.numpy).itemsize
 
 
 def _index_vars(e: Read | Expr) -> set[str]:
