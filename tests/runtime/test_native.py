@@ -211,6 +211,37 @@ def test_empty_aligned_frees_its_memory_with_the_last_view():
     assert native.aligned_buffers_live() == before
 
 
+def _mapping_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding ``address`` in /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc")
+def test_large_buffers_start_on_huge_pages_and_ask_for_them():
+    before = native.set_huge_pages(True)
+    try:
+        small = native.empty_aligned((1 << 19) - 16, np.float32)   # just under 2 MiB
+        large = native.empty_aligned((3, 1 << 19), np.float32)      # 6 MiB
+        large[...] = 2.0
+        assert large.ctypes.data % (2 << 20) == 0 and small.ctypes.data % (2 << 20) != 0
+        assert "hg" in _mapping_flags(large.ctypes.data)            # MADV_HUGEPAGE
+        assert native.set_huge_pages(False) is True
+        plain = native.empty_aligned((3, 1 << 19), np.float32)      # a separate pool entry
+        assert plain.ctypes.data % (2 << 20) != 0
+        np.testing.assert_array_equal(large, np.full((3, 1 << 19), 2.0, np.float32))
+    finally:
+        native.set_huge_pages(before)
+
+
 def test_empty_aligned_rejects_bad_requests():
     with pytest.raises(ValueError, match="power of two"):
         native.empty_aligned(4, np.float32, 48)
