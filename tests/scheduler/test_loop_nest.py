@@ -76,8 +76,12 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     # one tile of columns covers the 28 outputs of a row (too few to split over threads);
     # the 64 output channels (far apart in the weights, sliding no window) jam 6 at a time
     assert dict(named.tile_sizes)["w"] == 28 and dict(named.register_tile)["m"] == 6
-    # 64 channels by 3 x 3 taps: 8 channels make a tile of about 128 steps
-    assert dict(named.tile_sizes)["c"] == 8
+    # 64 channels by 3 x 3 taps over 28 columns: a 63 KiB box of the weights, whole; 1024
+    # channels' would take 1 MiB: 8 channels make a tile of about 128 steps
+    assert dict(named.tile_sizes)["c"] == 0
+    deep = dict(CONV_SIZES, C=1024)
+    d, conv = nest(CONV, "conv", deep)
+    assert dict(conv.to_named(default_options(d, deep, 512)).tile_sizes)["c"] == 8
     assert named.point_order == ("c", "kh", "kw", "n", "h", "m", "w")
     assert dict(conv.to_named(default_gpu_options(d, CONV_SIZES)).tile_sizes) == {
         "n": 1, "m": 1, "h": 32, "w": 32, "c": 32, "kh": 0, "kw": 0}
@@ -116,10 +120,27 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
     transposed = pf.define(TN, target="host").tn
     assert "A_packed" in transposed.specialize(a, b).stages["loops"]
     np.testing.assert_allclose(transposed(a, b), a.T @ b, rtol=1e-3, atol=3e-3)
-    # 64 rows sweep 64 KiB per panel: the usual 128-step panels
-    small = dict(MM_SIZES, M=64, K=1500)
+    # 64 rows sweep 64 KiB per panel: the usual 128-step panels, where the whole
+    # reduction's box of B (4000 steps of 64 columns: 1 MiB) would outgrow 768 KiB
+    small = dict(MM_SIZES, M=64, K=4000)
     d, mm = nest(MM, "mm", small)
     assert dict(mm.to_named(default_options(d, small, 512)).tile_sizes)["k"] == 128
+
+
+def test_a_reduction_whose_whole_box_fits_l2_stays_untiled():
+    # 700 steps of 256 columns (700 KiB of B): one panel, one pass over each output tile,
+    # instead of panels of 128 steps (a transformer's 768-deep products)
+    sizes = {"M": 100, "K": 700, "N": 512}
+    d, mm = nest(MM, "mm", sizes)
+    tiles = dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)
+    assert (tiles["k"], tiles["n"]) == (0, 256)
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((100, 700)).astype(np.float32)
+    b = rng.standard_normal((700, 512)).astype(np.float32)
+    np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=3e-3)
+    deeper = dict(sizes, K=900)   # 900 KiB: panels of 128 steps
+    d, mm = nest(MM, "mm", deeper)
+    assert dict(mm.to_named(default_options(d, deeper, 512)).tile_sizes)["k"] == 128
 
 
 @pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 6), (197, 6), (56, 6), (46, 4), (28, 4)])
