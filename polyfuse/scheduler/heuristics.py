@@ -248,11 +248,15 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
                                  in_place, element_bytes)
             steps = most = DEEP_BYTES // (cols * element_bytes)
         else:
-            # a whole reduction whose box of the vector operand fits WHOLE_BYTES stays
-            # untiled: one pass over the output instead of one per panel (BERT's and
-            # ViT-B/16's 768-deep products over 256-column tiles: 197 x 768 x 3072 1.11x,
-            # ViT-B/16 1.06x on two threads and 1.025x on one; the CNNs unchanged)
-            steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, WHOLE_BYTES // (cols * element_bytes))
+            # a product's whole reduction (no window slides) whose box of the vector operand
+            # fits WHOLE_BYTES stays untiled: one pass over the output instead of one per
+            # panel (BERT's and ViT-B/16's 768-deep products over 256-column tiles: 197 x
+            # 768 x 3072 1.11x, ViT-B/16 1.06x on two threads and 1.025x on one; ResNet-50's
+            # 1x1 convolutions: 1.02x). A 3x3 convolution keeps its panels of a few
+            # channels, which L1 holds for every row of the window (ResNet-50's 7x7 maps:
+            # 1.13x slower with 4608 steps whole)
+            whole = 0 if _slides(reads, set(lhs), set(red)) else WHOLE_BYTES
+            steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
         tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most)}
         # BLIS's loop order: column panels (on the threads), then reduction panels, then
         # rows, so a packed panel of the vector operand serves every row of the output;
