@@ -19,8 +19,9 @@ bytes ahead into L2 (:meth:`KernelEmitter.prefetch_packed`): weights that come f
 memory (evicted by the kernels between two runs, each used by few rows) then arrive
 before the micro-kernel waits for them. Where several register blocks share a panel of
 a few KiB (a 3x3 convolution's rows of a 7x7 map), each block's pass prefetches its own
-slice of the next panel instead (:mod:`.panel_prefetch`). Panels a kernel packs itself
-were just written and are not prefetched.
+slice of the next panel instead, as it starts, or a line at a time through its reduction
+loop where the slice is larger (a product's rows; :mod:`.panel_prefetch`). Panels a
+kernel packs itself were just written and are not prefetched.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class KernelEmitter:
         self.n_loops = 0
         self.enclosing: list[For] = []    # the loops around the statement being emitted
         self.spread: set[str] = set()     # prepacked tensors an enclosing loop prefetches
+        # loops (by index) whose iterations stream a slice of a next panel: its address, the panel
+        self.spreading: dict[str, list[tuple[ir.Value, PanelPrefetch]]] = {}
 
     # --- entry points ---
     def emit(self) -> ir.Function:
@@ -218,6 +221,8 @@ class KernelEmitter:
         b.cbranch(b.icmp_signed("<", iv, hi), body, exit_)
         b.position_at_end(body)
         inner = _Scope(scope.buffers, {**scope.values, s.var: iv}, scope.locals)
+        for at, p in self.spreading.pop(s.var, []):
+            self.prefetch_spread(at, p, iv, b)
         panels = [p for p in panel_prefetches(s, tuple(self.enclosing), self.kernel)
                   if p.tensor not in self.spread]
         self.prefetch_panels(s, iv, panels, inner, b)
@@ -225,6 +230,9 @@ class KernelEmitter:
         self.enclosing.append(s)
         self.spread |= added
         self.body(s.body, inner, b)
+        for p in panels:   # (a reduction loop the body did not emit as a loop streams nothing)
+            if p.over is not None:
+                self.spreading.pop(p.over.var, None)
         self.spread -= added
         self.enclosing.pop()
         nxt = b.add(iv, ir.Constant(I64, s.step), flags=["nsw"])
@@ -244,8 +252,19 @@ class KernelEmitter:
         for p in panels:   # (the last panel's next lies past the buffer: a hint, no fault)
             at = b.bitcast(self.address(p.first, scope, b, inbounds=False), _I8P)
             at = b.gep(at, [b.mul(index, ir.Constant(I64, p.lines * LINE))])
+            if p.over is not None:   # spread over the reduction loop's iterations
+                self.spreading.setdefault(p.over.var, []).append((at, p))
+                continue
             for line in range(p.lines):
                 b.call(fn, [b.gep(at, [ir.Constant(I64, line * LINE)]), *_INTO_L2])
+
+    def prefetch_spread(self, at: ir.Value, p: PanelPrefetch, iv: ir.Value, b: ir.IRBuilder) -> None:
+        """In iteration ``j`` of ``p.over``: line ``j * lines / trips`` of the pass's slice
+        at ``at``, so the slice's lines stream evenly through the pass."""
+        assert p.over is not None
+        j = b.sdiv(b.sub(iv, ir.Constant(I64, p.over.lo)), ir.Constant(I64, p.over.step))
+        line = b.sdiv(b.mul(j, ir.Constant(I64, p.lines)), ir.Constant(I64, p.over.trips))
+        b.call(self.prefetch_intrinsic(), [b.gep(at, [b.mul(line, ir.Constant(I64, LINE))]), *_INTO_L2])
 
     def prefetch_intrinsic(self) -> ir.Function:
         return self.module.globals.get(PREFETCH) or ir.Function(

@@ -45,11 +45,45 @@ def test_each_row_block_prefetches_its_slice_of_the_next_panel():
     assert panel_prefetches(rows, (), kernel) == []
 
 
-def test_a_panel_too_large_for_a_pass_keeps_the_prefetch_of_every_read(monkeypatch):
+def test_a_slice_too_large_for_one_burst_streams_through_the_reduction_loop(monkeypatch):
     kernel = parse_kernel(CONV)
     depth: For = kernel.body[0]       # type: ignore[assignment]
+    (burst,) = panel_prefetches(depth.body[0], (depth,), kernel)   # type: ignore[arg-type]
+    assert burst.over is None
     monkeypatch.setattr(panel_prefetch, "SPREAD_LINES", 2)
-    assert panel_prefetches(depth.body[0], (depth,), kernel) == []   # type: ignore[arg-type]
+    (streamed,) = panel_prefetches(depth.body[0], (depth,), kernel)   # type: ignore[arg-type]
+    # the same 3 lines per pass, over the 8 steps of the pass's reduction loop c
+    assert streamed.lines == 3 and streamed.first == burst.first
+    assert streamed.over is not None and (streamed.over.var, streamed.over.trips) == ("c", 8)
+
+
+def _matmul_model(weights: np.ndarray, rows: int) -> bytes:
+    depth, cols = weights.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, depth])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, cols])],
+        [numpy_helper.from_array(weights, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("target", ["host", AARCH64])
+def test_a_product_streams_the_next_weight_panel_through_each_row_blocks_reduction(target, monkeypatch):
+    import onnxruntime as ort
+    monkeypatch.setenv("POLYFUSE_CACHE_DIR", "")
+    monkeypatch.setattr(cpu, "_COMPILED", {})
+    rng = np.random.default_rng(8)
+    weights = (rng.standard_normal((300, 256)) * 0.05).astype(np.float32)
+    model = _matmul_model(weights, 100)   # 100 rows: blocks of 6 share each column block's panel
+    x = rng.standard_normal((100, 300)).astype(np.float32)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = pf.compile(model, target=target)
+    np.testing.assert_allclose(compiled(x), want, rtol=1e-3, atol=1e-4)
+    # each of the 300 reduction steps prefetches line j * lines / 300 of its pass's slice
+    # (more lines than one burst takes)
+    streams = re.findall(r'= mul i64 %"[^"]+", (\d+)\n\s+%"[^"]+" = sdiv i64 %"[^"]+", 300\n',
+                         compiled.dump("llvm"))
+    assert streams and all(int(lines) > panel_prefetch.SPREAD_LINES for lines in streams)
 
 
 def _conv_model(channels: int, size: int, weights: np.ndarray) -> bytes:
@@ -82,8 +116,8 @@ def test_a_convolution_of_a_small_map_prefetches_its_next_weight_panel_in_slices
     depth = int(re.search(r"for c1 in 0:\d+ step (\d+)", loops).group(1))
     calls = spread.dump("llvm").count('call void @"llvm.prefetch.p0"')
     assert calls == math.ceil(depth * 9 * columns * 4 / 64 / size)
-    monkeypatch.setattr(panel_prefetch, "SPREAD_LINES", 0)
+    monkeypatch.setattr(panel_prefetch, "SPREAD_LINES", 0)   # every slice streams instead
     cpu._COMPILED.clear()
-    every_read = pf.compile(model, target=target)
-    np.testing.assert_allclose(every_read(x), want, rtol=1e-3, atol=1e-4)
-    assert every_read.dump("llvm").count('call void @"llvm.prefetch.p0"') != calls
+    streamed = pf.compile(model, target=target)
+    np.testing.assert_allclose(streamed(x), want, rtol=1e-3, atol=1e-4)
+    assert streamed.dump("llvm").count('call void @"llvm.prefetch.p0"') != calls
