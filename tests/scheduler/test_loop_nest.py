@@ -135,9 +135,19 @@ def test_a_reduction_whose_whole_box_fits_l2_stays_untiled():
     a = rng.standard_normal((100, 700)).astype(np.float32)
     b = rng.standard_normal((700, 512)).astype(np.float32)
     np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=3e-3)
-    deeper = dict(sizes, K=900)   # 900 KiB: panels of 128 steps
+    # 900 steps (900 KiB): half the columns, 450 KiB, whole again
+    deeper = dict(sizes, K=900)
     d, mm = nest(MM, "mm", deeper)
-    assert dict(mm.to_named(default_options(d, deeper, 512)).tile_sizes)["k"] == 128
+    tiles = dict(mm.to_named(default_options(d, deeper, 512)).tile_sizes)
+    assert (tiles["k"], tiles["n"]) == (0, 128)
+    a = rng.standard_normal((100, 900)).astype(np.float32)
+    b = rng.standard_normal((900, 512)).astype(np.float32)
+    np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=3e-3)
+    # 2000 steps would take 1000 KiB even so: panels of 128 steps over 256 columns
+    deepest = dict(sizes, K=2000)
+    d, mm = nest(MM, "mm", deepest)
+    tiles = dict(mm.to_named(default_options(d, deepest, 512)).tile_sizes)
+    assert (tiles["k"], tiles["n"]) == (128, 256)
 
 
 @pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 6), (197, 6), (56, 6), (46, 4), (28, 4)])
