@@ -141,6 +141,20 @@ def test_a_reduction_whose_whole_box_fits_l2_stays_untiled(depth, steps, cols):
     np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=4e-3)
 
 
+def test_columns_split_evenly_over_the_threads_in_tiles_a_little_wider_than_a_cache_tile():
+    # 768 columns: two tiles of 384 (six 4-vector blocks each), one per thread, instead of
+    # six of 128; 640: two of 320; 600 would split into 300, not whole 4-vector blocks (and
+    # three or five tiles of 256 or 128 are odd): tiles of 64
+    rng = np.random.default_rng(12)
+    for cols, tile in [(768, 384), (640, 320), (600, 64)]:
+        sizes = {"M": 197, "K": 3072, "N": cols}
+        d, mm = nest(MM, "mm", sizes)
+        assert dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)["n"] == tile
+    a = rng.standard_normal((197, 3072)).astype(np.float32)
+    b = rng.standard_normal((3072, 768)).astype(np.float32)
+    np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=5e-3)
+
+
 @pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 6), (197, 6), (56, 6), (46, 4), (28, 4)])
 def test_rows_far_apart_jam_six_where_six_divide_them_or_they_are_many(rows, jammed):
     sizes = {"M": rows, "K": 300, "N": 200}
