@@ -250,10 +250,10 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         swept = math.prod(extents[i] for i in others) * cols * element_bytes
         # (a whole reduction not much deeper than a panel stays untiled, unless its box
         # would outgrow a deep panel's; below that, one whose box L2 holds whole)
+        total = math.prod(extents[i] for i in red)
         if swept > SWEPT_BYTES:
             in_place = all(depth in _names(r.indices[-1]) for r in reads if r not in vec_reads)
-            cols = _deep_columns(cols, extents[vec], math.prod(extents[i] for i in red), block,
-                                 in_place, element_bytes)
+            cols = _deep_columns(cols, extents[vec], total, block, in_place, element_bytes)
             steps = most = DEEP_BYTES // (cols * element_bytes)
         else:
             # a product's whole reduction (no window slides) whose box of the vector operand
@@ -264,12 +264,8 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             # channels, which L1 holds for every row of the window (ResNet-50's 7x7 maps:
             # 1.13x slower with 4608 steps whole)
             whole = 0 if _slides(reads, set(lhs), set(red)) else WHOLE_BYTES
-            # half the columns where that makes the whole reduction's box fit and leaves
-            # two register blocks (256 x 1024 x 1024 with Wᵀ: 1.07x, its GELU layer 1.09x)
-            total, half = math.prod(extents[i] for i in red), cols // 2
-            if not rows_first and total * cols * element_bytes > whole >= total * half * element_bytes \
-                    and half >= 2 * block and extents[vec] % half == 0:
-                cols = half
+            if not rows_first:
+                cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
             steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
         tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most)}
         # BLIS's loop order: column panels (on the threads), then reduction panels, then
@@ -330,6 +326,16 @@ def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: boo
     tiles = columns // (2 * cols)
     whole = columns % (2 * cols) == 0 and tiles >= PARALLEL_TILES and tiles % PARALLEL_TILES == 0
     return 2 * cols if whole else cols
+
+
+def _whole_columns(cols: int, columns: int, column_bytes: int, block: int, whole: int) -> int:
+    """Half of ``cols`` (of ``columns``; register blocks of ``block`` columns) where that
+    makes the whole reduction's box, ``column_bytes`` per column, fit ``whole`` bytes and
+    leaves two register blocks (256 x 1024 x 1024 with Wᵀ: 1.07x, its GELU layer 1.09x);
+    else ``cols``."""
+    half = cols // 2
+    fits = cols * column_bytes > whole >= half * column_bytes
+    return half if fits and half >= 2 * block and columns % half == 0 else cols
 
 
 def _register_block(reads: list[Read], extents: dict[str, int], jam: str, vec: str,
