@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from polyfuse.errors import OptionError
 from polyfuse.scheduler.options import THREADS_MAX, number
 
 try:
@@ -148,7 +149,10 @@ def set_huge_pages(on: bool) -> bool:
     returns the previous setting. A kernel that strides through megabytes (a GEMM's
     packing of a row-major operand, one page per row at 4 KiB pages) then misses the TLB
     once per 2 MiB: SGEMM 1024 to 2048 with a huge-page output runs 1-2% faster on two
-    threads. Where THP is off (``never``) the advice does nothing."""
+    threads. Where THP is off (``never``) the advice does nothing. ``on`` must be a bool
+    (else an :class:`~polyfuse.errors.OptionError`)."""
+    if not isinstance(on, (bool, np.bool_)):
+        raise OptionError(f"set_huge_pages() needs True or False, got {on!r}")
     return bool(_native.set_huge_pages(bool(on)))
 
 

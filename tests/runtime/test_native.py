@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from polyfuse.errors import OptionError
 from polyfuse.runtime import native
 
 BODY = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
@@ -240,6 +241,8 @@ def test_large_buffers_start_on_huge_pages_and_ask_for_them():
         np.testing.assert_array_equal(large, np.full((3, 1 << 19), 2.0, np.float32))
     finally:
         native.set_huge_pages(before)
+    with pytest.raises(OptionError, match="True or False, got 'no'"):
+        native.set_huge_pages("no")   # type: ignore[arg-type]
 
 
 def test_empty_aligned_rejects_bad_requests():
