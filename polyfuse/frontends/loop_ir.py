@@ -54,7 +54,7 @@ class _LoopParser(Parser):
         return -int(self.advance().text) if negative else int(self.advance().text)
 
     def packing(self, rank: int) -> Packing:
-        """``= pack SOURCE(form, ...)``, each form a sum of ``c*pA``, ``pA`` and integers."""
+        """``= pack SOURCE(form, ...) [padded]``, each form a sum of ``c*pA``, ``pA`` and integers."""
         self.advance()
         self.expect_word("pack")
         source = self.ident("the packed buffer's source").id
@@ -86,7 +86,10 @@ class _LoopParser(Parser):
                 break
             self.advance()
         self.expect(")")
-        return Packing(source, tuple(offsets), tuple(coefs))
+        padded = self.word("padded")
+        if padded:
+            self.advance()
+        return Packing(source, tuple(offsets), tuple(coefs), padded)
 
     def dtype(self) -> DType:
         name = self.ident("a type")

@@ -68,11 +68,14 @@ class LoopKind(enum.Enum):
 class Packing:
     """An input made from input ``source`` before the kernel runs (BLIS's packed panels of
     a constant operand, made once instead of on every call): element ``i`` of the packed
-    buffer is ``source[offsets[d] + sum_a coefs[d][a] * i[a] for each dimension d]``."""
+    buffer is ``source[offsets[d] + sum_a coefs[d][a] * i[a] for each dimension d]``.
+    A ``padded`` packing holds zeros where that index falls outside the source (the lanes
+    of a last, partial panel past the operand's edge, and boxes of a partial tile there)."""
 
     source: str
     offsets: tuple[int, ...]              # per dimension of the source
     coefs: tuple[tuple[int, ...], ...]    # per dimension of the source, per packed axis
+    padded: bool = False
 
     def bounds(self, shape: tuple[int, ...]) -> list[tuple[int, int]]:
         """The least and greatest index read in each dimension of the source, packing a
@@ -90,19 +93,23 @@ class Packing:
     def apply(self, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """The packed buffer of ``shape`` made from ``array`` (the source's values)."""
         axes = [np.arange(n).reshape((-1,) + (1,) * (len(shape) - a - 1)) for a, n in enumerate(shape)]
-        if not self.inside(shape, array.shape):
+        if not self.padded and not self.inside(shape, array.shape):
             raise IRVerificationError(f"{self} of shape {shape} reads outside its source, of "
                                       f"shape {array.shape}")
-        index = tuple(sum((c * ax for c, ax in zip(row, axes) if c), np.int64(off))
-                      for off, row in zip(self.offsets, self.coefs))
-        return np.ascontiguousarray(np.broadcast_to(array[index], shape))
+        index = [np.broadcast_to(sum((c * ax for c, ax in zip(row, axes) if c), np.int64(off)), shape)
+                 for off, row in zip(self.offsets, self.coefs)]
+        if not self.padded:
+            return np.ascontiguousarray(array[tuple(index)])
+        inside = np.logical_and.reduce([(i >= 0) & (i < n) for i, n in zip(index, array.shape)])
+        values = array[tuple(np.clip(i, 0, n - 1) for i, n in zip(index, array.shape))]
+        return np.where(inside, values, np.zeros((), array.dtype))
 
     def __str__(self) -> str:
         terms = []
         for off, row in zip(self.offsets, self.coefs):
             parts = [f"{c}*p{a}" if c != 1 else f"p{a}" for a, c in enumerate(row) if c]
             terms.append(" + ".join(parts + ([str(off)] if off or not parts else [])))
-        return f"pack {self.source}({', '.join(terms)})"
+        return f"pack {self.source}({', '.join(terms)})" + (" padded" if self.padded else "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ def verify_kernel(k: LoopKernel) -> None:
             raise fail(f"packed buffer {b} must be an input packed from an unpacked input of its type")
         if len(p.offsets) != len(source.shape) or any(len(row) != len(b.shape) for row in p.coefs):
             raise fail(f"packed buffer {b}: its packing does not match the ranks of {source} and itself")
-        if not p.inside(b.shape, source.shape):
+        if not p.padded and not p.inside(b.shape, source.shape):
             raise fail(f"packed buffer {b} reads {source} outside its bounds")
 
     def check_expr(e: Expr, loops: set[str], locals_: set[str]) -> None:

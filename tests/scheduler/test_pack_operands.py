@@ -4,6 +4,8 @@ before the kernel runs (a packed input); the result prints as expected and parse
 and it computes what the kernel before it does, in the loop-IR interpreter and natively
 (x86 and aarch64), at shapes its blocks do not divide."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -360,3 +362,146 @@ def test_micro_kernels_prefetch_the_prepacked_panels_they_stream(target):
     plain = pf.define(MM, target=target).mm
     assert "llvm.prefetch" not in plain.specialize(a, b).stages["llvm"]
     np.testing.assert_allclose(plain(a, b), a @ b, rtol=2e-4, atol=2e-3)
+
+
+# 22 columns in register blocks of 8 (vectors of 4): two full blocks and one of 6, each
+# summing into its accumulators; the partial block reads the last panel of the same copy
+EDGE = """kernel mm(in float32(8, 16) A, in float32(16, 22) B, out float32(8, 22) C, local float32(2, 8) acc, local float32(2, 6) acc2) {
+  for c0 in 0:8 step 2 {
+    for c1 in 0:16 step 8 {
+      for c3 in 0:8 vectorize(4) {
+        acc(0, c3) = 0.0
+        acc(1, c3) = 0.0
+      }
+      for c2 in 0:16 {
+        for c3 in 0:8 vectorize(4) {
+          acc(0, c3) = acc(0, c3) + A(c0, c2) * B(c2, c1 + c3)
+          acc(1, c3) = acc(1, c3) + A(c0 + 1, c2) * B(c2, c1 + c3)
+        }
+      }
+      for c3 in 0:8 vectorize(4) {
+        C(c0, c1 + c3) = acc(0, c3)
+        C(c0 + 1, c1 + c3) = acc(1, c3)
+      }
+    }
+    for c1 in 16:22 step 8 {
+      for c3 in 0:6 vectorize(4) {
+        acc2(0, c3) = 0.0
+        acc2(1, c3) = 0.0
+      }
+      for c2 in 0:16 {
+        for c3 in 0:6 vectorize(4) {
+          acc2(0, c3) = acc2(0, c3) + A(c0, c2) * B(c2, c1 + c3)
+          acc2(1, c3) = acc2(1, c3) + A(c0 + 1, c2) * B(c2, c1 + c3)
+        }
+      }
+      for c3 in 0:6 vectorize(4) {
+        C(c0, c1 + c3) = acc2(0, c3)
+        C(c0 + 1, c1 + c3) = acc2(1, c3)
+      }
+    }
+  }
+}"""
+
+EDGE_COPY = """  for B_packed_0 in 0:2 {
+    for B_packed_1 in 0:16 {
+      for B_packed_2 in 0:8 vectorize(4) {
+        B_packed(B_packed_0, B_packed_1, B_packed_2) = B(B_packed_1, B_packed_0 * 8 + B_packed_2)
+      }
+    }
+  }
+  for B_packed_0 in 2:3 {
+    for B_packed_1 in 0:16 {
+      for B_packed_2 in 0:6 vectorize(4) {
+        B_packed(B_packed_0, B_packed_1, B_packed_2) = B(B_packed_1, B_packed_0 * 8 + B_packed_2)
+      }
+      for B_packed_2 in 6:8 vectorize(4) {
+        B_packed(B_packed_0, B_packed_1, B_packed_2) = 0.0
+      }
+    }
+  }"""
+
+
+def test_a_partial_register_block_reads_a_zero_padded_last_panel_in_whole_vectors():
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((8, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 22)).astype(np.float32)
+    out = pack_operands(parse_kernel(EDGE))
+    text = str(out)
+    # one copy: two whole panels of 8 columns and a last one of 6, its lanes 6:8 zeroed
+    assert "local float32(3, 16, 8) B_packed" in text and EDGE_COPY in text, text
+    assert text.count("A(c0, c2) * B_packed(c1 / 8, c2, c3)") == 2
+    # the partial block sets and sums its accumulators over two whole vectors (8 lanes,
+    # the last two adding zeros) and stores its 6 columns
+    assert "local float32(2, 8) acc2" in text
+    partial = text[text.index("for c1 in 16:22"):]
+    assert partial.count("for c3 in 0:8 vectorize(4)") == 2 and partial.count("for c3 in 0:6 vectorize(4)") == 1
+    assert parse_kernel(text) == out
+    np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-5)
+    # a constant B: its boxes packed before the kernel runs, the lanes past column 22 zero
+    pre = pack_operands(parse_kernel(EDGE), frozenset({"B"}))
+    packed = pre.buffer("B_prepacked")
+    assert packed.shape == (3, 16, 8) and str(packed.packing) == "pack B(p1, 8*p0 + p2) padded"
+    assert parse_kernel(str(pre)) == pre and "local float32(2, 8) acc2" in str(pre)
+    given = packed.packing.apply(b, packed.shape)
+    np.testing.assert_array_equal(given[2, :, 6:], 0)
+    np.testing.assert_array_equal(given[2, :, :6], b[:, 16:])
+    for inputs in ({"A": a, "B": b}, {"A": a, "B": b, "B_prepacked": given}):
+        np.testing.assert_allclose(interpret_kernel(pre, inputs)["C"], a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_an_accumulator_a_loop_cannot_widen_stays_as_wide_as_its_block():
+    # the partial block's sum also reads C along its columns: C has no padded lanes, so
+    # neither that loop nor the accumulator's other loops widen
+    text = EDGE.replace("acc2(0, c3) = acc2(0, c3) + A(c0, c2) * B(c2, c1 + c3)",
+                        "acc2(0, c3) = acc2(0, c3) + A(c0, c2) * B(c2, c1 + c3) + C(c0, c1 + c3) * 0.0")
+    out = str(pack_operands(parse_kernel(text)))
+    assert "local float32(2, 8) acc, local float32(2, 6) acc2" in out
+    assert "for c3 in 0:8 vectorize(4)" not in out[out.index("for c1 in 16:22"):]
+
+
+def test_a_padded_packing_holds_zeros_past_its_source():
+    from polyfuse.errors import IRVerificationError
+    from polyfuse.ir.loops import Packing
+    b = np.arange(12, dtype=np.float32).reshape(2, 6)
+    plain = Packing("B", (0, 0), ((0, 1, 0), (4, 0, 1)))      # panels of 4 columns
+    with pytest.raises(IRVerificationError, match="reads outside its source"):
+        plain.apply(b, (2, 2, 4))
+    got = replace(plain, padded=True).apply(b, (2, 2, 4))
+    np.testing.assert_array_equal(got[0], b[:, :4])
+    np.testing.assert_array_equal(got[1, :, :2], b[:, 4:])
+    np.testing.assert_array_equal(got[1, :, 2:], 0)
+
+
+@pytest.mark.parametrize("shape", [(1024, 1024, 1000), (999, 999, 999), (300, 257, 40)])
+def test_native_matmuls_with_partial_register_blocks_match_numpy(shape):
+    # 1000 columns end in a block of 40, 999 in one of 39 (and a last reduction panel of
+    # 487 steps, packed into the same copy as the whole ones): both run three whole
+    # vectors of 16 over zero-padded panels
+    M, K, N = shape
+    a = RNG.standard_normal((M, K)).astype(np.float32)
+    b = RNG.standard_normal((K, N)).astype(np.float32)
+    kernel = pf.define(MM, target="host").mm
+    loops = kernel.specialize(a, b).stages["loops"]
+    if N > 64:
+        assert "for c8 in 0:48 vectorize(16)" in loops and "B_packed2" not in loops
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=3e-3)
+
+
+def test_a_model_with_a_partial_register_block_reads_its_weights_prepacked_and_padded():
+    import onnx
+    import onnx.helper as oh
+    import onnxruntime as ort
+    rng = np.random.default_rng(8)
+    w = (rng.standard_normal((512, 1000)) * 0.05).astype(np.float32)
+    g = oh.make_graph([oh.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                      [oh.make_tensor_value_info("x", 1, [200, 512])],
+                      [oh.make_tensor_value_info("y", 1, [200, 1000])], [onnx.numpy_helper.from_array(w, "w")])
+    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]).SerializeToString()
+    x = rng.standard_normal((200, 512)).astype(np.float32)
+    compiled = pf.compile(model, target="host")
+    got = compiled.run({"x": x})["y"]
+    loops = compiled.dump("loops")
+    assert ") padded" in loops and "_packed(" not in loops   # every tile reads prepacked panels
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)

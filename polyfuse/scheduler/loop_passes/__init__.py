@@ -15,7 +15,8 @@ scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lower
 * :func:`drop_dead_stores` (``dead_stores.py``): stores to outputs the caller discards
   and the kernel never reads back, dropped;
 * :func:`pack_operands` (``pack_operands.py``): a micro-kernel's vector operand copied
-  into contiguous panels (a ``local`` buffer per thread).
+  into contiguous panels (a ``local`` buffer per thread), the last one zero-padded, over
+  which a partial register block then runs whole vectors (``widen_blocks.py``).
 
 Each pass walks the kernel with :func:`polyfuse.ir.loops.rewrite`.
 """

@@ -23,22 +23,31 @@ A read is packed at the outermost loop (the nest's top) where
 * every loop from there to the read is serial with constant bounds, with no ``if``
   between them (the copy reads exactly what the nest reads: never outside the tensor);
 * its indices are affine in the loops, one of them (the last, or for a transposed
-  operand another) ``v + rest`` for the vector loop ``v in 0:nr`` and a ``rest`` that
-  moves in whole multiples of ``nr``, the others free of ``v``;
+  operand another) ``v + rest`` for a vector loop ``v`` of at most ``nr`` lanes (the
+  widest such loop's) and a ``rest`` that moves in whole multiples of ``nr``, the others
+  free of ``v``;
 * all reads of that tensor in the nest share their offsets from outside the nest;
 * the copy is reused: the loops that no index of the tensor uses run at least
   :data:`MIN_REUSE` times per copy;
 * the copy is laid out otherwise than the source (a box of whole rows read as one
   panel is already contiguous);
 * the box takes at most :data:`PACK_BYTES`, and a kernel's packed buffers together at most
-  :data:`LOCAL_BYTES`.
+  :data:`LOCAL_BYTES`; another nest's copy of the tensor with panels as wide and at least
+  as large (the full tile's, in the other branch of a partial tile's guard; the whole
+  reduction panels', before the last, shorter one) is filled again instead.
+
+A box that is not whole panels (1000 columns in panels of 64) ends in a partial panel
+whose lanes past the box are zeros: the partial register block reading it then runs whole
+vectors, as :mod:`.widen_blocks` arranges.
 
 A *constant* operand (weights: the same values on every call) is packed once instead, before
 the kernel runs: every box the nest's enclosing loops visit goes into one input buffer
 (a :class:`~polyfuse.ir.loops.Packing` of the operand, indexed first by those loops' tile
 numbers), and the micro-kernel reads its panel there, with no copy in the kernel. This is
 BLIS's and oneDNN's prepacked weights: the packing's memory traffic leaves the call, and
-threads that would each pack the same panels share one copy.
+threads that would each pack the same panels share one copy. Boxes reaching past the
+operand (a partial tile's, a partial panel's lanes) are zeros there (a ``padded``
+packing), and nests whose boxes are the same read one packed input.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, 
                                Store, TileProduct, constant_trips, fresh_name, map_body_exprs)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine
+from polyfuse.scheduler.loop_passes.widen_blocks import widen_partial_blocks
 
 PACK_BYTES = 512 << 10     # one packed box at most (L2-resident: a deep panel of a big matmul)
 LOCAL_BYTES = 768 << 10    # all packed boxes of a kernel together (they live on the stack)
@@ -102,7 +112,8 @@ def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset()) -
     ins = tuple(b for b in packer.buffers if b.role is BufferRole.IN)
     buffers = kernel.buffers[:last_in + 1] + ins + kernel.buffers[last_in + 1:] + \
         tuple(b for b in packer.buffers if b.role is not BufferRole.IN)
-    return replace(kernel, buffers=buffers, body=body)
+    return widen_partial_blocks(replace(kernel, buffers=buffers, body=body),
+                                frozenset(b.name for b in packer.buffers))
 
 
 class _Packer:
@@ -112,6 +123,7 @@ class _Packer:
         self.taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
         self.buffers: list[Buffer] = []
         self.budget = LOCAL_BYTES
+        self.copies: dict[str, list[Buffer]] = {}   # the local copies of each tensor
 
     def body(self, stmts: tuple[Stmt, ...], enclosing: tuple[For, ...]) -> tuple[Stmt, ...]:
         """``stmts`` under the loops ``enclosing`` (outermost first) with their nests'
@@ -165,7 +177,9 @@ class _Packer:
             if any(s.dim != pd for s in sites) or any(
                     s.vector.var != t.vector.var for s in sites for t in sites if s.read == t.read):  # type: ignore[union-attr]
                 return None
-            nr = sites[0].vector.trips  # type: ignore[union-attr]
+            # panels as wide as the widest vector loop: a narrower one (a partial register
+            # block past the last whole one) reads the last panel, zero-padded
+            nr = max(s.vector.trips for s in sites)  # type: ignore[union-attr]
             element = {id(s): IndexVar(s.vector.var, _I64) for s in sites}  # type: ignore[union-attr]
         else:
             found = _jammed(sites, source)
@@ -176,36 +190,48 @@ class _Packer:
         lows = [min(lo for lo, _ in dim) for dim in spans]
         highs = [max(hi for _, hi in dim) for dim in spans]
         extents = [h - lo + 1 for lo, h in zip(lows, highs)]
-        if any(not _panel_aligned(s, pd, nr, lows[pd], element[id(s)]) for s in sites) or extents[pd] % nr:
+        if any(not _panel_aligned(s, pd, nr, lows[pd], element[id(s)]) for s in sites) \
+                or (extents[pd] % nr and sites[0].vector is None):
             return None
         if pd == rank - 1 and extents[-1] == nr and tuple(extents[1:]) == tuple(source.shape[1:]):
             return None   # one panel of whole rows: the copy would be laid out as the source
         across = [d for d in range(rank) if d != pd]   # the box's dimensions within a panel
-        size = math.prod(extents) * np.dtype(source.dtype.numpy).itemsize
+        box = (-(-extents[pd] // nr), *(extents[d] for d in across), nr)
+        size = math.prod(box) * np.dtype(source.dtype.numpy).itemsize
         used = {v for s in sites for form in s.inner for v in form}
         # (a broadcast's vector loops reuse it in registers, not from the copy)
         reuse = math.prod(lp.trips for lp in _loops_of(sites) if lp.var not in used
                           and (sites[0].vector is not None or lp.vector <= 1))
         if reuse < MIN_REUSE:
             return None
-        box = (extents[pd] // nr, *(extents[d] for d in across), nr)
         packing = None
         if tiles is not None:
             shape = (*(lp.trips for lp in tiles), *box)
             packing = _packing(tensor, sites[0], tiles, lows, nr, len(box), pd, across)
             # every box the tile loops visit, even those an enclosing guard skips (a partial
-            # last tile), must lie inside the operand
-            if not packing.inside(shape, source.shape) \
-                    or math.prod(shape) > PREPACK_GROWTH * math.prod(source.shape):
+            # last tile), is packed; where one reaches past the operand (the partial tile's,
+            # a last partial panel's lanes) the packing holds zeros there
+            if not packing.inside(shape, source.shape):
+                packing = replace(packing, padded=True)
+            if math.prod(shape) > PREPACK_GROWTH * math.prod(source.shape):
                 packing = None
         if tiles is not None and packing is not None:
-            name = self.fresh(f"{tensor}_prepacked")
-            self.buffers.append(Buffer(name, source.dtype, shape, BufferRole.IN, packing=packing))
+            # sibling nests with the same boxes (a full tile's and the partial tile's) share them
+            name = next((b.name for b in self.buffers if b.packing == packing and b.shape == shape), "")
+            if not name:
+                name = self.fresh(f"{tensor}_prepacked")
+                self.buffers.append(Buffer(name, source.dtype, shape, BufferRole.IN, packing=packing))
             lead = [_tile_number(lp) for lp in tiles]
+        elif (name := self.copy_holding(tensor, box)):
+            # another nest's copy of the tensor holds this box (a full tile's and the
+            # partial tile's, a whole reduction panel and the last, shorter one): one
+            # buffer serves them all, each nest filling it before it runs
+            lead = []
         elif size <= min(PACK_BYTES, self.budget):
             self.budget -= size
             name = self.fresh(f"{tensor}_packed")
             self.buffers.append(Buffer(name, source.dtype, box, BufferRole.LOCAL))
+            self.copies.setdefault(tensor, []).append(self.buffers[-1])
             lead = []
         else:
             return None
@@ -221,12 +247,17 @@ class _Packer:
             return Read(name, (*lead, panel, *within, element[id(site)]), source.dtype)
 
         tops = tuple(replace(top, body=map_body_exprs(top.body, packed_read)) for top in tops)
-        return tops, [] if packing is not None else [self.copy(name, source, sites[0], lows, box, nr, pd, across)]
+        if packing is not None:
+            return tops, []
+        return tops, self.copy(name, source, sites[0], lows, box, extents[pd], pd, across)
 
     def copy(self, name: str, source: Buffer, site: _Site, lows: list[int],
-             shape: tuple[int, ...], nr: int, pd: int, across: list[int]) -> Stmt:
+             shape: tuple[int, ...], extent: int, pd: int, across: list[int]) -> list[Stmt]:
         """The loops filling the packed buffer: panel, then the box's other dims, then
-        the elements of a panel row (vectorized like the micro-kernel's loop)."""
+        the elements of a panel row (vectorized like the micro-kernel's loop); the
+        ``extent`` elements along ``pd`` fill whole panels and a last, partial one, whose
+        remaining lanes are zeroed."""
+        nr = shape[-1]
         names = [self.fresh(f"{name}_{d}") for d in range(len(shape))]
         ivs = [IndexVar(n, _I64) for n in names]
         within: list[Expr] = [ivs[0]] * len(site.outer)
@@ -236,11 +267,30 @@ class _Packer:
                                   ivs[-1], _I64)
         indices = tuple(_plus(_expr({**outer, "": outer.get("", 0) + lo}), i)
                         for outer, lo, i in zip(site.outer, lows, within))
-        stmt: Stmt = Store(name, tuple(ivs), Read(source.name, indices, source.dtype))
-        for d in reversed(range(len(shape))):
-            vector = site.vector.vector if d == len(shape) - 1 and site.vector is not None else 1
-            stmt = For(names[d], Literal(0, _I64), Literal(shape[d], _I64), (stmt,), vector=vector)
-        return stmt
+        value = Read(source.name, indices, source.dtype)
+        vector = site.vector.vector if site.vector is not None else 1
+
+        def nest(panels: tuple[int, int], lanes: list[tuple[int, int, Expr]]) -> Stmt:
+            body: tuple[Stmt, ...] = tuple(
+                For(names[-1], Literal(lo, _I64), Literal(hi, _I64), (Store(name, tuple(ivs), e),), vector=vector)
+                for lo, hi, e in lanes)
+            for d in reversed(range(1, len(shape) - 1)):
+                body = (For(names[d], Literal(0, _I64), Literal(shape[d], _I64), body),)
+            return For(names[0], Literal(panels[0], _I64), Literal(panels[1], _I64), body)
+
+        whole, rest = divmod(extent, nr)
+        out = [nest((0, whole), [(0, nr, value)])] if whole else []
+        if rest:
+            out.append(nest((whole, whole + 1), [(0, rest, value), (rest, nr, Literal(0.0, source.dtype))]))
+        return out
+
+    def copy_holding(self, tensor: str, box: tuple[int, ...]) -> str:
+        """A local copy of ``tensor`` with panels as wide as ``box``'s that holds it, or ''.
+        (A nest whose reads of a tensor are packed has none left for a nest inside it
+        to pack, so no copy is refilled while a nest still reads it.)"""
+        return next((b.name for b in self.copies.get(tensor, ())
+                     if len(b.shape) == len(box) and b.shape[-1] == box[-1]
+                     and all(n >= m for n, m in zip(b.shape, box))), "")
 
     def fresh(self, base: str) -> str:
         return fresh_name(base, self.taken)
@@ -357,7 +407,7 @@ def _site(r: Read, path: tuple[ConstantLoop, ...]) -> _Site | None:
 def _panel_aligned(site: _Site, dim: int, nr: int, low: int, element: Expr) -> bool:
     """Index ``dim`` minus the element within a panel (the vector loop, or a jammed
     row's offset) moves in whole panels (from ``low``)."""
-    if site.vector is not None and site.vector.trips != nr:
+    if site.vector is not None and site.vector.trips > nr:
         return False
     by_var = {lp.var: lp for lp in site.path}
     rest = _without(site.inner[dim], element)
