@@ -212,12 +212,10 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         jam = (free or others)[-1]
         depth = max(red, key=lambda i: extents[i])
         order = red + [i for i in others if i != jam] + [jam, vec]
-        cols = CACHE_COLS
-        # whole tiles for the threads, an even number of them (768 columns in three tiles
-        # of 256 kept one thread idle a third of the time: six of 128 run 1.3x faster)
-        while cols > MIN_COLS and (extents[vec] // cols < PARALLEL_TILES
-                                   or -(-extents[vec] // cols) % PARALLEL_TILES):
-            cols //= 2
+        # tiles the threads finish together (768 columns in three tiles of 256 kept one
+        # thread idle a third of the time: six of 128 run 1.3x faster; 800 in four, the
+        # last of 32, 1.2x slower than seven of 128)
+        cols = _balanced_columns(extents[vec], width)
         # or one tile per thread a little wider than a cache tile, in whole 4-vector blocks:
         # each thread then reads the rows once, not once per narrower tile (768 columns: two
         # tiles of 384, not six of 128: 197 x 3072 x 768 1.06-1.08x, ViT-B/16 1.02x on two
@@ -301,6 +299,39 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         register_tile=nest.per_member(registers), point_order=nest.order(order), vector_width=vw,
         tile_order=nest.order(tile_order),
         unroll=max(1, nr // vw) if last else 2, unroll_jam=mr)
+
+
+def _balanced_columns(columns: int, width: int) -> int:
+    """The widest column tile, :data:`CACHE_COLS` halved down to :data:`MIN_COLS`, whose
+    tiles over ``columns`` the threads finish soonest, each taking the next chunk of
+    them as it frees (the thread pool's dynamic schedule), the last, partial tile
+    counted in whole vectors of ``width``; where none makes at least
+    :data:`PARALLEL_TILES` whole tiles, :data:`MIN_COLS`."""
+    best, pick, cols = 0, MIN_COLS, CACHE_COLS
+    while cols >= MIN_COLS:
+        if columns // cols >= PARALLEL_TILES:
+            span = _makespan(columns, cols, width)
+            if not best or span < best:
+                best, pick = span, cols
+        cols //= 2
+    return pick
+
+
+def _makespan(columns: int, cols: int, width: int) -> int:
+    """The columns the busiest thread computes when tiles of ``cols`` (the last one
+    partial, in whole vectors of ``width``) go to :data:`PARALLEL_TILES` threads in the
+    thread pool's chunks (at most 4 per thread, contiguous), each thread claiming the
+    next chunk as it frees."""
+    tiles = [cols] * (columns // cols) + ([-(-(columns % cols) // width) * width] if columns % cols else [])
+    chunks = min(len(tiles), 4 * PARALLEL_TILES)
+    base, extra = divmod(len(tiles), chunks)
+    busy = [0] * PARALLEL_TILES
+    start = 0
+    for c in range(chunks):
+        size = base + (c < extra)
+        busy[busy.index(min(busy))] += sum(tiles[start:start + size])
+        start += size
+    return max(busy)
 
 
 def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: bool,
@@ -389,9 +420,11 @@ def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
     or there are at least :data:`FAR_ROWS_ANYWAY` of them, or :data:`FAR_ROWS_SOME` that
     slide no window (a matmul's 197 rows, a 56-wide map's 1x1 convolution); a partial last
     block is jammed by its own rows. A 3x3 convolution's rows of a 56-wide map ran 1.2x
-    slower in blocks of 6."""
-    if not near and (extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY
-                     or (FAR_ROWS_SOME <= extent and not window)):
+    slower in blocks of 6. Near rows that slide no window (``A(k, m)`` of ``Aᵀ·B``, packed
+    in panels of their rows) take 6 x 4 on the same first two terms (Aᵀ·B 1024 and 2048:
+    1.06x; 256 rows keep 8 x 2)."""
+    many = extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY
+    if (not near and (many or (FAR_ROWS_SOME <= extent and not window))) or (many and not window):
         return FAR_ROWS, 4
     wide, narrow = [(r, 2) for r in (8, 7, 6)], [(MR, 4)]
     preferred = wide + narrow if near else narrow + wide

@@ -143,8 +143,8 @@ def test_a_reduction_whose_whole_box_fits_l2_stays_untiled(depth, steps, cols):
 
 def test_columns_split_evenly_over_the_threads_in_tiles_a_little_wider_than_a_cache_tile():
     # 768 columns: two tiles of 384 (six 4-vector blocks each), one per thread, instead of
-    # six of 128; 640: two of 320; 600 would split into 300, not whole 4-vector blocks (and
-    # three or five tiles of 256 or 128 are odd): tiles of 64
+    # six of 128; 640: two of 320; 600 would split into 300, not whole 4-vector blocks:
+    # tiles of 64 (tiles of 256 or 128 leave one thread 352 columns, of 64 320)
     rng = np.random.default_rng(12)
     for cols, tile in [(768, 384), (640, 320), (600, 64)]:
         sizes = {"M": 197, "K": 3072, "N": cols}
@@ -153,6 +153,23 @@ def test_columns_split_evenly_over_the_threads_in_tiles_a_little_wider_than_a_ca
     a = rng.standard_normal((197, 3072)).astype(np.float32)
     b = rng.standard_normal((3072, 768)).astype(np.float32)
     np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("cols, tile", [
+    (800, 128),    # tiles of 256 end in one of 32: one thread computes 512 columns, the
+                   # other 288; in tiles of 128, 416 and 384 (1024 x 1024 x 800: 1.25x)
+    (1000, 256),   # 512 and 488 either way: the wider tiles read the rows fewer times
+    (672, 64),     # 384 and 288 in tiles of 128, 352 and 320 in tiles of 64
+    (2048, 256),
+])
+def test_column_tiles_keep_both_threads_busy_to_the_end(cols, tile):
+    sizes = {"M": 256, "K": 256, "N": cols}
+    d, mm = nest(MM, "mm", sizes)
+    assert dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)["n"] == tile
+    rng = np.random.default_rng(cols)
+    a = rng.standard_normal((256, 256)).astype(np.float32)
+    b = rng.standard_normal((256, cols)).astype(np.float32)
+    np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("rows, jammed", [(600, 6), (530, 6), (256, 6), (197, 6), (56, 6), (46, 4), (28, 4)])
@@ -169,6 +186,24 @@ def test_rows_far_apart_jam_six_where_six_divide_them_or_they_are_many(rows, jam
     kernel = pf.define(MM, target="host").mm
     assert f"unroll_jam={jammed}" in kernel.specialize(a, b).stages["options"]
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=2e-3)
+
+
+TN = "def tn(float(K,M) A, float(K,N) B) -> (C) { C(m,n) +=! A(k,m) * B(k,n) }"
+
+
+@pytest.mark.parametrize("rows, block", [(1024, (6, 64)), (600, (6, 64)), (256, (8, 32)), (100, (4, 64))])
+def test_near_rows_that_slide_no_window_jam_six_where_six_divide_them_or_they_are_many(rows, block):
+    # Aᵀ·B: the jammed rows' scalars A(k, m..m+5) are neighbours, packed in panels of
+    # their rows; 6 rows of 4 vectors where 6 divides them or there are 512 or more, else
+    # 8 of 2 vectors (as for a window's rows), or 4 of 4 where 8 does not divide them
+    sizes = {"M": rows, "K": 300, "N": 512}
+    d, tn = nest(TN, "tn", sizes)
+    registers = dict(tn.to_named(default_options(d, sizes, 512)).register_tile)
+    assert (registers["m"], registers["n"]) == block
+    rng = np.random.default_rng(rows)
+    a = rng.standard_normal((300, rows)).astype(np.float32)
+    b = rng.standard_normal((300, 512)).astype(np.float32)
+    np.testing.assert_allclose(pf.define(TN, target="host").tn(a, b), a.T @ b, rtol=1e-3, atol=2e-3)
 
 
 CONV_LAST = ("def conv(float(N,H,W,C) P, float(C,KH,KW,M) Wt) -> (O) "
