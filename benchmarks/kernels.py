@@ -75,6 +75,11 @@ CASES = [
          lambda a, b: a @ b, 2 * 2048 ** 3),
     Case("matmul4096", MATMUL, lambda r: (_f32(r, 4096, 4096), _f32(r, 4096, 4096)),
          lambda a, b: a @ b, 2 * 4096 ** 3),
+    # sizes that are not whole register blocks (1000 columns end in a block of 40)
+    Case("matmul1000", MATMUL, lambda r: (_f32(r, 1000, 1000), _f32(r, 1000, 1000)),
+         lambda a, b: a @ b, 2 * 1000 ** 3),
+    Case("matmul_800", MATMUL, lambda r: (_f32(r, 1024, 1024), _f32(r, 1024, 800)),
+         lambda a, b: a @ b, 2 * 1024 * 1024 * 800),
     # transposed operands: A·Bᵀ (attention's Q·Kᵀ, a Linear's weight) and Aᵀ·B (a gradient)
     Case("matmul_nt1024", "def nt(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
          lambda r: (_f32(r, 1024, 1024), _f32(r, 1024, 1024)), lambda a, b: a @ b.T, 2 * 1024 ** 3),
