@@ -473,7 +473,7 @@ def test_a_padded_packing_holds_zeros_past_its_source():
     np.testing.assert_array_equal(got[1, :, 2:], 0)
 
 
-@pytest.mark.parametrize("shape", [(1024, 1024, 1000), (999, 999, 999), (300, 257, 40)])
+@pytest.mark.parametrize("shape", [(1024, 1024, 1000), (999, 999, 999), (197, 768, 1000), (300, 257, 40)])
 def test_native_matmuls_with_partial_register_blocks_match_numpy(shape):
     # 1000 columns end in a block of 40, 999 in one of 39 (and a last reduction panel of
     # 487 steps, packed into the same copy as the whole ones): both run three whole
@@ -505,3 +505,15 @@ def test_a_model_with_a_partial_register_block_reads_its_weights_prepacked_and_p
     assert ") padded" in loops and "_packed(" not in loops   # every tile reads prepacked panels
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_a_whole_reduction_panel_that_l2_holds_is_copied_once_per_column_tile():
+    # 768 steps x 256 columns (768 KiB, a transformer's product) stay one panel; its copy
+    # is made once per column tile, before the row tiles, not per register block and row tile
+    a = RNG.standard_normal((197, 768)).astype(np.float32)
+    b = RNG.standard_normal((768, 3072)).astype(np.float32)
+    kernel = pf.define(MM, target="host").mm
+    loops = kernel.specialize(a, b).stages["loops"]
+    assert "local float32(4, 768, 64) B_packed" in loops
+    assert loops.index("B_packed_0 in") < loops.index("for c2 in")
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=3e-3)

@@ -64,7 +64,11 @@ from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_affine import Affine, affine
 from polyfuse.scheduler.loop_passes.widen_blocks import widen_partial_blocks
 
-PACK_BYTES = 512 << 10     # one packed box at most (L2-resident: a deep panel of a big matmul)
+# one packed box at most: L2-resident, as large as the box of a whole reduction the
+# heuristics keep untiled (their WHOLE_BYTES: 768 x 256 floats of a transformer's
+# product, which a 512 KiB limit left to a copy per register block and row tile: a
+# 197 x 768 x 3072 product ran 1.56x slower)
+PACK_BYTES = 768 << 10
 LOCAL_BYTES = 768 << 10    # all packed boxes of a kernel together (they live on the stack)
 MIN_REUSE = 4              # reads of each packed element per copy, at least
 PREPACK_GROWTH = 2         # a prepacked operand takes at most this many times its own size
@@ -179,7 +183,9 @@ class _Packer:
                 return None
             # panels as wide as the widest vector loop: a narrower one (a partial register
             # block past the last whole one) reads the last panel, zero-padded
-            nr = max(s.vector.trips for s in sites)  # type: ignore[union-attr]
+            # (whole vectors: a partial block alone pads its panel to them)
+            width = sites[0].vector.vector  # type: ignore[union-attr]
+            nr = -(-max(s.vector.trips for s in sites) // width) * width  # type: ignore[union-attr]
             element = {id(s): IndexVar(s.vector.var, _I64) for s in sites}  # type: ignore[union-attr]
         else:
             found = _jammed(sites, source)
@@ -193,7 +199,7 @@ class _Packer:
         if any(not _panel_aligned(s, pd, nr, lows[pd], element[id(s)]) for s in sites) \
                 or (extents[pd] % nr and sites[0].vector is None):
             return None
-        if pd == rank - 1 and extents[-1] == nr and tuple(extents[1:]) == tuple(source.shape[1:]):
+        if pd == rank - 1 and extents[-1] <= nr and tuple(extents[1:]) == tuple(source.shape[1:]):
             return None   # one panel of whole rows: the copy would be laid out as the source
         across = [d for d in range(rank) if d != pd]   # the box's dimensions within a panel
         box = (-(-extents[pd] // nr), *(extents[d] for d in across), nr)
