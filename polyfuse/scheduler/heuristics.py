@@ -42,6 +42,7 @@ PARALLEL_TILES = 2         # column tiles below which the rows go on the threads
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
 ROW_VECTORS = 8            # accumulator vectors of a row sum's tile (of 32 registers)
 MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
+SPLIT_ROWS = 2             # cache tiles of rows, at most, that a product split over rows alone cuts finer
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27;
                            # a dot4 step counts 4: 16 int8 channels make 4 steps of 16)
 MIN_REUSE_ROWS = 16        # output rows that a transposed operand's packed panel serves, at least
@@ -266,6 +267,12 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
                 cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
             steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
         tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most)}
+        if rows_first and first is None and extents[jam] <= SPLIT_ROWS * CACHE_ROWS:
+            # the threads' rows are the jammed index's alone (a matmul's, its columns too few
+            # for tiles): whole register blocks of them, in a tile per thread
+            # (50 x 2000 x 50 ran on one thread in one tile of 64 rows)
+            mr = _register_block(reads, extents, jam, vec, red)[0]
+            tiles[jam] = min(CACHE_ROWS, max(mr, -(-extents[jam] // (PARALLEL_TILES * mr)) * mr))
         # BLIS's loop order: column panels (on the threads), then reduction panels, then
         # rows, so a packed panel of the vector operand serves every row of the output;
         # with rows on the threads the first row index goes first instead
@@ -292,7 +299,8 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
     mr, vectors = _register_block(reads, extents, jam, vec, red)
     if tiles[jam] and tiles[jam] < extents[jam]:
         tiles[jam] = tiles[jam] // mr * mr   # whole register blocks in a cache tile
-    nr, vw = _vector_block(cols, width, vectors if last else 4)
+    # (a partial last block only where the rows make the pass pack its panel)
+    nr, vw = _vector_block(cols, width, vectors if last else 4, rows >= CACHE_ROWS)
     registers |= {jam: mr, vec: nr if last else 0}
     return MappingOptions(
         fusion=Fusion.MIN, reorder_reductions=True, tile_sizes=nest.per_member(tiles),
@@ -436,11 +444,19 @@ def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
     return next(((r, v) for r, v in preferred if r <= extent), (1, 4))
 
 
-def _vector_block(cols: int, width: int, vectors: int) -> tuple[int, int]:
+def _vector_block(cols: int, width: int, vectors: int, partial: bool = False) -> tuple[int, int]:
     """Columns of a register block and the vector width: the most full vectors, up to
-    ``vectors``, whose block divides ``cols`` (96 columns: three vectors of 16, not one)."""
+    ``vectors``, whose block divides ``cols`` (96 columns: three vectors of 16, not one),
+    else, where ``partial``, ``vectors`` (or as many as ``cols`` fill) of ``width``."""
     for vw in (width, width // 2):
         if vw >= 1 and cols % vw == 0:
             n = max(v for v in range(1, vectors + 1) if cols % (v * vw) == 0)
             return min(cols, n * vw), vw
+    if partial and cols > width:
+        # no whole vectors: full blocks, and a last, partial one (separated, and run in
+        # whole vectors over a zero-padded panel where its operand is packed): 100 columns
+        # as 64 and 36, not one block of 100 whose accumulators outnumber the registers
+        # (100 x 100 x 100 1.56x, 200 x 300 x 100 1.9x; with 20 rows, too few for the
+        # panel to be packed, the masked partial block ran 1.1x slower)
+        return min(vectors, -(-cols // width)) * width, width
     return 0, width

@@ -86,6 +86,26 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     assert rowsum.to_named(default_gpu_options(d, {"N": 64, "D": 1000})).tile_sizes == (("n", 1), ("d", 0))
 
 
+@pytest.mark.parametrize("rows, k, cols, tile, block", [
+    (50, 2000, 50, 30, 0),     # rows in a tile per thread, not one tile of 64 on one thread
+    (100, 100, 100, 54, 64),   # 100 columns: blocks of 64 and a partial one, widened to 48
+    (200, 300, 100, 60, 64),
+])
+def test_few_columns_split_the_rows_over_the_threads_in_blocks_of_whole_vectors(rows, k, cols, tile, block):
+    sizes = {"M": rows, "K": k, "N": cols}
+    d, mm = nest(MM, "mm", sizes)
+    options = mm.to_named(default_options(d, sizes, 512))
+    assert (dict(options.tile_sizes)["m"], dict(options.register_tile)["n"]) == (tile, block)
+    rng = np.random.default_rng(rows + cols)
+    a = rng.standard_normal((rows, k)).astype(np.float32)
+    b = rng.standard_normal((k, cols)).astype(np.float32)
+    kernel = pf.define(MM, target="host").mm
+    loops = kernel.specialize(a, b).stages["loops"]
+    assert loops.lstrip().split("\n")[1].strip().startswith("parallel for")
+    assert ("for c8 in 0:48 vectorize(16)" in loops) == bool(block)
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=3e-3)
+
+
 TN = "def tn(float(K,M) A, float(K,N) B) -> (C) { C(m,n) +=! A(k,m) * B(k,n) }"
 
 
