@@ -29,6 +29,7 @@ from collections import Counter
 
 from polyfuse.ir.comprehension import Call, Definition, IndexVar, Read, Statement, walk
 from polyfuse.scheduler.loop_nest import LoopNest, work
+from polyfuse.scheduler.loop_passes.pack_operands import MIN_REUSE
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
@@ -240,8 +241,12 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             # the vector operand serves only those rows, so the kernel streams it from
             # memory. A column tile of one register block makes each thread's stream one
             # sequential pass over its panels, each reused from L1 by every row (ResNet-50's
-            # 3x3 convolutions of 7x7 maps: 1.2x faster in the model on two threads)
-            if extents[vec] % block == 0 and extents[vec] // block >= PARALLEL_TILES:
+            # 3x3 convolutions of 7x7 maps: 1.2x faster in the model on two threads).
+            # Rows too few for the pass to pack the panels (fewer than MIN_REUSE register
+            # blocks: a matrix-vector product's one) read the operand in place instead,
+            # and wider tiles keep those reads along its rows (1 x 4096 x 4096: 1.3x)
+            packed = math.prod(extents[i] for i in others) >= MIN_REUSE * _register_block(reads, extents, jam, vec, red)[0]
+            if extents[vec] % block == 0 and extents[vec] // block >= PARALLEL_TILES and packed:
                 cols, rows_first = block, False
         # the output a reduction panel sweeps: every row, a tile of columns; each panel
         # loads and stores it once more, from memory once it outgrows L2 (C of a 2048

@@ -329,6 +329,20 @@ def test_a_matrix_vector_product_vectorizes_its_outputs_in_register_sized_tiles(
     np.testing.assert_allclose(pf.define(MATVEC, target="host").mv(z, w), z @ w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows, tile", [(1, 256), (8, 256), (49, 64)])
+def test_rows_too_few_to_pack_the_panels_read_the_operand_along_its_rows(rows, tile):
+    # a 1- or 8-row product reads B in place (too few register blocks to pack its
+    # panels): column tiles of 256 keep each step's reads along a row (1 x 4096 x 4096:
+    # 1.3x), where 49 rows (packed panels) stream one register block's panel per tile
+    sizes = {"M": rows, "K": 4096, "N": 1024}
+    d, mm = nest(MM, "mm", sizes)
+    assert dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)["n"] == tile
+    rng = np.random.default_rng(rows)
+    a = rng.standard_normal((rows, 4096)).astype(np.float32)
+    b = rng.standard_normal((4096, 1024)).astype(np.float32)
+    np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=5e-3)
+
+
 SQUEEZE_EXCITE = """def se(float(C, D) W, float(D) Z, float(H, V, C) X) -> (Y, G) {
   G(c) +=! Z(d) * W(c, d)
   Y(h, v, c) = sigmoid(G(c)) * X(h, v, c)
