@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -131,9 +132,16 @@ class SpecializedKernel:
     run: Executable = field(repr=False)
     unbound: Definition | None = field(default=None, repr=False, compare=False)
 
-    @property
+    @cached_property
     def output_shapes(self) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(evaluate_int(s, {}) for s in t.shape) for t in self.definition.outputs)
+
+    @cached_property
+    def started_outputs(self) -> frozenset[str]:
+        """Outputs a caller's ``out=`` array must be zeroed for: a covering ``+=!``
+        compiles without its init (the definition it was built from says)."""
+        source = self.unbound if self.unbound is not None else self.definition
+        return frozenset(source.statements[k].tensor for k in skipped_inits(source))
 
     @property
     def output_dtypes(self) -> tuple[np.dtype, ...]:
@@ -143,20 +151,18 @@ class SpecializedKernel:
         out = _take_out(self.definition, kwargs)
         bound = bind_arguments(self.definition, args, kwargs)
         if out is not None:
-            return self.run_into(bound, out)
+            return self.run_into(bound.values, out)
         _refuse_without_out(self.definition)
         return _results(self.definition, self.run(bound.values))
 
-    def run_into(self, bound: BoundArguments, out: object) -> Any:
-        """Run on ``bound`` writing into the arrays of ``out`` (checked first); returns them."""
+    def run_into(self, values: Mapping[str, Any], out: object) -> Any:
+        """Run on the bound argument ``values`` writing into the arrays of ``out`` (checked
+        first); returns them."""
         d = self.definition
-        given = given_outputs.bind_outputs(d, self.output_shapes, out, bound.values,
+        given = given_outputs.bind_outputs(d, self.output_shapes, out, values,
                                            device=self.target.backend.device is Device.GPU)
-        # a covering '+=!' compiles without its init (the definition it was built from says)
-        source = self.unbound if self.unbound is not None else d
-        started = {source.statements[k].tensor for k in skipped_inits(source)}
-        given_outputs.zero([a for n, a in given.items() if n in started])
-        self.run({**bound.values, **given})
+        given_outputs.zero([a for n, a in given.items() if n in self.started_outputs])
+        self.run({**values, **given})
         objects = given_outputs.given_arrays(d, out)
         return objects[0] if len(objects) == 1 else objects
 
@@ -231,21 +237,23 @@ class Kernel:
         return f"<polyfuse.Kernel {self.name}({params}) -> ({outs}) target={self.target}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        out = _take_out(self.definition, kwargs)
+        if out is None and self._needs_out:
+            _refuse_without_out(self.definition)
         if not kwargs:
             key = _call_signature(args)
             kernel = self._checked.get(key)
             if kernel is not None:  # the fast path: same kinds of arguments as an earlier call
                 values = check_scalars(self.definition, dict(zip(self._names, args)))
+                if out is not None:
+                    return kernel.run_into(values, out)
                 return _results(self.definition, kernel.run(values))
-        out = _take_out(self.definition, kwargs)
-        if out is None and self._needs_out:
-            _refuse_without_out(self.definition)
         bound = bind_arguments(self.definition, args, kwargs)
         kernel = self._specialized(bound)
-        if out is not None:
-            return kernel.run_into(bound, out)
         if not kwargs and len(self._checked) < 64:
             self._checked[key] = kernel
+        if out is not None:
+            return kernel.run_into(bound.values, out)
         return _results(self.definition, kernel.run(bound.values))
 
     def specialize(self, *args: Any, **kwargs: Any) -> SpecializedKernel:
