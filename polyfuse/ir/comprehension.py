@@ -351,6 +351,11 @@ def walk(e: Expr) -> Iterator[Expr]:
         yield from walk(c)
 
 
+def index_names(e: Expr) -> set[str]:
+    """The names of the statement indices ``e`` uses."""
+    return {n.name for n in walk(e) if isinstance(n, IndexVar)}
+
+
 def map_expr(e: Expr, fn: Callable[[Expr], Expr]) -> Expr:
     """Rebuild ``e`` bottom-up, replacing each node by ``fn(node with mapped children)``."""
     kids = children(e)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from polyfuse.ir.comprehension import Call, Definition, IndexVar, Read, Statement, walk
+from polyfuse.ir.comprehension import Call, Definition, Read, Statement, index_names, walk
 from polyfuse.scheduler.loop_nest import LoopNest, work
 from polyfuse.scheduler.loop_passes.pack_operands import MIN_REUSE
 from polyfuse.scheduler.options import Fusion, MappingOptions
@@ -43,9 +43,9 @@ PARALLEL_TILES = 2         # column tiles below which the rows go on the threads
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
 ROW_VECTORS = 8            # accumulator vectors of a row sum's tile (of 32 registers)
 MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
-SPLIT_ROWS = 2             # cache tiles of rows, at most, that a product split over rows alone cuts finer
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27;
                            # a dot4 step counts 4: 16 int8 channels make 4 steps of 16)
+SPLIT_ROWS = 2             # cache tiles of rows, at most, that a product split over rows alone cuts finer
 MIN_REUSE_ROWS = 16        # output rows that a transposed operand's packed panel serves, at least
 SWEPT_BYTES = 512 << 10   # output a reduction panel sweeps, past which panels go deeper
 DEEP_BYTES = 512 << 10     # a deep panel's packed box of the vector operand (L2-resident)
@@ -58,9 +58,6 @@ def element_bits(d: Definition) -> int:
     return min((max(t.dtype.compute.bits, 32) if t.dtype.is_float else 64) for t in d.outputs)
 
 
-def _names(e) -> set[str]:  # type: ignore[no-untyped-def]
-    return {n.name for n in walk(e) if isinstance(n, IndexVar)}
-
 
 def _operands(st: Statement) -> list[Read]:
     """The statement's reads of tensors other than the one it writes (not scalars)."""
@@ -70,7 +67,7 @@ def _operands(st: Statement) -> list[Read]:
 def _slides(reads: list[Read], outputs: set[str], summed: set[str]) -> bool:
     """Whether a read slides a window: one index moves with both an output index of
     ``outputs`` and a reduction index of ``summed`` (``w + kw``, a pool's ``2 * h + kh``)."""
-    return any(_names(x) & outputs and _names(x) & summed for r in reads for x in r.indices)
+    return any(index_names(x) & outputs and index_names(x) & summed for r in reads for x in r.indices)
 
 
 def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> MappingOptions:
@@ -103,7 +100,7 @@ def _reuses(nest: LoopNest) -> bool:
     (a ViT's 12 x 197 x 197 softmax: 1.3x faster)."""
     st, lhs, red = nest.statement, set(nest.outputs), set(nest.reduction_members)
     reads = _operands(st)
-    return _slides(reads, lhs, red) or any(lhs - set().union(*(_names(x) for x in r.indices)) for r in reads)
+    return _slides(reads, lhs, red) or any(lhs - set().union(*(index_names(x) for x in r.indices)) for r in reads)
 
 
 def _accumulator_width(d: Definition, nest: LoopNest, vector_bits: int, width: int) -> int:
@@ -125,9 +122,9 @@ def _gathers(nest: LoopNest) -> bool:
     if len(lhs) < 2 or not red:
         return False
     reads = _operands(st)
-    across = any(red[-1] not in _names(r.indices[-1]) and any(red[-1] in _names(x) for x in r.indices)
+    across = any(red[-1] not in index_names(r.indices[-1]) and any(red[-1] in index_names(x) for x in r.indices)
                  for r in reads)
-    return across and any(lhs[-1] in _names(r.indices[-1]) for r in reads)
+    return across and any(lhs[-1] in index_names(r.indices[-1]) for r in reads)
 
 
 def _broadcasts_a_result(d: Definition, nest: LoopNest) -> bool:
@@ -138,7 +135,7 @@ def _broadcasts_a_result(d: Definition, nest: LoopNest) -> bool:
     st = nest.statement
     produced = {s.tensor for s in d.statements if s is not st}
     return any(isinstance(r, Read) and r.tensor in produced and r.tensor != st.tensor
-               and set(nest.members) - set().union(*(_names(x) for x in r.indices))
+               and set(nest.members) - set().union(*(index_names(x) for x in r.indices))
                for r in walk(st.rhs))
 
 
@@ -156,11 +153,11 @@ def _reduces_rows(nest: LoopNest) -> bool:
         return False
     reads = _operands(st)
     vec, others, summed = lhs[-1], set(lhs[:-1]), set(red)
-    along = [r for r in reads if any(vec in _names(x) for x in r.indices)]
+    along = [r for r in reads if any(vec in index_names(x) for x in r.indices)]
     # a window (o + k) makes neighbouring outputs share reads, which register blocks reuse
     return bool(along) and not _slides(reads, others, summed) and \
         (len(along) == len(reads) or not others) and \
-        all(vec in _names(r.indices[-1]) and not _names(r.indices[-1]) & summed for r in along)
+        all(vec in index_names(r.indices[-1]) and not index_names(r.indices[-1]) & summed for r in along)
 
 
 def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
@@ -192,7 +189,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
     if len(lhs) < 2 or not red or depth < MIN_DEPTH:
         return MappingOptions(vector_width=width, unroll=2)
     reads = _operands(st)
-    last = Counter(i for r in reads for i in _names(r.indices[-1]) if i in lhs)
+    last = Counter(i for r in reads for i in index_names(r.indices[-1]) if i in lhs)
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
     registers: dict[str, int] = {}
     vec = max(last, key=lambda i: (last[i], lhs.index(i))) if last else None
@@ -208,9 +205,9 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             # gathered and scattered on every step; plain loops do better (LLVM keeps one
             # accumulator per output element in a register)
             return MappingOptions(vector_width=width, unroll=2)
-        vec_reads = [r for r in reads if any(vec in _names(x) for x in r.indices)]
+        vec_reads = [r for r in reads if any(vec in index_names(x) for x in r.indices)]
         others = [i for i in lhs if i != vec]
-        free = [i for i in others if not any(i in _names(x) for r in vec_reads for x in r.indices)]
+        free = [i for i in others if not any(i in index_names(x) for r in vec_reads for x in r.indices)]
         jam = (free or others)[-1]
         depth = max(red, key=lambda i: extents[i])
         order = red + [i for i in others if i != jam] + [jam, vec]
@@ -235,8 +232,10 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             and extents[first] >= 4 * PARALLEL_TILES)
         if rows_first and extents[vec] <= CACHE_COLS:
             cols = extents[vec]
-        block = _register_block(reads, extents, jam, vec, red)[1] * width   # its columns
-        if math.prod(extents[i] for i in others) <= CACHE_ROWS:
+        # (the rows, others, are lhs[:-1] here: the vector is the output's last index)
+        jammed, per_row = _register_block(reads, extents, jam, vec, red)
+        block = per_row * width   # a register block's columns
+        if rows <= CACHE_ROWS:
             # few rows (a 7x7 map's 49), all in one cache tile: each packed element of
             # the vector operand serves only those rows, so the kernel streams it from
             # memory. A column tile of one register block makes each thread's stream one
@@ -245,18 +244,18 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             # Rows too few for the pass to pack the panels (fewer than MIN_REUSE register
             # blocks: a matrix-vector product's one) read the operand in place instead,
             # and wider tiles keep those reads along its rows (1 x 4096 x 4096: 1.3x)
-            packed = math.prod(extents[i] for i in others) >= MIN_REUSE * _register_block(reads, extents, jam, vec, red)[0]
+            packed = rows >= MIN_REUSE * jammed
             if extents[vec] % block == 0 and extents[vec] // block >= PARALLEL_TILES and packed:
                 cols, rows_first = block, False
         # the output a reduction panel sweeps: every row, a tile of columns; each panel
         # loads and stores it once more, from memory once it outgrows L2 (C of a 2048
         # matmul: 2 MiB per 256 columns), so such panels go deeper
-        swept = math.prod(extents[i] for i in others) * cols * element_bytes
+        swept = rows * cols * element_bytes
         # (a whole reduction not much deeper than a panel stays untiled, unless its box
         # would outgrow a deep panel's; below that, one whose box L2 holds whole)
         total = math.prod(extents[i] for i in red)
         if swept > SWEPT_BYTES:
-            in_place = all(depth in _names(r.indices[-1]) for r in reads if r not in vec_reads)
+            in_place = all(depth in index_names(r.indices[-1]) for r in reads if r not in vec_reads)
             cols = _deep_columns(cols, extents[vec], total, block, in_place, element_bytes)
             steps = most = DEEP_BYTES // (cols * element_bytes)
         else:
@@ -276,8 +275,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             # the threads' rows are the jammed index's alone (a matmul's, its columns too few
             # for tiles): whole register blocks of them, in a tile per thread
             # (50 x 2000 x 50 ran on one thread in one tile of 64 rows)
-            mr = _register_block(reads, extents, jam, vec, red)[0]
-            tiles[jam] = min(CACHE_ROWS, max(mr, -(-extents[jam] // (PARALLEL_TILES * mr)) * mr))
+            tiles[jam] = min(CACHE_ROWS, max(jammed, -(-extents[jam] // (PARALLEL_TILES * jammed)) * jammed))
         # BLIS's loop order: column panels (on the threads), then reduction panels, then
         # rows, so a packed panel of the vector operand serves every row of the output;
         # with rows on the threads the first row index goes first instead
@@ -387,7 +385,7 @@ def _register_block(reads: list[Read], extents: dict[str, int], jam: str, vec: s
     """The jammed rows of a register block and its vectors per row (:func:`_register_rows`)."""
     # the jammed rows' scalars: neighbours in memory (a convolution's window) or rows
     # far apart (a matmul's A(m, k), one cache line and TLB entry per row)?
-    near = any(jam in _names(r.indices[-1]) for r in reads if vec not in _names(r.indices[-1]))
+    near = any(jam in index_names(r.indices[-1]) for r in reads if vec not in index_names(r.indices[-1]))
     # does the jammed index slide a window (w + kw of a convolution)?
     return _register_rows(extents[jam], near, _slides(reads, {jam}, set(red)))
 
@@ -396,9 +394,9 @@ def _transposed(reads: list[Read], vec: str) -> bool:
     """Whether the operands that read output index ``vec`` read it in one index each, an
     index other than their last (so a copy transposes their panels), plainly (``n``, not
     a window ``n + k``)."""
-    uses = [[_names(x) for x in r.indices if vec in _names(x)] for r in reads]
+    uses = [[index_names(x) for x in r.indices if vec in index_names(x)] for r in reads]
     along = [(u, r) for u, r in zip(uses, reads) if u]
-    return bool(along) and all(u == [{vec}] and vec not in _names(r.indices[-1]) for u, r in along)
+    return bool(along) and all(u == [{vec}] and vec not in index_names(r.indices[-1]) for u, r in along)
 
 
 def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int, most: int) -> int:
@@ -437,7 +435,7 @@ def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
     in panels of their rows) take 6 x 4 on the same first two terms (Aᵀ·B 1024 and 2048:
     1.06x; 256 rows keep 8 x 2)."""
     many = extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY
-    if (not near and (many or (FAR_ROWS_SOME <= extent and not window))) or (many and not window):
+    if (many and not (near and window)) or (not near and not window and extent >= FAR_ROWS_SOME):
         return FAR_ROWS, 4
     wide, narrow = [(r, 2) for r in (8, 7, 6)], [(MR, 4)]
     preferred = wide + narrow if near else narrow + wide

@@ -366,42 +366,30 @@ def test_micro_kernels_prefetch_the_prepacked_panels_they_stream(target):
 
 # 22 columns in register blocks of 8 (vectors of 4): two full blocks and one of 6, each
 # summing into its accumulators; the partial block reads the last panel of the same copy
-EDGE = """kernel mm(in float32(8, 16) A, in float32(16, 22) B, out float32(8, 22) C, local float32(2, 8) acc, local float32(2, 6) acc2) {
-  for c0 in 0:8 step 2 {
-    for c1 in 0:16 step 8 {
-      for c3 in 0:8 vectorize(4) {
-        acc(0, c3) = 0.0
-        acc(1, c3) = 0.0
-      }
-      for c2 in 0:16 {
-        for c3 in 0:8 vectorize(4) {
-          acc(0, c3) = acc(0, c3) + A(c0, c2) * B(c2, c1 + c3)
-          acc(1, c3) = acc(1, c3) + A(c0 + 1, c2) * B(c2, c1 + c3)
-        }
-      }
-      for c3 in 0:8 vectorize(4) {
-        C(c0, c1 + c3) = acc(0, c3)
-        C(c0 + 1, c1 + c3) = acc(1, c3)
-      }
-    }
-    for c1 in 16:22 step 8 {
-      for c3 in 0:6 vectorize(4) {
-        acc2(0, c3) = 0.0
-        acc2(1, c3) = 0.0
-      }
-      for c2 in 0:16 {
-        for c3 in 0:6 vectorize(4) {
-          acc2(0, c3) = acc2(0, c3) + A(c0, c2) * B(c2, c1 + c3)
-          acc2(1, c3) = acc2(1, c3) + A(c0 + 1, c2) * B(c2, c1 + c3)
-        }
-      }
-      for c3 in 0:6 vectorize(4) {
-        C(c0, c1 + c3) = acc2(0, c3)
-        C(c0 + 1, c1 + c3) = acc2(1, c3)
-      }
-    }
-  }
-}"""
+def _edge_block(columns: str, acc: str, lanes: int) -> str:
+    """One register block of EDGE: two rows of ``lanes`` columns summed into ``acc``."""
+    sums = "\n".join(f"          {acc}({r}, c3) = {acc}({r}, c3) + A(c0{' + 1' if r else ''}, c2) * B(c2, c1 + c3)"
+                     for r in (0, 1))
+    return f"""    for c1 in {columns} step 8 {{
+      for c3 in 0:{lanes} vectorize(4) {{
+        {acc}(0, c3) = 0.0
+        {acc}(1, c3) = 0.0
+      }}
+      for c2 in 0:16 {{
+        for c3 in 0:{lanes} vectorize(4) {{
+{sums}
+        }}
+      }}
+      for c3 in 0:{lanes} vectorize(4) {{
+        C(c0, c1 + c3) = {acc}(0, c3)
+        C(c0 + 1, c1 + c3) = {acc}(1, c3)
+      }}
+    }}"""
+
+
+EDGE = ("kernel mm(in float32(8, 16) A, in float32(16, 22) B, out float32(8, 22) C, local float32(2, 8) acc, "
+        "local float32(2, 6) acc2) {\n  for c0 in 0:8 step 2 {\n"
+        + _edge_block("0:16", "acc", 8) + "\n" + _edge_block("16:22", "acc2", 6) + "\n  }\n}")
 
 EDGE_COPY = """  for B_packed_0 in 0:2 {
     for B_packed_1 in 0:16 {

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import sympy
 
 from polyfuse.errors import RangeInferenceError, SourceLocation
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Cast, Expr, IndexVar, Literal, Read,
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Cast, Expr, IndexVar, Literal, Read, index_names,
                                        SizeVar, Unary, UnaryOp, walk)
 from polyfuse.ir.symbolic import TruncDiv, size_symbol, to_sympy
 
@@ -34,10 +34,6 @@ class Access:
 
     def __str__(self) -> str:
         return f"{self.tensor}({', '.join(str(i) for i in self.indices)})"
-
-
-def index_names(e: Expr) -> set[str]:
-    return {n.name for n in walk(e) if isinstance(n, IndexVar)}
 
 
 def _has_read(e: Expr) -> bool:

@@ -13,10 +13,10 @@ import sympy
 from polyfuse.errors import TCSemanticError
 from polyfuse.frontends.tc import ast
 from polyfuse.frontends.tc.expressions import ExprAnalyzer, Scope, TensorInfo, Typed, cast
-from polyfuse.frontends.tc.ranges import Access, access_shape, index_names, infer_ranges
+from polyfuse.frontends.tc.ranges import Access, access_shape, infer_ranges
 from polyfuse.ir.comprehension import (Binary, Call, Definition, Equivalent, Expr, IndexVar,
                                        Literal, Range, Read, ReduceOp, ScalarDecl, SizeVar,
-                                       Statement, TensorDecl, Unary, walk)
+                                       Statement, TensorDecl, Unary, index_names, walk)
 from polyfuse.ir.limits import MAX_EXPR_DEPTH, MAX_EXPR_NODES, expr_depth, expr_size
 from polyfuse.ir.symbolic import canonical, from_sympy, to_sympy
 from polyfuse.ir.types import DType

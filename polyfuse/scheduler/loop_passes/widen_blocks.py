@@ -20,9 +20,11 @@ an accumulator is widened with every loop that stores it, or with none.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
+from typing import NamedTuple
 
-from polyfuse.ir.comprehension import IndexVar, Literal, Read, walk
+from polyfuse.ir.comprehension import IndexVar, Literal, Read, index_names, walk
 from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, LoopKernel, Stmt, Store, constant_trips, rewrite,
                                stmt_nodes, walk_stmts)
 
@@ -32,82 +34,69 @@ def widen_partial_blocks(kernel: LoopKernel, panels: frozenset[str]) -> LoopKern
     vectors; ``panels`` names the packed buffers, whose panels are whole and zero-padded."""
     buffers = {b.name: b for b in kernel.buffers}
     accumulators = {b.name for b in kernel.buffers if b.role is BufferRole.LOCAL and b.name not in panels}
-    loops: dict[int, tuple[For, int, set[str]]] = {}   # id -> loop, its lanes widened, the accumulators it stores
-    storers: dict[str, list[int]] = {}                  # accumulator -> the loops storing it
-    for s in walk_stmts(kernel.body):
-        if isinstance(s, For):
-            found = _widenable(s, buffers, accumulators, panels)
-            if found is not None:
-                loops[id(s)] = (s, *found)
-        if isinstance(s, Store):
-            storers.setdefault(s.buffer, []).append(id(s))
-    # the stores of each accumulator, by loop: all of them in widenable loops, or none widen
-    inside = {id(st): key for key, (lp, _, _) in loops.items() for st in lp.body if isinstance(st, Store)}
-    widened = set(loops)
+    stores = Counter(s.buffer for s in walk_stmts(kernel.body) if isinstance(s, Store))
+    loops = {id(s): found for s in walk_stmts(kernel.body)
+             if isinstance(s, For) and (found := _widenable(s, buffers, accumulators, panels)) is not None}
+    # an accumulator widens with every loop that stores it, or with none
     while True:
-        blocked = {acc for acc in accumulators
-                   if any(inside.get(st) not in widened for st in storers.get(acc, []))}
-        keep = {key for key in widened if not (loops[key][2] & blocked)
-                and not (_reads(loops[key][0], accumulators) & blocked)}
-        if keep == widened:
+        covered = sum((lp.stores for lp in loops.values()), Counter())
+        blocked = {acc for acc in accumulators if covered[acc] < stores[acc]}
+        keep = {key: lp for key, lp in loops.items() if not (set(lp.stores) | lp.reads) & blocked}
+        if len(keep) == len(loops):
             break
-        widened = keep
-    if not widened:
+        loops = keep
+    if not loops:
         return kernel
     lanes: dict[str, int] = {}
-    for key in widened:
-        for acc in loops[key][2]:
-            lanes[acc] = max(lanes.get(acc, 0), loops[key][1])
+    for lp in loops.values():
+        for acc in lp.stores:
+            lanes[acc] = max(lanes.get(acc, 0), lp.lanes)
 
     def widen(s: Stmt) -> Stmt | None:
-        if isinstance(s, For) and id(s) in widened:
-            return replace(s, hi=Literal(loops[id(s)][1], s.hi.dtype))  # type: ignore[attr-defined]
+        if isinstance(s, For) and id(s) in loops:
+            return replace(s, hi=Literal(loops[id(s)].lanes, s.hi.dtype))  # type: ignore[attr-defined]
         return None
 
-    body = rewrite(kernel.body, pre=widen)
     grown = tuple(replace(b, shape=(*b.shape[:-1], max(b.shape[-1], lanes[b.name])))
                   if b.name in lanes else b for b in kernel.buffers)
-    return replace(kernel, buffers=grown, body=body)
+    return replace(kernel, buffers=grown, body=rewrite(kernel.body, pre=widen))
+
+
+class _Widenable(NamedTuple):
+    lanes: int              # the whole vectors' lanes the loop runs widened
+    stores: Counter[str]    # its stores, by accumulator
+    reads: set[str]         # the accumulators it reads
 
 
 def _widenable(lp: For, buffers: dict[str, Buffer], accumulators: set[str],
-               panels: frozenset[str]) -> tuple[int, set[str]] | None:
-    """The lanes of whole vectors a partial vector loop ``lp`` may run and the
-    accumulators it stores, or None."""
+               panels: frozenset[str]) -> _Widenable | None:
+    """How a partial vector loop ``lp`` would run in whole vectors, or None where it may not."""
     trips = constant_trips(lp)
     if lp.vector <= 1 or trips is None or not trips % lp.vector or lp.step != 1 \
             or not isinstance(lp.lo, Literal) or lp.lo.value != 0:
         return None
     lanes = -(-trips // lp.vector) * lp.vector
     v = lp.var
-    stored: set[str] = set()
+    stored: Counter[str] = Counter()
+    reads: set[str] = set()
     for st in lp.body:
         if isinstance(st, Store):
             if st.buffer not in accumulators or not _along(st.indices, v):
                 return None
-            stored.add(st.buffer)
+            stored[st.buffer] += 1
         elif not isinstance(st, Assign):
             return None
-        for e in stmt_nodes(st):
-            for r in walk(e):
-                if isinstance(r, Read) and any(v in _names(i) for i in r.indices):
-                    ok = r.tensor in accumulators or (r.tensor in panels and buffers[r.tensor].shape[-1] >= lanes)
-                    if not ok or not _along(r.indices, v):
-                        return None
-    return (lanes, stored) if stored else None
+        for r in (n for e in stmt_nodes(st) for n in walk(e) if isinstance(n, Read)):
+            if r.tensor in accumulators:
+                reads.add(r.tensor)
+            if any(v in index_names(i) for i in r.indices):
+                ok = r.tensor in accumulators or (r.tensor in panels and buffers[r.tensor].shape[-1] >= lanes)
+                if not ok or not _along(r.indices, v):
+                    return None
+    return _Widenable(lanes, stored, reads) if stored else None
 
 
 def _along(indices: tuple, v: str) -> bool:
     """Whether ``v`` is the last index exactly and appears in no other."""
     *rest, last = indices
-    return isinstance(last, IndexVar) and last.name == v and not any(v in _names(i) for i in rest)
-
-
-def _reads(lp: For, accumulators: set[str]) -> set[str]:
-    """The accumulators loop ``lp`` reads."""
-    return {r.tensor for st in lp.body for e in stmt_nodes(st) for r in walk(e)
-            if isinstance(r, Read) and r.tensor in accumulators}
-
-
-def _names(e) -> set[str]:  # type: ignore[no-untyped-def]
-    return {n.name for n in walk(e) if isinstance(n, IndexVar)}
+    return isinstance(last, IndexVar) and last.name == v and not any(v in index_names(i) for i in rest)
