@@ -14,9 +14,12 @@ Other files of the cache (programs linked for an emulator, under ``bin/``) keep 
 SHA-256 of their contents beside them (:func:`checked_file`) and are rebuilt when it
 does not match.
 
-In one process, kernels are fetched and compiled one at a time (LLVM's and isl's
-contexts are shared by every kernel and are not safe to use from two threads at once);
-a kernel already in memory is returned without waiting.
+In one process, each kernel is fetched and compiled once: a thread asking for a kernel
+another thread is making waits for it; a kernel already in memory is returned without
+waiting. Different kernels compile side by side in two stages: scheduling, under
+:data:`SCHEDULING` (isl), and code generation, under :data:`CODEGEN` (LLVM and the JIT),
+so one kernel's machine code is made while the next is scheduled (isl's and LLVM's
+state is shared by every kernel and is not safe to use from two threads at once).
 
 The directory is ``$POLYFUSE_CACHE_DIR`` if set (empty or ``0`` turns the disk cache
 off), else ``$XDG_CACHE_HOME/polyfuse`` or ``~/.cache/polyfuse``.
@@ -37,7 +40,10 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 FORMAT = 3
-_LOCK = threading.RLock()   # compiling and loading, one kernel at a time (see above)
+SCHEDULING = threading.RLock()   # isl, and the scheduling around it: one kernel at a time
+CODEGEN = threading.RLock()      # LLVM, NVRTC and the JIT: one kernel at a time
+_MAKING = threading.Lock()       # guards _KEYS
+_KEYS: dict[str, threading.Lock] = {}   # a lock per kernel being fetched
 
 
 def cache_dir() -> Path | None:
@@ -159,12 +165,23 @@ def fetch(key: str, memory: dict[str, T], stats: dict[str, int],
     where kernels came from (``memory``, ``disk``, ``compiled``)."""
     found = memory.get(key)
     if found is None:
-        with _LOCK:
-            found = memory.get(key)   # another thread may have made it while this one waited
-            if found is None:
-                hit = load(key)
-                found = memory[key] = from_disk(*hit) if hit is not None else compile()
-                stats["disk" if hit is not None else "compiled"] += 1
-                return found
-    stats["memory"] += 1
+        with _MAKING:
+            making = _KEYS.setdefault(key, threading.Lock())
+        try:
+            with making:
+                found = memory.get(key)   # another thread may have made it while this one waited
+                if found is None:
+                    hit = load(key)
+                    found = memory[key] = from_disk(*hit) if hit is not None else compile()
+                    _count(stats, "disk" if hit is not None else "compiled")
+                    return found
+        finally:
+            with _MAKING:
+                _KEYS.pop(key, None)   # later askers find the kernel in memory
+    _count(stats, "memory")
     return found
+
+
+def _count(stats: dict[str, int], where: str) -> None:
+    with _MAKING:
+        stats[where] += 1

@@ -27,7 +27,7 @@ from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.loop_passes.dead_stores import touched
 from polyfuse.scheduler.pipeline import Usage, schedule_definition
 from polyfuse.targets import Target
-from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, load_object,
+from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, emit_llvm, load_object,
                                   native_tiles, runs_natively, target_description, vector_bits)
 
 _COMPILED: dict[str, Any] = {}
@@ -86,7 +86,8 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     for code this process cannot run. ``usage``: what the caller promises (weights that
     the kernel may read packed ahead of time, outputs it need not store)."""
     sizes = dict(sizes)
-    options = options or default_options(d, sizes, vector_bits(target))
+    with cache.SCHEDULING:
+        options = options or default_options(d, sizes, vector_bits(target))
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
                            target_description(target), repr(options), usage.key(),
                            repr(sorted(native_tiles(target))))
@@ -96,34 +97,46 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
         lambda: _compile(d, sizes, target, options, key, usage))
     stages.update(exe.stages)
     if "asm" not in stages and "llvm_opt" in stages and hasattr(stages, "later"):
-        stages.later("asm", lambda: assembly(stages["llvm_opt"], target))
+        stages.later("asm", lambda: _assembly(stages["llvm_opt"], target))
     return exe
+
+
+def _assembly(llvm_opt: str, target: Target) -> str:
+    with cache.CODEGEN:
+        return assembly(llvm_opt, target)
 
 
 def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Target) -> Any:
     """The kernel in object code ``obj`` loaded for ``target``: into this process where its
     code runs here, else to run under the emulator."""
     if runs_natively(target):
-        native_tiles(target)   # asks Linux for AMX's tiles, which the code may use (a saved artifact's too)
-        return CpuExecutable(load_object(layout.name, obj, stages,
-                                         parallel_for=native.parallel_for_threads_address()), layout)
+        with cache.CODEGEN:
+            native_tiles(target)   # asks Linux for AMX's tiles, which the code may use (a saved artifact's too)
+            jit = load_object(layout.name, obj, stages, parallel_for=native.parallel_for_threads_address())
+        return CpuExecutable(jit, layout)
     from polyfuse.runtime.cross import CrossExecutable
     return CrossExecutable(layout, stages, obj, target)
 
 
 def _compile(d: Definition, sizes: dict[str, int], target: Target, options: MappingOptions,
              key: str, usage: Usage) -> Any:
+    """Schedule ``d`` and write its LLVM IR (under :data:`cache.SCHEDULING`), then make
+    its machine code (under :data:`cache.CODEGEN`): another thread may schedule the next
+    kernel meanwhile."""
     stages = {"options": repr(options)}
     initialized: set[str] = set()
-    kernel = schedule_definition(d, sizes, options, stages, initialized, usage, native_tiles(target))
-    layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized - (usage.discarded - touched(kernel)))
+    with cache.SCHEDULING:
+        kernel = schedule_definition(d, sizes, options, stages, initialized, usage, native_tiles(target))
+        layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized - (usage.discarded - touched(kernel)))
+        text = emit_llvm(kernel, target, options.num_threads)
     if runs_natively(target):
-        jit = compile_kernel(kernel, target, options.num_threads,
-                             parallel_for=native.parallel_for_threads_address())
+        with cache.CODEGEN:
+            jit = compile_kernel(text, target, parallel_for=native.parallel_for_threads_address())
         jit.stages.update(stages)
         cache.store(key, jit.object, {"layout": layout.to_json(), "stages": jit.stages})
         return CpuExecutable(jit, layout)
-    obj, code_stages = compile_object(kernel, target, options.num_threads)
+    with cache.CODEGEN:
+        obj, code_stages = compile_object(text, target)
     stages.update(code_stages)
     cache.store(key, obj, {"layout": layout.to_json(), "stages": stages})
     return executable(obj, layout, stages, target)

@@ -94,7 +94,8 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     sizes = dict(sizes)
     gpu = available_device()
     limits = gpu.limits if gpu is not None else DeviceLimits()
-    options = options or default_gpu_options(d, sizes)
+    with cache.SCHEDULING:
+        options = options or default_gpu_options(d, sizes)
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), target.name, repr(limits),
                            repr(options))
 
@@ -112,8 +113,10 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
 def _compile(d: Definition, sizes: dict[str, int], options: MappingOptions,
              limits: DeviceLimits, key: str) -> CudaExecutable:
     stages = {"options": repr(options)}
-    kernel = schedule_gpu_definition(d, sizes, options, limits, stages)
-    binary = compile_gpu_kernel(kernel, limits.arch)
+    with cache.SCHEDULING:
+        kernel = schedule_gpu_definition(d, sizes, options, limits, stages)
+    with cache.CODEGEN:
+        binary = compile_gpu_kernel(kernel, limits.arch)
     binary.stages.update(stages)
     layout = CudaLayout.of(kernel, zero_filled_outputs(d, sizes))
     cache.store(key, binary.cubin, {"layout": layout.to_json(), "stages": binary.stages})

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import llvmlite.binding as llvm
 
@@ -70,6 +70,7 @@ def _check_names(triple: str, cpu: str, features: str, spec: str) -> None:
                           "'host' for this machine")
 
 
+@functools.cache
 def _cpu_and_features(target: Target) -> tuple[str, str]:
     if not target.cpu:   # this machine's CPU (x86, or "host" on an ARM machine)
         return llvm.get_host_cpu_name(), ",".join(
@@ -205,33 +206,58 @@ def _jit() -> llvm.LLJIT:
 _libraries = itertools.count()
 
 
-def compile_kernel(kernel: LoopKernel, target: Target, num_threads: int = 0, *,
+class LlvmText(NamedTuple):
+    """A loop kernel's LLVM IR (:func:`emit_llvm`)."""
+
+    name: str
+    text: str
+
+
+def compile_kernel(kernel: LoopKernel | LlvmText, target: Target, num_threads: int = 0, *,
                    parallel_for: int) -> JitKernel:
-    """JIT-compile a loop kernel for this machine; stages get "llvm" and "llvm_opt"
-    (:func:`assembly` prints "asm" from the latter when it is asked for).
-    ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
+    """JIT-compile a loop kernel (or its LLVM IR from :func:`emit_llvm`) for this machine;
+    stages get "llvm" and "llvm_opt" (:func:`assembly` prints "asm" from the latter when
+    it is asked for). ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
     (``polyfuse.runtime.native.parallel_for_threads_address()``)."""
     obj, stages = compile_object(kernel, target, num_threads)
     return load_object(kernel.name, obj, stages, parallel_for=parallel_for)
 
 
-def compile_object(kernel: LoopKernel, target: Target, num_threads: int = 0) -> tuple[bytes, dict[str, str]]:
-    """Compile a loop kernel to a relocatable object for any CPU target (no JIT): the
-    object and the stages "llvm" and "llvm_opt"."""
-    tm = target_machine(target)
-    mod, stages = _optimized_module(kernel, target, tm, num_threads)
-    return tm.emit_object(mod), stages
+def emit_llvm(kernel: LoopKernel, target: Target, num_threads: int = 0) -> LlvmText:
+    """The LLVM IR text of a loop kernel for ``target``. Pure Python: it touches no LLVM
+    state, so it may run beside another kernel's compilation."""
+    triple, data_layout = _module_frame(target)
+    return LlvmText(kernel.name, emit_module(kernel, triple, data_layout, num_threads,
+                                             "sve" in target.features, vector_bits(target) == 512,
+                                             native_dots(target), native_tiles(target)))
 
 
-def _optimized_module(kernel: LoopKernel, target: Target, tm: llvm.TargetMachine,
-                      num_threads: int) -> tuple[llvm.ModuleRef, dict[str, str]]:
-    text = emit_module(kernel, tm.triple, str(tm.target_data), num_threads, "sve" in target.features,
-                       vector_bits(target) == 512, native_dots(target), native_tiles(target))
-    mod = parse_module(text, f"kernel '{kernel.name}'")
+@functools.cache
+def _module_frame(target: Target) -> tuple[str, str]:
+    """The triple and data layout of ``target``'s modules, asked of LLVM once: LLVM's
+    calls take one lock, which another thread's optimization holds for long."""
+    tm = _compiling_machine(target)
+    return tm.triple, str(tm.target_data)
+
+
+@functools.cache
+def _compiling_machine(target: Target) -> llvm.TargetMachine:
+    """The target machine that optimizes and emits ``target``'s kernels, made once (the
+    calls that make one each wait for the GIL while another thread schedules)."""
+    return target_machine(target)
+
+
+def compile_object(kernel: LoopKernel | LlvmText, target: Target,
+                   num_threads: int = 0) -> tuple[bytes, dict[str, str]]:
+    """Compile a loop kernel (or its LLVM IR from :func:`emit_llvm`) to a relocatable
+    object for any CPU target (no JIT): the object and the stages "llvm" and "llvm_opt"."""
+    tm = _compiling_machine(target)
+    name, text = kernel if isinstance(kernel, LlvmText) else emit_llvm(kernel, target, num_threads)
+    mod = parse_module(text, f"kernel '{name}'")
     optimize(mod, tm)
     inline_dot_products(mod, tm, native_dots(target))
     link_tile_products(mod)
-    return mod, {"llvm": text, "llvm_opt": str(mod)}
+    return tm.emit_object(mod), {"llvm": text, "llvm_opt": str(mod)}
 
 
 def assembly(llvm_opt: str, target: Target) -> str:
