@@ -145,23 +145,25 @@ def test_a_kernel_on_channels_last_storage_computes_the_same_values():
     np.testing.assert_array_equal(got, want.transpose(0, 2, 3, 1))
 
 
-@pytest.mark.parametrize("stride, pitch", [(2, 272), (1, 256)])
-def test_a_strided_convolution_pads_its_channels_last_copy_by_a_cache_line(stride, pitch):
-    # 256 channels, stride 2: neighbouring outputs read pixels 2 KiB apart, which share
-    # L1 sets; the padded copy holds 16 more (zero) channels per pixel. Unstrided windows
-    # keep the input's pitch
+@pytest.mark.parametrize("stride, channels, pitch", [(2, 256, 272), (1, 256, 256), (1, 512, 528)])
+def test_a_convolution_pads_its_channels_last_copy_by_a_cache_line(stride, channels, pitch):
+    # 256 channels, stride 2, or 512 unstrided: neighbouring outputs read pixels 2 KiB
+    # apart, which share L1 sets; the padded copy holds 16 more (zero) channels per
+    # pixel. 256 unstrided keep the input's pitch
     from polyfuse.lowering.ops.conv import WindowAxis, channel_pitch
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1],
                               strides=[stride, stride]),
              helper.make_node("Relu", ["c"], ["y"], name="relu")]
     out = [(s + 2 - 3) // stride + 1 for s in (13, 11)]
     # (40 output channels: no Winograd transform for the unstrided one)
-    model = _model(nodes, {"x": [2, 256, 13, 11]}, {"y": [2, 40, *out]},
-                   {"W": _w(40, 256, 3, 3), "B": RNG.standard_normal(40).astype(np.float32)})
+    model = _model(nodes, {"x": [2, channels, 13, 11]}, {"y": [2, 40, *out]},
+                   {"W": _w(40, channels, 3, 3), "B": RNG.standard_normal(40).astype(np.float32)})
     compiled = pf.compile(model, target="host")
-    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((2, 256, 13, 11)).astype(np.float32)},
+    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((2, channels, 13, 11)).astype(np.float32)},
                                rtol=1e-4, atol=1e-4, compiled=compiled)
     assert f", {pitch}) t0_P" in compiled.dump("loops")
     axis = WindowAxis(size=14, kernel=3, stride=2, dilation=1, out=7, pad=1, pad_end=0)
     assert [channel_pitch(c, [axis], 4) for c in (128, 256, 512, 520)] == [128, 272, 528, 520]
     assert channel_pitch(512, [axis], 2) == 544 and channel_pitch(512, [], 4) == 512
+    unstrided = WindowAxis(size=7, kernel=3, stride=1, dilation=1, out=7, pad=1, pad_end=1)
+    assert [channel_pitch(c, [unstrided], 4) for c in (256, 512, 1024)] == [256, 528, 1040]
