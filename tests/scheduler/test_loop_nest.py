@@ -106,6 +106,34 @@ def test_few_columns_split_the_rows_over_the_threads_in_blocks_of_whole_vectors(
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=3e-3)
 
 
+@pytest.mark.parametrize("src, entry, sizes, block, width", [
+    (MM, "mm", {"M": 512, "K": 512, "N": 56}, 48, 16),    # 56 columns: 48 and 8, not 8 at a time
+    (MM, "mm", {"M": 197, "K": 768, "N": 88}, 64, 16),
+    (MM, "mm", {"M": 256, "K": 100, "N": 40}, 32, 16),
+    (MM, "mm", {"M": 512, "K": 300, "N": 72}, 24, 8),     # three half vectors divide 72
+    (CONV, "conv", {"N": 1, "C": 16, "H": 12, "W": 58, "M": 24, "KH": 3, "KW": 3}, 48, 16),
+])
+def test_columns_of_an_odd_count_of_half_vectors_take_full_vectors_and_a_partial_block(
+        src, entry, sizes, block, width):
+    # a block of one half vector (8 of 16 lanes) feeds its FMAs too few lanes: full
+    # vectors, up to the block's count, then a partial block (a TC convolution over
+    # NCHW maps 56 wide: 1.34x; 56, 40, 88 or 104 columns of a product: 1.08-1.2x)
+    d, loop_nest = nest(src, entry, sizes)
+    options = default_options(d, sizes, 512)
+    vec = "n" if entry == "mm" else "w"
+    assert (dict(loop_nest.to_named(options).register_tile)[vec], options.vector_width) == (block, width)
+    rng = np.random.default_rng(sum(sizes.values()))
+    kernel = getattr(pf.define(src, target="host"), entry)
+    reference = getattr(pf.define(src, target="reference"), entry)
+    if entry == "mm":
+        args = (rng.standard_normal((sizes["M"], sizes["K"])).astype(np.float32),
+                rng.standard_normal((sizes["K"], sizes["N"])).astype(np.float32))
+    else:
+        args = (rng.standard_normal((1, sizes["C"], sizes["H"], sizes["W"])).astype(np.float32),
+                rng.standard_normal((sizes["M"], sizes["C"], 3, 3)).astype(np.float32))
+    np.testing.assert_allclose(kernel(*args), reference(*args), rtol=1e-4, atol=1e-3)
+
+
 TN = "def tn(float(K,M) A, float(K,N) B) -> (C) { C(m,n) +=! A(k,m) * B(k,n) }"
 
 
