@@ -83,14 +83,14 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
             discarded = frozenset(t.name for t in st.definition.outputs[len(st.outputs):])
             groups.setdefault((st.source, tuple(plan.types[n] for n in st.inputs), discarded), []).append(i)
 
-    def compile_group(indices: list[int]) -> None:
+    def compile_group(group: tuple[tuple, list[int]]) -> None:
+        (_, _, discarded), indices = group
         alike: list[SpecializedKernel] = []
         for i in indices:
             st = steps[i]
             constants = frozenset(p.name for p, n in zip(st.definition.params, st.inputs) if n in plan.constants)
             spec = next((k for k in alike if _packed_sources(k) <= constants), None)
             if spec is None:
-                discarded = frozenset(t.name for t in st.definition.outputs[len(st.outputs):])
                 kernel = Kernel(st.definition, target, st.source, options, tuning, Usage(constants, discarded))
                 spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
                 alike.append(spec)
@@ -100,7 +100,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                                           f"{[plan.types[n] for n in st.defines]}")
             kernels[i] = spec
 
-    _each(compile_group, list(groups.values()), COMPILE_THREADS)
+    _each(compile_group, list(groups.items()), COMPILE_THREADS)
     compiled = CompiledPlan(plan, tuple(kernels))
     return dataclasses.replace(compiled, program=_program(compiled, target))
 
@@ -125,8 +125,16 @@ def _each(work: Callable[[Any], None], items: list[Any], threads: int) -> None:
             raise
 
 
-_switching = threading.Lock()
-_switchers = [0, 0.0]   # threads inside _quick_switches, and the interval before the first
+@dataclasses.dataclass
+class _Switching:
+    """The blocks inside :func:`_quick_switches` now, and the interval before the first."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    blocks: int = 0
+    saved: float = 0.0
+
+
+_SWITCHING = _Switching()
 
 
 @contextlib.contextmanager
@@ -137,18 +145,19 @@ def _quick_switches() -> Iterator[None]:
     kernel, each giving up the GIL; at the default 5 ms it waited that long for it
     after most of them while another thread scheduled (ResNet-50's kernels: 8.7 s on
     three threads as on one; 6.2-6.6 s so)."""
-    with _switching:
-        if not _switchers[0]:
-            _switchers[1] = sys.getswitchinterval()
+    state = _SWITCHING
+    with state.lock:
+        if not state.blocks:
+            state.saved = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL)
-        _switchers[0] += 1
+        state.blocks += 1
     try:
         yield
     finally:
-        with _switching:
-            _switchers[0] -= 1
-            if not _switchers[0]:
-                sys.setswitchinterval(_switchers[1])
+        with state.lock:
+            state.blocks -= 1
+            if not state.blocks:
+                sys.setswitchinterval(state.saved)
 
 
 def _packed_sources(kernel: SpecializedKernel) -> frozenset[str]:

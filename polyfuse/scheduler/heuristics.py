@@ -451,7 +451,9 @@ def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
 def _vector_block(cols: int, width: int, vectors: int, partial: bool = False) -> tuple[int, int]:
     """Columns of a register block and the vector width: the most full vectors, up to
     ``vectors``, whose block divides ``cols`` (96 columns: three vectors of 16, not one),
-    else, where ``partial``, ``vectors`` (or as many as ``cols`` fill) of ``width``."""
+    or of half vectors where those divide it; full vectors and a last, partial block
+    where only one half vector would (56 columns: 48 and 8); else, where ``partial``,
+    ``vectors`` (or as many as ``cols`` fill) of ``width``."""
     for vw in (width, width // 2):
         if vw >= 1 and cols % vw == 0:
             n = max(v for v in range(1, vectors + 1) if cols % (v * vw) == 0)

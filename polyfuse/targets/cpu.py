@@ -213,14 +213,13 @@ class LlvmText(NamedTuple):
     text: str
 
 
-def compile_kernel(kernel: LoopKernel | LlvmText, target: Target, num_threads: int = 0, *,
-                   parallel_for: int) -> JitKernel:
-    """JIT-compile a loop kernel (or its LLVM IR from :func:`emit_llvm`) for this machine;
-    stages get "llvm" and "llvm_opt" (:func:`assembly` prints "asm" from the latter when
-    it is asked for). ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
+def compile_kernel(llvm_ir: LlvmText, target: Target, *, parallel_for: int) -> JitKernel:
+    """JIT-compile a loop kernel's LLVM IR (:func:`emit_llvm`) for this machine; stages get
+    "llvm" and "llvm_opt" (:func:`assembly` prints "asm" from the latter when it is asked
+    for). ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
     (``polyfuse.runtime.native.parallel_for_threads_address()``)."""
-    obj, stages = compile_object(kernel, target, num_threads)
-    return load_object(kernel.name, obj, stages, parallel_for=parallel_for)
+    obj, stages = compile_object(llvm_ir, target)
+    return load_object(llvm_ir.name, obj, stages, parallel_for=parallel_for)
 
 
 def emit_llvm(kernel: LoopKernel, target: Target, num_threads: int = 0) -> LlvmText:
@@ -247,17 +246,15 @@ def _compiling_machine(target: Target) -> llvm.TargetMachine:
     return target_machine(target)
 
 
-def compile_object(kernel: LoopKernel | LlvmText, target: Target,
-                   num_threads: int = 0) -> tuple[bytes, dict[str, str]]:
-    """Compile a loop kernel (or its LLVM IR from :func:`emit_llvm`) to a relocatable
-    object for any CPU target (no JIT): the object and the stages "llvm" and "llvm_opt"."""
+def compile_object(llvm_ir: LlvmText, target: Target) -> tuple[bytes, dict[str, str]]:
+    """Compile a loop kernel's LLVM IR (:func:`emit_llvm`) to a relocatable object for any
+    CPU target (no JIT): the object and the stages "llvm" and "llvm_opt"."""
     tm = _compiling_machine(target)
-    name, text = kernel if isinstance(kernel, LlvmText) else emit_llvm(kernel, target, num_threads)
-    mod = parse_module(text, f"kernel '{name}'")
+    mod = parse_module(llvm_ir.text, f"kernel '{llvm_ir.name}'")
     optimize(mod, tm)
     inline_dot_products(mod, tm, native_dots(target))
     link_tile_products(mod)
-    return tm.emit_object(mod), {"llvm": text, "llvm_opt": str(mod)}
+    return tm.emit_object(mod), {"llvm": llvm_ir.text, "llvm_opt": str(mod)}
 
 
 def assembly(llvm_opt: str, target: Target) -> str:
