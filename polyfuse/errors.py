@@ -117,6 +117,12 @@ class OptionError(PolyfuseError, ValueError):
     """A setting (of tuning, measuring, ...) has a value polyfuse cannot use."""
 
 
+class RecordError(PolyfuseError, ValueError):
+    """A saved record (a disk-cache entry, a kernel artifact) does not hold the fields, or
+    the kinds of values, of the record polyfuse reads: it was written by another version
+    or damaged. The disk cache rebuilds such an entry."""
+
+
 class ShapeError(PolyfuseError, ValueError):
     """Ranks or sizes of arguments disagree with the kernel or with each other."""
 

@@ -24,6 +24,7 @@ from typing import Any
 from polyfuse.errors import ArgumentError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.comprehension_interpreter import interpret
+from polyfuse.ir.serialize import decode, encode
 from polyfuse.ir.sizes import bind_sizes
 from polyfuse.runtime.kernel import Executable, SpecializedKernel
 from polyfuse.targets import Codegen, Target
@@ -77,25 +78,25 @@ def _interpreter(artifact: Artifact) -> Executable:
 def _save_cpu(executable: Any) -> tuple[bytes, dict[str, Any]]:
     # a CpuExecutable keeps its object with the JIT, a CrossExecutable itself
     jit = getattr(executable, "jit", executable)
-    return jit.object, {"layout": executable.layout.to_json()}
+    return jit.object, {"layout": encode(executable.layout)}
 
 
 def _load_cpu(artifact: Artifact) -> Executable:
     from polyfuse.runtime.cpu import executable   # loads LLVM
     from polyfuse.runtime.program import Layout
-    return executable(artifact.code, Layout.from_json(artifact.layout["layout"]),
+    return executable(artifact.code, decode(Layout, artifact.layout["layout"]),
                       dict(artifact.stages), artifact.target)
 
 
 def _save_cuda(executable: Any) -> tuple[bytes, dict[str, Any]]:
-    return executable.binary.cubin, {"layout": executable.layout.to_json(),
+    return executable.binary.cubin, {"layout": encode(executable.layout),
                                      "arch": executable.binary.arch}
 
 
 def _load_cuda(artifact: Artifact) -> Executable:
     from polyfuse.runtime.cuda import CudaExecutable, CudaLayout   # loads NVRTC
     from polyfuse.targets.cuda import CudaBinary
-    layout = CudaLayout.from_json(artifact.layout["layout"])
+    layout = decode(CudaLayout, artifact.layout["layout"])
     binary = CudaBinary(layout.name, artifact.layout["arch"], artifact.code, layout.launches,
                         dict(artifact.stages))
     return CudaExecutable(binary, layout)

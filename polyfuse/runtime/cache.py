@@ -4,11 +4,15 @@ A kernel is keyed by everything its code depends on: the canonical text of the
 definition, the sizes, the target (with the host CPU and its features), the mapping
 options, the polyfuse version and a hash of polyfuse's sources. An entry is two files
 under the cache directory: ``<key>.o`` (the object code) and ``<key>.json`` (a line with
-the SHA-256 of both files' contents, then the buffer layout and stage texts as JSON).
+the SHA-256 of both files' contents, then the buffer layout and stage texts as JSON,
+with the entry format and the layout record's schema: see :mod:`polyfuse.ir.serialize`,
+which saves every field of the layout's dataclass and checks each when loading).
 Both are written to a temporary name and renamed, so concurrent processes never see
 half a file. An entry whose digest does not match (a truncated, emptied or overwritten
 file, or the two files of different writers), or that does not parse, is ignored and
-rebuilt: object code is checked before it is ever handed to the linker.
+rebuilt: object code is checked before it is ever handed to the linker. So is an entry
+of another format or schema, or whose record lacks a field or holds a value of the
+wrong kind.
 
 Other files of the cache (programs linked for an emulator, under ``bin/``) keep a
 SHA-256 of their contents beside them (:func:`checked_file`) and are rebuilt when it
@@ -37,9 +41,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-T = TypeVar("T")
+from polyfuse.ir.serialize import decode, encode, schema
 
-FORMAT = 3
+T = TypeVar("T")
+L = TypeVar("L")
+
+FORMAT = 4
 SCHEDULING = threading.RLock()   # isl, and the scheduling around it: one kernel at a time
 CODEGEN = threading.RLock()      # LLVM, NVRTC and the JIT: one kernel at a time
 _MAKING = threading.Lock()       # guards _KEYS
@@ -74,9 +81,11 @@ def kernel_key(*parts: str) -> str:
     return h.hexdigest()[:40]
 
 
-def load(key: str) -> tuple[bytes, dict[str, Any]] | None:
-    """The object code and metadata stored under ``key``, or None when there is no
-    entry or it is damaged (its digest does not match or its metadata does not parse)."""
+def load(key: str, kind: type[L]) -> tuple[bytes, L, dict[str, str]] | None:
+    """The object code, layout (a record of type ``kind``) and stage texts stored under
+    ``key``, or None when there is no entry, it is damaged (its digest does not match), or
+    its record is not one this polyfuse reads (another format or schema, fields missing
+    or of the wrong kind): such an entry is rebuilt, never trusted."""
     root = cache_dir()
     if root is None:
         return None
@@ -89,19 +98,23 @@ def load(key: str) -> tuple[bytes, dict[str, Any]] | None:
         return None
     try:
         meta = json.loads(text)
-    except ValueError:
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("schema") != schema(kind):
+            return None
+        return obj, decode(kind, meta["layout"]), decode(dict[str, str], meta["stages"])
+    except (ValueError, KeyError):   # RecordError is a ValueError
         return None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        return None
-    return obj, meta
 
 
-def store(key: str, obj: bytes, meta: dict[str, Any]) -> None:
-    """Save an entry; a cache that cannot be written is skipped, never an error."""
+def store(key: str, obj: bytes, layout: Any, stages: dict[str, str]) -> None:
+    """Save an entry: the object code, and its layout (a dataclass record) and stage
+    texts with the format and the layout's schema. A cache that cannot be written is
+    skipped, never an error."""
     root = cache_dir()
     if root is None:
         return
-    text = json.dumps({**meta, "format": FORMAT}).encode()
+    meta = {"format": FORMAT, "schema": schema(type(layout)), "layout": encode(layout),
+            "stages": encode(stages)}
+    text = json.dumps(meta).encode()
     try:
         root.mkdir(parents=True, exist_ok=True)
         _atomic_write(root / f"{key}.o", obj)
@@ -158,11 +171,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def fetch(key: str, memory: dict[str, T], stats: dict[str, int],
-          from_disk: Callable[[bytes, dict[str, Any]], T], compile: Callable[[], T]) -> T:
+def fetch(key: str, memory: dict[str, T], stats: dict[str, int], kind: type[L],
+          from_disk: Callable[[bytes, L, dict[str, str]], T], compile: Callable[[], T]) -> T:
     """The kernel under ``key``: from ``memory`` (this process), else from the disk
-    (``from_disk(object, meta)``), else ``compile()`` (which stores it); ``stats`` counts
-    where kernels came from (``memory``, ``disk``, ``compiled``)."""
+    (``from_disk(object, layout, stages)``, the layout a record of type ``kind``), else
+    ``compile()`` (which stores it); ``stats`` counts where kernels came from (``memory``,
+    ``disk``, ``compiled``)."""
     found = memory.get(key)
     if found is None:
         with _MAKING:
@@ -171,7 +185,7 @@ def fetch(key: str, memory: dict[str, T], stats: dict[str, int],
             with making:
                 found = memory.get(key)   # another thread may have made it while this one waited
                 if found is None:
-                    hit = load(key)
+                    hit = load(key, kind)
                     found = memory[key] = from_disk(*hit) if hit is not None else compile()
                     _count(stats, "disk" if hit is not None else "compiled")
                     return found

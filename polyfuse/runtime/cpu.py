@@ -92,8 +92,8 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
                            target_description(target), repr(options), usage.key(),
                            repr(sorted(native_tiles(target))))
     exe = cache.fetch(
-        key, _COMPILED, STATS,
-        lambda obj, meta: executable(obj, Layout.from_json(meta["layout"]), meta["stages"], target),
+        key, _COMPILED, STATS, Layout,
+        lambda obj, layout, stages: executable(obj, layout, stages, target),
         lambda: _compile(d, sizes, target, options, key, usage))
     stages.update(exe.stages)
     if "asm" not in stages and "llvm_opt" in stages and hasattr(stages, "later"):
@@ -133,10 +133,10 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
         with cache.CODEGEN:
             jit = compile_kernel(text, target, parallel_for=native.parallel_for_threads_address())
         jit.stages.update(stages)
-        cache.store(key, jit.object, {"layout": layout.to_json(), "stages": jit.stages})
+        cache.store(key, jit.object, layout, jit.stages)
         return CpuExecutable(jit, layout)
     with cache.CODEGEN:
         obj, code_stages = compile_object(text, target)
     stages.update(code_stages)
-    cache.store(key, obj, {"layout": layout.to_json(), "stages": stages})
+    cache.store(key, obj, layout, stages)
     return executable(obj, layout, stages, target)

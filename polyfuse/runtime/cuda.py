@@ -74,19 +74,6 @@ class CudaLayout:
             any(b.name == ERROR_BUFFER for b in kernel.buffers),
             tuple(LaunchInfo(x.name, x.grid, x.block) for x in kernel.launches))
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "inputs": [[n, list(s), dt] for n, s, dt in self.inputs],
-                "outputs": [[n, list(s), dt, z] for n, s, dt, z in self.outputs],
-                "scalars": [list(x) for x in self.scalars], "checks_indices": self.checks_indices,
-                "launches": [[x.name, x.grid, list(x.block)] for x in self.launches]}
-
-    @staticmethod
-    def from_json(j: dict) -> CudaLayout:
-        return CudaLayout(j["name"], tuple((n, tuple(s), dt) for n, s, dt in j["inputs"]),
-                          tuple((n, tuple(s), dt, bool(z)) for n, s, dt, z in j["outputs"]),
-                          tuple((n, dt) for n, dt in j["scalars"]), bool(j["checks_indices"]),
-                          tuple(LaunchInfo(n, int(g), (b[0], b[1], b[2])) for n, g, b in j["launches"]))
-
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,
           options: MappingOptions | None, stages: dict[str, str]) -> CudaExecutable:
@@ -99,12 +86,10 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), target.name, repr(limits),
                            repr(options))
 
-    def from_disk(cubin: bytes, meta: dict) -> CudaExecutable:
-        layout = CudaLayout.from_json(meta["layout"])
-        return CudaExecutable(CudaBinary(layout.name, limits.arch, cubin, layout.launches,
-                                         meta["stages"]), layout)
+    def from_disk(cubin: bytes, layout: CudaLayout, stages: dict[str, str]) -> CudaExecutable:
+        return CudaExecutable(CudaBinary(layout.name, limits.arch, cubin, layout.launches, stages), layout)
 
-    exe = cache.fetch(key, _COMPILED, STATS, from_disk,
+    exe = cache.fetch(key, _COMPILED, STATS, CudaLayout, from_disk,
                       lambda: _compile(d, sizes, options, limits, key))
     stages.update(exe.binary.stages)
     return exe
@@ -119,7 +104,7 @@ def _compile(d: Definition, sizes: dict[str, int], options: MappingOptions,
         binary = compile_gpu_kernel(kernel, limits.arch)
     binary.stages.update(stages)
     layout = CudaLayout.of(kernel, zero_filled_outputs(d, sizes))
-    cache.store(key, binary.cubin, {"layout": layout.to_json(), "stages": binary.stages})
+    cache.store(key, binary.cubin, layout, binary.stages)
     return CudaExecutable(binary, layout)
 
 

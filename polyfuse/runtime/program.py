@@ -116,22 +116,6 @@ class Layout:
         return [np.ascontiguousarray(values[n]) if n in values or n not in packed
                 else packed_copy(np.asarray(values[packed[n][1].source]), *packed[n]) for n in self.inputs]
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "inputs": list(self.inputs), "scalars": list(self.scalars),
-                "outputs": [[n, list(s), dt, z] for n, s, dt, z in self.outputs],
-                "checks_indices": self.checks_indices,
-                "packed": [[n, list(s), p.source, list(p.offsets), [list(r) for r in p.coefs]]
-                           for n, s, p in self.packed], "unread": list(self.unread)}
-
-    @staticmethod
-    def from_json(j: dict) -> Layout:
-        return Layout(j["name"], tuple(j["inputs"]),
-                      tuple((n, tuple(s), dt, bool(z)) for n, s, dt, z in j["outputs"]),
-                      bool(j["checks_indices"]), tuple(j["scalars"]),
-                      tuple((n, tuple(s), Packing(src, tuple(off), tuple(tuple(r) for r in coefs)))
-                            for n, s, src, off, coefs in j.get("packed", ())),
-                      tuple(j.get("unread", ())))
-
 
 @dataclass(frozen=True)
 class Call:

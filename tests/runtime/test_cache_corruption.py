@@ -16,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from polyfuse.ir.loops import Packing
 from polyfuse.runtime import cache
+from polyfuse.runtime.cuda import CudaLayout
+from polyfuse.runtime.program import Layout
 from tests.arm_tools import needs_arm_tools
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,29 +131,41 @@ def test_a_damaged_program_linked_for_the_emulator_is_rebuilt(tmp_path):
     assert report["differ"] == []
 
 
-def test_an_entry_with_a_wrong_digest_or_format_is_not_loaded(tmp_path, monkeypatch):
+LAYOUT = Layout("k", ("A", "B"), (("C", (3, 88), "float32", True),), False, (),
+                (("B_prepacked", (3, 32), Packing("B", (0,), ((32, 1),), padded=True)),), ("B",))
+
+
+def test_an_entry_with_a_wrong_digest_format_schema_or_record_is_not_loaded(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(tmp_path))
-    cache.store("k", b"object code", {"layout": {"name": "x"}})
-    assert cache.load("k") == (b"object code", {"layout": {"name": "x"}, "format": cache.FORMAT})
+    cache.store("k", b"object code", LAYOUT, {"llvm": "text"})
+    assert cache.load("k", Layout) == (b"object code", LAYOUT, {"llvm": "text"})
     digest, _, text = (tmp_path / "k.json").read_bytes().partition(b"\n")
     meta = json.loads(text)
-    for bad in ({**meta, "format": cache.FORMAT - 1}, [1, 2], "text"):
+    packing = meta["layout"]["packed"][0][2]
+    unpadded = {k: v for k, v in packing.items() if k != "padded"}   # the field once forgotten
+    for bad in ({**meta, "format": cache.FORMAT - 1}, {**meta, "schema": "0" * 16},
+                {**meta, "layout": {**meta["layout"], "packed": [["B_prepacked", [3, 32], unpadded]]}},
+                {**meta, "layout": {**meta["layout"], "checks_indices": 0}},
+                {**meta, "layout": {**meta["layout"], "extra": 1}},
+                {**meta, "stages": {"llvm": 1}}, {k: v for k, v in meta.items() if k != "stages"},
+                [1, 2], "text"):
         body = json.dumps(bad).encode()   # well-formed, and with the digest it would need
         (tmp_path / "k.json").write_bytes(cache._digest(b"object code", body) + b"\n" + body)
-        assert cache.load("k") is None
+        assert cache.load("k", Layout) is None, bad
     (tmp_path / "k.json").write_bytes(digest + b"\n" + text)
+    assert cache.load("k", CudaLayout) is None      # a record of another type
     (tmp_path / "k.o").write_bytes(b"object codf")
-    assert cache.load("k") is None
+    assert cache.load("k", Layout) is None
     (tmp_path / "k.o").unlink()
-    assert cache.load("k") is None
+    assert cache.load("k", Layout) is None
 
 
 def test_a_cache_directory_that_is_a_file_is_skipped(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(blocker))
-    cache.store("k", b"obj", {})
-    assert cache.load("k") is None
+    cache.store("k", b"obj", LAYOUT, {})
+    assert cache.load("k", Layout) is None
     assert blocker.read_text() == "x"
 
 
