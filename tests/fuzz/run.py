@@ -1,6 +1,7 @@
 """The fuzzer's child process: ``python -m tests.fuzz.run FRONT COUNT [--seed S]
 [--target T]`` runs COUNT generated cases of one front end (``tc``, ``onnx`` or
-``feeds``) and prints the tally as JSON on its last line.
+``feeds``) and prints the tally as JSON on its last line, with where its kernels came
+from (``kernels``: compiled, from the disk cache, from memory).
 
 Before each case it writes the case to ``$POLYFUSE_FUZZ_CASE_FILE`` (if set), so that
 the parent can show the case that ended the process with a signal.
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     # a case that asks for terabytes must fail here, not take the machine's memory
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     tally = fuzz(a.front, a.count, a.seed, a.target)
-    sys.stdout.write("\n" + json.dumps(tally.summary()) + "\n")
+    from polyfuse.runtime import cpu
+    sys.stdout.write("\n" + json.dumps(tally.summary() | {"kernels": cpu.STATS}) + "\n")
     return 0
 
 

@@ -3,7 +3,8 @@ TC, random and damaged ONNX models, right and wrong arguments. Every case must g
 reference's answer or raise a polyfuse error; a raw exception, a wrong answer or a
 signal fails the test, which prints the case.
 
-The default run takes a bounded slice with fixed seeds in CI (other seeds elsewhere);
+The default run takes a bounded slice with fixed seeds in CI (other seeds elsewhere),
+and runs a share of the cases twice, compiling into a new disk cache, then from it;
 ``python -m pytest -m slow -s tests/fuzz`` runs 10,000 cases per front end
 (``POLYFUSE_FUZZ_CASES`` to change) and prints the counts."""
 
@@ -18,12 +19,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SLICE = {"tc": 200, "onnx": 40, "feeds": 200}
+WARM_SHARE = {"tc": 50, "onnx": 10}   # cases run cold, then again from the warm disk cache
 SEED = 0 if os.environ.get("CI") else random.randrange(2**16)
 
 
-def fuzz(front: str, count: int, seed: int, tmp_path: Path, timeout: float) -> dict:
+def fuzz(front: str, count: int, seed: int, tmp_path: Path, timeout: float,
+         cache_dir: Path | None = None) -> dict:
     case_file = tmp_path / f"{front}-case.txt"
     env = dict(os.environ, POLYFUSE_FUZZ_CASE_FILE=str(case_file))
+    if cache_dir is not None:
+        env["POLYFUSE_CACHE_DIR"] = str(cache_dir)
     child = subprocess.run([sys.executable, "-m", "tests.fuzz.run", front, str(count),
                             "--seed", str(seed)], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=timeout)
@@ -48,6 +53,18 @@ def test_fuzz_slice(front, tmp_path):
     summary = fuzz(front, SLICE[front], SEED, tmp_path, timeout=600)
     # the slice must reach compiled code, not only the parsers' refusals
     assert summary["counts"]["ok"] >= SLICE[front] // 10, summary["counts"]
+
+
+@pytest.mark.parametrize("front", sorted(WARM_SHARE))
+def test_fuzz_share_cold_then_warm(front, tmp_path):
+    """A share of the cases twice, in two processes on one new disk cache: the second
+    loads every kernel the first compiled, and every case ends as it did."""
+    cold = fuzz(front, WARM_SHARE[front], SEED + 1, tmp_path, timeout=600, cache_dir=tmp_path / "cache")
+    warm = fuzz(front, WARM_SHARE[front], SEED + 1, tmp_path, timeout=600, cache_dir=tmp_path / "cache")
+    assert cold["kernels"]["compiled"] >= 5 and cold["kernels"]["disk"] == 0, cold["kernels"]
+    assert warm["kernels"]["compiled"] == 0, warm["kernels"]
+    assert warm["kernels"]["disk"] == cold["kernels"]["compiled"], (cold["kernels"], warm["kernels"])
+    assert warm["counts"] == cold["counts"] and warm["refusals"] == cold["refusals"]
 
 
 @pytest.mark.slow
