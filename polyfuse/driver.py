@@ -19,7 +19,7 @@ from polyfuse.ir.profile import Profile
 from polyfuse.ir.types import DType
 from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
 from polyfuse.lowering.calibration import QuantizeOptions
-from polyfuse.runtime.model import CompiledModel
+from polyfuse.runtime.model import MAX_PLANS, CompiledModel
 from polyfuse.runtime.profiling import ModelSource
 from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.targets import Target
@@ -53,7 +53,7 @@ def compile(model: Any, *, target: str | Target = "reference",
             tuning_records: str | os.PathLike | Records | None = None,
             options: MappingOptions | None = None, precision: str = "float32",
             profile: str | os.PathLike | Profile | None = None,
-            quantization: QuantizeOptions | None = None) -> CompiledModel:
+            quantization: QuantizeOptions | None = None, max_plans: int = MAX_PLANS) -> CompiledModel:
     """Compile a model for ``target``: an ONNX model (path, bytes or ``ModelProto``), or
     a PyTorch ``ExportedProgram`` (``torch.export.export``) or ``.pt2`` file
     (``torch.export.save``).
@@ -68,6 +68,9 @@ def compile(model: Any, *, target: str | Target = "reference",
     ``precision="bf16"`` multiplies by constant weights (MatMul, Gemm, Conv) on bfloat16
     operands with float32 sums, the weights rounded at compile time; the rest stays
     float32 (:mod:`polyfuse.lowering.bfloat16`).
+    ``max_plans``: how many plans (one per set of input shapes) the model keeps, the
+    least recently used dropped first with the memory it alone holds (``model.max_plans``
+    changes it later).
     """
     tgt, options = _checked(target, options, "compile()")
     _check_precision(model, precision, profile, quantization)
@@ -81,7 +84,7 @@ def compile(model: Any, *, target: str | Target = "reference",
     else:
         graph = _front_end(model)
     graph, stages = _optimized(graph, precision)
-    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, source)
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, source, max_plans)
 
 
 def _check_precision(model: Any, precision: str, profile: object, quantization: object) -> None:
@@ -138,7 +141,7 @@ def compile_graph(graph: Graph, target: str | Target = "reference", *,
                   input_shapes: dict[str, tuple[int, ...]] | None = None,
                   tuning_records: str | os.PathLike | Records | None = None,
                   stages: Mapping[str, object] | None = None,
-                  passes: bool = False) -> CompiledModel:
+                  passes: bool = False, max_plans: int = MAX_PLANS) -> CompiledModel:
     """Compile a graph of the graph IR for ``target``: as it is, or with ``passes`` after
     the graph passes ``compile`` runs. The stages ``dump`` shows are ``stages`` (the graph
     after each pass that made it), then ``groups``, ``plan`` and the kernels'."""
@@ -146,7 +149,7 @@ def compile_graph(graph: Graph, target: str | Target = "reference", *,
     if passes:
         graph, made = _optimized(graph)
         stages = {**(stages or {}), **made}
-    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages or {})
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages or {}, None, max_plans)
 
 
 def _checked(target: str | Target, options: MappingOptions | None,
@@ -161,14 +164,15 @@ def _checked(target: str | Target, options: MappingOptions | None,
 def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
               input_shapes: dict[str, tuple[int, ...]] | None,
               tuning_records: str | os.PathLike | Records | None,
-              stages: Mapping[str, object], source: ModelSource | None = None) -> CompiledModel:
+              stages: Mapping[str, object], source: ModelSource | None = None,
+              max_plans: int = MAX_PLANS) -> CompiledModel:
     from polyfuse.lowering.fusion import describe_groups
     from polyfuse.lowering.plan import plan_graph
     shown = {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
     return CompiledModel(graph, target, functools.partial(plan_graph, graph), options=options,
                          input_shapes=input_shapes, stages=shown,
                          tuning=Tuning(Records.open(tuning_records)), planning=_planning,
-                         source=source)
+                         source=source, max_plans=max_plans)
 
 
 def _planning(graph: Graph, passes: bool) -> tuple[Graph, Any]:

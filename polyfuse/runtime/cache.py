@@ -20,7 +20,9 @@ does not match.
 
 In one process, each kernel is fetched and compiled once: a thread asking for a kernel
 another thread is making waits for it; a kernel already in memory is returned without
-waiting. Different kernels compile side by side in two stages: scheduling, under
+waiting. A kernel stays in memory (:class:`Resident`) while anything uses it (a model's
+plan, a defined kernel) and, unused, while it is among the :data:`RECENT` kernels
+fetched last; then its code is unloaded, and a later request loads it from the disk. Different kernels compile side by side in two stages: scheduling, under
 :data:`SCHEDULING` (isl), and code generation, under :data:`CODEGEN` (LLVM and the JIT),
 so one kernel's machine code is made while the next is scheduled (isl's and LLVM's
 state is shared by every kernel and is not safe to use from two threads at once).
@@ -37,9 +39,11 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from polyfuse.ir.serialize import decode, encode, schema
 
@@ -51,6 +55,50 @@ SCHEDULING = threading.RLock()   # isl, and the scheduling around it: one kernel
 CODEGEN = threading.RLock()      # LLVM, NVRTC and the JIT: one kernel at a time
 _MAKING = threading.Lock()       # guards _KEYS
 _KEYS: dict[str, threading.Lock] = {}   # a lock per kernel being fetched
+RECENT = 256                     # kernels kept in memory unused (see Resident)
+
+
+class Resident(Generic[T]):
+    """The kernels in this process's memory, by key: each while something else holds
+    it, and the :data:`RECENT` fetched last whether or not anything does (so a kernel
+    asked for again soon after its last user went is not loaded again)."""
+
+    def __init__(self) -> None:
+        self._live: weakref.WeakValueDictionary[str, T] = weakref.WeakValueDictionary()  # type: ignore[type-var]
+        self._recent: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> T | None:
+        found = self._live.get(key)
+        if found is not None:
+            self._keep(key, found)
+        return found
+
+    def __setitem__(self, key: str, kernel: T) -> None:
+        self._live[key] = kernel
+        self._keep(key, kernel)
+
+    def _keep(self, key: str, kernel: T) -> None:
+        with self._lock:
+            self._recent[key] = kernel
+            self._recent.move_to_end(key)
+            while len(self._recent) > RECENT:
+                self._recent.popitem(last=False)
+
+    def values(self) -> list[T]:
+        return list(self._live.values())
+
+    def clear(self) -> None:
+        """Forget every kernel (as a new process would have none)."""
+        with self._lock:
+            self._recent.clear()
+            self._live.clear()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._live.keys()))
 
 
 def cache_dir() -> Path | None:
@@ -171,7 +219,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def fetch(key: str, memory: dict[str, T], stats: dict[str, int], kind: type[L],
+def fetch(key: str, memory: Resident[T] | dict[str, T], stats: dict[str, int], kind: type[L],
           from_disk: Callable[[bytes, L, dict[str, str]], T], compile: Callable[[], T]) -> T:
     """The kernel under ``key``: from ``memory`` (this process), else from the disk
     (``from_disk(object, layout, stages)``, the layout a record of type ``kind``), else

@@ -30,7 +30,7 @@ from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, emit_llvm, load_object,
                                   native_tiles, runs_natively, target_description, vector_bits)
 
-_COMPILED: dict[str, Any] = {}
+_COMPILED: cache.Resident[Any] = cache.Resident()
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
 
 

@@ -43,7 +43,7 @@ from polyfuse.targets import Target
 from polyfuse.targets.cuda import CudaBinary, LaunchInfo, compile_gpu_kernel
 from polyfuse.targets.cuda_driver import Device, available_device, device
 
-_COMPILED: dict[str, CudaExecutable] = {}
+_COMPILED: cache.Resident[CudaExecutable] = cache.Resident()
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
 
 

@@ -20,12 +20,13 @@ import dataclasses
 import os
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import ArgumentError, BoundsError, IRVerificationError, NeedsValue, ShapeError
+from polyfuse.errors import ArgumentError, BoundsError, IRVerificationError, NeedsValue, OptionError, ShapeError
 from polyfuse.ir.graph import Graph, TensorType, Value
 from polyfuse.ir.profile import Profile
 from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, ViewStep
@@ -53,6 +54,11 @@ KERNEL_STAGES = ("specialized", "loops", "llvm", "asm", "gpu", "cuda", "ptx", "c
 # an If's condition: the plan then holds the branch taken) are treated as constants when
 # planning, and the plan is specialized to their values.
 VALUE_INPUT_MAX = 64
+
+# the plans a model keeps by default (see CompiledModel.max_plans): the least recently
+# used goes first, with its program, arena layout, packed copies of the weights and the
+# kernels no other plan uses
+MAX_PLANS = 16
 
 # what lowers the graph for input shapes (and the values of small inputs) into a Plan
 Planner = Callable[[dict[str, tuple[int, ...]], dict[str, np.ndarray]], Plan]
@@ -232,14 +238,16 @@ class CompiledModel:
     ``planner`` lowers the graph for each new set of input shapes (``polyfuse.compile``
     gives ``lowering.plan.plan_graph``); ``stages`` are the texts :meth:`dump` shows before
     kernels (the graph after each pass, the fusion groups); ``tuning`` gives kernels their
-    tuned options and names them as tuning tasks."""
+    tuned options and names them as tuning tasks. The model keeps the ``max_plans``
+    plans used last (:data:`MAX_PLANS` by default; settable): a call at shapes of a plan
+    it dropped plans them again, its kernels from the disk cache."""
 
     def __init__(self, graph: Graph, target: Target, planner: Planner, *,
                  options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                  stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
                  planning: Planning | None = None, specialize_ints: bool = True,
-                 source: ModelSource | None = None) -> None:
+                 source: ModelSource | None = None, max_plans: int = MAX_PLANS) -> None:
         self.graph = graph
         self.source = source   # what profile_ranges observes
         self.target = target
@@ -248,13 +256,15 @@ class CompiledModel:
         self._planner = planner
         self._subgraph_planning = planning   # bodies, branches, the rest after control flow
         self._stages = dict(stages or {})
-        self._plans: dict[tuple, CompiledPlan] = {}
+        self._plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()   # the last used last
+        self._plans_lock = threading.Lock()   # guards _plans' order
         self._planning = threading.Lock()  # threads calling at a new shape plan it once
+        self._submodels: dict[tuple, tuple[object, CompiledModel]] = {}   # bodies, branches, rests
+        self.max_plans = max_plans
         self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
         # plans specialize to the values of every small integer input, else only to those a
         # lowering asks for (bodies: not a plan per iteration number)
         self._specialize_ints = specialize_ints
-        self._submodels: dict[tuple, tuple[object, CompiledModel]] = {}   # bodies, branches, rests
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
                              f"{type(input_shapes).__name__}; the inputs are {signature(self.graph.inputs)}")
@@ -280,15 +290,48 @@ class CompiledModel:
         values = values or {}
         key = (tuple(sorted(shapes.items())),
                tuple((n, v.tobytes()) for n, v in sorted(values.items())))
-        compiled = self._plans.get(key)
-        if compiled is None:
-            with self._planning:
-                compiled = self._plans.get(key)
-                if compiled is None:
-                    check_shapes(self.graph.inputs, shapes)
-                    plan = self._planner(dict(shapes), dict(values))
-                    compiled = self._plans[key] = _compile_plan(plan, self.target, self.options, self.tuning)
+        with self._plans_lock:
+            compiled = self._plans.get(key)
+            if compiled is not None:
+                self._plans.move_to_end(key)
+                return compiled
+        with self._planning:
+            compiled = self._plans.get(key)
+            if compiled is None:
+                check_shapes(self.graph.inputs, shapes)
+                plan = self._planner(dict(shapes), dict(values))
+                compiled = _compile_plan(plan, self.target, self.options, self.tuning)
+                with self._plans_lock:
+                    self._plans[key] = compiled
+                    self._drop_plans()
         return compiled
+
+    @property
+    def max_plans(self) -> int:
+        """How many plans (one per set of input shapes, and of the values a plan is
+        specialized to) the model keeps; setting it drops the least recently used."""
+        return self._max_plans
+
+    @max_plans.setter
+    def max_plans(self, limit: int) -> None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise OptionError(f"max_plans is the number of plans a model keeps, an int >= 1; "
+                              f"got {limit!r}")
+        self._max_plans = limit
+        with self._plans_lock:
+            self._drop_plans()
+
+    def _drop_plans(self) -> None:
+        """Drop the least recently used plans past :attr:`max_plans`, and the rest of the
+        graph compiled after each one's control flow (the caller holds the lock). Their
+        memory goes with the last reference: a kernel that a kept plan shares stays."""
+        while len(self._plans) > self._max_plans:
+            _, dropped = self._plans.popitem(last=False)
+            tail = dropped.plan.tail
+            if tail is not None:
+                for key, (owner, _) in list(self._submodels.items()):
+                    if owner is tail:
+                        del self._submodels[key]
 
     def dump(self, stage: str) -> str:
         """The text of one stage of compilation: the graph after a pass (``input``,
@@ -339,7 +382,8 @@ class CompiledModel:
         if not self._plans:
             raise ArgumentError(f"{what} need input shapes: run the model once, pass "
                                 "input_shapes to compile(), or give the shapes here")
-        return list(self._plans.values())[-1]
+        with self._plans_lock:
+            return next(reversed(self._plans.values()))
 
     def save_bundle(self, out_dir: Any, name: str = "model", *, threads: bool = False,
                     shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Any]:
@@ -401,7 +445,8 @@ class CompiledModel:
         rest = isinstance(owner, ControlStep)
         graph, planner = self._subgraph_planning(retyped(make(), dict(feed)), not rest)
         model = CompiledModel(graph, self.target, planner, options=self.options, tuning=self.tuning,
-                              planning=self._subgraph_planning, specialize_ints=rest)
+                              planning=self._subgraph_planning, specialize_ints=rest,
+                              max_plans=self.max_plans)
         self._submodels[key] = (owner, model)   # the owner held: its id stays its own
         return model
 

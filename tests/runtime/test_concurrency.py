@@ -1,6 +1,6 @@
 """A compiled model and a kernel called from several threads at once give the
 single-threaded results, and two processes compiling into one empty cache both succeed
-and leave a valid cache."""
+and leave a valid cache, from which two more processes at once run what they compiled."""
 
 import json
 import os
@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import polyfuse as pf
 from polyfuse.runtime import cache, cpu
+from polyfuse.runtime.program import Layout
 
 THREADS = 4
 CALLS = 25
@@ -162,8 +163,40 @@ def test_two_processes_compiling_into_one_empty_cache(tmp_path, monkeypatch):
     entries = sorted((tmp_path / "cache").glob("*.json"))
     assert len(entries) == kernels
     monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(tmp_path / "cache"))
-    assert all(cache.load(e.stem) is not None for e in entries)   # every digest checks out
+    assert all(cache.load(e.stem, Layout) is not None for e in entries)   # every digest checks out
     third = start()
     out, err = third.communicate(timeout=300)
     assert third.returncode == 0, err[-3000:]
     assert json.loads(out.strip().splitlines()[-1]) == {"compiled": 0, "disk": kernels, "memory": 0}
+
+
+RACED = ["detection", "recognition_head", "token_embedding", "control_flow", "tc_kernels"]
+
+
+def test_two_processes_at_once_cold_then_two_at_once_warm(tmp_path):
+    """tests/runtime/warm_cases.py's models (packed operands at widths that are not whole
+    panels, checked gathers, control flow) in two processes racing to fill one cache,
+    then in two loading every kernel from it at once: the same outputs, bit for bit."""
+    env = {**os.environ, "POLYFUSE_CACHE_DIR": str(tmp_path / "cache")}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def pair(run):
+        procs = [subprocess.Popen([sys.executable, "-m", "tests.runtime.warm_cases", str(tmp_path / f"{run}{k}.npz"),
+                                   *RACED], cwd=root, env=env, text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE) for k in range(2)]
+        stats = []
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err[-3000:]
+            stats.append(json.loads(out.strip().splitlines()[-1])["cpu"])
+        return stats
+    cold = pair("cold")
+    kernels = cold[0]["compiled"] + cold[0]["disk"]
+    assert kernels >= 10 and all(s["compiled"] + s["disk"] == kernels for s in cold), cold
+    assert pair("warm") == [{"compiled": 0, "disk": kernels, "memory": cold[0]["memory"]}] * 2
+    want = np.load(tmp_path / "cold0.npz")
+    for run in ("cold1", "warm0", "warm1"):
+        got = np.load(tmp_path / f"{run}.npz")
+        assert got.files == want.files
+        for name in want.files:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{run}: {name}")

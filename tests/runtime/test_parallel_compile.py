@@ -97,20 +97,23 @@ def test_the_first_failing_kernels_error_is_raised():
 
 
 def test_a_kernel_asked_for_by_four_threads_compiles_once():
-    memory, stats, made = {}, {"compiled": 0, "disk": 0, "memory": 0}, []
+    memory, stats, made = cache.Resident(), {"compiled": 0, "disk": 0, "memory": 0}, []
     start = threading.Barrier(4)
+
+    class Made:
+        pass
 
     def compile_slowly():
         made.append(threading.current_thread().name)
         time.sleep(0.05)
-        return object()
+        return Made()
     results = [None] * 4
 
     def ask(t):
         start.wait()
-        results[t] = cache.fetch("key", memory, stats, lambda obj, meta: None, compile_slowly)
+        results[t] = cache.fetch("key", memory, stats, object, lambda obj, layout, stages: None, compile_slowly)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cache, "load", lambda key: None)   # nothing on disk
+        mp.setattr(cache, "load", lambda key, kind: None)   # nothing on disk
         threads = [threading.Thread(target=ask, args=(t,)) for t in range(4)]
         for th in threads:
             th.start()
