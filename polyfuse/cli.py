@@ -356,6 +356,23 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from polyfuse.runtime import cache
+    root = cache.cache_dir()
+    if root is None:
+        print("the disk cache is off (POLYFUSE_CACHE_DIR is empty or 0)")
+        return 0
+    if args.action == "clear":
+        print(f"removed {cache.clear()} files from {root}")
+        return 0
+    files = cache.cache_files()
+    kernels = sum(1 for f in files if f.parent == root and f.name.endswith(".o"))
+    programs = sum(1 for f in files if f.parent != root and not f.name.endswith((".sha256", ".tmp")))
+    size = sum(f.stat().st_size for f in files if f.exists())
+    print(f"{root}: {kernels} kernels, {programs} programs linked for an emulator, {size / 2**20:.1f} MiB")
+    return 0
+
+
 def cmd_records(args: argparse.Namespace) -> int:
     if not Path(args.file).is_file():
         raise CliError(f"no records file '{args.file}'"
@@ -469,6 +486,13 @@ def parser() -> argparse.ArgumentParser:
     qu.add_argument("--keep-float", nargs="+", metavar="NODE",
                     help="nodes to leave in float (the last layer, say)")
     qu.set_defaults(run=cmd_quantize)
+
+    ca = sub.add_parser("cache", help="where the disk cache of compiled kernels is, its size; clear it",
+                        description="The disk cache of compiled kernels: $POLYFUSE_CACHE_DIR (empty or 0 "
+                        "turns it off), else $XDG_CACHE_HOME/polyfuse or ~/.cache/polyfuse.")
+    ca.add_argument("action", nargs="?", choices=("info", "clear"), default="info",
+                    help="info (default): the directory, its kernels and bytes; clear: remove them")
+    ca.set_defaults(run=cmd_cache)
 
     rec = sub.add_parser("records", help="inspect a records file")
     rec.add_argument("action", choices=("show", "best", "distill"))

@@ -13,7 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from polyfuse.autotune import records as db
 from polyfuse.autotune.task import Task
+import polyfuse as pf
 from polyfuse.cli import main, parse_shapes
+from polyfuse.runtime import cpu
 
 MM = """
 def mm(float(M,K) A, float(K,N) B) -> (C) {
@@ -188,3 +190,28 @@ def test_ctrl_c_stops_tuning_and_keeps_every_record(tc_file, tmp_path):
         warnings.simplefilter("error")   # every line written is whole
         records = db.load(out)
     assert 1 <= len(records) < 400
+
+
+def test_cache_info_and_clear(tc_file, tmp_path, capsys, monkeypatch):
+    """`polyfuse cache` names the directory and counts its kernels; `clear` removes the
+    cache's files and nothing else, and the next compile fills it again."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(folder))
+    monkeypatch.setattr(cpu, "_COMPILED", {})
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
+    np.testing.assert_array_equal(pf.define(MM, target="host").mm(a, b), a @ b)
+    np.testing.assert_array_equal(pf.define(MM, target="host").relu(-a[0]), np.zeros(3, np.float32))
+    (folder / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["cache"]) == 0
+    assert capsys.readouterr().out.startswith(f"{folder}: 2 kernels, 0 programs")
+    assert main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out.strip() == f"removed 4 files from {folder}"
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    monkeypatch.setattr(cpu, "_COMPILED", {})
+    before = cpu.STATS["compiled"]
+    pf.define(MM, target="host").mm(a, b)
+    assert cpu.STATS["compiled"] == before + 1 and len(list(folder.glob("*.o"))) == 1
+    monkeypatch.setenv("POLYFUSE_CACHE_DIR", "0")
+    assert main(["cache"]) == 0
+    assert "off" in capsys.readouterr().out

@@ -37,6 +37,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import tempfile
 import threading
 import weakref
@@ -118,6 +119,37 @@ def code_fingerprint() -> str:
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+# the files the cache writes: kernel entries (and their temporary names while written)
+# and, under bin/, programs linked for an emulator with their digests
+_ENTRY = re.compile(r"[0-9a-f]{40}\.(o|json)(\..+)?")
+_PROGRAM = re.compile(r"[A-Za-z0-9_.+:-]+-[0-9a-f]{32}(\.sha256)?(\..+\.tmp)?")
+
+
+def cache_files() -> list[Path]:
+    """The files of the disk cache (kernel entries, linked programs): only those the
+    cache writes, whatever else the directory holds; none where the cache is off."""
+    root = cache_dir()
+    if root is None or not root.is_dir():
+        return []
+    files = [p for p in root.iterdir() if _ENTRY.fullmatch(p.name) and p.is_file()]
+    if (root / "bin").is_dir():
+        files += [p for p in (root / "bin").iterdir() if _PROGRAM.fullmatch(p.name) and p.is_file()]
+    return sorted(files)
+
+
+def clear() -> int:
+    """Remove every file of the disk cache (:func:`cache_files`); how many were removed.
+    Processes running now keep the kernels they loaded; later ones compile again."""
+    removed = 0
+    for path in cache_files():
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass   # another process removed it
+    return removed
 
 
 def kernel_key(*parts: str) -> str:

@@ -321,6 +321,12 @@ class CompiledModel:
         with self._plans_lock:
             self._drop_plans()
 
+    @property
+    def planned_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+        """The input shapes of the plans the model keeps, the least recently used first."""
+        with self._plans_lock:
+            return [dict(key[0]) for key in self._plans]
+
     def _drop_plans(self) -> None:
         """Drop the least recently used plans past :attr:`max_plans`, and the rest of the
         graph compiled after each one's control flow (the caller holds the lock). Their

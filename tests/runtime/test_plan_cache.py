@@ -63,7 +63,7 @@ def test_two_hundred_shapes_keep_memory_bounded(monkeypatch, tmp_path):
         call(model, n, x)
     gc.collect()
     grown = resident_mib() - settled
-    assert len(model._plans) == 6
+    assert len(model.planned_shapes) == 6
     assert first() is None and activation() is None    # dropped, and its own kernel unloaded
     kept = [k.run for p in model._plans.values() for _, k in p.steps() if k.output_shapes == ((64, 2000),)]
     assert all(run is product for run in kept)            # the shared kernel stayed, compiled once
@@ -77,9 +77,9 @@ def test_the_least_recently_used_plan_goes_first():
     x = RNG.standard_normal((64, 256)).astype(np.float32)
     for n in (3, 4, 3, 5):    # 3 is used again after 4, so 4 is the one dropped
         call(model, n, x)
-    assert [dict(key[0])["z"] for key in model._plans] == [(3,), (5,)]
+    assert [shapes["z"] for shapes in model.planned_shapes] == [(3,), (5,)]
     model.max_plans = 1
-    assert [dict(key[0])["z"] for key in model._plans] == [(5,)]
+    assert [shapes["z"] for shapes in model.planned_shapes] == [(5,)]
     assert MAX_PLANS == pf.compile(two_part_model(), target="host").max_plans
 
 
