@@ -11,6 +11,25 @@ def onnxruntime_outputs(model, feeds):
                                 providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+def onnxruntime_as_written(model, feeds):
+    """onnxruntime's outputs with its graph optimizations off: a QDQ model runs as written
+    (each DequantizeLinear, the float op, QuantizeLinear), exactly, on every CPU. Fused
+    into its int8 kernels, on CPUs without AVX512-VNNI it sums pairs of byte products in
+    saturating int16 (vpmaddubsw) and lands tens of steps off the exact result."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def onnx_reference_outputs(model, feeds):
+    """The outputs of onnx's reference evaluator (numpy, the spec's semantics): exact for
+    the integer ops (QLinearConv, ...), which onnxruntime runs on its int8 kernels even
+    with its optimizations off."""
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
 def assert_matches_onnxruntime(model, feeds, rtol=1e-5, atol=1e-6, want=None, *,
                                target="host", compiled=None):
     """``polyfuse.compile(model, target=target)`` gives onnxruntime's dtypes, shapes, values.

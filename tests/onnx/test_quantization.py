@@ -17,7 +17,7 @@ from polyfuse.ir.profile import Profile, TensorRange
 from polyfuse.lowering.calibration import (activation_quantization, uint8_quantization,
                                            weight_quantization)
 from tests.arm_tools import AARCH64
-from tests.onnx.ort_compare import onnxruntime_outputs
+from tests.onnx.ort_compare import onnxruntime_as_written as onnxruntime_outputs
 
 RNG = np.random.default_rng(16)
 
