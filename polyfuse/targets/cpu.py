@@ -107,16 +107,33 @@ def _host_features(target: Target) -> Mapping[str, bool] | None:
     return llvm.get_host_cpu_features()
 
 
+# the float vectors of named x86 CPUs (LLVM's names) that have more than SSE's 128 bits
+X86_VECTOR_BITS = {
+    **dict.fromkeys(("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+                     "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
+                     "graniterapids", "znver4", "znver5", "x86-64-v4"), 512),
+    **dict.fromkeys(("sandybridge", "ivybridge", "haswell", "broadwell", "skylake", "alderlake",
+                     "raptorlake", "meteorlake", "arrowlake", "znver1", "znver2", "znver3",
+                     "bdver4", "x86-64-v3"), 256)}
+
+
 @functools.cache
 def vector_bits(target: Target) -> int:
-    """The widest SIMD register the target machine uses for floats (x86: the host's)."""
+    """The widest SIMD register the target machine uses for floats: on x86 the host's, or
+    for a named CPU its own (:data:`X86_VECTOR_BITS`) or what its added features give."""
+    if not target.backend.triple.startswith("x86_64"):
+        return 128
     feats = _host_features(target)
-    if target.backend.triple.startswith("x86_64") and feats is not None:
-        if feats.get("avx512f"):
-            return 512
-        if feats.get("avx2") or feats.get("avx"):
-            return 256
-    return 128
+    if feats is None:   # a named CPU
+        feats = {f: True for f in target.features}
+        named = X86_VECTOR_BITS.get(target.cpu or "", 128)
+    else:
+        named = 128
+    if feats.get("avx512f"):
+        return 512
+    if feats.get("avx2") or feats.get("avx"):
+        return max(named, 256)
+    return named
 
 
 @functools.cache

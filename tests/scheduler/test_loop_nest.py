@@ -17,6 +17,7 @@ from polyfuse.scheduler.loop_nest import LoopNest, NamedOptions
 from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
+from tests.scheduler.avx512 import avx512_loops
 
 MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 CONV = ("def conv(float(N,C,H,W) I, float(M,C,KH,KW) Wt) -> (O) "
@@ -100,7 +101,7 @@ def test_few_columns_split_the_rows_over_the_threads_in_blocks_of_whole_vectors(
     a = rng.standard_normal((rows, k)).astype(np.float32)
     b = rng.standard_normal((k, cols)).astype(np.float32)
     kernel = pf.define(MM, target="host").mm
-    loops = kernel.specialize(a, b).stages["loops"]
+    loops = avx512_loops(MM, a, b)
     assert loops.lstrip().split("\n")[1].strip().startswith("parallel for")
     assert ("for c8 in 0:48 vectorize(16)" in loops) == bool(block)
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=3e-3)
@@ -152,7 +153,7 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
         assert (tiles["k"], tiles["n"]) == (steps, cols)
         a = rng.standard_normal((1100, depth)).astype(np.float32)
         b = rng.standard_normal((depth, 1024)).astype(np.float32)
-        assert f"local float32{box}" in kernel.specialize(a, b).stages["loops"]  # packed
+        assert f"local float32{box}" in avx512_loops(MM, a, b)  # packed
         np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=3e-3)
     # Aᵀ·B packs its broadcast operand too, a copy per column tile that would grow with the
     # depth: wider tiles of shallower panels instead (512 columns of 256 steps)
@@ -390,7 +391,7 @@ def test_a_gate_broadcast_over_a_map_is_scheduled_apart_from_it():
     w, z = rng.standard_normal((40, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
     x = rng.standard_normal((6, 5, 40)).astype(np.float32)
     k = pf.define(SQUEEZE_EXCITE, target="host").se
-    loops = k.specialize(w, z, x).stages["loops"]
+    loops = avx512_loops(SQUEEZE_EXCITE, w, z, x)
     lines = loops.splitlines()
     store = next(k for k, line in enumerate(lines) if line.strip().startswith("Y("))
     assert "in 0:40 vectorize(16)" in lines[store - 1], loops   # channels innermost

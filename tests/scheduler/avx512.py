@@ -1,0 +1,17 @@
+"""Schedules stated for an AVX-512 machine: where a test expects the loop IR of 16-lane
+float vectors, it compiles for ``x86:skylake-avx512`` whatever the host's vectors are
+(the kernel is compiled, never called: the host may lack AVX-512), and runs the host's
+own kernel against numpy."""
+
+import polyfuse as pf
+
+AVX512 = "x86:skylake-avx512"
+
+
+def avx512_loops(src: str, *args, entry: str | None = None) -> str:
+    """The loop IR of ``src``'s definition ``entry`` (its only one by default) compiled
+    for :data:`AVX512` at the shapes of ``args``."""
+    module = pf.define(src, target=AVX512)
+    if entry is None:
+        (entry,) = (name for name in dir(module) if not name.startswith("_"))
+    return getattr(module, entry).specialize(*args).stages["loops"]
