@@ -153,6 +153,7 @@ class Plan:
     steps: tuple[Step, ...]
     memory: MemoryPlan
     tail: ControlStep | None = None    # data-dependent control flow after the steps
+    specialized: tuple[str, ...] = ()  # the inputs whose values the plan holds as constants
 
     @property
     def kernels(self) -> tuple[KernelStep, ...]:
@@ -325,6 +326,8 @@ class Plan:
                  f"{', '.join(buffer(n) for n in self.inputs)}) -> ("
                  f"{', '.join(f'{buffer(n)} {roles[n].value}' for n in self.outputs)}) {{",
                  f"  arena {self.memory.arena_bytes} bytes (naive {self.memory.naive_bytes})"]
+        if self.specialized:
+            lines.append(f"  specialized to the values of {', '.join(format_name(n, '%') for n in self.specialized)}")
         lines += [f"  const {buffer(n)}" for n in self.constants]
         lines += self._step_lines(self.steps, buffer, "  ")
         if self.tail is not None:

@@ -67,6 +67,7 @@ class _Planner:
         self.narrow: dict[str, DType] = {v.name: v.type.dtype for v in graph.inputs
                                          if v.type.dtype.is_narrow}
         self.consts: dict[str, np.ndarray] = dict(values)
+        self.specialized = set(values)
         for c in graph.constants:
             self.constant(c.name, c.array)
         self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
@@ -86,7 +87,8 @@ class _Planner:
                     memory.arena_bytes)
         read = {n for ev in events(steps)[0] for n in ev.reads} | set(returned)
         plan = Plan(g.name, tuple(v.name for v in g.inputs), returned,
-                    self.types, {n: a for n, a in self.consts.items() if n in read}, steps, memory, tail)
+                    self.types, {n: a for n, a in self.consts.items() if n in read}, steps, memory, tail,
+                    tuple(sorted(self.specialized)))
         plan.verify()
         return plan
 

@@ -50,9 +50,12 @@ from polyfuse.targets import Device, Target
 # have llvm and asm, cuda has gpu (the mapped loops), cuda (CUDA C), ptx and cubin
 KERNEL_STAGES = ("specialized", "loops", "llvm", "asm", "gpu", "cuda", "ptx", "cubin")
 
-# Small integer inputs (shapes, axes, indices fed at run time) and boolean scalars (flags,
-# an If's condition: the plan then holds the branch taken) are treated as constants when
-# planning, and the plan is specialized to their values.
+# A plan is specialized to the values of the inputs a lowering needs at plan time (a
+# Reshape's shape, axes, pads, Resize scales, a TopK's k fed at run time: the inputs a
+# NeedsValue names, or those the needed value is computed from), of at most this many
+# elements, and to boolean scalars (flags, an If's condition: the plan then holds the
+# branch taken). Every other input is data, whatever its dtype and size: token ids,
+# positions, masks and the indices of a Gather never make a plan per value.
 VALUE_INPUT_MAX = 64
 
 # the plans a model keeps by default (see CompiledModel.max_plans): the least recently
@@ -246,7 +249,7 @@ class CompiledModel:
                  options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                  stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
-                 planning: Planning | None = None, specialize_ints: bool = True,
+                 planning: Planning | None = None,
                  source: ModelSource | None = None, max_plans: int = MAX_PLANS) -> None:
         self.graph = graph
         self.source = source   # what profile_ranges observes
@@ -261,10 +264,7 @@ class CompiledModel:
         self._planning = threading.Lock()  # threads calling at a new shape plan it once
         self._submodels: dict[tuple, tuple[object, CompiledModel]] = {}   # bodies, branches, rests
         self.max_plans = max_plans
-        self._value_inputs: set[str] = set()  # small inputs whose values plans depend on
-        # plans specialize to the values of every small integer input, else only to those a
-        # lowering asks for (bodies: not a plan per iteration number)
-        self._specialize_ints = specialize_ints
+        self._value_inputs: set[str] = set()  # inputs whose values the lowerings need
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
                              f"{type(input_shapes).__name__}; the inputs are {signature(self.graph.inputs)}")
@@ -451,7 +451,7 @@ class CompiledModel:
         rest = isinstance(owner, ControlStep)
         graph, planner = self._subgraph_planning(retyped(make(), dict(feed)), not rest)
         model = CompiledModel(graph, self.target, planner, options=self.options, tuning=self.tuning,
-                              planning=self._subgraph_planning, specialize_ints=rest,
+                              planning=self._subgraph_planning,
                               max_plans=self.max_plans)
         self._submodels[key] = (owner, model)   # the owner held: its id stays its own
         return model
@@ -501,25 +501,21 @@ class CompiledModel:
         while True:
             values = {n: a for n, a in env.items() if self._is_value(n, a)}
             try:
-                plan = self._plan(shapes, values)
-                break
-            except NeedsValue as need:  # e.g. Resize scales fed at run time
-                name = need.value_name
-                if name not in env and not self._specialize_ints:
-                    self._specialize_ints = True   # a value computed from small inputs
-                    continue
-                if name not in env or name in values or not isinstance(env[name], np.ndarray) \
-                        or env[name].size > VALUE_INPUT_MAX:
+                return self._plan(shapes, values)
+            except NeedsValue as need:  # e.g. a Reshape's shape fed at run time
+                wanted = value_sources(self.graph, need.value_name) - set(values)
+                fit = {n for n in wanted if isinstance(env.get(n), np.ndarray)
+                       and env[n].size <= VALUE_INPUT_MAX}
+                if not fit:
                     raise
-                self._value_inputs.add(name)
-        return plan
+                self._value_inputs |= fit
 
     def _is_value(self, name: str, a: Any) -> bool:
-        """Whether the plan is specialized to the value of input ``name`` (see VALUE_INPUT_MAX)."""
+        """Whether the plan is specialized to the value of input ``name``: one a lowering
+        needs, or a boolean scalar (see :data:`VALUE_INPUT_MAX`)."""
         if not isinstance(a, np.ndarray) or a.size > VALUE_INPUT_MAX:
             return False
-        flag = a.dtype == bool and a.size == 1
-        return name in self._value_inputs or (self._specialize_ints and (a.dtype.kind in "iu" or flag))
+        return name in self._value_inputs or (a.dtype == bool and a.size == 1)
 
     def __call__(self, *arrays: Any, **named: Any) -> tuple[np.ndarray, ...] | np.ndarray:
         """The outputs for the inputs in order (or all by name); one output alone, several
@@ -527,3 +523,25 @@ class CompiledModel:
         out = self.run(positional_feed(self.graph.inputs, arrays, named))
         values = tuple(out.values())
         return values[0] if len(values) == 1 else values
+
+
+def value_sources(graph: Graph, name: str) -> set[str]:
+    """The inputs of ``graph`` whose values value ``name`` is computed from (``name``
+    itself, if an input): the nodes producing it, back to the inputs, but not through
+    ``Shape`` and ``Size``, whose outputs the shapes alone give."""
+    inputs = {v.name for v in graph.inputs}
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    found: set[str] = set()
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        value = pending.pop()
+        if value in seen or not value:
+            continue
+        seen.add(value)
+        if value in inputs:
+            found.add(value)
+        node = producer.get(value)
+        if node is not None and node.op not in ("Shape", "Size"):
+            pending.extend(node.inputs)
+    return found
