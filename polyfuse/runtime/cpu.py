@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import BoundsError
+from polyfuse.errors import BoundsError, TargetError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.types import DType
 from polyfuse.runtime import cache, native
@@ -28,7 +28,7 @@ from polyfuse.scheduler.loop_passes.dead_stores import touched
 from polyfuse.scheduler.pipeline import Usage, schedule_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, emit_llvm, load_object,
-                                  native_tiles, runs_natively, target_description, vector_bits)
+                                  missing_features, native_tiles, runs_natively, target_description, vector_bits)
 
 _COMPILED: cache.Resident[Any] = cache.Resident()
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
@@ -37,15 +37,23 @@ STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kerne
 class CpuExecutable:
     """A compiled kernel and its layout; calling it allocates the outputs and runs it."""
 
-    def __init__(self, jit: JitKernel, layout: Layout) -> None:
+    def __init__(self, jit: JitKernel, layout: Layout, target: Target) -> None:
         self.jit = jit
         self.layout = layout
         self.stages = jit.stages
         self._outputs = [(n, s, DType(dt).numpy, z) for n, s, dt, z in layout.outputs]
+        missing = missing_features(target)
+        # code for a CPU this one is not (compiled ahead of time): refused when called
+        self.refusal = None if not missing else (
+            f"kernel '{layout.name}' was compiled for {target}, which needs {', '.join(missing)}; this "
+            f"CPU lacks {'it' if len(missing) == 1 else 'them'}. Compile for target='host' to run it "
+            "here (code for another CPU can still be bundled or saved)")
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
         """The outputs; an output named in ``values`` (a checked, writable, C-contiguous
         array: ``out=``) is updated in place from its contents, never zeroed."""
+        if self.refusal:
+            raise TargetError(self.refusal)
         layout = self.layout
         # aligned, and reused from freed outputs of the same size (no page faults)
         outs = {n: native.empty_aligned(s, dt, 64, z) if n not in values else _aligned(values[n])
@@ -113,7 +121,7 @@ def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Targe
         with cache.CODEGEN:
             native_tiles(target)   # asks Linux for AMX's tiles, which the code may use (a saved artifact's too)
             jit = load_object(layout.name, obj, stages, parallel_for=native.parallel_for_threads_address())
-        return CpuExecutable(jit, layout)
+        return CpuExecutable(jit, layout, target)
     from polyfuse.runtime.cross import CrossExecutable
     return CrossExecutable(layout, stages, obj, target)
 
@@ -134,7 +142,7 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
             jit = compile_kernel(text, target, parallel_for=native.parallel_for_threads_address())
         jit.stages.update(stages)
         cache.store(key, jit.object, layout, jit.stages)
-        return CpuExecutable(jit, layout)
+        return CpuExecutable(jit, layout, target)
     with cache.CODEGEN:
         obj, code_stages = compile_object(text, target)
     stages.update(code_stages)

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import ArgumentError, BoundsError, IRVerificationError, NeedsValue, OptionError, ShapeError
+from polyfuse.errors import (ArgumentError, BoundsError, IRVerificationError, NeedsValue, OptionError, ShapeError,
+                             TargetError)
 from polyfuse.ir.graph import Graph, TensorType, Value
 from polyfuse.ir.profile import Profile
 from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, ViewStep
@@ -188,6 +189,8 @@ class _NativeProgram:
         self.layout = layout
         self.program = native.Program()
         self.labels = [call.label for call in layout.calls]
+        # code for a CPU this one is not: refused when run (see CpuExecutable.refusal)
+        self.refusal = next((c.executable.refusal for c in layout.calls if c.executable.refusal), None)
         address = {name: array.ctypes.data for name, array in layout.constants.items()}
 
         def place(base: int, index: Any, offset: int) -> tuple[int, int, int]:
@@ -209,6 +212,8 @@ class _NativeProgram:
         return _NativeProgram(ProgramLayout.of(compiled))
 
     def run(self, env: dict[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if self.refusal:
+            raise TargetError(self.refusal)
         inputs = [env[t.name] for t in self.layout.inputs]
         arena = native.empty_aligned(self.layout.arena_bytes, np.uint8)
         slots = [native.empty_aligned(shape, dtype) for shape, dtype in self.layout.slots]

@@ -92,6 +92,19 @@ def runs_natively(target: Target) -> bool:
     return all(present.get(f, False) for f in target.features)
 
 
+@functools.cache
+def missing_features(target: Target) -> tuple[str, ...]:
+    """What code for ``target``, which this process runs natively, needs of the CPU that
+    this one lacks: the vectors of a named x86 CPU (``avx512f`` for skylake-avx512 on an
+    AVX2 machine) and the features the target adds. Such code stops at its first
+    instruction of them (SIGILL), so it must not be called here."""
+    if not runs_natively(target) or target.backend.triple.split("-")[0] != "x86_64" or not target.cpu:
+        return ()
+    present = {f for f, on in llvm.get_host_cpu_features().items() if on}
+    needed = {512: ("avx512f",), 256: ("avx2",), 128: ()}[vector_bits(target)]
+    return tuple(f for f in (*needed, *target.features) if f not in present)
+
+
 def emulated(target: Target) -> bool:
     """Whether ``target``'s code runs on this machine only under an emulator (its times
     then say nothing of the real CPU)."""
