@@ -230,3 +230,25 @@ def _define(g: Graph, defined: set[str], name: str, what: str) -> None:
     if name in defined:
         raise IRVerificationError(f"graph '{g.name}': '{name}' is defined twice (again as {what})")
     defined.add(name)
+
+
+def value_sources(graph: Graph, name: str) -> set[str]:
+    """The inputs of ``graph`` whose values value ``name`` is computed from (``name``
+    itself, if an input): the nodes producing it, back to the inputs, but not through
+    ``Shape`` and ``Size``, whose outputs the shapes alone give."""
+    inputs = {v.name for v in graph.inputs}
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    found: set[str] = set()
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        value = pending.pop()
+        if value in seen or not value:
+            continue
+        seen.add(value)
+        if value in inputs:
+            found.add(value)
+        node = producer.get(value)
+        if node is not None and node.op not in ("Shape", "Size"):
+            pending.extend(node.inputs)
+    return found

@@ -59,6 +59,7 @@ def decode(kind: type[R], data: Any) -> R:
     return _decode(kind, data, kind.__name__)   # type: ignore[no-any-return]
 
 
+@functools.cache
 def schema(kind: Any) -> str:
     """A digest of ``kind``'s fields, their names and types, and those of the records
     they hold: it changes whenever what :func:`encode` writes for ``kind`` changes."""

@@ -49,7 +49,7 @@ from polyfuse.lowering.ops import (EXPANDS, Counted, Expanded, Folded, Lowered, 
 def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
                values: Mapping[str, np.ndarray] | None = None) -> Plan:
     """``graph`` lowered for inputs of these ``shapes``; ``values`` are inputs whose
-    values the plan is specialized to (small integer inputs: shapes, axes). Raises the
+    values the plan is specialized to (those a lowering needs: shapes, axes). Raises the
     op library's errors (naming the node), a ShapeError where sizes disagree and a
     SizeLimitError where a tensor would not fit in memory."""
     return _Planner(graph, dict(shapes), dict(values or {})).plan()
@@ -67,7 +67,7 @@ class _Planner:
         self.narrow: dict[str, DType] = {v.name: v.type.dtype for v in graph.inputs
                                          if v.type.dtype.is_narrow}
         self.consts: dict[str, np.ndarray] = dict(values)
-        self.specialized = set(values)
+        self.specialized = tuple(sorted(values))   # the inputs whose values it is planned for
         for c in graph.constants:
             self.constant(c.name, c.array)
         self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
@@ -88,7 +88,7 @@ class _Planner:
         read = {n for ev in events(steps)[0] for n in ev.reads} | set(returned)
         plan = Plan(g.name, tuple(v.name for v in g.inputs), returned,
                     self.types, {n: a for n, a in self.consts.items() if n in read}, steps, memory, tail,
-                    tuple(sorted(self.specialized)))
+                    self.specialized)
         plan.verify()
         return plan
 

@@ -22,7 +22,8 @@ In one process, each kernel is fetched and compiled once: a thread asking for a 
 another thread is making waits for it; a kernel already in memory is returned without
 waiting. A kernel stays in memory (:class:`Resident`) while anything uses it (a model's
 plan, a defined kernel) and, unused, while it is among the :data:`RECENT` kernels
-fetched last; then its code is unloaded, and a later request loads it from the disk. Different kernels compile side by side in two stages: scheduling, under
+fetched last; then its code is unloaded, and a later request loads it from the disk.
+Different kernels compile side by side in two stages: scheduling, under
 :data:`SCHEDULING` (isl), and code generation, under :data:`CODEGEN` (LLVM and the JIT),
 so one kernel's machine code is made while the next is scheduled (isl's and LLVM's
 state is shared by every kernel and is not safe to use from two threads at once).
@@ -42,7 +43,7 @@ import tempfile
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -94,12 +95,6 @@ class Resident(Generic[T]):
         with self._lock:
             self._recent.clear()
             self._live.clear()
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._live.keys()))
 
 
 def cache_dir() -> Path | None:

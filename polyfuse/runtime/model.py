@@ -28,7 +28,7 @@ import numpy as np
 
 from polyfuse.errors import (ArgumentError, BoundsError, IRVerificationError, NeedsValue, OptionError, ShapeError,
                              TargetError)
-from polyfuse.ir.graph import Graph, TensorType, Value
+from polyfuse.ir.graph import Graph, TensorType, Value, value_sources
 from polyfuse.ir.profile import Profile
 from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, ViewStep
 from polyfuse.ir.steps import leaves
@@ -528,25 +528,3 @@ class CompiledModel:
         out = self.run(positional_feed(self.graph.inputs, arrays, named))
         values = tuple(out.values())
         return values[0] if len(values) == 1 else values
-
-
-def value_sources(graph: Graph, name: str) -> set[str]:
-    """The inputs of ``graph`` whose values value ``name`` is computed from (``name``
-    itself, if an input): the nodes producing it, back to the inputs, but not through
-    ``Shape`` and ``Size``, whose outputs the shapes alone give."""
-    inputs = {v.name for v in graph.inputs}
-    producer = {out: node for node in graph.nodes for out in node.outputs}
-    found: set[str] = set()
-    seen: set[str] = set()
-    pending = [name]
-    while pending:
-        value = pending.pop()
-        if value in seen or not value:
-            continue
-        seen.add(value)
-        if value in inputs:
-            found.add(value)
-        node = producer.get(value)
-        if node is not None and node.op not in ("Shape", "Size"):
-            pending.extend(node.inputs)
-    return found

@@ -4,21 +4,14 @@ a Reshape's shape fed at run time, or a value computed from such an input, is pl
 value, and ``dump("plan")`` names the inputs a plan holds."""
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import polyfuse as pf
 from tests.onnx.ort_compare import onnxruntime_outputs
+from tests.onnx.test_models import make_model
 
 RNG = np.random.default_rng(11)
 node = helper.make_node
-
-
-def model(nodes, inputs, outputs, init):
-    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                              [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                              [numpy_helper.from_array(a, n) for n, a in init.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def embedding_model():
@@ -33,8 +26,8 @@ def embedding_model():
              node("Sub", ["one", "m"], ["pad"]), node("Mul", ["pad", "big"], ["bias"]),
              node("Unsqueeze", ["bias", "axes"], ["bias3"]), node("Add", ["e", "bias3"], ["eb"]),
              node("LayerNormalization", ["eb", "g", "b"], ["y"], axis=-1)]
-    ints = [(n, TensorProto.INT64, ["batch", "seq"]) for n in ("ids", "positions", "mask")]
-    return model(nodes, ints, [("y", TensorProto.FLOAT, ["batch", "seq", 16])], init)
+    ints = {n: (TensorProto.INT64, ["batch", "seq"]) for n in ("ids", "positions", "mask")}
+    return make_model(nodes, ints, {"y": (TensorProto.FLOAT, ["batch", "seq", 16])}, init)
 
 
 def token_feed(batch, seq):
@@ -67,9 +60,9 @@ def test_a_shape_fed_at_run_time_specializes_the_plan_to_it_alone():
     nodes = [node("Reshape", ["x", "shape"], ["r"]), node("Gather", ["table", "ids"], ["g"]),
              node("Unsqueeze", ["k", "axes"], ["k1"]), node("Concat", ["rows", "k1"], ["shape2"], axis=0),
              node("Reshape", ["g", "shape2"], ["h"])]
-    m = model(nodes, [("x", TensorProto.FLOAT, [6, 4]), ("shape", TensorProto.INT64, [2]),
-                      ("ids", TensorProto.INT64, [6]), ("k", TensorProto.INT64, [])],
-              [("r", TensorProto.FLOAT, ["r0", "r1"]), ("h", TensorProto.FLOAT, ["h0", "h1"])], init)
+    m = make_model(nodes, {"x": (TensorProto.FLOAT, [6, 4]), "shape": (TensorProto.INT64, [2]),
+                           "ids": (TensorProto.INT64, [6]), "k": (TensorProto.INT64, [])},
+                   {"r": (TensorProto.FLOAT, ["r0", "r1"]), "h": (TensorProto.FLOAT, ["h0", "h1"])}, init)
     compiled = pf.compile(m, target="host")
     x = RNG.standard_normal((6, 4)).astype(np.float32)
     for shape, k in (((3, 8), 2), ((3, 8), 2), ((8, 3), 2), ((8, 3), 6)):
@@ -80,4 +73,3 @@ def test_a_shape_fed_at_run_time_specializes_the_plan_to_it_alone():
     plan = compiled.dump("plan")
     assert "  specialized to the values of %shape\n" in plan and "planned once the values it needs" in plan
     assert len(compiled.planned_shapes) == 2   # one per shape; none per ids
-    onnx.checker.check_model(m)

@@ -27,6 +27,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import polyfuse as pf
+from tests.onnx.test_models import make_model as model
 
 node = helper.make_node
 CASES: dict[str, Callable[[], dict[str, np.ndarray]]] = {}
@@ -35,14 +36,6 @@ CASES: dict[str, Callable[[], dict[str, np.ndarray]]] = {}
 def case(fn: Callable[[], dict[str, np.ndarray]]) -> Callable[[], dict[str, np.ndarray]]:
     CASES[fn.__name__] = fn
     return fn
-
-
-def model(nodes, inputs, outputs, initializers, opset=17) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes, "warm", [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in outputs.items()],
-        [numpy_helper.from_array(a, n) for n, a in initializers.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def against_onnxruntime(m: onnx.ModelProto, feed: dict[str, np.ndarray], tol: float = 1e-4,
