@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from polyfuse.errors import ModelError, UnsupportedOpError
-from polyfuse.ir.graph import SUBGRAPH_ATTRS, Graph, Node
+from polyfuse.ir.graph import SUBGRAPH_ATTRS, Graph, Node, TensorType
+from polyfuse.ir.types import DType
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ def control_parts(node: Node) -> ControlParts:
             raise bad(f"its body gives {len(body.outputs)} outputs; with {carried} loop-carried "
                       f"values and {len(node.outputs)} node outputs it must give "
                       f"{1 + len(node.outputs)} (condition, values, scan outputs)")
+        loop_inputs(node, body)
         return ControlParts(own, captures, carried, 0, scan_outputs)
     scanned = node.attr("num_scan_inputs")
     if not isinstance(scanned, int) or not 1 <= scanned <= len(own):
@@ -83,6 +87,26 @@ def control_parts(node: Node) -> ControlParts:
         if given is not None and "directions" in key and any(d not in (0, 1) for d in given):
             raise bad(f"its {key} {list(given)} must be 0 (forward) or 1 (reverse)")
     return ControlParts(own, captures, carried, scanned, scan_outputs)
+
+
+def loop_inputs(node: Node, body: Graph) -> tuple[TensorType, TensorType]:
+    """The types of a Loop body's first two inputs, the iteration number (int64) and the
+    condition (bool), as the body declares them: each a scalar, or a tensor of shape [1]
+    (as many exporters write them; onnxruntime then binds them with that shape, and a
+    Shape of the counter is [1]). A ModelError names any other type."""
+    out = []
+    for v, dt, role in zip(body.inputs[:2], (DType.INT64, DType.BOOL), ("iteration number", "condition")):
+        shape = v.type.shape
+        if v.type.dtype is not dt or len(shape) > 1 or shape and isinstance(shape[0], int) and shape[0] != 1:
+            raise ModelError(f"node '{node.name}' (Loop): its body's {role} '{v.name}' is declared "
+                             f"{v.type}; it must be a {dt} scalar or a {dt} tensor of shape [1]")
+        out.append(TensorType(dt, (1,) * len(shape)))
+    return out[0], out[1]
+
+
+def loop_value(t: TensorType, value: int | bool) -> np.ndarray:
+    """``value`` as a Loop body's iteration number or condition of type ``t``."""
+    return np.full(t.shape, value, t.dtype.numpy)
 
 
 def batched_scan(node: Node) -> Node:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from polyfuse.errors import ModelError
-from polyfuse.ir.control import ControlParts, control_parts, scan_attr
+from polyfuse.ir.control import ControlParts, control_parts, loop_inputs, loop_value, scan_attr
 from polyfuse.ir.graph import Graph, Node, TensorType
 
 UNROLL_MAX_TRIPS = 256
@@ -129,11 +129,12 @@ def _unroll_loop(node: Node, parts: ControlParts, consts: Mapping[str, np.ndarra
         return None   # the scan outputs' shapes need the body planned: the runtime's
     carried = list(parts.own[2:])
     scans: list[list[str]] = [[] for _ in range(parts.scan_outputs)]
+    counter_type, flag_type = loop_inputs(node, body)
     for k in range(trips):
         prefix = f"{node.name}/{k}/"
         # names no inlined body value has: those are all "{prefix}{name}"
-        counter = _constant(out, f"{node.name}/{k}:iteration", np.array(k, np.int64))
-        flag = _constant(out, f"{node.name}/{k}:condition", np.array(True))
+        counter = _constant(out, f"{node.name}/{k}:iteration", loop_value(counter_type, k))
+        flag = _constant(out, f"{node.name}/{k}:condition", loop_value(flag_type, True))
         names = [v.name for v in body.inputs]
         bound = dict(zip(names, [counter, flag, *carried]))
         values = inline_body(node, body, parts, bound, prefix, out)

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from polyfuse.ir.control import ControlParts, control_parts
+from polyfuse.ir.control import ControlParts, control_parts, loop_inputs
 from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.plan import BranchStep, LoopStep, Step, Trim, nbytes
 from polyfuse.ir.steps import Block, view_roots
@@ -114,8 +114,8 @@ def _loop(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ...]
         return None   # scan outputs of a length the data decides: the runtime stacks them
     what = f"node '{node.name}' (Loop)"
     counter, going = f"{node.name}:iteration", f"{node.name}:condition"
-    planner.define(what, counter, TensorType(DType.INT64, ()))
-    planner.define(what, going, TensorType(DType.BOOL, ()))
+    for name, t in zip((counter, going), loop_inputs(node, body)):
+        planner.define(what, name, t)
     initial = parts.own[2:]
     carried = tuple(o or f"{node.name}:carried{k}" for k, o in enumerate(node.outputs[:parts.carried]))
     for name, init in zip(carried, initial):

@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from polyfuse.errors import ModelError, ShapeError
-from polyfuse.ir.control import ControlParts, control_parts, scan_attr
+from polyfuse.ir.control import ControlParts, control_parts, loop_inputs, loop_value, scan_attr
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
 from polyfuse.ir.plan import ControlStep, Trim
 from polyfuse.ir.types import DType
@@ -126,9 +126,10 @@ def _loop(node: Node, parts: ControlParts, env: Arrays, captured: Arrays,
     carried = [np.asarray(env[v]) for v in parts.own[2:]]
     scans: list[list[np.ndarray]] = [[] for _ in range(parts.scan_outputs)]
     names = [v.name for v in body.inputs]
+    counter, flag = loop_inputs(node, body)
     k = 0
     while going and (limit is None or k < limit):
-        bound = dict(zip(names, [np.array(k, np.int64), np.array(True), *carried]))
+        bound = dict(zip(names, [loop_value(counter, k), loop_value(flag, True), *carried]))
         values = _run_body(body, bound, captured, submodel)
         going = _truth(node, values[0])
         carried = values[1:1 + parts.carried]

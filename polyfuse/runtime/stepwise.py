@@ -70,12 +70,12 @@ def _loop(plan: Plan, st: LoopStep, env: dict[str, Any], run: Any) -> None:
         env[name] = np.empty(plan.types[name].shape, plan.types[name].dtype.numpy)
     k = 0
     while bool(env[st.going]) and (limit is None or k < limit):
-        env[st.counter] = np.array(k, np.int64)
+        env[st.counter] = copy(st.counter, k)
         run(st.body.steps)
         for name, scan in zip(st.stacked, st.scans):
             env[name][k] = env[scan]
         values = [copy(name, env[r]) for name, r in zip((st.going, *st.carried), (st.next_cond, *st.results))]
         env.update(zip((st.going, *st.carried), values))
         k += 1
-    env[st.counter] = np.array(k, np.int64)
+    env[st.counter] = copy(st.counter, k)
 

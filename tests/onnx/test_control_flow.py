@@ -222,6 +222,61 @@ def test_loop_past_the_unroll_limit_runs_in_the_program():
     assert "loop (%y: float32[2, 3]" in plan and "then at run time" not in plan
 
 
+def _counter_model(trip: str, declared: list):
+    """A Loop whose body declares its iteration number and condition of shape ``declared``
+    ([] or [1]) and scans out the counter as float and the counter's Shape. ``trip``:
+    "unrolled" (a constant 10, as Glow's loop_withoutN test model), "program" (a constant
+    past the unroll limit) or "fed" (an input: the scans' length is the data's)."""
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["fi"], ["as_float"]),
+         helper.make_node("Shape", ["i"], ["shape"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, declared),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, declared)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, declared),
+         helper.make_tensor_value_info("as_float", F, declared),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [len(declared)])])
+    count = {"unrolled": 10, "program": 300}.get(trip)
+    inputs = [helper.make_tensor_value_info("x", F, [1])]
+    inits = [helper.make_tensor("go", TensorProto.BOOL, declared, [True])]
+    if count is None:
+        inputs.append(helper.make_tensor_value_info("M", TensorProto.INT64, declared))
+    else:
+        inits.append(helper.make_tensor("M", TensorProto.INT64, declared, [count]))
+    nodes = [helper.make_node("Identity", ["x"], ["y"]),
+             helper.make_node("Loop", ["M", "go"], ["counts", "shapes"], body=body)]
+    outputs = [helper.make_tensor_value_info("y", F, [1]),
+               helper.make_tensor_value_info("counts", F, [count or "n", *declared]),
+               helper.make_tensor_value_info("shapes", TensorProto.INT64, [count or "n", len(declared)])]
+    model = _model(nodes, inputs, outputs, inits, opset=11)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("declared", [[], [1]])
+@pytest.mark.parametrize("trip", ["unrolled", "program", "fed"])
+def test_loop_counter_and_condition_keep_the_shape_the_body_declares(trip, declared):
+    model = _counter_model(trip, declared)
+    compiled = pf.compile(model, target="host")
+    for m in ((3, 1) if trip == "fed" else (None,)):
+        feeds = {"x": np.array([0.5], np.float32)}
+        if m is not None:
+            feeds["M"] = np.array(m, np.int64).reshape(declared)
+        assert_matches_onnxruntime(model, feeds, compiled=compiled)
+    if trip == "fed" and declared:   # onnxruntime's [[1], [1], [1]]: the counter is [1]
+        got = compiled.run({"x": np.array([0.5], np.float32), "M": np.array([3], np.int64)})
+        np.testing.assert_array_equal(got["shapes"], [[1], [1], [1]])
+
+
+def test_loop_counter_of_another_shape_is_refused():
+    model = _counter_model("unrolled", [1])
+    model.graph.node[1].attribute[0].g.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    with pytest.raises(ModelError, match="iteration number 'i' is declared int64"):
+        pf.compile(model, target="host").run({"x": np.array([0.5], np.float32)})
+
+
 def test_torch_scripted_loop_and_if_match_onnxruntime(tmp_path):
     torch = pytest.importorskip("torch")
 
