@@ -237,6 +237,23 @@ def test_no_import_circle():
             f"{[sorted(c) for c in found]}"
 
 
+def test_loop_passes_import_only_the_ir():
+    """A loop pass (a module of scheduler/loop_passes) builds on the IR alone: no pass
+    imports another pass or the scheduler's other parts (what a pass needs from them, the
+    pipeline gives it as arguments), and nothing outside the scheduler imports a pass's
+    module."""
+    g = import_graph()
+    passes = {m for m in g if m.startswith("scheduler.loop_passes.")}
+    assert len(passes) >= 8
+    for m in passes:
+        imports = g[m].top | g[m].local | g[m].typing
+        wrong = {t for t in imports if not (t.split(".")[0] in ("ir", "errors"))}
+        assert not wrong, f"{m} imports {sorted(wrong)}: loop passes import only polyfuse.ir"
+    users = {(m, t) for m, i in g.items() if not m.startswith("scheduler")
+             for t in i.top | i.local | i.typing if t in passes}
+    assert not users, f"modules outside the scheduler import loop passes' modules: {sorted(users)}"
+
+
 def test_runtime_executes_plans_without_the_layers_above():
     """The runtime imports neither the lowering, the front ends nor the autotuner: plans
     and tuning arrive from the driver."""

@@ -106,12 +106,14 @@ class _LoopParser(Parser):
         while not self.at(")"):
             if self.tok.text in _ROLES:
                 role = _ROLES[self.advance().text]
+                panel = self.word("panel") and bool(self.advance())
                 dt = self.dtype()
                 self.expect("(")
                 shape = tuple(self.comma_list(")", self.integer))
                 self.expect(")")
                 buffer = self.ident("a buffer name").id
-                b = Buffer(buffer, dt, shape, role, packing=self.packing(len(shape)) if self.at("=") else None)
+                b = Buffer(buffer, dt, shape, role, packing=self.packing(len(shape)) if self.at("=") else None,
+                           panel=panel)
                 self.buffers[b.name] = b
                 buffers.append(b)
             else:

@@ -3,7 +3,8 @@
 A :class:`LoopKernel` is a list of buffers (each marked in, out, inout or temp, with a
 dtype, a fixed shape and an alignment; ``local`` buffers, such as packed operand panels,
 belong to the kernel, one per thread, and are not arguments; a *packed* input is made from
-another input by a :class:`Packing` before the kernel runs), the scalar parameters, and a body of loops,
+another input by a :class:`Packing` before the kernel runs; a ``panel`` buffer holds packed
+panels, whole vectors wide and zero past the operand's edge), the scalar parameters, and a body of loops,
 guards and stores. Loops carry how they should run: serially, on the thread pool
 (``parallel``), as SIMD (``vectorize`` with a width) or unrolled (``unroll`` with a
 factor). Expressions are comprehension-IR expressions: a :class:`Read` loads from a
@@ -34,8 +35,8 @@ import numpy as np
 
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.builtins import reinterpreted
-from polyfuse.ir.comprehension import (Binary, Call, Cast, Expr, Literal, Read, ScalarDecl, Select,
-                                       Unary, format_expr, map_expr, walk)
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal, Read, ScalarDecl,
+                                       Select, Unary, UnaryOp, format_expr, map_expr, walk)
 from polyfuse.ir.types import DType
 
 
@@ -120,6 +121,7 @@ class Buffer:
     role: BufferRole
     alignment: int = 64
     packing: Packing | None = None     # an input made from another before the kernel runs
+    panel: bool = False   # packed panels (operand packing's copies): whole vectors wide, zero past the operand's edge
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -131,7 +133,7 @@ class Buffer:
         return tuple(reversed(out))
 
     def __str__(self) -> str:
-        text = f"{self.role.value} {self.dtype}({', '.join(map(str, self.shape))}) {self.name}"
+        text = f"{self.role.value}{' panel' if self.panel else ''} {self.dtype}({', '.join(map(str, self.shape))}) {self.name}"
         return f"{text} = {self.packing}" if self.packing is not None else text
 
 
@@ -284,6 +286,146 @@ def _rewrite_body(body: tuple[Stmt, ...], pre: StmtRewrite | None,
     return tuple(out)
 
 
+Interval = tuple[int, int]
+"""The least and greatest value of an integer, both included."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Where a statement sits: the loops around it (outermost first), the ranges known for
+    their variables (a loop's, from its bounds where they are known numbers; a pass may
+    narrow one, as splitting a loop does) and whether a condition guards it."""
+
+    loops: tuple[Stmt, ...] = ()   # For, or another IR's loop (the GPU IR's thread loops)
+    ranges: tuple[tuple[str, Interval], ...] = ()
+    guarded: bool = False
+
+    @property
+    def env(self) -> dict[str, Interval]:
+        """The known ranges by variable."""
+        return dict(self.ranges)
+
+    def inside(self, loop: Stmt) -> Scope:
+        """The scope of ``loop``'s body (a :class:`For`, or another IR's statement with
+        ``var``, ``lo`` and ``hi``)."""
+        return replace(self, loops=self.loops + (loop,), ranges=self.ranges + loop_range(loop, self.env))
+
+    def knowing(self, var: str, values: Interval) -> Scope:
+        """This scope where ``var`` takes only ``values``."""
+        return replace(self, ranges=self.ranges + ((var, values),))
+
+    def under_guard(self) -> Scope:
+        return replace(self, guarded=True)
+
+
+def loop_range(loop: Stmt, env: dict[str, Interval]) -> tuple[tuple[str, Interval], ...]:
+    """The range of ``loop``'s variable where its bounds' ranges are known over ``env``
+    (one pair, or none)."""
+    lo, hi = interval(loop.lo, env), interval(loop.hi, env)  # type: ignore[attr-defined]
+    return ((loop.var, (lo[0], hi[1] - 1)),) if lo is not None and hi is not None else ()  # type: ignore[attr-defined]
+
+
+def interval(e: Expr, env: dict[str, Interval]) -> Interval | None:
+    """The least and greatest value of the integer expression ``e`` over ``env`` (ranges of
+    loop variables), or None where it reads anything else."""
+    match e:
+        case Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
+            return (v, v)
+        case IndexVar(name=n) if n in env:
+            return env[n]
+        case Unary(op=UnaryOp.NEG, operand=x):
+            r = interval(x, env)
+            return None if r is None else (-r[1], -r[0])
+        case Binary(op=BinaryOp.ADD | BinaryOp.SUB | BinaryOp.MUL, lhs=x, rhs=y):
+            p, q = interval(x, env), interval(y, env)
+            if p is None or q is None:
+                return None
+            if e.op is BinaryOp.ADD:
+                return (p[0] + q[0], p[1] + q[1])
+            if e.op is BinaryOp.SUB:
+                return (p[0] - q[1], p[1] - q[0])
+            products = [u * v for u in p for v in q]
+            return (min(products), max(products))
+        case Call(fn="min" | "max", args=(x, y)):
+            p, q = interval(x, env), interval(y, env)
+            if p is None or q is None:
+                return None
+            pick = min if e.fn == "min" else max
+            return (pick(p[0], q[0]), pick(p[1], q[1]))
+    return None
+
+
+class LoopRewriter:
+    """The loop-IR walker with context, like TVM's ``StmtMutator``: every loop pass that
+    needs to know where a statement sits subclasses it. ``body`` rewrites statements in
+    order (a statement may become several, or none), ``stmt`` dispatches, and ``loop`` and
+    ``branch`` walk into a loop's body (in the loop's scope) and an If's branches (guarded)
+    by default; ``nested`` walks into the body of a statement type defined elsewhere
+    (the GPU IR's block loops, thread loops and single-thread regions: a thread loop's
+    body in its scope); ``leaf`` sees every other statement. Override the ones a pass
+    needs and call ``super()`` (or ``body`` with a scope) to walk on."""
+
+    def __call__(self, kernel: LoopKernel) -> LoopKernel:
+        return replace(kernel, body=self.body(kernel.body, Scope()))
+
+    def body(self, stmts: tuple[Stmt, ...], scope: Scope) -> tuple[Stmt, ...]:
+        out: list[Stmt] = []
+        for s in stmts:
+            new = self.stmt(s, scope)
+            if isinstance(new, tuple):
+                out += new
+            else:
+                out.append(new)
+        return tuple(out)
+
+    def stmt(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        if isinstance(s, For):
+            return self.loop(s, scope)
+        if isinstance(s, If):
+            return self.branch(s, scope)
+        if _holds_body(s):
+            return self.nested(s, scope)
+        return self.leaf(s, scope)
+
+    def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        return replace(s, body=self.body(s.body, scope.inside(s)))
+
+    def branch(self, s: If, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        inner = scope.under_guard()
+        return replace(s, then=self.body(s.then, inner), other=self.body(s.other, inner))
+
+    def nested(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        return replace(s, body=self.body(s.body, _scope_of_body(s, scope)))  # type: ignore[attr-defined]
+
+    def leaf(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        return s
+
+
+def _holds_body(s: Stmt) -> bool:
+    """Whether ``s``, a statement of another IR, holds statements (not TileProduct: its
+    nest is another form of the statement itself)."""
+    return not isinstance(s, TileProduct) and isinstance(getattr(s, "body", None), tuple)
+
+
+def _scope_of_body(s: Stmt, scope: Scope) -> Scope:
+    """The scope inside another IR's statement ``s``: a loop's if it has a variable."""
+    return scope.inside(s) if hasattr(s, "var") else scope
+
+
+def walk_scoped(body: tuple[Stmt, ...], scope: Scope = Scope()) -> Iterator[tuple[Stmt, Scope]]:
+    """Every statement of ``body`` with its scope, a loop or If before what it holds (the
+    read-only counterpart of :class:`LoopRewriter`, and like it walking into another IR's
+    statements that hold a body; a :class:`TileProduct` is a leaf)."""
+    for s in body:
+        yield s, scope
+        if isinstance(s, For):
+            yield from walk_scoped(s.body, scope.inside(s))
+        elif isinstance(s, If):
+            yield from walk_scoped(s.then + s.other, scope.under_guard())
+        elif _holds_body(s):
+            yield from walk_scoped(s.body, _scope_of_body(s, scope))  # type: ignore[attr-defined]
+
+
 def map_kernel_exprs(kernel: LoopKernel, fn: Callable[[Expr], Expr]) -> LoopKernel:
     """Apply ``map_expr(·, fn)`` to every expression of a kernel."""
     return replace(kernel, body=map_body_exprs(kernel.body, fn))
@@ -386,6 +528,13 @@ def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
             yield from walk_stmts(s.other)
         elif isinstance(s, TileProduct):
             yield from walk_stmts(s.nest)
+
+
+def touched(kernel: LoopKernel) -> frozenset[str]:
+    """The buffers some statement of ``kernel`` stores to or reads (a discarded output
+    it does neither with need not even be zeroed first)."""
+    return frozenset(s.buffer for s in walk_stmts(kernel.body) if isinstance(s, Store)) | {
+        e.tensor for st in walk_stmts(kernel.body) for e in stmt_nodes(st) if isinstance(e, Read)}
 
 
 def format_loop_expr(e: Expr) -> str:

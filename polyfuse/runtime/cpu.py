@@ -17,6 +17,7 @@ import numpy as np
 
 from polyfuse.errors import BoundsError, TargetError
 from polyfuse.ir.comprehension import Definition
+from polyfuse.ir.loops import touched
 from polyfuse.ir.types import DType
 from polyfuse.runtime import cache, native
 from polyfuse.runtime.arguments import abi_scalar
@@ -24,7 +25,6 @@ from polyfuse.runtime.program import Layout
 from polyfuse.scheduler.heuristics import default_options
 from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
-from polyfuse.scheduler.loop_passes.dead_stores import touched
 from polyfuse.scheduler.pipeline import Usage, schedule_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, emit_llvm, load_object,

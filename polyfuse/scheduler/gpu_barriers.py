@@ -21,7 +21,7 @@ from polyfuse.ir.comprehension import Expr, Literal, Read, walk
 from polyfuse.ir.gpu import (Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, SingleThread,
                              ThreadFor, children, walk_gpu)
 from polyfuse.ir.loops import Assign, For, If, Stmt, Store
-from polyfuse.scheduler.gpu_affine import affine, variables
+from polyfuse.ir.affine import affine, variables
 
 Owner = tuple | None  # which thread touches an element, when that is known
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Literal
 from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, SingleThread, ThreadFor, walk_gpu
-from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, Stmt, map_loops, walk_stmts
-from polyfuse.scheduler.gpu_affine import max_trips
+from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, map_loops, walk_stmts
+from polyfuse.ir.affine import max_trips
 from polyfuse.scheduler.gpu_reduction import (Reduction, TreeNames, expand_trees, holds_reduction,
                                               match_reduction, spread)
 from polyfuse.scheduler.options import MappingOptions
@@ -210,14 +210,10 @@ def _block_shape(body: tuple[Stmt, ...], options: MappingOptions,
 
 def _idle_axes(body: tuple[Stmt, ...], block: tuple[int, int, int]) -> tuple[Stmt, ...]:
     """Mark each region's outermost thread loop with the block's axes it does not use."""
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, ThreadFor):
+    class Idle(LoopRewriter):
+        def nested(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+            if not isinstance(s, ThreadFor):
+                return super().nested(s, scope)
             used = {t.axis for t in walk_gpu((s,)) if isinstance(t, ThreadFor)}
-            s = replace(s, idle=tuple(a for a in range(3) if a not in used and block[a] > 1))
-        elif isinstance(s, (BlockLoops, For)):
-            s = replace(s, body=_idle_axes(s.body, block))
-        elif isinstance(s, If):
-            s = replace(s, then=_idle_axes(s.then, block), other=_idle_axes(s.other, block))
-        out.append(s)
-    return tuple(out)
+            return replace(s, idle=tuple(a for a in range(3) if a not in used and block[a] > 1))
+    return Idle().body(body, Scope())

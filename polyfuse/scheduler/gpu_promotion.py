@@ -18,10 +18,10 @@ import math
 from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Expr, Read, walk
-from polyfuse.ir.gpu import BlockLoops, CopyToShared, GpuKernel, Launch, SharedTile, ThreadFor
-from polyfuse.ir.loops import (ERROR_BUFFER, Assign, BufferRole, For, If, Stmt, Store,
+from polyfuse.ir.gpu import CopyToShared, GpuKernel, Launch, SharedTile, ThreadFor
+from polyfuse.ir.affine import Affine, affine, combine, max_trips, to_expr, variables
+from polyfuse.ir.loops import (ERROR_BUFFER, Assign, BufferRole, For, If, LoopRewriter, Scope, Stmt, Store,
                                map_body_exprs)
-from polyfuse.scheduler.gpu_affine import Affine, affine, combine, max_trips, to_expr, variables
 
 MIN_REUSE = 2  # reads per element of the box before a copy pays off
 
@@ -53,7 +53,7 @@ def promote_to_shared(kernel: GpuKernel, budget: int) -> GpuKernel:
                                           for launch in kernel.launches))
 
 
-class _Promoter:
+class _Promoter(LoopRewriter):
     def __init__(self, kernel: GpuKernel, budget: int) -> None:
         self.kernel = kernel
         self.budget = budget
@@ -63,21 +63,14 @@ class _Promoter:
 
     def launch(self, launch: Launch) -> Launch:
         self.tiles = list(launch.shared)  # the mapping's arrays count against the budget
-        body = self.uniform(launch.body)
+        body = self.body(launch.body, Scope())
         return replace(launch, body=body, shared=tuple(self.tiles))
 
-    def uniform(self, body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-        out: list[Stmt] = []
-        for s in body:
-            if isinstance(s, (BlockLoops, For)):
-                s = replace(s, body=self.uniform(s.body))
-            elif isinstance(s, If):
-                s = replace(s, then=self.uniform(s.then), other=self.uniform(s.other))
-            elif isinstance(s, ThreadFor):
-                copies, s = self.region(s)
-                out += copies
-            out.append(s)
-        return tuple(out)
+    def nested(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        if isinstance(s, ThreadFor):
+            copies, s = self.region(s)
+            return (*copies, s)
+        return super().nested(s, scope)
 
     def tile_name(self, buffer: str) -> str:
         """``<buffer>_s<k>``, a name no buffer of the kernel has."""

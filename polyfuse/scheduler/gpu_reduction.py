@@ -23,13 +23,13 @@ steps and nowhere inside one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, LocalRef, Read, ReduceOp,
                                        walk)
 from polyfuse.ir.comprehension_interpreter import identity
-from polyfuse.ir.gpu import BlockLoops, SharedTile, SingleThread, ThreadFor
-from polyfuse.ir.loops import Assign, For, If, Stmt, Store
+from polyfuse.ir.gpu import SharedTile, SingleThread, ThreadFor
+from polyfuse.ir.loops import Assign, For, If, LoopRewriter, Scope, Stmt, Store
 from polyfuse.ir.types import DType
 
 LANE = "pf_t"  # the tree's loop variable: iteration t runs on thread t
@@ -161,23 +161,16 @@ def expand_trees(body: tuple[Stmt, ...], width: int,
     shared arrays the trees use."""
     tiles: list[SharedTile] = []
 
-    def visit(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-        out: list[Stmt] = []
-        for s in stmts:
-            if isinstance(s, TreeSlot):
-                r = s.reduction
-                tile = SharedTile(names.fresh(r.store.buffer), r.store.buffer, r.partial_dtype, (width,))
-                tiles.append(tile)
-                out += _tree(r, tile, width)
-            elif isinstance(s, (For, BlockLoops)):
-                out.append(replace(s, body=visit(s.body)))
-            elif isinstance(s, If):
-                out.append(replace(s, then=visit(s.then), other=visit(s.other)))
-            else:
-                out.append(s)
-        return tuple(out)
+    class Expand(LoopRewriter):
+        def leaf(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+            if not isinstance(s, TreeSlot):
+                return s
+            r = s.reduction
+            tile = SharedTile(names.fresh(r.store.buffer), r.store.buffer, r.partial_dtype, (width,))
+            tiles.append(tile)
+            return tuple(_tree(r, tile, width))
 
-    return visit(body), tuple(tiles)
+    return Expand().body(body, Scope()), tuple(tiles)
 
 
 def _tree(r: Reduction, tile: SharedTile, width: int) -> list[Stmt]:

@@ -29,7 +29,6 @@ from collections import Counter
 
 from polyfuse.ir.comprehension import Call, Definition, Read, Statement, index_names, walk
 from polyfuse.scheduler.loop_nest import LoopNest, work
-from polyfuse.scheduler.loop_passes.pack_operands import MIN_REUSE
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 MR = 4                     # jammed rows of a register block (when 6 to 8 do not fit)
@@ -46,6 +45,8 @@ MIN_DEPTH = 8              # reduction steps per output before register blocking
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27;
                            # a dot4 step counts 4: 16 int8 channels make 4 steps of 16)
 SPLIT_ROWS = 2             # cache tiles of rows, at most, that a product split over rows alone cuts finer
+PACK_MIN_REUSE = 4         # reads of each element of a packed operand copy, at least: else the
+                           # copy costs more than it saves (pack_operands copies no less reused operand)
 MIN_REUSE_ROWS = 16        # output rows that a transposed operand's packed panel serves, at least
 SWEPT_BYTES = 512 << 10   # output a reduction panel sweeps, past which panels go deeper
 DEEP_BYTES = 512 << 10     # a deep panel's packed box of the vector operand (L2-resident)
@@ -242,10 +243,10 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
             # memory. A column tile of one register block makes each thread's stream one
             # sequential pass over its panels, each reused from L1 by every row (ResNet-50's
             # 3x3 convolutions of 7x7 maps: 1.2x faster in the model on two threads).
-            # Rows too few for the pass to pack the panels (fewer than MIN_REUSE register
+            # Rows too few for the pass to pack the panels (fewer than PACK_MIN_REUSE register
             # blocks: a matrix-vector product's one) read the operand in place instead,
             # and wider tiles keep those reads along its rows (1 x 4096 x 4096: 1.3x)
-            packed = rows >= MIN_REUSE * jammed
+            packed = rows >= PACK_MIN_REUSE * jammed
             if extents[vec] % block == 0 and extents[vec] // block >= PARALLEL_TILES and packed:
                 cols, rows_first = block, False
         # the output a reduction panel sweeps: every row, a tile of columns; each panel

@@ -18,9 +18,11 @@ from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
+from polyfuse.scheduler.heuristics import PACK_MIN_REUSE
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead_stores, fuse_epilogues,
                                             pack_operands, promote_accumulators, promote_register_blocks,
-                                            separate_full_tiles, unroll_and_jam, use_matrix_tiles)
+                                            separate_full_tiles, unroll_and_jam, use_matrix_tiles,
+                                            widen_partial_blocks)
 from polyfuse.scheduler.model import build_model, covers, skipped_inits
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
@@ -61,7 +63,8 @@ def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(
             Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),
             Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)),
             Pass("drop_dead_stores", lambda k: drop_dead_stores(k, usage.discarded)),
-            Pass("pack_operands", lambda k: pack_operands(k, usage.constants)))
+            Pass("pack_operands", lambda k: pack_operands(k, usage.constants, min_reuse=PACK_MIN_REUSE)),
+            widen_partial_blocks)
 
 
 def written_whole(d: Definition) -> frozenset[str]:

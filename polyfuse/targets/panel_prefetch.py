@@ -32,10 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import For, If, LoopKernel, Stmt, TileProduct, constant_trips, stmt_nodes
+from polyfuse.ir.loops import For, If, LoopKernel, Stmt, TileProduct, constant_trips, stmt_nodes, walk_scoped
 from polyfuse.ir.types import DType
-from polyfuse.scheduler.gpu_affine import affine
-from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop, span
+from polyfuse.ir.affine import ConstantLoop, affine, constant_loop, span
 
 LINE = 64
 # cache lines one pass prefetches at once as it starts, at most (ResNet-50 on two threads:
@@ -72,7 +71,7 @@ def panel_prefetches(loop: For, enclosing: tuple[For, ...], kernel: LoopKernel) 
             not any(b.packing is not None for b in kernel.buffers):
         return []
     found: dict[str, PanelPrefetch] = {}
-    for read, path in _packed_reads(loop.body, (), kernel):
+    for read, path in _packed_reads(loop.body, kernel):
         if read.tensor in found or any(read.is_checked(d) for d in range(len(read.indices))):
             continue
         got = _panel(loop, passes, read, path, enclosing, kernel)
@@ -110,18 +109,12 @@ def _panel(loop: For, passes: int, read: Read, path: tuple[For, ...], enclosing:
     return PanelPrefetch(first, lines, over)
 
 
-def _packed_reads(body: tuple[Stmt, ...], path: tuple[For, ...],
-                  kernel: LoopKernel) -> list[tuple[Read, tuple[For, ...]]]:
+def _packed_reads(body: tuple[Stmt, ...], kernel: LoopKernel) -> list[tuple[Read, tuple[For, ...]]]:
     """Reads of prepacked buffers in ``body``, each with the loops around it there; none
     under an ``if`` (a guarded read may not run) or in a tile product."""
-    out: list[tuple[Read, tuple[For, ...]]] = []
-    for s in body:
-        if isinstance(s, For):
-            out += _packed_reads(s.body, path + (s,), kernel)
-        elif not isinstance(s, (If, TileProduct)):
-            out += [(r, path) for r in stmt_nodes(s)
-                    if isinstance(r, Read) and kernel.buffer(r.tensor).packing is not None]
-    return out
+    return [(r, scope.loops) for s, scope in walk_scoped(body)
+            if not scope.guarded and not isinstance(s, (For, If, TileProduct))
+            for r in stmt_nodes(s) if isinstance(r, Read) and kernel.buffer(r.tensor).packing is not None]
 
 
 def _panel_bytes(read: Read, loops: list[ConstantLoop], kernel: LoopKernel) -> int | None:

@@ -153,7 +153,7 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
         assert (tiles["k"], tiles["n"]) == (steps, cols)
         a = rng.standard_normal((1100, depth)).astype(np.float32)
         b = rng.standard_normal((depth, 1024)).astype(np.float32)
-        assert f"local float32{box}" in avx512_loops(MM, a, b)  # packed
+        assert f"local panel float32{box}" in avx512_loops(MM, a, b)  # packed
         np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-3, atol=3e-3)
     # Aᵀ·B packs its broadcast operand too, a copy per column tile that would grow with the
     # depth: wider tiles of shallower panels instead (512 columns of 256 steps)

@@ -142,9 +142,9 @@ def test_the_pipeline_keeps_the_loops_after_each_named_pass():
     names = [s for s in stages if s.startswith("loops")]
     assert names == ["loops:lower_schedule", "loops:separate_full_tiles", "loops:unroll_and_jam",
                      "loops:promote_accumulators", "loops:promote_register_blocks", "loops:fuse_epilogues",
-                     "loops:drop_dead_stores", "loops:pack_operands", "loops"]
+                     "loops:drop_dead_stores", "loops:pack_operands", "loops:widen_partial_blocks", "loops"]
     assert stages["loops:lower_schedule"] == MM and stages["loops:unroll_and_jam"] == MM_JAMMED_3
-    assert stages["loops"] == stages["loops:pack_operands"] == str(kernel)
+    assert stages["loops"] == stages["loops:widen_partial_blocks"] == str(kernel)
     for name in names:
         got = interpret_kernel(parse_kernel(stages[name]), {"A": A, "B": B})["C"]
         np.testing.assert_allclose(got, A @ B, rtol=1e-5, err_msg=name)
@@ -231,7 +231,7 @@ def test_a_model_dumps_its_kernels_after_each_loop_pass():
     model.run({"x": np.ones((2, 16), np.float32)})
     first = model.dump("loops:lower_schedule")
     assert first.startswith("// g0[fc1 bias1 relu1]") and "kernel fused(" in first
-    assert model.dump("loops").split("\n", 1)[1] in model.dump("loops:pack_operands")
+    assert model.dump("loops").split("\n", 1)[1] in model.dump("loops:widen_partial_blocks")
     with pytest.raises(pf.ArgumentError, match="no stage 'loops:bogus'.*loops:unroll_and_jam"):
         model.dump("loops:bogus")
 

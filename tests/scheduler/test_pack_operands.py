@@ -14,6 +14,8 @@ from polyfuse.frontends.loop_ir import parse_kernel
 from polyfuse.ir.loops import BufferRole
 from polyfuse.ir.loops_interpreter import interpret_kernel
 from polyfuse.scheduler.loop_passes import pack_operands
+from polyfuse.scheduler.heuristics import PACK_MIN_REUSE
+from polyfuse.scheduler.loop_passes import widen_partial_blocks
 from polyfuse.scheduler.loop_passes.pack_operands import PACK_BYTES
 from polyfuse.scheduler.options import MappingOptions
 from tests.scheduler.avx512 import avx512_loops
@@ -36,7 +38,7 @@ MICRO = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, out float32(8, 2
 
 # B is read a vector (8 elements of a row) at a time and reused by the 4 row blocks of
 # c0: its box, 16 x 24, is copied once as 3 panels of 16 x 8, each contiguous
-PACKED = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, out float32(8, 24) C, local float32(3, 16, 8) B_packed) {
+PACKED = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, out float32(8, 24) C, local panel float32(3, 16, 8) B_packed) {
   for B_packed_0 in 0:3 {
     for B_packed_1 in 0:16 {
       for B_packed_2 in 0:8 vectorize(4) {
@@ -61,7 +63,7 @@ B = RNG.standard_normal((16, 24)).astype(np.float32)
 
 
 def test_a_vector_operand_reused_by_row_blocks_is_packed_into_contiguous_panels():
-    out = pack_operands(parse_kernel(MICRO))
+    out = pack_operands(parse_kernel(MICRO), min_reuse=PACK_MIN_REUSE)
     assert str(out) == PACKED
     assert parse_kernel(PACKED) == out
     assert out.buffer("B_packed").role is BufferRole.LOCAL
@@ -72,7 +74,7 @@ def test_a_vector_operand_reused_by_row_blocks_is_packed_into_contiguous_panels(
 
 
 # the same box of a constant B, packed before the kernel runs: no copy in the kernel
-PREPACKED = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, in float32(3, 16, 8) B_prepacked = pack B(p1, 8*p0 + p2), out float32(8, 24) C) {
+PREPACKED = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, in panel float32(3, 16, 8) B_prepacked = pack B(p1, 8*p0 + p2), out float32(8, 24) C) {
   for c0 in 0:8 step 2 {
     for c1 in 0:24 step 8 {
       for c2 in 0:16 {
@@ -87,7 +89,7 @@ PREPACKED = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, in float32(3
 
 
 def test_a_constant_operand_is_packed_before_the_kernel_runs():
-    out = pack_operands(parse_kernel(MICRO), frozenset({"B"}))
+    out = pack_operands(parse_kernel(MICRO), frozenset({"B"}), min_reuse=PACK_MIN_REUSE)
     assert str(out) == PREPACKED
     assert parse_kernel(PREPACKED) == out
     assert [b.name for b in out.parameters] == ["A", "B", "B_prepacked", "C"]
@@ -103,7 +105,7 @@ def test_a_prepacked_operand_holds_every_box_its_enclosing_tile_loops_visit():
         .replace("C(c0 + 1, c1 + c3)", "C(c0 + 1, t + c1 + c3)")
     lines = text.splitlines()
     text = "\n".join([lines[0], "  parallel for t in 0:48 step 24 {", *("  " + ln for ln in lines[1:-1]), "  }", "}"])
-    out = pack_operands(parse_kernel(text), frozenset({"B"}))
+    out = pack_operands(parse_kernel(text), frozenset({"B"}), min_reuse=PACK_MIN_REUSE)
     packed = out.buffer("B_prepacked")
     assert packed.shape == (2, 3, 16, 8) and str(packed.packing) == "pack B(p2, 24*p0 + 8*p1 + p3)"
     assert "A(c0, c2) * B_prepacked(t / 24, c1 / 8, c2, c3)" in str(out)
@@ -119,7 +121,7 @@ def test_a_prepacked_operand_holds_every_box_its_enclosing_tile_loops_visit():
 # B given transposed, Bt(n, k): the vector loop c3 moves its first index, 8 rows apart
 # per step; the copy transposes the box into the same panels, read contiguously
 MICRO_T = MICRO.replace("(16, 24) B", "(24, 16) Bt").replace("B(c2, c1 + c3)", "Bt(c1 + c3, c2)")
-PACKED_T = """kernel mm(in float32(8, 16) A, in float32(24, 16) Bt, out float32(8, 24) C, local float32(3, 16, 8) Bt_packed) {
+PACKED_T = """kernel mm(in float32(8, 16) A, in float32(24, 16) Bt, out float32(8, 24) C, local panel float32(3, 16, 8) Bt_packed) {
   for Bt_packed_0 in 0:3 {
     for Bt_packed_1 in 0:16 {
       for Bt_packed_2 in 0:8 vectorize(4) {
@@ -130,14 +132,14 @@ PACKED_T = """kernel mm(in float32(8, 16) A, in float32(24, 16) Bt, out float32(
 
 
 def test_a_transposed_vector_operand_is_copied_into_the_same_panels():
-    out = pack_operands(parse_kernel(MICRO_T))
+    out = pack_operands(parse_kernel(MICRO_T), min_reuse=PACK_MIN_REUSE)
     assert str(out).startswith(PACKED_T)
     assert "A(c0, c2) * Bt_packed(c1 / 8, c2, c3)" in str(out)
     assert parse_kernel(str(out)) == out
     got = interpret_kernel(out, {"A": A, "Bt": np.ascontiguousarray(B.T)})
     np.testing.assert_allclose(got["C"], A @ B, rtol=1e-5, atol=1e-5)
     # a constant one is packed transposed before the kernel runs
-    pre = pack_operands(parse_kernel(MICRO_T), frozenset({"Bt"}))
+    pre = pack_operands(parse_kernel(MICRO_T), frozenset({"Bt"}), min_reuse=PACK_MIN_REUSE)
     packed = pre.buffer("Bt_prepacked")
     assert packed.shape == (3, 16, 8) and str(packed.packing) == "pack Bt(8*p0 + p2, p1)"
     bt = np.ascontiguousarray(B.T)
@@ -210,20 +212,20 @@ def test_jammed_rows_of_a_transposed_operand_are_copied_into_panels_of_their_row
     rng = np.random.default_rng(11)
     at = rng.standard_normal((16, 32)).astype(np.float32)
     b = rng.standard_normal((16, 32)).astype(np.float32)
-    out = pack_operands(parse_kernel(BROADCAST_T))
+    out = pack_operands(parse_kernel(BROADCAST_T), min_reuse=PACK_MIN_REUSE)
     text = str(out)
-    assert "local float32(4, 16, 2) At_packed" in text, text
+    assert "local panel float32(4, 16, 2) At_packed" in text, text
     assert "At_packed(At_packed_0, At_packed_1, At_packed_2) = At(At_packed_1, At_packed_0 * 2 + At_packed_2)" in text
     assert "At_packed(c0 / 2, c2, 0) * B_packed(" in text and "At_packed(c0 / 2, c2, 1) * B_packed(" in text
     assert parse_kernel(text) == out
     np.testing.assert_allclose(interpret_kernel(out, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5, atol=1e-5)
     # a constant one is packed so before the kernel runs
-    pre = pack_operands(parse_kernel(BROADCAST_T), frozenset({"At"}))
+    pre = pack_operands(parse_kernel(BROADCAST_T), frozenset({"At"}), min_reuse=PACK_MIN_REUSE)
     assert str(pre.buffer("At_prepacked").packing) == "pack At(p1, 2*p0 + p2)"
     np.testing.assert_allclose(interpret_kernel(pre, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5, atol=1e-5)
     # rows 8 floats apart (32 bytes) share lines: the reads stay as they are
     narrow = BROADCAST_T.replace("(16, 32) At", "(16, 8) At")
-    assert "At_packed" not in str(pack_operands(parse_kernel(narrow)))
+    assert "At_packed" not in str(pack_operands(parse_kernel(narrow), min_reuse=PACK_MIN_REUSE))
 
 
 @pytest.mark.parametrize("change", [
@@ -238,9 +240,9 @@ def test_what_the_pass_cannot_copy_exactly_or_would_not_reuse_stays(change):
     if new.startswith("        if"):
         text = text.replace("        }\n      }\n    }\n  }\n}", "        }\n        }\n      }\n    }\n  }\n}")
     kernel = parse_kernel(text)
-    assert pack_operands(kernel) == kernel
+    assert pack_operands(kernel, min_reuse=PACK_MIN_REUSE) == kernel
     # nor is a constant B: its reads are guarded, strided or moving with loops of varying bounds
-    assert "B_prepacked" not in str(pack_operands(kernel, frozenset({"B"})))
+    assert "B_prepacked" not in str(pack_operands(kernel, frozenset({"B"}), min_reuse=PACK_MIN_REUSE))
 
 
 def test_a_box_past_the_budget_is_not_packed():
@@ -248,7 +250,7 @@ def test_a_box_past_the_budget_is_not_packed():
     text = MICRO.replace("(16, 24) B", f"({rows}, 24) B").replace("(8, 16) A", f"(8, {rows}) A") \
         .replace("for c2 in 0:16", f"for c2 in 0:{rows}")
     kernel = parse_kernel(text)
-    assert pack_operands(kernel) == kernel
+    assert pack_operands(kernel, min_reuse=PACK_MIN_REUSE) == kernel
 
 
 MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
@@ -262,7 +264,7 @@ def test_native_matmuls_pack_their_panels_and_match_numpy(shape):
     b = RNG.standard_normal((K, N)).astype(np.float32)
     kernel = pf.define(MM, target="host").mm
     spec = kernel.specialize(a, b)
-    assert "local float32(" in spec.stages["loops"]      # the full tiles read packed panels
+    assert "local panel float32(" in spec.stages["loops"]      # the full tiles read packed panels
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=2e-3)
 
 
@@ -274,7 +276,7 @@ def test_a_parallel_kernel_packs_per_thread():
         unroll=2, unroll_jam=4, reorder_reductions=True, num_threads=2)).mm
     spec = kernel.specialize(a, b)
     loops = spec.stages["loops"]
-    assert "local float32(" in loops and loops.index("parallel for") < loops.index("_packed_0 in")
+    assert "local panel float32(" in loops and loops.index("parallel for") < loops.index("_packed_0 in")
     for _ in range(3):   # the threads' panels do not mix
         np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=2e-3)
 
@@ -285,7 +287,7 @@ def test_aarch64_kernels_read_packed_panels():
     b = RNG.standard_normal((96, 80)).astype(np.float32)
     kernel = pf.define(MM, target="aarch64").mm
     spec = kernel.specialize(a, b)
-    assert "local float32(" in spec.stages["loops"]
+    assert "local panel float32(" in spec.stages["loops"]
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=2e-3)
 
 
@@ -415,10 +417,10 @@ def test_a_partial_register_block_reads_a_zero_padded_last_panel_in_whole_vector
     rng = np.random.default_rng(21)
     a = rng.standard_normal((8, 16)).astype(np.float32)
     b = rng.standard_normal((16, 22)).astype(np.float32)
-    out = pack_operands(parse_kernel(EDGE))
+    out = widen_partial_blocks(pack_operands(parse_kernel(EDGE), min_reuse=PACK_MIN_REUSE))
     text = str(out)
     # one copy: two whole panels of 8 columns and a last one of 6, its lanes 6:8 zeroed
-    assert "local float32(3, 16, 8) B_packed" in text and EDGE_COPY in text, text
+    assert "local panel float32(3, 16, 8) B_packed" in text and EDGE_COPY in text, text
     assert text.count("A(c0, c2) * B_packed(c1 / 8, c2, c3)") == 2
     # the partial block sets and sums its accumulators over two whole vectors (8 lanes,
     # the last two adding zeros) and stores its 6 columns
@@ -428,7 +430,7 @@ def test_a_partial_register_block_reads_a_zero_padded_last_panel_in_whole_vector
     assert parse_kernel(text) == out
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-5)
     # a constant B: its boxes packed before the kernel runs, the lanes past column 22 zero
-    pre = pack_operands(parse_kernel(EDGE), frozenset({"B"}))
+    pre = widen_partial_blocks(pack_operands(parse_kernel(EDGE), frozenset({"B"}), min_reuse=PACK_MIN_REUSE))
     packed = pre.buffer("B_prepacked")
     assert packed.shape == (3, 16, 8) and str(packed.packing) == "pack B(p1, 8*p0 + p2) padded"
     assert parse_kernel(str(pre)) == pre and "local float32(2, 8) acc2" in str(pre)
@@ -444,7 +446,7 @@ def test_an_accumulator_a_loop_cannot_widen_stays_as_wide_as_its_block():
     # neither that loop nor the accumulator's other loops widen
     text = EDGE.replace("acc2(0, c3) = acc2(0, c3) + A(c0, c2) * B(c2, c1 + c3)",
                         "acc2(0, c3) = acc2(0, c3) + A(c0, c2) * B(c2, c1 + c3) + C(c0, c1 + c3) * 0.0")
-    out = str(pack_operands(parse_kernel(text)))
+    out = str(widen_partial_blocks(pack_operands(parse_kernel(text), min_reuse=PACK_MIN_REUSE)))
     assert "local float32(2, 8) acc, local float32(2, 6) acc2" in out
     assert "for c3 in 0:8 vectorize(4)" not in out[out.index("for c1 in 16:22"):]
 
@@ -503,6 +505,6 @@ def test_a_whole_reduction_panel_that_l2_holds_is_copied_once_per_column_tile():
     b = RNG.standard_normal((768, 3072)).astype(np.float32)
     kernel = pf.define(MM, target="host").mm
     loops = avx512_loops(MM, a, b)
-    assert "local float32(4, 768, 64) B_packed" in loops
+    assert "local panel float32(4, 768, 64) B_packed" in loops
     assert loops.index("B_packed_0 in") < loops.index("for c2 in")
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=3e-3)

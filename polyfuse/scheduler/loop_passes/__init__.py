@@ -15,10 +15,15 @@ scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lower
 * :func:`drop_dead_stores` (``dead_stores.py``): stores to outputs the caller discards
   and the kernel never reads back, dropped;
 * :func:`pack_operands` (``pack_operands.py``): a micro-kernel's vector operand copied
-  into contiguous panels (a ``local`` buffer per thread), the last one zero-padded, over
-  which a partial register block then runs whole vectors (``widen_blocks.py``).
+  into contiguous panels (a ``local`` buffer per thread), the last one zero-padded;
+* :func:`widen_partial_blocks` (``widen_blocks.py``): a partial register block run in
+  whole vectors over such panels.
 
-Each pass walks the kernel with :func:`polyfuse.ir.loops.rewrite`.
+Passes import only :mod:`polyfuse.ir` (``tests/test_layering.py`` checks): what one needs
+from the scheduler (a heuristic's threshold) is an argument the pipeline gives. Each walks
+the kernel with the loop IR's walkers: :class:`~polyfuse.ir.loops.LoopRewriter` (with the
+scope of each statement: enclosing loops, known ranges, guards),
+:func:`~polyfuse.ir.loops.walk_scoped`, or :func:`~polyfuse.ir.loops.rewrite`.
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ from polyfuse.scheduler.loop_passes.register_blocks import promote_register_bloc
 from polyfuse.scheduler.loop_passes.separate_tiles import separate_full_tiles
 from polyfuse.scheduler.loop_passes.matrix_tiles import use_matrix_tiles
 from polyfuse.scheduler.loop_passes.unroll_and_jam import unroll_and_jam
+from polyfuse.scheduler.loop_passes.widen_blocks import widen_partial_blocks
 
 LoopPass = Callable[[LoopKernel], LoopKernel]
 
 __all__ = ["LoopPass", "LoopPassManager", "Pass", "drop_dead_stores", "fuse_epilogues", "pack_operands", "promote_accumulators",
            "promote_register_blocks", "separate_full_tiles",
-           "unroll_and_jam", "use_matrix_tiles"]
+           "unroll_and_jam", "use_matrix_tiles", "widen_partial_blocks"]
 
 
 class LoopPassManager(PassManager[LoopKernel]):

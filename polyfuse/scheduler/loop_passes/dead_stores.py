@@ -31,10 +31,3 @@ def drop_dead_stores(kernel: LoopKernel, discarded: frozenset[str] = frozenset()
             return ()
         return None
     return rewrite(kernel, pre=drop, post=drop)
-
-
-def touched(kernel: LoopKernel) -> frozenset[str]:
-    """The buffers some statement of ``kernel`` stores to or reads (a discarded output
-    it does neither with need not even be zeroed first)."""
-    return frozenset(s.buffer for s in walk_stmts(kernel.body) if isinstance(s, Store)) | {
-        e.tensor for st in walk_stmts(kernel.body) for e in stmt_nodes(st) if isinstance(e, Read)}

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
 from polyfuse.ir.loops import (BufferRole, For, If, LoopKernel, Stmt, Store, TileProduct, constant_trips, rewrite,
-                               stmt_nodes, walk_stmts)
+                               stmt_nodes, walk_scoped, walk_stmts)
 from polyfuse.ir.types import DType
 
 _I64 = DType.INT64
@@ -168,8 +168,8 @@ def _fuse(first: Stmt, seconds: list[Stmt], kernel: LoopKernel, whole: frozenset
     if any(r.tensor in written - {source} for r in walk(template) if isinstance(r, Read)) or \
             any(isinstance(r, Read) and r.tensor == target for st in walk_stmts((first,)) for r in stmt_nodes(st)):
         return None
-    blocks: list[tuple[Stmt, list[For]]] = []   # each block's store nest (or tile product), its reduction tiles
-    if not _find_blocks(first, source, kernel, [], blocks) or not blocks:
+    blocks = _find_blocks(first, source, kernel)   # each block's store nest (or tile product), its reduction tiles
+    if not blocks:
         return None
     # a block store nest at the top (its tiles cover the output) becomes two statements
     return rewrite((first,), pre=lambda s: _apply(s, blocks, source, target, template))
@@ -190,27 +190,30 @@ def _is_block_store(s: Stmt, source: str, kernel: LoopKernel) -> bool:
     return bool(stores) and all(st.buffer == source and block_value(st) for st in stores)  # type: ignore[union-attr]
 
 
-def _find_blocks(s: Stmt, source: str, kernel: LoopKernel, path: list[For],
-                 found: list[tuple[Stmt, list[For]]]) -> bool:
-    """Collect the block store nests under ``s`` with the loops around them; False when
-    ``source`` is stored any other way."""
-    tile = isinstance(s, TileProduct) and s.acc.tensor == source
-    if tile or isinstance(s, For) and _is_block_store(s, source, kernel):
-        stores = _innermost(s.nest[0] if tile else s)  # type: ignore[union-attr]
-        assert stores is not None
-        used = {n.name for st in stores for i in st.indices for n in walk(i) if isinstance(n, IndexVar)}
-        tiles = [lp for lp in path if lp.var not in used]
-        if any(not (isinstance(lp.lo, Literal) and isinstance(lp.hi, Literal)) for lp in tiles):
-            return False
-        found.append((s, tiles))
-        return True
-    if isinstance(s, Store):
-        return s.buffer != source
-    if isinstance(s, For):
-        return all(_find_blocks(c, source, kernel, path + [s], found) for c in s.body)
-    if isinstance(s, If):
-        return all(_find_blocks(c, source, kernel, path, found) for c in (*s.then, *s.other))
-    return not any(isinstance(t, Store) and t.buffer == source for t in walk_stmts((s,)))
+def _find_blocks(top: Stmt, source: str, kernel: LoopKernel) -> list[tuple[Stmt, list[For]]] | None:
+    """The block store nests (or tile products) under ``top``, each with the reduction
+    tiles around it; None when ``source`` is stored any other way."""
+    found: list[tuple[Stmt, list[For]]] = []
+    blocks: set[int] = set()
+    for s, scope in walk_scoped((top,)):
+        if any(id(lp) in blocks for lp in scope.loops):
+            continue
+        tile = isinstance(s, TileProduct) and s.acc.tensor == source
+        if tile or isinstance(s, For) and _is_block_store(s, source, kernel):
+            stores = _innermost(s.nest[0] if tile else s)  # type: ignore[union-attr]
+            assert stores is not None
+            used = {n.name for st in stores for i in st.indices for n in walk(i) if isinstance(n, IndexVar)}
+            tiles = [lp for lp in scope.loops if lp.var not in used]
+            if any(not (isinstance(lp.lo, Literal) and isinstance(lp.hi, Literal)) for lp in tiles):
+                return None
+            found.append((s, tiles))
+            blocks.add(id(s))
+        elif isinstance(s, Store) and s.buffer == source:
+            return None
+        elif not isinstance(s, (For, If, Store)) and \
+                any(isinstance(t, Store) and t.buffer == source for t in walk_stmts((s,))):
+            return None
+    return found
 
 
 def _on_tiles(tile: TileProduct, target: str, template: Expr) -> Stmt:

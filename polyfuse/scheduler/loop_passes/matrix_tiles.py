@@ -28,11 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, Read, map_expr
-from polyfuse.ir.loops import (Buffer, BufferRole, For, If, LoopKernel, LoopKind, Packing, Stmt, Store, TileProduct,
+from polyfuse.ir.loops import (Buffer, BufferRole, For, LoopKernel, LoopKind, LoopRewriter, Packing, Scope, Stmt, Store, TileProduct,
                                constant_trips, fresh_name, map_body_exprs, walk_stmts)
 from polyfuse.ir.types import DType
-from polyfuse.scheduler.gpu_affine import Affine, affine, to_expr
-from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop
+from polyfuse.ir.affine import Affine, ConstantLoop, affine, constant_loop, to_expr
 
 BLOCK_ROWS = 32    # outputs of a block: 2 x 2 tiles of 16 rows of 16 sums
 BLOCK_COLS = 32
@@ -77,7 +76,7 @@ def use_matrix_tiles(kernel: LoopKernel, builtins: frozenset[str],
         return kernel
     taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars} | _loop_vars(kernel.body)
     ctx = _Context(kernel, builtins, constants, taken)
-    body = _visit(kernel.body, ctx)
+    body = _Tiles(ctx).body(kernel.body, Scope())
     if not ctx.panels:
         return replace(kernel, body=body)
     # packed inputs go after the kernel's inputs: calls pass every input before the outputs
@@ -86,19 +85,13 @@ def use_matrix_tiles(kernel: LoopKernel, builtins: frozenset[str],
     return replace(kernel, buffers=buffers, body=body)
 
 
-def _visit(body: tuple[Stmt, ...], ctx: _Context) -> tuple[Stmt, ...]:
-    out: list[Stmt] = []
-    for s in body:
-        tiled = _tiled(s, ctx) if isinstance(s, For) and s.kind is LoopKind.SERIAL else None
-        if tiled is not None:
-            out += tiled
-        elif isinstance(s, For):
-            out.append(replace(s, body=_visit(s.body, replace(ctx, path=ctx.path + (s,)))))
-        elif isinstance(s, If):
-            out.append(replace(s, then=_visit(s.then, ctx), other=_visit(s.other, ctx)))
-        else:
-            out.append(s)
-    return tuple(out)
+class _Tiles(LoopRewriter):
+    def __init__(self, ctx: _Context) -> None:
+        self.ctx = ctx
+
+    def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        tiled = _tiled(s, replace(self.ctx, path=scope.loops)) if s.kind is LoopKind.SERIAL else None
+        return tiled if tiled is not None else super().loop(s, scope)
 
 
 def _loop_vars(body: tuple[Stmt, ...]) -> set[str]:

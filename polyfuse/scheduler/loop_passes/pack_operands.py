@@ -28,7 +28,8 @@ A read is packed at the outermost loop (the nest's top) where
   free of ``v``;
 * all reads of that tensor in the nest share their offsets from outside the nest;
 * the copy is reused: the loops that no index of the tensor uses run at least
-  :data:`MIN_REUSE` times per copy;
+  ``min_reuse`` times per copy (the scheduler's ``PACK_MIN_REUSE``, which its heuristics
+  also count on);
 * the copy is laid out otherwise than the source (a box of whole rows read as one
   panel is already contiguous);
 * the box takes at most :data:`PACK_BYTES`, and a kernel's packed buffers together at most
@@ -37,8 +38,9 @@ A read is packed at the outermost loop (the nest's top) where
   reduction panels', before the last, shorter one) is filled again instead.
 
 A box that is not whole panels (1000 columns in panels of 64) ends in a partial panel
-whose lanes past the box are zeros: the partial register block reading it then runs whole
-vectors, as :mod:`.widen_blocks` arranges.
+whose lanes past the box are zeros; the buffers made here are marked ``panel`` so that
+the next pass (:func:`widen_partial_blocks`) runs the partial register block reading them
+in whole vectors.
 
 A *constant* operand (weights: the same values on every call) is packed once instead, before
 the kernel runs: every box the nest's enclosing loops visit goes into one input buffer
@@ -58,11 +60,11 @@ import numpy as np
 from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, walk
-from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Packing, Stmt,
-                               Store, TileProduct, constant_trips, fresh_name, map_body_exprs)
+from polyfuse.ir.affine import Affine, ConstantLoop, affine, constant_loop, span, to_expr
+from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, LoopRewriter, Packing,
+                               Scope, Stmt, Store, TileProduct, fresh_name, map_body_exprs,
+                               walk_scoped)
 from polyfuse.ir.types import DType
-from polyfuse.scheduler.gpu_affine import Affine, affine
-from polyfuse.scheduler.loop_passes.widen_blocks import widen_partial_blocks
 
 # one packed box at most: L2-resident, as large as the box of a whole reduction the
 # heuristics keep untiled (their WHOLE_BYTES: 768 x 256 floats of a transformer's
@@ -70,26 +72,10 @@ from polyfuse.scheduler.loop_passes.widen_blocks import widen_partial_blocks
 # 197 x 768 x 3072 product ran 1.56x slower)
 PACK_BYTES = 768 << 10
 LOCAL_BYTES = 768 << 10    # all packed boxes of a kernel together (they live on the stack)
-MIN_REUSE = 4              # reads of each packed element per copy, at least
 PREPACK_GROWTH = 2         # a prepacked operand takes at most this many times its own size
 LINE_BYTES = 64            # a broadcast operand is packed when each reduction step reads a new line
 
 _I64 = DType.INT64
-
-
-@dataclass(frozen=True)
-class ConstantLoop:
-    """A loop with literal bounds: ``trips`` iterations from ``lo`` by ``step``."""
-
-    var: str
-    lo: int
-    trips: int
-    step: int
-    vector: int
-
-    @property
-    def last(self) -> int:
-        return self.lo + (self.trips - 1) * self.step
 
 
 @dataclass(frozen=True)
@@ -104,11 +90,12 @@ class _Site:
     dim: int                             # the index the vector loop moves (the last, unless transposed)
 
 
-def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset()) -> LoopKernel:
+def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset(), *, min_reuse: int) -> LoopKernel:
     """Pack the vector-read operands of ``kernel``'s micro-kernels into local buffers; those
-    named in ``constants`` (inputs whose values every call shares) into packed inputs."""
-    packer = _Packer(kernel, constants)
-    body = packer.body(kernel.body, ())
+    named in ``constants`` (inputs whose values every call shares) into packed inputs. A
+    copy is made where its elements are read at least ``min_reuse`` times."""
+    packer = _Packer(kernel, constants, min_reuse)
+    body = packer.body(kernel.body, Scope())
     if not packer.buffers:
         return kernel
     # packed inputs go after the kernel's inputs: calls pass every input before the outputs
@@ -116,12 +103,12 @@ def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset()) -
     ins = tuple(b for b in packer.buffers if b.role is BufferRole.IN)
     buffers = kernel.buffers[:last_in + 1] + ins + kernel.buffers[last_in + 1:] + \
         tuple(b for b in packer.buffers if b.role is not BufferRole.IN)
-    return widen_partial_blocks(replace(kernel, buffers=buffers, body=body),
-                                frozenset(b.name for b in packer.buffers))
+    return replace(kernel, buffers=buffers, body=body)
 
 
-class _Packer:
-    def __init__(self, kernel: LoopKernel, constants: frozenset[str]) -> None:
+class _Packer(LoopRewriter):
+    def __init__(self, kernel: LoopKernel, constants: frozenset[str], min_reuse: int) -> None:
+        self.min_reuse = min_reuse
         self.inputs = {b.name: b for b in kernel.buffers if b.role is BufferRole.IN and b.shape}
         self.constants = constants
         self.taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
@@ -129,29 +116,21 @@ class _Packer:
         self.budget = LOCAL_BYTES
         self.copies: dict[str, list[Buffer]] = {}   # the local copies of each tensor
 
-    def body(self, stmts: tuple[Stmt, ...], enclosing: tuple[For, ...]) -> tuple[Stmt, ...]:
-        """``stmts`` under the loops ``enclosing`` (outermost first) with their nests'
-        operands packed."""
-        inside_parallel = any(lp.kind is LoopKind.PARALLEL for lp in enclosing)
-        out: list[Stmt] = []
+    def body(self, stmts: tuple[Stmt, ...], scope: Scope) -> tuple[Stmt, ...]:
+        """``stmts`` in ``scope`` with their nests' operands packed."""
+        copies: list[Stmt] = []
         if len(stmts) > 1 and all(isinstance(s, For) and s.kind is LoopKind.SERIAL for s in stmts):
             # sibling nests (full tiles and the partial one after them) share one copy of
             # what they read together; each alone may read too little of it to pay
-            group, copies = self.nest(stmts, enclosing)  # type: ignore[arg-type]
-            stmts, out = group, copies
-        for s in stmts:
-            if isinstance(s, For):
-                copies = []
-                if inside_parallel or s.kind is LoopKind.SERIAL:
-                    (s,), copies = self.nest((s,), enclosing)
-                out += copies
-                out.append(replace(s, body=self.body(s.body, enclosing + (s,))))
-            elif isinstance(s, If):
-                out.append(replace(s, then=self.body(s.then, enclosing),
-                                   other=self.body(s.other, enclosing)))
-            else:
-                out.append(s)
-        return tuple(out)
+            group, copies = self.nest(stmts, scope.loops)  # type: ignore[arg-type]
+            stmts = group
+        return tuple(copies) + super().body(stmts, scope)
+
+    def loop(self, s: For, scope: Scope) -> tuple[Stmt, ...]:
+        copies: list[Stmt] = []
+        if s.kind is LoopKind.SERIAL or any(lp.kind is LoopKind.PARALLEL for lp in scope.loops):
+            (s,), copies = self.nest((s,), scope.loops)
+        return (*copies, replace(s, body=self.body(s.body, scope.inside(s))))
 
     def nest(self, tops: tuple[For, ...], enclosing: tuple[For, ...]) -> tuple[tuple[For, ...], list[Stmt]]:
         """The nests ``tops`` (siblings) with their packable operands read from packed
@@ -208,7 +187,7 @@ class _Packer:
         # (a broadcast's vector loops reuse it in registers, not from the copy)
         reuse = math.prod(lp.trips for lp in _loops_of(sites) if lp.var not in used
                           and (sites[0].vector is not None or lp.vector <= 1))
-        if reuse < MIN_REUSE:
+        if reuse < self.min_reuse:
             return None
         packing = None
         if tiles is not None:
@@ -226,7 +205,7 @@ class _Packer:
             name = next((b.name for b in self.buffers if b.packing == packing and b.shape == shape), "")
             if not name:
                 name = self.fresh(f"{tensor}_prepacked")
-                self.buffers.append(Buffer(name, source.dtype, shape, BufferRole.IN, packing=packing))
+                self.buffers.append(Buffer(name, source.dtype, shape, BufferRole.IN, packing=packing, panel=True))
             lead = [_tile_number(lp) for lp in tiles]
         elif (name := self.copy_holding(tensor, box)):
             # another nest's copy of the tensor holds this box (a full tile's and the
@@ -236,7 +215,7 @@ class _Packer:
         elif size <= min(PACK_BYTES, self.budget):
             self.budget -= size
             name = self.fresh(f"{tensor}_packed")
-            self.buffers.append(Buffer(name, source.dtype, box, BufferRole.LOCAL))
+            self.buffers.append(Buffer(name, source.dtype, box, BufferRole.LOCAL, panel=True))
             self.copies.setdefault(tensor, []).append(self.buffers[-1])
             lead = []
         else:
@@ -248,8 +227,8 @@ class _Packer:
                 return e
             rest = _without(site.inner[pd], element[id(site)])
             rest = {**rest, "": rest.get("", 0) - lows[pd]}
-            panel = Binary(BinaryOp.DIV, _expr(rest), Literal(nr, _I64), _I64)
-            within = [_expr({**site.inner[d], "": site.inner[d].get("", 0) - lows[d]}) for d in across]
+            panel = Binary(BinaryOp.DIV, to_expr(rest), Literal(nr, _I64), _I64)
+            within = [to_expr({**site.inner[d], "": site.inner[d].get("", 0) - lows[d]}) for d in across]
             return Read(name, (*lead, panel, *within, element[id(site)]), source.dtype)
 
         tops = tuple(replace(top, body=map_body_exprs(top.body, packed_read)) for top in tops)
@@ -271,7 +250,7 @@ class _Packer:
             within[d] = iv
         within[pd] = Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, ivs[0], Literal(nr, _I64), _I64),
                                   ivs[-1], _I64)
-        indices = tuple(_plus(_expr({**outer, "": outer.get("", 0) + lo}), i)
+        indices = tuple(_plus(to_expr({**outer, "": outer.get("", 0) + lo}), i)
                         for outer, lo, i in zip(site.outer, lows, within))
         value = Read(source.name, indices, source.dtype)
         vector = site.vector.vector if site.vector is not None else 1
@@ -351,27 +330,6 @@ def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_
     found: dict[str, list[_Site]] = {}
     rejected: set[str] = set()
 
-    def visit(s: Stmt, path: tuple[ConstantLoop, ...], guarded: bool) -> bool:
-        if isinstance(s, For):
-            loop = constant_loop(s)
-            if loop is None or s.kind is not LoopKind.SERIAL:
-                rejected.update(_tensors_in((s,)))
-                return True
-            reads_in((s.lo, s.hi), path, True)
-            for inner in s.body:
-                visit(inner, path + (loop,), guarded)
-        elif isinstance(s, If):
-            reads_in((s.cond,), path, guarded)
-            for inner in (*s.then, *s.other):
-                visit(inner, path, True)
-        elif isinstance(s, Store):
-            reads_in((*s.indices, s.value), path, guarded)
-        elif isinstance(s, Assign):
-            reads_in((s.value,), path, guarded)
-        elif isinstance(s, TileProduct):   # its operands are where the tiles read them
-            rejected.update(_tensors_in((s,)))
-        return True
-
     def reads_in(exprs: tuple[Expr, ...], path: tuple[ConstantLoop, ...], guarded: bool) -> None:
         for e in exprs:
             for r in walk(e):
@@ -384,8 +342,23 @@ def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_
 
     if any(constant_loop(top) is None for top in tops):
         return None
-    for top in tops:
-        visit(top, (), False)
+    for s, scope in walk_scoped(tops):
+        path = tuple(map(constant_loop, scope.loops))
+        if any(lp is None or lp.kind is not LoopKind.SERIAL for lp in scope.loops) or None in path:
+            continue   # inside a loop whose tensors are all left out
+        if isinstance(s, For):
+            if constant_loop(s) is None or s.kind is not LoopKind.SERIAL:
+                rejected.update(_tensors_in((s,)))
+            else:
+                reads_in((s.lo, s.hi), path, True)   # type: ignore[arg-type]
+        elif isinstance(s, If):
+            reads_in((s.cond,), path, scope.guarded)   # type: ignore[arg-type]
+        elif isinstance(s, Store):
+            reads_in((*s.indices, s.value), path, scope.guarded)   # type: ignore[arg-type]
+        elif isinstance(s, Assign):
+            reads_in((s.value,), path, scope.guarded)   # type: ignore[arg-type]
+        elif isinstance(s, TileProduct):   # its operands are where the tiles read them
+            rejected.update(_tensors_in((s,)))
     return {t: s for t, s in found.items() if t not in rejected}
 
 
@@ -457,17 +430,6 @@ def _jammed(sites: list[_Site], source: Buffer) -> tuple[int, int, dict[int, Exp
     return pd, mr, {id(s): Literal(o - base, _I64) for s, o in zip(sites, offsets)}
 
 
-def span(form: Affine, path: tuple[ConstantLoop, ...]) -> tuple[int, int]:
-    """The least and greatest value of ``form`` over the loops of ``path``."""
-    by_var = {lp.var: lp for lp in path}
-    lo = hi = form.get("", 0)
-    for v, c in form.items():
-        if v:
-            ends = (c * by_var[v].lo, c * by_var[v].last)
-            lo, hi = lo + min(ends), hi + max(ends)
-    return lo, hi
-
-
 def _loops_of(sites: list[_Site]) -> list[ConstantLoop]:
     """The distinct loops around the reads."""
     seen: dict[str, ConstantLoop] = {}
@@ -475,12 +437,6 @@ def _loops_of(sites: list[_Site]) -> list[ConstantLoop]:
         for lp in s.path:
             seen.setdefault(lp.var, lp)
     return list(seen.values())
-
-
-def constant_loop(s: For) -> ConstantLoop | None:
-    """``s`` as a :class:`ConstantLoop`, or None when its bounds are not literals."""
-    trips = constant_trips(s)
-    return ConstantLoop(s.var, int(s.lo.value), trips, s.step, s.vector) if trips else None  # type: ignore[attr-defined]
 
 
 def _tensors_in(body: tuple[Stmt, ...]) -> set[str]:
@@ -498,17 +454,3 @@ def _plus(a: Expr, b: Expr) -> Expr:
     if isinstance(a, Literal) and a.value == 0:
         return b
     return Binary(BinaryOp.ADD, a, b, _I64)
-
-
-def _expr(form: Affine) -> Expr:
-    """An int64 expression of an affine form."""
-    out: Expr | None = None
-    for v in sorted(k for k in form if k):
-        term: Expr = IndexVar(v, _I64)
-        if form[v] != 1:
-            term = Binary(BinaryOp.MUL, Literal(form[v], _I64), term, _I64)
-        out = term if out is None else Binary(BinaryOp.ADD, out, term, _I64)
-    const = form.get("", 0)
-    if out is None:
-        return Literal(const, _I64)
-    return Binary(BinaryOp.ADD, out, Literal(const, _I64), _I64) if const else out

@@ -32,11 +32,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import (Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, constant_trips,
-                               fresh_name, stmt_nodes, walk_stmts)
+from polyfuse.ir.affine import affine, constant_loop, span
+from polyfuse.ir.loops import (Buffer, BufferRole, For, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, Store,
+                               constant_trips, fresh_name, stmt_nodes, walk_scoped, walk_stmts)
 from polyfuse.ir.types import DType
-from polyfuse.scheduler.gpu_affine import affine
-from polyfuse.scheduler.loop_passes.pack_operands import ConstantLoop, constant_loop, span
 
 MAX_ACCUMULATORS = 32 * 16  # elements of a block (32 vector registers of 16 floats)
 # Narrower vector loops are left to LLVM: on an x86 CPU whose registers are wider than the
@@ -63,38 +62,39 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
     from_zero: set[str] = set()   # outputs some block started at zero
     loaded: set[str] = set()      # outputs some block (or plain store) loads from memory
 
-    def visit(body: tuple[Stmt, ...], path: list[For], shared: frozenset[str]) -> tuple[Stmt, ...]:
-        # outputs that several statements of a body may store in the same elements (a
-        # reduction split into full and partial tiles): each block may sum only part of an
-        # element, so none starts at zero. Full and partial tiles of an output's rows store
-        # apart, and start at zero as before the split.
-        stored: dict[str, list[Stmt]] = {}
-        for s in body:
-            for b in {t.buffer for t in walk_stmts((s,)) if isinstance(t, Store)}:
-                stored.setdefault(b, []).append(s)
-        shared = shared | {b for b, ss in stored.items()
-                           if any(not _apart(x, y, b) for k, x in enumerate(ss) for y in ss[k + 1:])}
-        out: list[Stmt] = []
-        for s in body:
-            block = _block(s, kernel) if isinstance(s, For) and s.kind is LoopKind.SERIAL else None
-            if block is not None:
-                target = block[2][0].buffer
-                used = {n.name for st in block[2] for i in st.indices for n in walk(i)
-                        if isinstance(n, IndexVar)}
-                zero = target in zeroed and target not in shared and all(lp.var in used for lp in path)
-                (from_zero if zero else loaded).add(target)
-                buf, stmts = _promote(s, block, fresh_name("acc", taken), kernel, zero)  # type: ignore[arg-type]
-                buffers.append(buf)
-                out += stmts
-            elif isinstance(s, For):
-                out.append(replace(s, body=visit(s.body, path + [s], shared)))
-            elif isinstance(s, If):
-                out.append(replace(s, then=visit(s.then, path, shared), other=visit(s.other, path, shared)))
-            else:
-                out.append(s)
-        return tuple(out)
+    class Promote(LoopRewriter):
+        shared: frozenset[str] = frozenset()
 
-    body = visit(kernel.body, [], frozenset())
+        def body(self, stmts: tuple[Stmt, ...], scope: Scope) -> tuple[Stmt, ...]:
+            # outputs that several statements of a body may store in the same elements (a
+            # reduction split into full and partial tiles): each block may sum only part of
+            # an element, so none starts at zero. Full and partial tiles of an output's rows
+            # store apart, and start at zero as before the split.
+            stored: dict[str, list[Stmt]] = {}
+            for s in stmts:
+                for b in {t.buffer for t in walk_stmts((s,)) if isinstance(t, Store)}:
+                    stored.setdefault(b, []).append(s)
+            outer = self.shared
+            self.shared = outer | {b for b, ss in stored.items()
+                                   if any(not _apart(x, y, b) for k, x in enumerate(ss) for y in ss[k + 1:])}
+            try:
+                return super().body(stmts, scope)
+            finally:
+                self.shared = outer
+
+        def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+            block = _block(s, kernel) if s.kind is LoopKind.SERIAL else None
+            if block is None:
+                return super().loop(s, scope)
+            target = block[2][0].buffer
+            used = {n.name for st in block[2] for i in st.indices for n in walk(i) if isinstance(n, IndexVar)}
+            zero = target in zeroed and target not in self.shared and all(lp.var in used for lp in scope.loops)
+            (from_zero if zero else loaded).add(target)
+            buf, stmts = _promote(s, block, fresh_name("acc", taken), kernel, zero)
+            buffers.append(buf)
+            return tuple(stmts)
+
+    body = Promote().body(kernel.body, Scope())
     if not buffers:
         return kernel
     if initialized is not None:
@@ -117,23 +117,19 @@ def _region(top: Stmt, buffer: str) -> list[tuple[dict[str, int], tuple[int, int
     None when a loop's bounds or an index is not affine and constant enough to say."""
     found: list[list[tuple[dict[str, int], tuple[int, int]]]] = []
 
-    def visit(s: Stmt, loops: tuple[ConstantLoop, ...]) -> bool:
-        if isinstance(s, For):
-            loop = constant_loop(s)
-            return loop is not None and all(visit(t, loops + (loop,)) for t in s.body)
-        if isinstance(s, If):
-            return all(visit(t, loops) for t in (*s.then, *s.other))
+    for s, scope in walk_scoped((top,)):
+        loops = tuple(constant_loop(lp) for lp in scope.loops)
+        if isinstance(s, For) and constant_loop(s) is None:
+            return None
         if isinstance(s, Store) and s.buffer == buffer:
             forms = [affine(index) for index in s.indices]
             if any(f is None for f in forms):
-                return False
-            mine = {lp.var for lp in loops}
+                return None
+            mine = {lp.var for lp in loops}   # type: ignore[union-attr]
             found.append([({v: c for v, c in f.items() if v and v not in mine},  # type: ignore[union-attr]
-                           span({v: c for v, c in f.items() if v in mine or not v}, loops))  # type: ignore[union-attr]
+                           span({v: c for v, c in f.items() if v in mine or not v}, loops))  # type: ignore[union-attr, arg-type]
                           for f in forms])
-        return True
-
-    if not visit(top, ()) or not found:
+    if not found:
         return None
     if any(d[0] != first[0] for dims in found for d, first in zip(dims, found[0])):
         return None

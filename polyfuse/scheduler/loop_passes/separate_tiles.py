@@ -21,51 +21,52 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Unary, UnaryOp, map_expr, walk
-from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, Stmt, walk_stmts
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, map_expr, walk
+from polyfuse.ir.loops import (For, If, Interval, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, interval,
+                               loop_range, walk_stmts)
 from polyfuse.ir.types import DType
 
 MAX_COPIES = 16     # copies of one loop body at most (each split doubles what it holds)
 
-Interval = tuple[int, int]      # the least and greatest value, both included
 
 
 def separate_full_tiles(kernel: LoopKernel) -> LoopKernel:
     """Split the tile loops of ``kernel`` so that full tiles have constant bounds."""
-    return replace(kernel, body=_body(kernel.body, {}, MAX_COPIES))
+    return _Separate()(kernel)
 
 
-def _body(body: tuple[Stmt, ...], env: dict[str, Interval], budget: int) -> tuple[Stmt, ...]:
-    """``body`` with its loops split; ``budget``: the copies of it that splits may make."""
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, For):
-            out.extend(_loop(s, env, budget))
-        elif isinstance(s, If):
-            out.append(replace(s, then=_body(s.then, env, budget), other=_body(s.other, env, budget)))
-        else:
-            out.append(s)
-    return tuple(out)
+class _Separate(LoopRewriter):
+    def __init__(self) -> None:
+        self.budget = MAX_COPIES    # the copies of the body being walked that splits may make
 
+    def loop(self, loop: For, scope: Scope) -> tuple[Stmt, ...]:
+        env = scope.env
+        lo, hi = simplify(loop.lo, env), simplify(loop.hi, env)
+        loop = replace(loop, lo=lo, hi=hi)
+        if not (isinstance(lo, Literal) and isinstance(hi, Literal)) or lo.value >= hi.value:
+            return (replace(loop, body=self.body(loop.body, scope.inside(loop))),)
+        first, count = int(lo.value), _trips(int(lo.value), int(hi.value), loop.step)
+        undecided = _undecided(loop, env)
+        k = _full_prefix(loop, env, undecided, count) if undecided else count
+        if 0 < k < count and self.budget > 1:
+            cut = first + k * loop.step
+            full = self._split(loop, scope, (first, cut))
+            rest = self._split(loop, scope, (cut, int(hi.value)))
+            if loop.kind is LoopKind.PARALLEL:   # one loop, all its iterations on the threads
+                below = Binary(BinaryOp.LT, IndexVar(loop.var), _int(cut), DType.BOOL)
+                return (replace(loop, body=(If(below, full, rest),)),)
+            return (replace(loop, hi=_int(cut), body=full), replace(loop, lo=_int(cut), body=rest))
+        inner = scope.inside(loop).knowing(loop.var, _values(first, int(hi.value), loop.step))
+        return (replace(loop, body=self.body(loop.body, inner)),)
 
-def _loop(loop: For, env: dict[str, Interval], budget: int) -> list[For]:
-    lo, hi = simplify(loop.lo, env), simplify(loop.hi, env)
-    loop = replace(loop, lo=lo, hi=hi)
-    if not (isinstance(lo, Literal) and isinstance(hi, Literal)) or lo.value >= hi.value:
-        return [replace(loop, body=_body(loop.body, env | _range(loop, env), budget))]
-    first, count = int(lo.value), _trips(int(lo.value), int(hi.value), loop.step)
-    undecided = _undecided(loop, env)
-    k = _full_prefix(loop, env, undecided, count) if undecided else count
-    if 0 < k < count and budget > 1:
-        cut = first + k * loop.step
-        full = _body(loop.body, env | {loop.var: _values(first, cut, loop.step)}, budget // 2)
-        rest = _body(loop.body, env | {loop.var: _values(cut, int(hi.value), loop.step)}, budget // 2)
-        if loop.kind is LoopKind.PARALLEL:   # one loop, all its iterations on the threads
-            below = Binary(BinaryOp.LT, IndexVar(loop.var), _int(cut), DType.BOOL)
-            return [replace(loop, body=(If(below, full, rest),))]
-        return [replace(loop, hi=_int(cut), body=full), replace(loop, lo=_int(cut), body=rest)]
-    return [replace(loop, body=_body(loop.body, env | {loop.var: _values(first, int(hi.value), loop.step)},
-                                    budget))]
+    def _split(self, loop: For, scope: Scope, part: tuple[int, int]) -> tuple[Stmt, ...]:
+        """The body of ``loop`` over the values ``part`` (from, to) of its variable, with
+        half the copies."""
+        budget, self.budget = self.budget, self.budget // 2
+        try:
+            return self.body(loop.body, scope.inside(loop).knowing(loop.var, _values(*part, loop.step)))
+        finally:
+            self.budget = budget
 
 
 def _trips(lo: int, hi: int, step: int) -> int:
@@ -75,11 +76,6 @@ def _trips(lo: int, hi: int, step: int) -> int:
 def _values(lo: int, hi: int, step: int) -> Interval:
     """The first and last value of ``for v in lo:hi step s`` (at least one iteration)."""
     return (lo, lo + (_trips(lo, hi, step) - 1) * step)
-
-
-def _range(loop: For, env: dict[str, Interval]) -> dict[str, Interval]:
-    lo, hi = bounds(loop.lo, env), bounds(loop.hi, env)
-    return {loop.var: (lo[0], hi[1] - 1)} if lo is not None and hi is not None else {}
 
 
 def _undecided(loop: For, env: dict[str, Interval]) -> list[Call]:
@@ -94,7 +90,7 @@ def _undecided(loop: For, env: dict[str, Interval]) -> list[Call]:
                     names = {n.name for n in walk(c) if isinstance(n, IndexVar)}
                     if loop.var in names and names <= known:
                         found.append(c)
-    whole = env | _range(loop, env)
+    whole = env | dict(loop_range(loop, env))
     return [c for c in found if _decided(c, whole) is None]
 
 
@@ -117,42 +113,12 @@ def _full_prefix(loop: For, env: dict[str, Interval], calls: list[Call], count: 
 
 def _decided(c: Call, env: dict[str, Interval]) -> Expr | None:
     """The argument of a two-argument min/max that it always takes over ``env``, or None."""
-    a, b = (bounds(x, env) for x in c.args)
+    a, b = (interval(x, env) for x in c.args)
     if a is None or b is None:
         return None
     if c.fn == "min":
         return c.args[0] if a[1] <= b[0] else c.args[1] if b[1] <= a[0] else None
     return c.args[0] if a[0] >= b[1] else c.args[1] if b[0] >= a[1] else None
-
-
-def bounds(e: Expr, env: dict[str, Interval]) -> Interval | None:
-    """The least and greatest value of the integer expression ``e`` over ``env``, or None
-    where it reads anything else."""
-    match e:
-        case Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
-            return (v, v)
-        case IndexVar(name=n) if n in env:
-            return env[n]
-        case Unary(op=UnaryOp.NEG, operand=x):
-            r = bounds(x, env)
-            return None if r is None else (-r[1], -r[0])
-        case Binary(op=BinaryOp.ADD | BinaryOp.SUB | BinaryOp.MUL, lhs=x, rhs=y):
-            p, q = bounds(x, env), bounds(y, env)
-            if p is None or q is None:
-                return None
-            if e.op is BinaryOp.ADD:
-                return (p[0] + q[0], p[1] + q[1])
-            if e.op is BinaryOp.SUB:
-                return (p[0] - q[1], p[1] - q[0])
-            products = [u * v for u in p for v in q]
-            return (min(products), max(products))
-        case Call(fn="min" | "max", args=(x, y)):
-            p, q = bounds(x, env), bounds(y, env)
-            if p is None or q is None:
-                return None
-            pick = min if e.fn == "min" else max
-            return (pick(p[0], q[0]), pick(p[1], q[1]))
-    return None
 
 
 def simplify(e: Expr, env: dict[str, Interval]) -> Expr:
@@ -164,7 +130,7 @@ def simplify(e: Expr, env: dict[str, Interval]) -> Expr:
             if side is not None:
                 x = side
         if x.dtype.is_int and not isinstance(x, Literal):
-            r = bounds(x, env)
+            r = interval(x, env)
             if r is not None and r[0] == r[1]:
                 return Literal(r[0], x.dtype)
         return x

@@ -1,5 +1,5 @@
-"""A partial register block computed in whole vectors over zero-padded panels: part of
-operand packing (BLIS's edge micro-kernels, which run the full kernel's loops on packed
+"""A partial register block computed in whole vectors over zero-padded panels: a loop-IR
+pass run after operand packing (BLIS's edge micro-kernels, which run the full kernel's loops on packed
 panels padded with zeros and store only the valid part of the block).
 
 A product whose columns are not whole register blocks ends in a narrower block: 1000
@@ -29,10 +29,11 @@ from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, LoopKernel, Stmt
                                stmt_nodes, walk_stmts)
 
 
-def widen_partial_blocks(kernel: LoopKernel, panels: frozenset[str]) -> LoopKernel:
+def widen_partial_blocks(kernel: LoopKernel) -> LoopKernel:
     """``kernel`` with its partial register blocks' accumulator loops run in whole
-    vectors; ``panels`` names the packed buffers, whose panels are whole and zero-padded."""
+    vectors over its ``panel`` buffers (whole and zero-padded)."""
     buffers = {b.name: b for b in kernel.buffers}
+    panels = frozenset(b.name for b in kernel.buffers if b.panel)
     accumulators = {b.name for b in kernel.buffers if b.role is BufferRole.LOCAL and b.name not in panels}
     stores = Counter(s.buffer for s in walk_stmts(kernel.body) if isinstance(s, Store))
     loops = {id(s): found for s in walk_stmts(kernel.body)

@@ -1,15 +1,20 @@
-"""Affine forms of loop-IR index expressions, for the GPU mapping.
+"""Affine forms of loop-IR index expressions, and loops of constant bounds: what the
+loop passes, the GPU mapping and the targets reason with.
 
 An affine form maps loop variables to integer coefficients; the key ``""`` holds the
 constant. Index arithmetic from isl's AST is affine but for ``min``/``max`` in loop
-bounds, which :func:`max_trips` bounds from above by any of their arguments.
+bounds, which :func:`max_trips` bounds from above by any of their arguments. A
+:class:`ConstantLoop` is a loop whose bounds are literals; :func:`span` gives the range
+of a form over such loops.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Unary, UnaryOp
+from polyfuse.ir.loops import For, constant_trips
 from polyfuse.ir.types import DType
 
 Affine = dict[str, int]
@@ -111,3 +116,35 @@ def max_trips(lo: Expr, hi: Expr, step: int = 1) -> int | None:
     if not known:
         return None
     return max(0, -(-min(known) // step))
+
+
+@dataclass(frozen=True)
+class ConstantLoop:
+    """A loop with literal bounds: ``trips`` iterations from ``lo`` by ``step``."""
+
+    var: str
+    lo: int
+    trips: int
+    step: int
+    vector: int
+
+    @property
+    def last(self) -> int:
+        return self.lo + (self.trips - 1) * self.step
+
+
+def constant_loop(s: For) -> ConstantLoop | None:
+    """``s`` as a :class:`ConstantLoop`, or None when its bounds are not literals."""
+    trips = constant_trips(s)
+    return ConstantLoop(s.var, int(s.lo.value), trips, s.step, s.vector) if trips else None  # type: ignore[attr-defined]
+
+
+def span(form: Affine, path: tuple[ConstantLoop, ...]) -> tuple[int, int]:
+    """The least and greatest value of ``form`` over the loops of ``path``."""
+    by_var = {lp.var: lp for lp in path}
+    lo = hi = form.get("", 0)
+    for v, c in form.items():
+        if v:
+            ends = (c * by_var[v].lo, c * by_var[v].last)
+            lo, hi = lo + min(ends), hi + max(ends)
+    return lo, hi
