@@ -43,6 +43,7 @@ def check(name, model, feeds):
         how = ("run from Python" if "then at run time" in plan
                else "run by the program" if "loop (" in plan or "= if " in plan else "inlined in the plan")
         print(f"{name:<22} {how:<20} shapes {str(shapes):<20} max |polyfuse - onnxruntime| = {diff:.2g}")
+        assert diff <= 1e-4 and [ours[v.name].shape for v in model.graph.output] == shapes, name
 
 
 def tensor(name, elem, shape):

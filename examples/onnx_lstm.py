@@ -30,6 +30,7 @@ theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutio
 for name, want in zip(["y", "h", "c"], theirs):
     print(f"{name}: shape {want.shape}, max |polyfuse - onnxruntime| = "
           f"{np.abs(ours[name] - want).max():.2g}")
+    np.testing.assert_allclose(ours[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
 
 plan = compiled.plan_for()
 kernels = list(plan.steps())

@@ -25,6 +25,8 @@ for title, source in BAD_PROGRAMS.items():
     except pf.FrontendError as err:
         print(f"--- {title} ({type(err).__name__} at line {err.line}, column {err.col})")
         print(err)
+    else:
+        raise AssertionError(f"{title}: not refused")
 
 mod = pf.define("def emb(float(V, D) E, int32(B) Idx) -> (O) { O(b, d) = E(Idx(b), d) }")
 try:
@@ -32,3 +34,5 @@ try:
 except pf.BoundsError as err:
     print("--- a bad embedding index at run time (BoundsError)")
     print(err)
+else:
+    raise AssertionError("the index 9 into 4 rows was not caught")

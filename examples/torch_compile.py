@@ -19,6 +19,7 @@ compiled = torch.compile(model, backend="polyfuse", options={"target": "host"})
 with torch.no_grad():
     y = compiled(x)
     print("torch.compile  max |polyfuse - eager| =", float((y - model(x)).abs().max()))
+    assert torch.allclose(y, model(x), rtol=1e-4, atol=1e-4)
 
 # 2. a training step: AOTAutograd's backward graph is compiled too
 train = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
@@ -28,10 +29,12 @@ for net in (torch.compile(train, backend="polyfuse"), eager):
     net(batch).square().mean().backward()
 print("training step  max |grad polyfuse - grad eager| =",
       float((train[0].weight.grad - eager[0].weight.grad).abs().max()))
+assert torch.allclose(train[0].weight.grad, eager[0].weight.grad, rtol=1e-4, atol=1e-5)
 
 # 3. torch.export -> pf.compile: one polyfuse program, weights folded in
 program = torch.export.export(model, (x,))
 compiled_program = pf.compile(program, target="host")
 out = compiled_program(x.numpy())
 print("pf.compile     max |polyfuse - eager| =", float(np.abs(out - model(x).detach().numpy()).max()))
+np.testing.assert_allclose(out, model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 print(compiled_program.dump("groups").splitlines()[0])

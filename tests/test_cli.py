@@ -45,6 +45,7 @@ def onnx_file(tmp_path):
     return path, w
 
 
+@pytest.mark.unit
 def test_input_shapes_parse():
     assert parse_shapes("A:[1024,1024] B:[1024, 64]") == {"A": (1024, 1024), "B": (1024, 64)}
     assert parse_shapes("x.1:[1,3,224,224]") == {"x.1": (1, 3, 224, 224)}
@@ -81,6 +82,7 @@ def test_run_and_compile_an_onnx_model(onnx_file, tmp_path, capsys):
     assert "def fused" in (tmp_path / "out" / "kernels.txt").read_text()
 
 
+@pytest.mark.unit
 def test_records_show_best_distill(tmp_path, capsys):
     from polyfuse.scheduler.options import MappingOptions
     t = Task(MM, "mm", ((8, 8), (8, 8)), ("float32", "float32"))
@@ -97,6 +99,7 @@ def test_records_show_best_distill(tmp_path, capsys):
     assert best.options == MappingOptions(unroll=1) and best.cost == 1e-3
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv, message", [
     (["run", "missing.tc", "--inputs", "x.npz"], "polyfuse: error: no file 'missing.tc'"),
     (["compile", "{tc}", "--input-shapes", "A:[3,x]"], "dimensions of 'A' must be integers"),
@@ -113,6 +116,7 @@ def test_errors_are_one_line_with_a_nonzero_exit(argv, message, tc_file, capsys)
     assert err.count("\n") == 1
 
 
+@pytest.mark.unit
 def test_a_tc_syntax_error_shows_the_caret(tmp_path, capsys):
     bad = tmp_path / "bad.tc"
     bad.write_text("def f(float(N) A) -> (B) {\n  B(i) = A(i) +\n}\n")
@@ -122,6 +126,7 @@ def test_a_tc_syntax_error_shows_the_caret(tmp_path, capsys):
     assert "^" in err and "Traceback" not in err
 
 
+@pytest.mark.unit
 def test_verbose_shows_the_traceback(capsys):
     assert main(["--verbose", "records", "show", "none.jsonl"]) == 1
     assert "Traceback" in capsys.readouterr().err

@@ -12,6 +12,8 @@ from polyfuse.autotune.records import Record, RecordsWarning
 from polyfuse.autotune.task import Task
 from polyfuse.scheduler.options import MappingOptions
 
+pytestmark = pytest.mark.unit
+
 AX = "def ax(float a, float(N) X) -> (Y) { Y(i) = a * X(i) }\n"
 
 

@@ -5,6 +5,8 @@ import pytest
 
 import polyfuse as pf
 
+pytestmark = pytest.mark.unit
+
 CASES = [
     ("mk,kn->mn", [(5, 4), (4, 3)]),
     ("mk,kn", [(5, 4), (4, 3)]),

@@ -1,5 +1,5 @@
 """polyfuse's imports follow its layers: ``ir <- frontends, lowering <- scheduler <- targets
-<- runtime <- autotune <- cli`` (DESIGN.md), with no import circle.
+<- runtime <- autotune <- cli`` (docs/DESIGN.md), with no import circle.
 
 The import graph is read statically (``ast``) from every module under ``polyfuse/``, with
 imports at module level (run when the module is imported) apart from those inside
@@ -11,12 +11,14 @@ or close a circle.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import polyfuse
+import pytest
 
 ROOT = Path(polyfuse.__file__).parent
 
@@ -110,6 +112,7 @@ def read_imports(name: str, path: Path, known: set[str]) -> Imports:
                    frozenset(n.split(".")[0] for n in every if n.split(".")[0] in OWNERS))
 
 
+@functools.cache
 def import_graph() -> dict[str, Imports]:
     found = modules()
     known = set(found)
@@ -181,7 +184,7 @@ def circles(graph: dict[str, Imports], kinds: tuple[str, ...]) -> set[frozenset[
 
 
 def foreign_imports(graph: dict[str, Imports]) -> set[tuple[str, str]]:
-    """Third-party packages imported outside the parts that own them (DESIGN.md)."""
+    """Third-party packages imported outside the parts that own them (docs/DESIGN.md)."""
     return {(m, p) for m, i in graph.items() for p in i.external
             if not any(_within(m, owner) for owner in OWNERS[p])}
 
@@ -204,6 +207,7 @@ def report() -> str:
 ALLOWED_FOREIGN = {("runtime.link", "llvmlite")}
 
 
+@pytest.mark.unit
 def test_graph_reading():
     """The checker sees imports of each kind where they are."""
     g = import_graph()
@@ -221,13 +225,15 @@ def test_graph_reading():
                    ("top",)) == {frozenset({"a", "b"})}
 
 
+@pytest.mark.unit
 def test_imports_follow_the_layers():
     g = import_graph()
     for kind in KINDS:
         wrong = inversions(g, kind)
-        assert not wrong, f"{kind} imports against the layers (DESIGN.md): {sorted(wrong)}"
+        assert not wrong, f"{kind} imports against the layers (docs/DESIGN.md): {sorted(wrong)}"
 
 
+@pytest.mark.unit
 def test_no_import_circle():
     """Not even through imports inside functions or under TYPE_CHECKING."""
     g = import_graph()
@@ -254,6 +260,7 @@ def test_loop_passes_import_only_the_ir():
     assert not users, f"modules outside the scheduler import loop passes' modules: {sorted(users)}"
 
 
+@pytest.mark.unit
 def test_runtime_executes_plans_without_the_layers_above():
     """The runtime imports neither the lowering, the front ends nor the autotuner: plans
     and tuning arrive from the driver."""
@@ -265,10 +272,12 @@ def test_runtime_executes_plans_without_the_layers_above():
             assert not bad, (m, bad)
 
 
+@pytest.mark.unit
 def test_third_party_packages_stay_with_their_owners():
     assert foreign_imports(import_graph()) <= ALLOWED_FOREIGN
 
 
+@pytest.mark.unit
 def test_lowering_does_not_import_the_onnx_front_end():
     g = import_graph()
     for m, i in g.items():

@@ -18,7 +18,7 @@ larger than :data:`MAX_BOX` elements are split into chunks. Semantics:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +37,7 @@ MAX_BOX = 1 << 22  # elements of one evaluated chunk
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
-FUNCTIONS = {
+FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
     "exp": np.exp, "exp2": np.exp2, "expm1": np.expm1, "log": np.log, "log2": np.log2,
     "log10": np.log10, "log1p": np.log1p, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
     "cbrt": np.cbrt, "tanh": np.tanh, "sinh": np.sinh, "cosh": np.cosh,
@@ -173,7 +173,7 @@ class _StatementEval:
 
     def read(self, e: Read, mask: np.ndarray | None) -> np.ndarray:
         tensor = self.env[e.tensor]
-        idx = []
+        idx: list[np.ndarray] = []
         for dim, ix in enumerate(e.indices):
             values = self.eval(ix, mask).astype(np.int64)
             size = tensor.shape[dim]

@@ -106,7 +106,7 @@ def loop_inputs(node: Node, body: Graph) -> tuple[TensorType, TensorType]:
 
 def loop_value(t: TensorType, value: int | bool) -> np.ndarray:
     """``value`` as a Loop body's iteration number or condition of type ``t``."""
-    return np.full(t.shape, value, t.dtype.numpy)
+    return np.full(tuple(int(d) for d in t.shape), value, t.dtype.numpy)
 
 
 def batched_scan(node: Node) -> Node:

@@ -121,9 +121,9 @@ class Node:
 def format_name(name: str, prefix: str = "") -> str:
     """``name`` after ``prefix``, bare if it reads back as one token, else quoted."""
     if prefix:
-        bare = re.fullmatch(PREFIXED_NAME_PATTERN, name)
+        bare = re.fullmatch(PREFIXED_NAME_PATTERN, name) is not None
     else:
-        bare = re.fullmatch(NAME_PATTERN, name) and name not in RESERVED
+        bare = re.fullmatch(NAME_PATTERN, name) is not None and name not in RESERVED
     return prefix + (name if bare else json.dumps(name, ensure_ascii=False))
 
 

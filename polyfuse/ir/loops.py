@@ -207,6 +207,8 @@ class TileProduct(Stmt):
 
     def map_exprs(self, fn: Callable[[Expr], Expr]) -> TileProduct:
         acc, a, b = (map_expr(r, fn) for r in self.operands)
+        if not (isinstance(acc, Read) and isinstance(a, Read) and isinstance(b, Read)):
+            raise IRVerificationError(f"{self.builtin} tile: a mapped operand is no longer a read")
         return replace(self, acc=acc, a=a, b=b, nest=map_body_exprs(self.nest, fn))
 
     def format_lines(self, indent: str) -> list[str]:
@@ -395,7 +397,7 @@ class LoopRewriter:
         return replace(s, then=self.body(s.then, inner), other=self.body(s.other, inner))
 
     def nested(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
-        return replace(s, body=self.body(s.body, _scope_of_body(s, scope)))  # type: ignore[attr-defined]
+        return replace(s, body=self.body(s.body, _scope_of_body(s, scope)))  # type: ignore[attr-defined, type-var]
 
     def leaf(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
         return s

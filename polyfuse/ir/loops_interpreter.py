@@ -104,8 +104,8 @@ class _Interpreter:
                 if dt.is_int:
                     if isinstance(v, int):
                         return _wrap(v, dt.numpy)
-                    v = np.asarray(v)
-                    return int(float_to_int(v, dt) if v.dtype.kind == "f" else v.astype(dt.numpy))
+                    array = np.asarray(v)
+                    return int(float_to_int(array, dt) if array.dtype.kind == "f" else array.astype(dt.numpy))
                 return dt.numpy.type(v).astype(dt.compute.numpy) if dt.is_float else dt.numpy.type(v)
             case Unary(op=UnaryOp.BIT_NOT, operand=a, dtype=dt):
                 return ~int(self.eval(a)) % 2**64 if dt is DType.UINT64 else ~int(self.eval(a))

@@ -64,8 +64,8 @@ def verify_kernel(k: LoopKernel) -> None:
                 check_expr(s.value, loops, locals_)
                 locals_.add(s.var)
             elif isinstance(s, TileProduct):
-                for e in s.operands:
-                    check_expr(e, loops, locals_)
+                for operand in s.operands:
+                    check_expr(operand, loops, locals_)
                 check(s.nest, loops, set(locals_), parallel)
             elif isinstance(s, Store):
                 b = buffers.get(s.buffer)

@@ -240,7 +240,7 @@ class Plan:
                 raise IRVerificationError(f"{where}: its {what} '{name}' is {t[name]}; it must "
                                           f"be one {dtype}")
 
-        def same(result: str, into: str, shape: tuple[int, ...]) -> None:
+        def same(result: str, into: str, shape: tuple[int | str, ...]) -> None:
             if t[result].dtype is not t[into].dtype or tuple(t[result].shape) != shape:
                 raise IRVerificationError(f"{where}: result '{result}' ({t[result]}) does not fit "
                                           f"'{into}' ({t[into]})")
@@ -290,11 +290,11 @@ class Plan:
             sizes = sizes_of_shapes(d, [tuple(int(x) for x in self.types[n].shape) for n in st.inputs])
         except ShapeError as err:   # the buffers disagree with the definition
             raise IRVerificationError(f"{where}: {err}") from None
-        for t, name in zip(bind_sizes(d, sizes).outputs, st.defines):
-            shape = tuple(evaluate_int(e, {}) for e in t.shape)
-            if t.dtype is not self.types[name].dtype or shape != tuple(self.types[name].shape):
-                raise IRVerificationError(f"{where}: {d.name} defines '{t.name}' as "
-                                          f"{t.dtype}{list(shape)}; buffer '{name}' is {self.types[name]}")
+        for decl, name in zip(bind_sizes(d, sizes).outputs, st.defines):
+            shape = tuple(evaluate_int(e, {}) for e in decl.shape)
+            if decl.dtype is not self.types[name].dtype or shape != tuple(self.types[name].shape):
+                raise IRVerificationError(f"{where}: {d.name} defines '{decl.name}' as "
+                                          f"{decl.dtype}{list(shape)}; buffer '{name}' is {self.types[name]}")
 
     def _verify_memory(self) -> None:
         m = self.memory

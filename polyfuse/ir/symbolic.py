@@ -45,7 +45,7 @@ def to_sympy(e: Expr, names: Mapping[str, sympy.Expr] | None = None) -> sympy.Ex
         case Call(fn="max", args=args):
             return sympy.Max(*(to_sympy(a, names) for a in args))
     name = getattr(e, "name", None)
-    if names is not None and name in names:
+    if names is not None and isinstance(name, str) and name in names:
         return names[name]
     raise ValueError(f"not an integer size expression: {e}")
 

@@ -8,6 +8,8 @@ from polyfuse.lowering.autodiff import GradientError, differentiable_inputs, gra
 from tests.autodiff.fd import as_float64, check_gradients, widened
 from tests.tc_programs import PROGRAMS, PROGRAMS_BY_NAME
 
+pytestmark = pytest.mark.unit
+
 # inputs inside the domain where the program is differentiable
 _INPUTS = {
     # sqrt(1 - T^2) has an infinite derivative at T = +-1, which linspace(-1, 1) reaches

@@ -8,6 +8,8 @@ from polyfuse.lowering.autodiff import gradients
 from tests.autodiff.fd import compiled, outputs, run_gradient, widened
 from tests.tc_programs import PROGRAMS_BY_NAME
 
+pytestmark = pytest.mark.unit
+
 HAND = {
     # C = A B: each gradient is one contraction
     "matmul": ("""

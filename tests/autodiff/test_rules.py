@@ -36,6 +36,7 @@ def _check(source: str, *args, rng=None) -> int:
     return check_gradients(widen(parse_definition(source)), list(args), rng=rng)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fn,domain", [(f, d) for d, names in UNARY.items() for f in names.split()],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_unary_builtin(fn, domain):
@@ -43,6 +44,7 @@ def test_unary_builtin(fn, domain):
     assert _check(f"def f(float(N) X) -> (O) {{ O(i) = {fn}(X(i)) }}", x) == 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("expr", NARY)
 def test_builtin_of_several_arguments(expr):
     rng = np.random.default_rng(2)
@@ -55,6 +57,7 @@ def _grads(source: str, args: list, weights: list) -> dict[str, np.ndarray]:
     return {g.wrt: run_gradient(g, d, args, weights) for g in gradients(d)}
 
 
+@pytest.mark.unit
 def test_max_reduction_shares_ties_evenly():
     # as torch.amax: two tied maxima get half each, as do the two sides of fmax
     a = np.array([[1.0, 3.0, 3.0, 2.0], [5.0, 4.0, 5.0, 5.0]])
@@ -66,6 +69,7 @@ def test_max_reduction_shares_ties_evenly():
     np.testing.assert_array_equal(g["Y"], [0.5, 1.0])
 
 
+@pytest.mark.unit
 def test_min_reduction_routes_to_the_arg_min():
     a = np.random.default_rng(4).standard_normal((3, 5))
     g = _grads("def f(float(M,N) A) -> (O) { O(j) min=! A(i,j) }", [a], [np.ones(5)])
@@ -73,6 +77,7 @@ def test_min_reduction_routes_to_the_arg_min():
     np.testing.assert_array_equal(g["A"], expected)
 
 
+@pytest.mark.unit
 def test_product_reduction_is_exact_at_zero():
     a = np.array([[2.0, 0.0, 3.0], [0.0, 0.0, 4.0], [1.5, -2.0, 0.5]])
     g = _grads("def f(float(M,N) A) -> (P) { P(i) *=! A(i,j) }", [a], [np.array([1.0, 2.0, -1.0])])
@@ -80,6 +85,7 @@ def test_product_reduction_is_exact_at_zero():
     np.testing.assert_allclose(g["A"], others * np.array([1.0, 2.0, -1.0])[:, None])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("body", [
     # a partial overwrite keeps the old version's gradient outside the written range
     "O(i) = X(i) * X(i)\n O(i) = exp(X(i)) + O(i) where i in 1:3",
@@ -99,6 +105,7 @@ def test_versions_of_a_tensor(body):
     assert _check(src, rng.uniform(-1, 1, 5), rng.uniform(-1, 1, (5, 4)), rng=rng) == 2
 
 
+@pytest.mark.unit
 def test_accesses_with_strides_shifts_diagonals_and_indirection():
     rng = np.random.default_rng(6)
     src = """
@@ -113,6 +120,7 @@ def f(float(N) X, float(M,M) D, int32(K) Idx, float(N,M) T) -> (O, P, Q, R) {
     assert _check(src, *args, rng=rng) == 3
 
 
+@pytest.mark.unit
 def test_sum_of_a_value_independent_of_the_reduced_index():
     # O(i) = sum_j (X(i) + Y(j)): dX is N times dO
     rng = np.random.default_rng(8)
@@ -120,6 +128,7 @@ def test_sum_of_a_value_independent_of_the_reduced_index():
                   rng.uniform(size=3), rng.uniform(size=7), rng=rng) == 2
 
 
+@pytest.mark.unit
 def test_matmul_and_conv_gradients_are_one_statement_each():
     for src in ("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
                 "def conv(float(N,C,H,W) I, float(M,C,KH,KW) Wt) -> (O) {"
@@ -131,6 +140,7 @@ def test_matmul_and_conv_gradients_are_one_statement_each():
         assert len(parse(text).definitions) == 2
 
 
+@pytest.mark.unit
 def test_grad_text_parses_and_runs():
     text = pf.grad("def f(float(N) X, float(N) Y) -> (O) { O(i) = X(i) * Y(i) }", wrt="X")
     assert text.startswith("def f_grad_X(")
@@ -139,6 +149,7 @@ def test_grad_text_parses_and_runs():
     np.testing.assert_allclose(got, g * y)
 
 
+@pytest.mark.unit
 def test_grad_picks_a_definition_by_name():
     src = "def a(float(N) X) -> (O) { O(i) = X(i) }\ndef b(float(N) X) -> (O) { O(i) = exp(X(i)) }"
     assert "def b_grad_X" in pf.grad(src, name="b") and "a_grad" not in pf.grad(src, name="b")
@@ -146,6 +157,7 @@ def test_grad_picks_a_definition_by_name():
         pf.grad(src, name="c")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("src,message,where", [
     ("def f(float(N) X) -> (O) {\n  O(i) = lgamma(X(i))\n}", "lgamma() its derivative", (2, 10)),
     ("def f(float(N) X) -> (O) {\n  O(i) = nextafter(X(i), 0.0)\n}", "nextafter()", (2, 10)),
@@ -159,6 +171,7 @@ def test_what_cannot_be_differentiated_names_the_statement(src, message, where):
     assert "^" in str(err.value)
 
 
+@pytest.mark.unit
 def test_inputs_that_get_no_gradient():
     src = "def f(float(N) X, int32(N) K, float s) -> (O) { O(i) = s * X(i) * K(i) }"
     assert [g.wrt for g in gradients(parse_definition(src))] == ["X"]
@@ -189,6 +202,7 @@ def test_host_target_runs_derived_matmul_and_conv():
             np.testing.assert_allclose(host, reference, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.unit
 def test_rank0_tensor_gets_a_gradient():
     rng = np.random.default_rng(10)
     assert _check("def f(float() s, float(N) X) -> (O, T) { O(i) = s * X(i)\n T +=! O(i) * s }",

@@ -17,6 +17,7 @@ from polyfuse.errors import ArgumentError
 from polyfuse.runtime.artifact import Artifact, load_kernel
 from polyfuse.scheduler.options import MappingOptions
 
+
 SOURCE = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 MATMUL = Task(SOURCE, "mm", ((48, 32), (32, 40)), ("float32", "float32"))
 DEFAULT = MappingOptions()

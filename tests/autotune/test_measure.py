@@ -95,6 +95,7 @@ def test_without_a_disk_cache_each_run_builds(monkeypatch):
     assert_measured(measure_all(MATMUL, [DEFAULT], MeasureConfig(number=2, repeat=2))[0], 2)
 
 
+@pytest.mark.unit
 def test_an_executor_failure_is_a_runtime_error(monkeypatch):
     def lost(*args):
         raise OSError("worker lost")
@@ -116,6 +117,7 @@ def test_dask_workers_measure_on_their_own_machine():
         assert_measured(result, 2)
 
 
+@pytest.mark.unit
 def test_results_round_trip_through_json():
     for result in (MeasureResult((1e-5, 2e-5), ErrorCode.NONE, "", 0.25),
                    MeasureResult((), ErrorCode.TIMEOUT, "running took longer than 1 s", 0.1)):
@@ -125,6 +127,7 @@ def test_results_round_trip_through_json():
                                             "wrong_answer"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [{"number": 0}, {"repeat": 0}, {"warmup": -1}, {"jobs": 0},
                                  {"run_timeout": 0}])
 def test_config_refuses_nonsense(bad):

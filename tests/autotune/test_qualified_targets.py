@@ -37,6 +37,7 @@ def task(target, m=48, k=40, n=24):
     return Task(MM, "mm", ((m, k), (k, n)), ("float32", "float32"), target=target)
 
 
+@pytest.mark.unit
 def test_every_backend_is_in_the_registry():
     assert set(BACKENDS) == {"reference", "x86", "aarch64", "cuda"}
     assert Target.parse("host").backend is BACKENDS["x86" if runs_natively(Target.parse("x86")) else "aarch64"]
@@ -47,6 +48,7 @@ def test_every_backend_is_in_the_registry():
     assert BUILDERS["x86"] is BUILDERS["aarch64"] is _build_cpu
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec", [SKYLAKE, "aarch64+sve", "aarch64:cortex-a72", "host", "cuda"])
 def test_records_keep_the_qualified_target(spec, tmp_path):
     path = tmp_path / "r.jsonl"
@@ -59,6 +61,7 @@ def test_records_keep_the_qualified_target(spec, tmp_path):
     assert Records([back]).options(t) == TUNED
 
 
+@pytest.mark.unit
 def test_older_records_with_a_bare_name_load_and_unknown_targets_are_skipped(tmp_path):
     line = Record.of(task("x86"), TUNED, [1e-4]).to_json()
     path = tmp_path / "old.jsonl"
@@ -68,6 +71,7 @@ def test_older_records_with_a_bare_name_load_and_unknown_targets_are_skipped(tmp
     assert record.target == Target.parse("x86") == Target.parse("host" if runs_natively(Target.parse("x86")) else "x86")
 
 
+@pytest.mark.unit
 def test_a_qualified_target_matches_its_own_records_first():
     rs = Records([Record.of(task(SKYLAKE), TUNED, [2e-4]), Record.of(task("x86"), OTHER, [1e-4]),
                   Record.of(task("aarch64+sve"), OTHER, [1e-5])])
@@ -78,6 +82,7 @@ def test_a_qualified_target_matches_its_own_records_first():
     assert rs.options(task(SKYLAKE, 50, 40, 24)) == TUNED
 
 
+@pytest.mark.unit
 def test_features_in_any_order_are_one_target():
     assert Target.parse("aarch64+fp16+sve") == Target.parse("aarch64+sve+fp16+sve")
     assert str(Target.parse("aarch64+sve+fp16")) == "aarch64+fp16+sve"
@@ -85,6 +90,7 @@ def test_features_in_any_order_are_one_target():
     assert rs.options(task("x86:skylake+avx2+fma")) == TUNED
 
 
+@pytest.mark.unit
 def test_another_target_of_the_backend_is_the_fallback(caplog):
     rs = Records([Record.of(task(SKYLAKE), TUNED, [1e-4]), Record.of(task("aarch64+sve"), OTHER, [1e-4])])
     with caplog.at_level(logging.DEBUG, logger="polyfuse.autotune"):
@@ -200,6 +206,7 @@ def test_tune_records_the_qualified_target(tmp_path, capsys):
     assert Records(records).lookup(Task(t.source, t.entry, t.shapes, t.dtypes, "x86:znver4")) == best
 
 
+@pytest.mark.unit
 def test_records_show_and_best_name_each_target(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
     db.append(path, [Record.of(task(SKYLAKE), TUNED, [2e-4]), Record.of(task(SKYLAKE), OTHER, [3e-4]),

@@ -27,6 +27,7 @@ def opts(tile):
     return MappingOptions(fusion=Fusion.MIN, tile_sizes=(tile, tile, 0), vector_width=8, unroll=2)
 
 
+@pytest.mark.unit
 def test_round_trip(tmp_path):
     path = tmp_path / "r.jsonl"
     rs = [Record.of(task(), opts(8), [1e-3, 2e-3, 3e-3]),
@@ -63,6 +64,7 @@ def test_two_processes_append_to_one_file(tmp_path):
         w * 1000 + k for w in (1, 2) for k in range(200))
 
 
+@pytest.mark.unit
 def test_corrupted_and_foreign_lines_are_skipped_with_a_warning(tmp_path):
     path = tmp_path / "r.jsonl"
     db.append(path, [Record.of(task(), opts(8), [1e-3])])
@@ -79,6 +81,7 @@ def test_corrupted_and_foreign_lines_are_skipped_with_a_warning(tmp_path):
     assert [r.options.tile_sizes[0] for r in got] == [8, 16]
 
 
+@pytest.mark.unit
 def test_best_valid_record_wins():
     t = task()
     rs = Records([Record.of(t, opts(8), [3e-3]), Record.of(t, opts(16), [1e-3, 1e-3]),
@@ -87,6 +90,7 @@ def test_best_valid_record_wins():
     assert rs.options(t) == opts(16)
 
 
+@pytest.mark.unit
 def test_nearest_shapes_of_the_same_kernel(caplog):
     rs = Records([Record.of(task(64, 32, 16), opts(8), [1e-3]),
                   Record.of(task(1024, 1024, 1024), opts(64), [1e-1]),
@@ -119,11 +123,13 @@ def test_define_and_compile_use_the_records(tmp_path):
     assert mod.mm.specialize(c, b).stages["options"] == repr(tuned)
 
 
+@pytest.mark.unit
 def test_a_missing_records_file_is_an_error(tmp_path):
     with pytest.raises(pf.ArgumentError, match="no tuning records file"):
         pf.define(MM, target="host", tuning_records=tmp_path / "none.jsonl")
 
 
+@pytest.mark.unit
 def test_options_measured_again_count_with_their_median():
     t = task()
     lucky, steady = opts(8), opts(16)
@@ -132,6 +138,7 @@ def test_options_measured_again_count_with_their_median():
     assert rs.options(t) == steady
 
 
+@pytest.mark.unit
 def test_a_tuners_latest_choice_wins(tmp_path):
     t = task()
     path = tmp_path / "r.jsonl"

@@ -45,6 +45,7 @@ def write(path, lines):
     path.write_bytes(b"".join(x if isinstance(x, bytes) else x.encode() for x in lines))
 
 
+@pytest.mark.unit
 def test_garbage_lines_are_skipped_with_one_warning(tmp_path):
     path = tmp_path / "tune.jsonl"
     write(path, GARBAGE[:3] + [json.dumps(good_line()) + "\n"] + GARBAGE[3:])
@@ -57,6 +58,7 @@ def test_garbage_lines_are_skipped_with_one_warning(tmp_path):
     assert [r.options for r in got] == [TUNED]
 
 
+@pytest.mark.unit
 def test_unknown_top_level_keys_are_ignored(tmp_path):
     path = tmp_path / "tune.jsonl"
     write(path, [changed(added_by_a_later_version={"x": 1})])
@@ -81,6 +83,7 @@ def test_good_records_still_apply_among_garbage(tmp_path):
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_a_file_of_only_garbage_gives_no_records(tmp_path):
     path = tmp_path / "tune.jsonl"
     write(path, GARBAGE)

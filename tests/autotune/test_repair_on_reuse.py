@@ -67,6 +67,7 @@ def test_options_map_by_index_name_onto_a_definition_of_the_same_family(tmp_path
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_records_store_named_options_and_the_definition_they_replay():
     t = mm(48, 40, 24)
     record = Record.of(t, TUNED, [1e-4])
@@ -80,6 +81,7 @@ def test_records_store_named_options_and_the_definition_they_replay():
     assert replay.workload_key == t.workload_key and replay.sizes == {"M": 48, "K": 40, "N": 24}
 
 
+@pytest.mark.unit
 def test_a_record_of_an_older_file_still_loads_and_is_repaired_by_position(tmp_path):
     old = {"schema": 1, "version": "0.1.0", "target": "x86", "workload_key": mm(64, 64, 64).workload_key,
            "family_key": mm(64, 64, 64).family_key, "entry": "mm", "name": "mm",

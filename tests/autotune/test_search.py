@@ -14,6 +14,7 @@ from polyfuse.frontends.tc import parse
 from polyfuse.scheduler.options import Fusion, MappingOptions
 from tests.tc_programs import PROGRAMS
 
+
 MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 CONV = "def conv(float(N,C,H,W) I, float(M,C,KH,KW) Wt) -> (O) { O(n,m,h,w) +=! I(n,c,h+kh,w+kw) * Wt(m,c,kh,kw) }"
 SOFTMAX = """def softmax(float(N,D) X) -> (mx, e, s, Y) {
@@ -69,6 +70,7 @@ def tune(search, budget: int, cost=fake_cost, batch: int = 16, target: float = 0
 
 # --- the space ------------------------------------------------------------------------
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", SPACES)
 def test_default_is_the_heuristic_and_valid(name):
     space = SPACES[name]
@@ -76,6 +78,7 @@ def test_default_is_the_heuristic_and_valid(name):
     assert space.default() == space.heuristic
 
 
+@pytest.mark.unit
 def test_band_members_and_candidates():
     conv = SPACES["conv"]
     assert conv.nest.members == ("n", "m", "h", "w", "c", "kh", "kw")
@@ -90,6 +93,7 @@ def test_band_members_and_candidates():
     assert MM_SPACE.size > 10 ** 6
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", SPACES)
 def test_samples_mutations_and_children_are_valid(name):
     space = SPACES[name]
@@ -103,6 +107,7 @@ def test_samples_mutations_and_children_are_valid(name):
     assert len(set(points)) > 0.9 * len(points)
 
 
+@pytest.mark.unit
 def test_canonical_forms_write_one_kernel_one_way():
     base = MappingOptions(tile_sizes=(32, 64, 0), register_tile=(4, 16, 0), unroll_jam=4, vector_width=16)
     c = MM_SPACE.canonical
@@ -116,6 +121,7 @@ def test_canonical_forms_write_one_kernel_one_way():
     assert c(MappingOptions(point_order=(0, 1, 2))) == MappingOptions(tile_sizes=(0, 0, 0))
 
 
+@pytest.mark.unit
 def test_violations_name_the_rule():
     space = MM_SPACE
     tiles = dict(tile_sizes=(64, 64, 64), point_order=(2, 0, 1))
@@ -131,6 +137,7 @@ def test_violations_name_the_rule():
     assert "fix_sizes" in conv.violations(replace(conv.repair(conv.default()), fix_sizes=True))[0]
 
 
+@pytest.mark.unit
 def test_repair_adapts_the_options_of_other_shapes():
     space = SPACES["matmul300"]
     heuristic = space.default()  # 6 register rows of 4 vectors in a 60-row tile
@@ -144,6 +151,7 @@ def test_repair_adapts_the_options_of_other_shapes():
     assert conv.violations(conv.repair(MM_SPACE.default())) == []  # another band entirely
 
 
+@pytest.mark.unit
 def test_features_describe_the_loops():
     space = MM_SPACE
     names = space.feature_names()
@@ -166,6 +174,7 @@ def _tensor_programs():
             yield pytest.param(Task.of(parse(p.source)[p.entry], list(args)), id=p.name)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("task", list(_tensor_programs()))
 def test_every_catalogue_kernel_gets_a_space(task):
     space = SearchSpace.for_task(task)
@@ -216,6 +225,7 @@ def test_small_space_is_used_up_without_repeats():
     assert search.ask(5) == []
 
 
+@pytest.mark.unit
 def test_failed_candidates_never_become_elites():
     search = GeneticSearch(MM_SPACE, population=12, elites=4, seed=1)
 
@@ -231,6 +241,7 @@ def test_failed_candidates_never_become_elites():
     assert any(math.isinf(c) for _, c in search.history)
 
 
+@pytest.mark.unit
 def test_told_points_are_not_asked_and_bad_tells_are_refused():
     search = GeneticSearch(MM_SPACE, population=8, seed=0)
     warm = [MM_SPACE.sample(np.random.default_rng(9)) for _ in range(4)]
@@ -258,6 +269,7 @@ def test_genetic_search_finds_the_optimum(strategy):
         assert search.best[1] == pytest.approx(OPTIMUM)
 
 
+@pytest.mark.unit
 def test_random_search_comes_within_a_small_factor():
     search = RandomSearch(MM_SPACE, seed=0)
     tune(search, 400)
@@ -283,6 +295,7 @@ def _rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+@pytest.mark.unit
 def test_cost_model_learns_a_cost_linear_in_the_features():
     rng = np.random.default_rng(0)
     space = SPACES["conv"]
@@ -296,6 +309,7 @@ def test_cost_model_learns_a_cost_linear_in_the_features():
     assert _rank_correlation(model.predict(x[200:]), costs[200:]) > 0.95
 
 
+@pytest.mark.unit
 def test_cost_model_waits_for_enough_measurements():
     model = CostModel(min_samples=8)
     model.fit(np.ones((5, 3)), np.ones(5))

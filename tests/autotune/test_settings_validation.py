@@ -9,6 +9,8 @@ from polyfuse.autotune.records import Records
 from polyfuse.autotune.task import Task
 from polyfuse.autotune.tuner import TuneConfig, tune
 
+pytestmark = pytest.mark.unit
+
 SQ = "def sq(float(N) X) -> (Y) { Y(i) = X(i) * X(i) }"
 
 

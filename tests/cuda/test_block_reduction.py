@@ -90,6 +90,7 @@ def _gpu_kernel(source, entry, args, options):
     return schedule_gpu_definition(d, bound.sizes, options, DeviceLimits()), bound, d
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("source, entry, make, oracle", CASES)
 def test_the_heuristic_reduces_long_rows_across_the_block(source, entry, make, oracle):
     d = pf.define(source)[entry].definition
@@ -115,6 +116,7 @@ def test_the_heuristic_reduces_long_rows_across_the_block(source, entry, make, o
                 assert f"{tile.name}(pf_t + 128)" in text and f"{tile.name}(pf_t + 1)" in text
 
 
+@pytest.mark.unit
 def test_a_short_reduction_into_many_outputs_stays_in_each_thread():
     d = pf.define(ROWSUM.format(t="float")).rowsum.definition
     assert not default_gpu_options(d, {"M": 4096, "K": 8}).block_reduction
@@ -122,6 +124,7 @@ def test_a_short_reduction_into_many_outputs_stays_in_each_thread():
     assert default_gpu_options(d, {"M": 8, "K": 4096}).block_reduction
 
 
+@pytest.mark.unit
 def test_a_block_of_no_power_of_two_folds_its_top_threads_first():
     args = (_uniform(np.random.default_rng(0), (3, 1000)),)
     kernel, _, _ = _gpu_kernel(ROWSUM.format(t="float"), "rowsum", args, OPTIONS["block-100-grid-2"])
@@ -136,6 +139,7 @@ def test_a_block_of_no_power_of_two_folds_its_top_threads_first():
     assert tail.index("barrier") < tail.index("single thread") < tail.index("let acc1 = acc1 + S_r0(0)")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("budget, shared", [(1000, 0), (1024, 1024)])
 def test_partials_count_against_the_shared_memory_budget(budget, shared):
     """256 float partials take 1024 bytes; where they do not fit the sum stays sequential."""
@@ -146,6 +150,7 @@ def test_partials_count_against_the_shared_memory_budget(budget, shared):
     assert kernel.launches[0].shared_bytes == shared
 
 
+@pytest.mark.unit
 def test_trees_fit_a_small_device():
     small = DeviceLimits(arch="sm_80", max_threads=64, max_block=(16, 8, 2), max_grid=7, shared_bytes=1024)
     args = (_uniform(np.random.default_rng(0), (5, 4097)),)
@@ -158,11 +163,13 @@ def test_trees_fit_a_small_device():
     assert_close(got["S"], _rowsum(f32)(*args)[0], "rowsum on a small device")
 
 
+@pytest.mark.unit
 def test_block_reduction_round_trips_through_json():
     options = MappingOptions(block_reduction=True, block=(128,))
     assert MappingOptions.from_json(options.to_json()) == options
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("opt", OPTIONS)
 @pytest.mark.parametrize("source, entry, make, oracle", CASES)
 def test_the_tree_matches_the_oracle_thread_by_thread(source, entry, make, oracle, opt):

@@ -11,6 +11,7 @@ from polyfuse.targets.cuda import nvrtc_compile
 from polyfuse.targets.cuda_expr import c_name, literal
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("value", [0.1, -3.0e-39, 1.0e30, 2.0**-149, 0.0])
 def test_float_literals_are_exact(value):
     text = literal(value, DType.FLOAT64)
@@ -18,6 +19,7 @@ def test_float_literals_are_exact(value):
     assert float.fromhex(literal(value, DType.FLOAT32)[:-1]) == value  # "f" suffix
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("value, dtype, text", [
     (math.inf, DType.FLOAT32, "__int_as_float(0x7f800000)"),
     (-math.inf, DType.FLOAT64, "__longlong_as_double(0xfff0000000000000LL)"),
@@ -28,6 +30,7 @@ def test_special_literals(value, dtype, text):
     assert literal(value, dtype) == text
 
 
+@pytest.mark.unit
 def test_names_that_are_cuda_words_are_renamed():
     assert [c_name(n) for n in ("float", "threadIdx", "pf_x", "A", "new")] == \
         ["float_", "threadIdx_", "pf_x_", "A", "new_"]

@@ -9,6 +9,8 @@ import polyfuse as pf
 from polyfuse.runtime.arguments import bind_arguments
 from polyfuse.runtime.device_arrays import DeviceArray, as_device_array
 
+pytestmark = pytest.mark.unit
+
 
 class FakeCuda:
     """A host array that says it lives on CUDA device 0, by either protocol."""

@@ -11,6 +11,8 @@ from tests.onnx.test_models import RTOL, ATOL, assert_matches_onnxruntime, cnn, 
 from tests.tc_programs import PROGRAMS, PROGRAMS_BY_NAME
 from tests.targets.test_x86 import as_tuple, assert_close
 
+pytestmark = pytest.mark.unit
+
 pytestmark = [pytest.mark.cuda, needs_gpu]
 
 OPTIONS = {

@@ -38,6 +38,7 @@ class _GpuLike:
         self.shape, self.dtype, self.device = shape, "float32", device
 
 
+@pytest.mark.unit
 def test_arrays_of_other_libraries_key_the_fast_path_by_shape_dtype_and_device():
     a, b, c = _GpuLike((3, 4)), _GpuLike((5, 4)), _GpuLike((3, 4), "cpu")
     assert _call_signature((a,)) != _call_signature((b,))

@@ -21,6 +21,8 @@ from tests.cuda.helpers import arguments
 from tests.tc_programs import PROGRAMS, PROGRAMS_BY_NAME
 from tests.targets.test_x86 import as_tuple, assert_close
 
+pytestmark = pytest.mark.unit
+
 OPTIONS = {
     "default": None,
     "odd-tiles-small-blocks-short-grid": MappingOptions(tile_sizes=(3, 5, 2), block=(4, 2), grid=3,

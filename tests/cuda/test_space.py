@@ -23,6 +23,7 @@ def space() -> SearchSpace:
     return SearchSpace.for_task(Task.of(MM, [A, B], "cuda"))
 
 
+@pytest.mark.unit
 def test_the_cuda_space_has_gpu_genes_and_starts_from_the_gpu_heuristic(space):
     assert space.default() == default_gpu_options(MM, {"M": 20, "K": 12, "N": 9})
     assert set(BLOCKS) <= set(space.candidates["block"])

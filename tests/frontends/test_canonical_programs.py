@@ -9,6 +9,8 @@ import pytest
 import polyfuse
 from tests.tc_programs import PROGRAMS, PROGRAMS_BY_NAME, Program
 
+pytestmark = pytest.mark.unit
+
 LOW_PRECISION = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 
 

@@ -28,6 +28,8 @@ from polyfuse import (
     TCSyntaxError,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def src(*lines: str) -> str:
     """A source text made of exactly these lines (line 1 is the first argument)."""

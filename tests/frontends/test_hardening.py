@@ -90,6 +90,7 @@ DEEPER = [(shape, depth) for shape in SHAPES for depth in (MAX_EXPR_DEPTH + 1, M
 DEEPER += [(shape, 100_000) for shape in ("parens", "unary")]  # the others lex slowly
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape, depth", DEEPER)
 def test_deeper_expressions_are_refused_at_the_token_that_passes_the_limit(shape, depth):
     source = program(shape, depth)
@@ -101,6 +102,7 @@ def test_deeper_expressions_are_refused_at_the_token_that_passes_the_limit(shape
 
 
 
+@pytest.mark.unit
 def test_bindings_substituted_past_the_depth_limit_are_refused_where_they_are_used():
     chain = SHAPES["sum"][0](MAX_EXPR_DEPTH - 50)
     source = f"def f(float(N) A) -> (B) {{\n  B(i) = x + x where x = {chain}\n}}"
@@ -113,6 +115,7 @@ def test_bindings_substituted_past_the_depth_limit_are_refused_where_they_are_us
     assert (err.value.line, err.value.col) == (2, 10) and "temporary output" in str(err.value)
 
 
+@pytest.mark.unit
 def test_bindings_that_double_the_tree_are_refused_by_its_size_at_once():
     lets = ", ".join(f"x{k + 1} = x{k} + x{k}" for k in range(60))
     source = f"def f(float(N) A) -> (B) {{\n  B(i) = x60 where x0 = A(i), {lets}\n}}"
@@ -129,6 +132,7 @@ def loop_kernel(blocks: int, expr: str = "A(0)") -> str:
             f"{'  ' * (blocks + 1)}B(0) = {expr.replace('A(i)', 'A(0)')}\n{closes}").rstrip("\n")
 
 
+@pytest.mark.unit
 def test_loop_ir_text_nested_to_the_limits_parses_back_and_runs():
     text = loop_kernel(MAX_NEST_DEPTH, SHAPES["sum"][0](MAX_EXPR_DEPTH))
     kernel = parse_kernel(text)
@@ -137,6 +141,7 @@ def test_loop_ir_text_nested_to_the_limits_parses_back_and_runs():
     assert got[0] == A[0] * (MAX_EXPR_DEPTH - 1)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("blocks", [MAX_NEST_DEPTH + 1, 1000])
 def test_loop_ir_text_nested_deeper_is_refused(blocks):
     with pytest.raises(pf.TCSyntaxError, match=f"nested more than {MAX_NEST_DEPTH} deep") as err:
@@ -144,6 +149,7 @@ def test_loop_ir_text_nested_deeper_is_refused(blocks):
     assert err.value.line == MAX_NEST_DEPTH + 2 and "{" in str(err.value).splitlines()[1]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape", ["sum", "parens", "calls"])
 @pytest.mark.parametrize("depth", [MAX_EXPR_DEPTH + 1, 10_000])
 def test_loop_ir_expressions_nested_deeper_are_refused(shape, depth):
@@ -156,6 +162,7 @@ def graph_with_attribute(lists: int) -> str:
             f"  %y = Op(%x, a={'[' * lists}1{']' * lists})  # n\n}}")
 
 
+@pytest.mark.unit
 def test_graph_text_attributes_nested_to_the_limit_parse_back():
     g = parse_graph(graph_with_attribute(MAX_NEST_DEPTH))
     value = g.nodes[0].attrs[0][1]
@@ -165,6 +172,7 @@ def test_graph_text_attributes_nested_to_the_limit_parse_back():
     assert value == 1 and str(g) == graph_with_attribute(MAX_NEST_DEPTH)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("lists", [MAX_NEST_DEPTH + 1, 10_000])
 def test_graph_text_attributes_nested_deeper_are_refused(lists):
     with pytest.raises(pf.GraphSyntaxError, match=f"nested more than {MAX_NEST_DEPTH} deep") as err:
@@ -183,6 +191,7 @@ DIVIDING_RANGES = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case", DIVIDING_RANGES)
 @pytest.mark.parametrize("target", ["reference", "host", AARCH64])
 def test_a_range_that_divides_by_a_zero_size_is_a_shape_error(case, target):
@@ -262,6 +271,7 @@ def test_an_error_in_a_very_long_line_shows_the_part_around_the_caret():
     assert line[caret.index("^")] == source[col - 1]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("target", ["reference", "host"])
 def test_an_output_larger_than_memory_is_refused_before_it_is_allocated(target):
     shift = pf.define("def f(float(H, W) I) -> (O) { O(h, w) = I(h - 4611686018427387904, w) }",

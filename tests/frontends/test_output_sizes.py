@@ -57,6 +57,7 @@ def check(target):
     np.testing.assert_array_equal(O, np.concatenate([[7], I]))
 
 
+@pytest.mark.unit
 def test_the_catalogue_sizes_shifted_outputs_from_index_zero():
     """tests/tc_programs.py's shift_pad and conv_grad_input run on every target there."""
     for name, printed in (("shift_pad", "float32(H + 1, W + 2) O"),

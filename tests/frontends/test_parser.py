@@ -7,6 +7,8 @@ from polyfuse.frontends.tc import parse, parse_definition
 from polyfuse.frontends.tc.lexer import Kind, tokenize
 from polyfuse.ir.types import DType
 
+pytestmark = pytest.mark.unit
+
 
 def body(source: str, k: int = 0) -> str:
     return str(parse_definition(source).statements[k]).split("\n")[0]

@@ -60,6 +60,7 @@ CASES = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("source,expected,outputs", CASES)
 def test_inferred_ranges(source, expected, outputs):
     assert ranges(source) == expected
@@ -67,6 +68,7 @@ def test_inferred_ranges(source, expected, outputs):
         assert shapes(source) == outputs
 
 
+@pytest.mark.unit
 def test_later_statement_is_bounded_by_the_tensor_it_writes():
     src = """def f(float(N) A) -> (O) {
       O(i) = A(i)
@@ -77,12 +79,14 @@ def test_later_statement_is_bounded_by_the_tensor_it_writes():
     assert format_expr(d.statements[2].range_of("i").hi) == "N - 1"
 
 
+@pytest.mark.unit
 def test_lhs_constrained_by_declared_output_shape():
     src = "def f(float(N) A) -> (float(N) O) { O(i) +=! A(i + j) where j in 0:2 }"
     st = parse_definition(src).statements[0]
     assert format_expr(st.range_of("i").hi) == "N - 1"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("source,index,col", [
     ("def f(float(N) A) -> (O) { O(i) +=! A(i + j) }", "j", 43),
     ("def f(float(N) A) -> (O) { O(i, j) = A(i) }", "j", 33),
@@ -97,6 +101,7 @@ def test_unresolved_index_is_refused_with_a_where_hint(source, index, col):
     assert (err.line, err.col) == (1, col)
 
 
+@pytest.mark.unit
 def test_inferred_range_runs_in_bounds_and_shrinks_output():
     import numpy as np
     mod = pf.define("def f(float(H) I) -> (O) { O(h) max=! I(3*h + kh) where kh in 0:4 }")
@@ -118,6 +123,7 @@ def test_truncating_division_range_runs_in_bounds(target):
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.unit
 def test_strided_window_wider_than_input_gives_an_empty_output():
     import numpy as np
     # floordiv(H - 3, 2) + 1 is 0 for H = 2; C's '/' would give 1 and read out of bounds

@@ -68,6 +68,7 @@ def test_rank0_forms_in_cuda_c_on_the_emulator(emulated):  # noqa: F811
     assert emulated.launches
 
 
+@pytest.mark.unit
 def test_rank0_forms_mean_the_parenthesized_ones():
     bare = parse(RANK0)
     written = parse(RANK0.replace("O +=!", "O() +=!").replace("b = a", "b() = a")
@@ -79,6 +80,7 @@ def test_rank0_forms_mean_the_parenthesized_ones():
     assert [t.shape for t in bare["stats"].outputs][:3] == [(), (), ()]
 
 
+@pytest.mark.unit
 def test_equivalence_is_kept_printed_and_parsed_back():
     m = parse(RANK0)
     st = m["mm"].statements[0]
@@ -96,6 +98,7 @@ def test_equivalence_is_kept_printed_and_parsed_back():
     assert Equivalent("matmul", st.equivalent.args) == st.equivalent
 
 
+@pytest.mark.unit
 def test_equivalence_goes_before_the_where_clause():
     d = parse("def f(float(N) X) -> (Y) { Y(i) = X(i) <=> copy(X(i)) where i in 0:N }")["f"]
     assert d.statements[0].equivalent == Equivalent("copy", (d.statements[0].rhs,))
@@ -115,6 +118,7 @@ def _located(exc, source, line, col, message):
     assert f":{line}:{col}:" in str(e)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("source, exc, line, col, message", [
     ("def f(float(N) X) -> (Y) {\n  Y(i) = X(i) <=> (X(i))\n}", pf.TCSyntaxError, 2, 19,
      "expected the name of the equivalent computation"),

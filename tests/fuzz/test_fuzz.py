@@ -3,7 +3,7 @@ TC, random and damaged ONNX models, right and wrong arguments. Every case must g
 reference's answer or raise a polyfuse error; a raw exception, a wrong answer or a
 signal fails the test, which prints the case.
 
-The default run takes a bounded slice with fixed seeds in CI (other seeds elsewhere),
+The default run takes a bounded slice with fixed seeds (new ones with POLYFUSE_RANDOM_TESTS=1),
 and runs a share of the cases twice, compiling into a new disk cache, then from it;
 ``python -m pytest -m slow -s tests/fuzz`` runs 10,000 cases per front end
 (``POLYFUSE_FUZZ_CASES`` to change) and prints the counts."""
@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import RANDOM_TESTS
+
 ROOT = Path(__file__).resolve().parents[2]
 SLICE = {"tc": 200, "onnx": 40, "feeds": 200}
 WARM_SHARE = {"tc": 50, "onnx": 10}   # cases run cold, then again from the warm disk cache
-SEED = 0 if os.environ.get("CI") else random.randrange(2**16)
+SEED = random.randrange(2**16) if RANDOM_TESTS else 0
 
 
 def fuzz(front: str, count: int, seed: int, tmp_path: Path, timeout: float,

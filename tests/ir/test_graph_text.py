@@ -15,6 +15,8 @@ from polyfuse.lowering.ops import OPS
 from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
 
+pytestmark = pytest.mark.unit
+
 F32, I64 = DType.FLOAT32, DType.INT64
 
 

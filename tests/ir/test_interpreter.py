@@ -7,6 +7,8 @@ import pytest
 import polyfuse as pf
 import polyfuse.ir.comprehension_interpreter as interp
 
+pytestmark = pytest.mark.unit
+
 
 def run(source, *args):
     mod = pf.define(source)

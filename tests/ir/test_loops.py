@@ -17,6 +17,8 @@ from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
 from tests.tc_programs import PROGRAMS
 
+pytestmark = pytest.mark.unit
+
 OPTIONS = [MappingOptions(),
            MappingOptions(tile_sizes=(3, 5, 2), register_tile=(2, 2), unroll_jam=2, vector_width=8,
                           reorder_reductions=True)]

@@ -36,6 +36,7 @@ def mlp() -> tuple[Graph, dict[str, np.ndarray]]:
     return g, {"w1": w1, "w2": w2, "b": b}
 
 
+@pytest.mark.unit
 def test_plan_graph_lowers_for_concrete_shapes():
     g, w = mlp()
     plan = plan_graph(g, {"x": (5, 4)})
@@ -57,6 +58,7 @@ def test_plan_graph_lowers_for_concrete_shapes():
         plan.steps = ()   # type: ignore[misc]
 
 
+@pytest.mark.unit
 def test_plan_prints_buffers_steps_and_definitions():
     g, _ = mlp()
     text = str(plan_graph(g, {"x": (2, 4)}))
@@ -82,6 +84,7 @@ def test_the_runtime_runs_the_plan():
         assert model.dump("plan") == str(plan_graph(g, {"x": (5, 4)}))
 
 
+@pytest.mark.unit
 def test_dump_names_the_plan_stage():
     g, _ = mlp()
     model = compile_graph(g, "reference", input_shapes={"x": (1, 4)})
@@ -94,6 +97,7 @@ def broken(plan: Plan, **changes) -> Plan:
     return dataclasses.replace(plan, **changes)
 
 
+@pytest.mark.unit
 def test_the_verifier_refuses_broken_plans():
     g, _ = mlp()
     plan = plan_graph(g, {"x": (3, 4)})
@@ -127,6 +131,7 @@ def test_the_verifier_refuses_broken_plans():
         broken(plan, memory=dataclasses.replace(plan.memory, arena_bytes=64)).verify()
 
 
+@pytest.mark.unit
 def test_memory_plan_reuses_dead_buffers():
     """A chain of equal-sized kernels needs two buffers of the arena, not one per value."""
     n = 6
@@ -139,6 +144,7 @@ def test_memory_plan_reuses_dead_buffers():
     assert plan_memory(plan.steps, plan.types, {f"v{n}"}) == plan.memory
 
 
+@pytest.mark.unit
 def test_each_node_is_lowered_and_parsed_once(monkeypatch):
     """A fusion group that does not fuse (its second member folds to a view) lowers its
     first member once; a lowering whose TC does not compile is an error naming the node."""
@@ -204,6 +210,7 @@ def test_a_loop_the_data_bounds_is_a_loop_step():
         np.testing.assert_allclose(z, b, rtol=1e-6)
 
 
+@pytest.mark.unit
 def test_the_verifier_refuses_broken_loops():
     plan = plan_graph(swap_loop(), {"x": (4,), "n": (80,)})
     loop = plan.steps[1]

@@ -12,6 +12,7 @@ from tests.tc_programs import PROGRAMS
 from tests.tc_random import programs
 
 
+
 def assert_round_trip(source: str):
     module = parse(source)
     text = str(module)
@@ -21,6 +22,7 @@ def assert_round_trip(source: str):
     return module
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
 def test_canonical_program_round_trips(program):
     module = assert_round_trip(program.source)

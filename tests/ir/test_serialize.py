@@ -15,6 +15,8 @@ from polyfuse.runtime.cuda import CudaLayout
 from polyfuse.runtime.program import Layout
 from polyfuse.targets.cuda import LaunchInfo
 
+pytestmark = pytest.mark.unit
+
 
 def through_json(kind, record):
     return decode(kind, json.loads(json.dumps(encode(record))))

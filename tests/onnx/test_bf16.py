@@ -148,6 +148,7 @@ def test_grouped_convolutions_and_activation_products_stay_float32():
     assert "BFloat16" not in compiled.dump("partition_fusion_groups")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kwargs, match", [
     ({"precision": "bfloat16"}, "precision must be one of 'float32', 'bf16', 'int8'"),
     ({"precision": "bf16", "profile": "p.json"}, "calibrate precision='int8'"),

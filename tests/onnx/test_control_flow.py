@@ -270,6 +270,7 @@ def test_loop_counter_and_condition_keep_the_shape_the_body_declares(trip, decla
         np.testing.assert_array_equal(got["shapes"], [[1], [1], [1]])
 
 
+@pytest.mark.unit
 def test_loop_counter_of_another_shape_is_refused():
     model = _counter_model("unrolled", [1])
     model.graph.node[1].attribute[0].g.input[0].type.tensor_type.shape.dim[0].dim_value = 2
@@ -306,6 +307,7 @@ def test_torch_scripted_loop_and_if_match_onnxruntime(tmp_path):
         assert_matches_onnxruntime(model, feeds, compiled=compiled, rtol=1e-5)
 
 
+@pytest.mark.unit
 def test_malformed_body_is_refused_naming_the_node():
     model = _loop_model(trip_input=False)
     body = model.graph.node[0].attribute[0].g
@@ -314,6 +316,7 @@ def test_malformed_body_is_refused_naming_the_node():
         pf.compile(model, target="host")
 
 
+@pytest.mark.unit
 def test_unsupported_op_in_a_body_is_listed():
     then = _branch("then", helper.make_node("Mul", ["x", "two"], ["t"]), "t", [3, 4])
     other = _branch("else", helper.make_node("MyOp", ["x"], ["e"], domain="custom"), "e", [3, 4])
@@ -327,6 +330,7 @@ def test_unsupported_op_in_a_body_is_listed():
         pf.compile(model, target="host")
 
 
+@pytest.mark.unit
 def test_graphs_with_subgraphs_print_and_parse_back():
     from polyfuse.frontends.graph_text import parse_graph
     from polyfuse.frontends.onnx import to_graph
@@ -339,6 +343,7 @@ def test_graphs_with_subgraphs_print_and_parse_back():
     assert parse_graph(text, g) == g
 
 
+@pytest.mark.unit
 def test_loop_that_never_ends_is_refused():
     model = _loop_model(trip_input=False)
     model.graph.node[0].input[0] = ""   # no trip count; the condition passes through, true
@@ -348,6 +353,7 @@ def test_loop_that_never_ends_is_refused():
         pf.compile(model, target="host").run({"x": x, "y0": x})
 
 
+@pytest.mark.unit
 def test_if_on_a_condition_of_several_elements_is_refused():
     model = _if_model([], [helper.make_tensor_value_info("cond", TensorProto.BOOL, [2])])
     compiled = pf.compile(model, target="host")

@@ -42,6 +42,7 @@ def test_mlp_matches_onnxruntime(target, tmp_path):
     assert [v.name for v in compiled.inputs] == ["x"] and [v.name for v in compiled.outputs] == ["y"]
 
 
+@pytest.mark.unit
 def test_missing_file_and_bad_bytes(tmp_path):
     with pytest.raises(pf.ModelError, match="no model file"):
         pf.compile(str(tmp_path / "nope.onnx"))
@@ -52,6 +53,7 @@ def test_missing_file_and_bad_bytes(tmp_path):
         pf.compile(data[: len(data) // 2])
 
 
+@pytest.mark.unit
 def test_missing_initializer_is_a_model_error():
     model = mlp()
     del model.graph.initializer[0]
@@ -59,6 +61,7 @@ def test_missing_initializer_is_a_model_error():
         pf.compile(model)
 
 
+@pytest.mark.unit
 def test_every_unsupported_op_is_listed_at_once():
     nodes = [helper.make_node("MatMul", ["x", "x"], ["a"], name="mm"),
              helper.make_node("Foo", ["a"], ["b"], name="foo1", domain="custom.ops"),
@@ -75,6 +78,7 @@ def test_every_unsupported_op_is_listed_at_once():
         assert word in message
 
 
+@pytest.mark.unit
 def test_bad_feeds_are_refused_before_running():
     compiled = pf.compile(mlp(), target="host")
     x = np.zeros((2, 16), np.float32)
@@ -90,6 +94,7 @@ def test_bad_feeds_are_refused_before_running():
         compiled(x, x)
 
 
+@pytest.mark.unit
 def test_symbolic_dims_need_a_binding_when_shapes_are_fixed_up_front():
     with pytest.raises(pf.ShapeError, match="input_shapes"):
         pf.compile(mlp(), input_shapes={"other": (1, 2)})
@@ -97,6 +102,7 @@ def test_symbolic_dims_need_a_binding_when_shapes_are_fixed_up_front():
     assert compiled.run({"x": np.ones((4, 16), np.float32)})["y"].shape == (4, 4)
 
 
+@pytest.mark.unit
 def test_onnx_shape_inference_types_the_intermediate_values():
     from polyfuse.frontends.graph_text import parse_graph
     from polyfuse.frontends.onnx import to_graph

@@ -12,6 +12,7 @@ from polyfuse.lowering.graph_passes import (DEFAULT_PASSES, PassManager, elimina
 from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
 from tests.onnx.ort_compare import assert_matches_onnxruntime
+import pytest
 
 
 def model():
@@ -27,6 +28,7 @@ def model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.unit
 def test_dead_nodes_go():
     g = to_graph(model())
     after = eliminate_dead_nodes(g)
@@ -35,6 +37,7 @@ def test_dead_nodes_go():
     assert [n.name for n in after.nodes] == ["mm1", "mm2", "add"]
 
 
+@pytest.mark.unit
 def test_common_subexpressions_merge():
     after = eliminate_common_subexpressions(eliminate_dead_nodes(to_graph(model())))
     verify_graph(after)
@@ -102,6 +105,7 @@ def _bn(name, x, y, channels):
     return helper.make_node("BatchNormalization", [x, *params], [y], name=name, epsilon=1e-3), params
 
 
+@pytest.mark.unit
 def test_batch_norm_folds_into_conv_and_gemm():
     bn1, p1 = _bn("bn1", "c", "d", 8)
     bn2, p2 = _bn("bn2", "g", "y", 5)
@@ -120,6 +124,7 @@ def test_batch_norm_folds_into_conv_and_gemm():
     _same_numbers(g, after, {"x": RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)})
 
 
+@pytest.mark.unit
 def test_batch_norm_stays_when_the_conv_output_has_another_reader():
     bn, params = _bn("bn", "c", "d", 4)
     nodes = [helper.make_node("Conv", ["x", "W"], ["c"], name="conv"), bn,
@@ -129,6 +134,7 @@ def test_batch_norm_stays_when_the_conv_output_has_another_reader():
     assert fold_batch_norms(g) == g
 
 
+@pytest.mark.unit
 def test_transposes_and_reshapes_simplify():
     shape = numpy_helper.from_array(np.array([6, 4], np.int64), "s1")
     nodes = [helper.make_node("Transpose", ["x"], ["t1"], name="t1", perm=[1, 0, 2]),

@@ -118,6 +118,7 @@ BAD_ATTRIBUTES = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case", list(BAD_ATTRIBUTES.values()), ids=list(BAD_ATTRIBUTES))
 def test_a_bad_attribute_is_a_model_error_naming_the_node(case):
     op, shapes, attrs, constants, message = case
@@ -127,11 +128,13 @@ def test_a_bad_attribute_is_a_model_error_naming_the_node(case):
     assert f"node 'n' ({op}" in str(err.value)
 
 
+@pytest.mark.unit
 def test_empty_squeeze_axes_remove_every_size_1_dimension_as_onnxruntime_does():
     m, feed = one_node("Squeeze", [(2, 1, 3, 1)], constants={1: np.zeros(0, np.int64)})
     assert_matches_onnxruntime(m, feed, target="reference")
 
 
+@pytest.mark.unit
 def test_inputs_sharing_a_type_must_share_a_dtype():
     m, feed = one_node("Add", [(2, 3), (2, 3)], dtypes={1: TensorProto.INT32})
     with pytest.raises(pf.DTypeError, match=r"node 'n' \(Add-14\): input 1 \('x1'\) is int32 but "
@@ -139,6 +142,7 @@ def test_inputs_sharing_a_type_must_share_a_dtype():
         run(m, feed)
 
 
+@pytest.mark.unit
 def test_an_input_of_a_type_the_op_does_not_take_is_a_dtype_error():
     m, feed = one_node("Gather", [(4, 2), (3,)])   # float indices
     with pytest.raises(pf.DTypeError, match=r"input 1 \('x1', indices\) is float32; it takes "
@@ -146,6 +150,7 @@ def test_an_input_of_a_type_the_op_does_not_take_is_a_dtype_error():
         run(m, feed)
 
 
+@pytest.mark.unit
 def test_a_missing_required_input_is_a_model_error():
     m, feed = one_node("Gemm", [(2, 3)])
     m.graph.node[0].input.append("")      # B given as "": omitted, but it is required
@@ -165,6 +170,7 @@ def test_a_missing_required_input_is_a_model_error():
 HUGE = np.array([1 << 14, 1 << 14, 1 << 12], np.int64)     # 2^40 elements
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("target", ["reference", "host"])
 def test_a_huge_constant_of_shape_is_a_size_limit_error(target):
     m, feed = one_node("ConstantOfShape", [], constants={0: HUGE})
@@ -187,6 +193,7 @@ def test_a_huge_expand_with_its_shape_fed_at_run_time_is_a_size_limit_error():
     assert isinstance(err.value, MemoryError)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("op, constants", [
     ("Tile", {1: np.array([1 << 20, 1 << 20], np.int64)}),
     ("Pad", {1: np.array([0, 0, 1 << 20, 1 << 20], np.int64)}),
@@ -201,6 +208,7 @@ def test_sizes_computed_from_data_are_checked(op, constants):
         run(m, feed)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("op, shapes, constants", [
     ("Range", [], {0: np.array(0, np.int64), 1: np.array(1 << 40, np.int64),
                    2: np.array(1, np.int64)}),
@@ -215,6 +223,7 @@ def test_generated_sizes_are_checked(op, shapes, constants):
         run(m, feed)
 
 
+@pytest.mark.unit
 def test_the_size_limit_is_set_by_an_environment_variable(monkeypatch):
     m, feed = one_node("Relu", [(16, 16)])
     monkeypatch.setenv("POLYFUSE_MAX_TENSOR_BYTES", "1000")
@@ -229,6 +238,7 @@ def test_the_size_limit_is_set_by_an_environment_variable(monkeypatch):
         run(m, feed)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("op, constants, message", [
     ("ConstantOfShape", {0: np.array([-3, 4], np.int64)}, r"the shape \[-3, 4\] must all be >= 0"),
     ("Expand", {1: np.array([2, -1], np.int64)}, r"the shape \[2, -1\] must all be >= 0"),
@@ -250,6 +260,7 @@ def add_model():
     return pf.compile(m, target="host")
 
 
+@pytest.mark.unit
 def test_run_with_an_array_instead_of_a_dict_says_what_to_pass(add_model):
     a = np.ones((2, 3), np.float32)
     for wrong in (a, [a, a[0]], (a,), None, "a"):
@@ -282,6 +293,7 @@ def test_feeds_with_wrong_names_dtypes_ranks_or_kinds(add_model):
     np.testing.assert_array_equal(add_model(a, b), a + b)
 
 
+@pytest.mark.unit
 def test_shape_arguments_are_checked(add_model):
     with pytest.raises(pf.ArgumentError, match=r"missing \['b'\]"):
         add_model.tasks(a=(2, 3))
@@ -347,6 +359,7 @@ def test_models_that_crash_onnx_shape_inference_get_polyfuse_answers():
     assert child.returncode == 0 and child.stdout.strip() == "survived", child.stderr[-2000:]
 
 
+@pytest.mark.unit
 def test_a_graph_output_declared_with_another_dtype_is_a_model_error():
     m = model([helper.make_node("Relu", ["x"], ["y"], name="act")], [value("x", [2])],
               [value("y", [2], TensorProto.DOUBLE)])
@@ -393,6 +406,7 @@ def test_a_chain_of_300_adds_reusing_the_input_matches_onnxruntime():
     assert_matches_onnxruntime(m, feed, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.unit
 def test_graph_passes_on_a_chain_of_5000_nodes():
     m = chain(5000, lambda k, prev: helper.make_node("Identity" if k % 2 else "Relu", [prev],
                                                      [f"v{k}"], name=f"n{k}"))
@@ -428,6 +442,7 @@ def test_sum_of_300_inputs_is_a_shallow_expression():
     np.testing.assert_allclose(run(m, feed, "host")["y"], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.unit
 def test_element_type_attributes_become_dtypes_in_the_front_end():
     """Cast's `to` and EyeLike's `dtype` are ONNX codes in the model and dtype names in the
     graph IR; a code polyfuse has no dtype for is listed with the other unsupported ops."""

@@ -120,12 +120,14 @@ def test_grouped_convolutions_and_convolutions_of_computed_weights_keep_onnx_lay
     assert "Transpose" not in compiled.dump("partition_fusion_groups")
 
 
+@pytest.mark.unit
 def test_permutations_are_inverse():
     for rank in (3, 4, 5):
         x = np.arange(np.prod(range(2, rank + 2))).reshape(range(2, rank + 2))
         np.testing.assert_array_equal(x.transpose(channels_last(rank)).transpose(channels_first(rank)), x)
 
 
+@pytest.mark.unit
 def test_a_kernel_on_channels_last_storage_computes_the_same_values():
     """to_channels_last permutes declarations, reads and writes: the interpreter's result
     on transposed inputs is the transposed result (a max pool with padding and an extra

@@ -42,6 +42,7 @@ def _defective(defect):
     raise AssertionError(defect)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("defect", ["unnamed graph", "untyped output", "shapeless output",
                                     "IR 3 initializer not an input", "all at once"])
 def test_checker_complaints_onnxruntime_overlooks_load_with_one_warning(defect):
@@ -57,6 +58,7 @@ def test_checker_complaints_onnxruntime_overlooks_load_with_one_warning(defect):
     assert compiled.outputs[0].type.dtype.value == "float32"
 
 
+@pytest.mark.unit
 def test_a_valid_model_loads_without_warning():
     model = _model(helper.make_graph(NODES, "g", [X],
                                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
@@ -66,6 +68,7 @@ def test_a_valid_model_loads_without_warning():
         pf.compile(model, target="reference")
 
 
+@pytest.mark.unit
 def test_malformed_models_stay_errors():
     dangling = helper.make_node("Relu", ["nowhere"], ["y"])
     graph = helper.make_graph([dangling], "g", [X],

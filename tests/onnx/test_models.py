@@ -245,6 +245,7 @@ def test_mlp_at_batch_1_and_7(target):
 
 # --- inputs polyfuse must refuse (test_frontend.py covers bytes, op listing, MLP feeds) ---
 
+@pytest.mark.unit
 def test_truncated_model_file(tmp_path):
     data = cnn().SerializeToString()
     path = tmp_path / "cnn.onnx"
@@ -275,6 +276,7 @@ def test_external_data_is_read_and_its_absence_refused(tmp_path):
         pf.compile(onnx.load(str(path), load_external_data=False).SerializeToString())
 
 
+@pytest.mark.unit
 def test_bad_feeds_to_a_model_with_two_inputs():
     compiled = pf.compile(transformer_block(gelu_op=False), target="x86")
     feeds = attention_feeds(2, 16)
@@ -292,6 +294,7 @@ def test_bad_feeds_to_a_model_with_two_inputs():
         compiled(feeds["x"])
 
 
+@pytest.mark.unit
 def test_a_symbolic_dim_bound_to_two_sizes_is_a_shape_error():
     compiled = pf.compile(transformer_block(gelu_op=False), target="reference")
     feeds = attention_feeds(2, 16)
@@ -299,11 +302,13 @@ def test_a_symbolic_dim_bound_to_two_sizes_is_a_shape_error():
         compiled.run(feeds | {"mask": np.ones((3, 16), np.int64)})
 
 
+@pytest.mark.unit
 def test_input_shapes_given_for_some_inputs_only():
     with pytest.raises(pf.ShapeError, match=r"'mask\[0\]=batch', 'mask\[1\]=seq'.*input_shapes"):
         pf.compile(transformer_block(gelu_op=False), input_shapes={"x": (2, 16, HIDDEN)})
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shapes", [
     {"x": (2, 16), "mask": (2, 16)},                    # x has rank 3
     {"x": (2, 16, HIDDEN + 1), "mask": (2, 16)},        # x's last dim is fixed to HIDDEN

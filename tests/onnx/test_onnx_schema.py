@@ -9,6 +9,8 @@ from polyfuse.frontends.onnx_schema import (ELEMENT_TYPES, SUPPORTED_DTYPES, che
 from polyfuse.ir.graph import Node, TensorType
 from polyfuse.ir.types import DType
 
+pytestmark = pytest.mark.unit
+
 
 def test_element_types_are_onnx_codes():
     for code, dt in ELEMENT_TYPES.items():

@@ -87,17 +87,20 @@ def test_bit_cast_is_a_view(src, dst, target):
     assert_same(got, x.view(dst))
 
 
+@pytest.mark.unit
 def test_bit_cast_between_widths_is_refused():
     with pytest.raises(pf.ModelError, match=r"node 'n' \(BitCast\).*int16 \(16 bits\).*equally wide"):
         run("BitCast", {"x": np.zeros(3, np.float32)}, np.int16, "host", opset=26, to=5)
 
 
+@pytest.mark.unit
 def test_bit_shift_needs_a_direction():
     feeds = {"x": np.ones(3, np.uint8), "y": np.ones(3, np.uint8)}
     with pytest.raises(pf.ModelError, match=r"node 'n' \(BitShift\): attribute direction is 'UP'"):
         run("BitShift", feeds, np.uint8, "host", opset=28, direction="UP")
 
 
+@pytest.mark.unit
 def test_bitwise_and_of_floats_is_refused_with_the_node():
     feeds = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)}
     with pytest.raises(pf.PolyfuseError, match=r"node 'n' \(BitwiseAnd"):

@@ -70,6 +70,7 @@ def test_unique(shape, axis, ordered):
     _check(_unique_model(x, axis, ordered), {"x": x}, reference=flat_or_first)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("outputs", [1, 2, 3])
 def test_unique_fewer_outputs_and_nan(outputs):
     x = np.array([2.0, np.nan, -1.0, 2.0, np.nan, 0.5], np.float32)
@@ -140,6 +141,7 @@ def test_top_k_with_k_fed():
         assert_matches_onnxruntime(model, {"x": x, "k": np.array([k], np.int64)}, compiled=compiled)
 
 
+@pytest.mark.unit
 def test_constant_inputs_fold():
     x = np.array([[0, 1.5], [2, 0]], np.float32)
     graph = helper.make_graph([helper.make_node("NonZero", ["c"], ["y"])], "folded", [],
@@ -151,6 +153,7 @@ def test_constant_inputs_fold():
     assert "cut to their counts" not in compiled.dump("plan")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("op,limit", [("NonZero", POSITIONS_MAX), ("Unique", COUNT_MAX)])
 def test_too_many_entries_is_refused(op, limit):
     x = np.zeros(limit + 1, np.float32)

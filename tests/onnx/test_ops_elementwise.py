@@ -56,6 +56,7 @@ def test_arithmetic_chain_broadcasts():
     check(model(nodes, feeds, {"q": TensorProto.FLOAT, "y": TensorProto.FLOAT}), feeds)
 
 
+@pytest.mark.unit
 def test_clip_without_bounds_is_the_input():
     x = randn(3, 4)
     check(one_node("Clip", {"x": x}, opset=13), {"x": x})

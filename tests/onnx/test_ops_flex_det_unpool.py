@@ -49,6 +49,7 @@ def test_max_unpool_inverts_max_pool(target, shape, attrs):
     assert_matches_onnxruntime(node_model("MaxUnpool", feeds, **attrs), feeds, target=target)
 
 
+@pytest.mark.unit
 def test_max_unpool_into_a_larger_output_shape():
     # the indices count in the unpooled shape, which lands at the start of output_shape
     # (the ONNX reference and node suite; onnxruntime counts them in output_shape)
@@ -60,6 +61,7 @@ def test_max_unpool_into_a_larger_output_shape():
     np.testing.assert_array_equal(pf.compile(m).run(feeds)["y"], want)
 
 
+@pytest.mark.unit
 def test_max_unpool_index_outside_its_window_fails_at_run_time():
     attrs = dict(kernel_shape=[2, 2], strides=[2, 2])
     p, i = pooled(randn(1, 2, 4, 4), **attrs)
@@ -68,6 +70,7 @@ def test_max_unpool_index_outside_its_window_fails_at_run_time():
         pf.compile(node_model("MaxUnpool", {"x": p, "i": i}, **attrs)).run({"x": p, "i": i})
 
 
+@pytest.mark.unit
 def test_max_unpool_output_shape_smaller_than_unpooled_is_malformed():
     feeds = {"x": randn(1, 1, 2, 2), "i": np.zeros((1, 1, 2, 2), np.int64)}
     m = node_model("MaxUnpool", feeds, {"s": np.array([1, 1, 3, 3], np.int64)},
@@ -87,6 +90,7 @@ def test_det_random_batches(target, shape):
     assert_matches_onnxruntime(det_model(x), {"x": x}, rtol=1e-4, atol=1e-5, target=target)
 
 
+@pytest.mark.unit
 def test_det_double_needs_pivoting():
     # permuted (signed) identities: every leading element is zero until rows swap
     x = np.stack([np.eye(6)[RNG.permutation(6)] * RNG.choice([-2.0, 0.5], 6)
@@ -96,6 +100,7 @@ def test_det_double_needs_pivoting():
     np.testing.assert_allclose(pf.compile(det_model(x)).run({"x": x})["y"], want, rtol=1e-12)
 
 
+@pytest.mark.unit
 def test_det_singular_and_near_singular():
     x = randn(5, 4, 4)
     x[0, 3] = x[0, 1]                   # repeated row
@@ -108,6 +113,7 @@ def test_det_singular_and_near_singular():
     assert got[1] == 0
 
 
+@pytest.mark.unit
 def test_det_half_is_computed_in_float():
     x = randn(3, 6, 6, dtype=np.float16)
     got = pf.compile(det_model(x)).run({"x": x})["y"]
@@ -115,6 +121,7 @@ def test_det_half_is_computed_in_float():
     np.testing.assert_allclose(got, np.linalg.det(x.astype(np.float64)), rtol=5e-3, atol=1e-3)
 
 
+@pytest.mark.unit
 def test_det_refuses_large_matrices():
     x = randn(65, 65)
     with pytest.raises(UnsupportedOpError, match="'n'.*up to 64"):
@@ -180,6 +187,7 @@ def qkv(b, hq, hk, length, keys, e, ev, dtype=np.float32):
             "v": randn(b, hk, keys, ev, dtype=dtype)}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("attrs", [
     {},
     {"score_mod": causal(5, 7), "scale": 0.3},
@@ -192,6 +200,7 @@ def test_flex_attention_modifiers_grouped_heads(attrs):
     assert_flex_matches_reference(qkv(2, 6, 2, 5, 7, 3, 5), **attrs)
 
 
+@pytest.mark.unit
 def test_flex_attention_double_and_half():
     assert_flex_matches_reference(qkv(1, 2, 2, 4, 6, 8, 8, np.float64), rtol=1e-12,
                                   score_mod=soft_cap(TensorProto.DOUBLE))
@@ -199,6 +208,7 @@ def test_flex_attention_double_and_half():
                                   prob_mod=SQUARED)
 
 
+@pytest.mark.unit
 def test_flex_attention_elementwise_modifiers_fuse_into_one_kernel():
     feeds = qkv(1, 4, 2, 3, 5, 4, 6)
     m = flex_model(feeds, score_mod=SOFT_CAP, prob_mod=SQUARED)
@@ -209,6 +219,7 @@ def test_flex_attention_elementwise_modifiers_fuse_into_one_kernel():
     assert kernels.count("def ") == 1 and "n/score_mod/Tanh" in kernels
 
 
+@pytest.mark.unit
 def test_flex_attention_modifier_reading_the_enclosing_graph_is_refused():
     feeds = qkv(1, 2, 2, 3, 3, 4, 4)
     outer = modifier("outer", [helper.make_node("Add", ["x", "q"], ["y"])])

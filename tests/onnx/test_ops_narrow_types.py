@@ -94,6 +94,7 @@ def test_cast_float64_and_float16_round_once(code, src, wide):
     check(cast_model(src, code, len(x)), {"x": x})
 
 
+@pytest.mark.unit
 def test_cast_on_the_reference_interpreter():
     x = edge_values(ml_dtypes.float8_e4m3fn)
     check(cast_model(TP.FLOAT, TP.FLOAT8E4M3FN, len(x), saturate=0), {"x": x}, target="reference")
@@ -238,12 +239,14 @@ def test_quantize_dequantize_float8_activations_match_onnxruntime():
 
 # --- errors ----------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_a_float32_feed_for_a_float8_input_is_a_dtype_error():
     m = pf.compile(cast_model(TP.FLOAT8E4M3FN, TP.FLOAT, 3), target="host")
     with pytest.raises(DTypeError, match="float8e4m3fn"):
         m.run({"x": np.zeros(3, np.float32)})
 
 
+@pytest.mark.unit
 def test_bitcast_of_float8_is_refused_naming_the_node():
     node = helper.make_node("BitCast", ["x"], ["y"], to=TP.UINT8, name="bits")
     m = graph_model([node], {"x": (TP.FLOAT8E4M3FN, [3])}, {"y": (TP.UINT8, [3])}, opset=26)
@@ -263,6 +266,7 @@ def test_cuda_kernels_round_the_same(code, attrs, emulated):
     assert emulated.launches
 
 
+@pytest.mark.unit
 def test_a_bundle_refuses_narrow_inputs(tmp_path):
     m = pf.compile(cast_model(TP.FLOAT8E4M3FN, TP.FLOAT, 3), target="x86")
     with pytest.raises(pf.ArgumentError, match="'x' is float8e4m3fn"):

@@ -174,6 +174,7 @@ def test_linear_attention(target, rule, heads, decay_per_channel, steps):
     _assert_matches_numpy(model, feeds, target, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("op,feeds,attrs,opset,message", [
     ("RMSNormalization", {"x": (2, 3, 4), "w": (3,)}, {}, 23, "does not broadcast"),
     ("LpNormalization", {"x": (2, 3)}, {"p": 3}, 22, "p is 3"),

@@ -175,7 +175,7 @@ def test_qlinear_matmul(dtype, target):
 
 def conv(x, w, stride, pads, group):
     """Integer Conv of int64 x (N, C, H, W) with w (M, C / group, KH, KW), zero padding."""
-    (n, c, h, wd), (m, cg, kh, kw) = x.shape, w.shape
+    (n, _c, _h, _wd), (m, cg, kh, kw) = x.shape, w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
     oh, ow = (xp.shape[2] - kh) // stride + 1, (xp.shape[3] - kw) // stride + 1
     out, mg = np.zeros((n, m, oh, ow), np.int64), m // group
@@ -346,6 +346,7 @@ def test_qlinear_matmul_with_constant_weights(dtype, k, n, target):
 
 # --- errors ----------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_a_scale_of_the_wrong_shape_names_the_node():
     x = np.zeros((2, 3), np.float32)
     m = model("QuantizeLinear", {"x": x}, {"y": TensorProto.UINT8},
@@ -354,6 +355,7 @@ def test_a_scale_of_the_wrong_shape_names_the_node():
         run(m, {"x": x}, "reference")
 
 
+@pytest.mark.unit
 def test_a_zero_point_per_column_of_the_wrong_size_names_the_node():
     a, b = ints(np.uint8, 4, 5), ints(np.uint8, 5, 3)
     m = model("MatMulInteger", {"a": a, "b": b}, {"y": TensorProto.INT32},
@@ -362,6 +364,7 @@ def test_a_zero_point_per_column_of_the_wrong_size_names_the_node():
         run(m, {"a": a, "b": b}, "reference")
 
 
+@pytest.mark.unit
 def test_channels_that_do_not_split_into_groups_name_the_node():
     x, w = ints(np.uint8, 1, 3, 4, 4), ints(np.uint8, 4, 2, 1, 1)
     node = helper.make_node("ConvInteger", ["x", "w"], ["y"], name="q", group=2)

@@ -171,6 +171,7 @@ def test_steps_are_one_kernel_each_compiled_once(capfd):
     assert capfd.readouterr().err == ""     # compiling is quiet
 
 
+@pytest.mark.unit
 def test_wrong_shapes_and_activations_name_the_node():
     feeds = {"X": np.zeros((5, 3, 4), np.float32), "W": np.zeros((1, 21, 5), np.float32),
              "R": np.zeros((1, 21, 7), np.float32)}

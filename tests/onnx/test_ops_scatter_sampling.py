@@ -80,6 +80,7 @@ def test_scatter_index_out_of_range_is_a_bounds_error(op, feeds, target):
     assert compiled.run(good)["y"].shape == feeds["x"].shape
 
 
+@pytest.mark.unit
 def test_scatter_shapes_that_disagree_name_the_node():
     # (found when the model compiles, or on the first run where its shapes are unknown)
     feeds = {"x": randn(4, 3), "i": np.zeros((2, 1), np.int64), "u": randn(2, 2)}
@@ -109,6 +110,7 @@ def test_tensor_scatter_against_a_loop(target, mode):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.unit
 def test_tensor_scatter_linear_past_the_end_is_a_bounds_error():
     feeds = {"c": randn(2, 1, 6, 4), "u": randn(2, 1, 3, 4), "w": np.array([1, 4], np.int64)}
     compiled = pf.compile(cache_model("linear", feeds))
@@ -134,6 +136,7 @@ def test_grid_sample_2d_batched(mode, padding, align):
     check_grid_sample(feeds, mode=mode, padding_mode=padding, align_corners=align)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
 def test_grid_sample_2d_on_the_reference_interpreter(mode):
     feeds = {"x": randn(1, 2, 4, 3), "g": RNG.uniform(-1.8, 1.8, (1, 3, 5, 2)).astype(np.float32)}
@@ -190,6 +193,7 @@ def test_reverse_sequence_3d(target, batch_axis):
     assert_matches_onnxruntime(m, feeds, target=target)
 
 
+@pytest.mark.unit
 def test_reverse_sequence_too_long_is_a_bounds_error():
     feeds = {"x": randn(4, 2), "l": np.array([4, 5], np.int64)}
     compiled = pf.compile(node_model("ReverseSequence", feeds))

@@ -66,6 +66,7 @@ def test_stft_with_hann_window_matches_numpy(target):
     np.testing.assert_allclose(_complex(got), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
 def test_windows_match_numpy(target, op):
@@ -80,6 +81,7 @@ def test_windows_match_numpy(target, op):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("target", TARGETS)
 def test_mel_weight_matrix_matches_the_reference(target):
     from onnx.reference import ReferenceEvaluator
@@ -156,6 +158,7 @@ def test_roi_larger_than_the_sampling_bound_is_an_error():
         compiled.run(feeds | {"rois": np.array([[0.0, 0.0, 40.0, 40.0]], np.float32)})
 
 
+@pytest.mark.unit
 def test_bad_nodes_are_polyfuse_errors_naming_the_node():
     x = np.zeros((1, 8, 3), np.float32)
     with pytest.raises(pf.ModelError, match="'DFT_0' .*end in 1 .* or 2"):

@@ -109,6 +109,7 @@ def test_profile_min_max_exact_through_exact_ops():
         assert (p.tensors[name].min, p.tensors[name].max) == (values.min(), values.max())
 
 
+@pytest.mark.unit
 def test_histogram_of_one_batch_is_numpys_and_merging_keeps_every_count():
     a, b = RNG.normal(0, 1, 1000), RNG.normal(3, 2, 500)
     r = TensorRange.of(a, bins=64)
@@ -124,6 +125,7 @@ def test_histogram_of_one_batch_is_numpys_and_merging_keeps_every_count():
     np.testing.assert_array_equal(same.counts, 2 * want)
 
 
+@pytest.mark.unit
 def test_profile_file_round_trips_and_refuses_other_versions(profile, tmp_path):
     path = tmp_path / "p.json"
     profile.save(path)
@@ -144,6 +146,7 @@ def test_profile_file_round_trips_and_refuses_other_versions(profile, tmp_path):
 
 # --- calibration ------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_uint8_and_per_channel_int8_parameters_follow_the_formulas():
     q = uint8_quantization(-1.0, 3.0)
     assert q.scale == np.float32(4 / 255) and q.zero_point == np.rint(1 / np.float32(4 / 255))
@@ -159,6 +162,7 @@ def test_uint8_and_per_channel_int8_parameters_follow_the_formulas():
     assert p.scale.shape == () and p.scale == np.float32(np.abs(w).max() / 127)
 
 
+@pytest.mark.unit
 def test_percentile_and_entropy_clip_outliers_that_minmax_keeps():
     values = np.concatenate([RNG.normal(0, 1, 100_000), [60.0, -40.0]])
     r = TensorRange.of(values)
@@ -403,6 +407,7 @@ def test_a_product_with_a_float_result_sums_integers_and_dequantizes_the_sums(op
 
 # --- errors -----------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_profiles_of_other_models_and_bad_arguments_are_refused(cnn, profile, tmp_path):
     other = small_cnn()
     with pytest.raises(pf.ArgumentError, match="another model"):

@@ -17,6 +17,7 @@ from tests.onnx.ort_compare import assert_matches_onnxruntime
 RNG = np.random.default_rng(11)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("tile", sorted(winograd.TRANSFORMS))
 def test_a_tile_of_the_transforms_is_the_correlation(tile):
     bt, g_t, at = winograd.TRANSFORMS[tile]
@@ -37,6 +38,7 @@ def _conv(name="conv", **attrs):
     return Node("Conv", name, ("x", "w"), ("y",), tuple(attrs.items()))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape, attrs, tile", [
     ((1, 64, 56, 56), {"pads": (1, 1, 1, 1)}, 4),      # 196 tiles of 4 x 4
     ((1, 256, 14, 14), {"pads": (1, 1, 1, 1)}, 2),     # 16 tiles of 4, 49 of 2
@@ -54,6 +56,7 @@ def test_which_convolutions_take_which_tile(shape, attrs, tile):
     assert winograd.winograd_tile(_conv(**attrs), w, TensorType(DType.FLOAT32, shape), None) == tile
 
 
+@pytest.mark.unit
 def test_grouped_5x5_float64_or_malformed_convolutions_keep_the_direct_one():
     x = TensorType(DType.FLOAT32, (1, 64, 56, 56))
     w = np.zeros((64, 64, 3, 3), np.float32)
@@ -70,6 +73,7 @@ def test_grouped_5x5_float64_or_malformed_convolutions_keep_the_direct_one():
         assert winograd.winograd_tile(biased, w, x, bias) == 0
 
 
+@pytest.mark.unit
 def test_a_malformed_bias_is_reported_as_for_any_convolution():
     model = _model((1, 32, 28, 28), 32, (1, 1, 1, 1), True, False)
     model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.zeros(31, np.float32), "b"))

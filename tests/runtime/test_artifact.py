@@ -35,6 +35,7 @@ def test_a_saved_kernel_loads_with_its_stages_and_sizes(target, monkeypatch):
         np.testing.assert_array_equal(loaded(x), 2 * x + 1)
 
 
+@pytest.mark.unit
 def test_a_kernel_that_forgot_its_definition_is_refused():
     x = np.ones(4, np.float32)
     built = polyfuse.define(SOURCE, target="reference").scale.specialize(x)

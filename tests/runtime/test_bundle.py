@@ -199,6 +199,7 @@ def test_bundles_refuse_other_targets_and_bad_names(tmp_path):
         write_bundle(pf.compile(mlp(batch="batch"), target="x86"), tmp_path)
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(os.uname().machine == "aarch64" or not shutil.which("qemu-aarch64"),
                     reason="aarch64 programs run under qemu-aarch64 only on other machines")
 @pytest.mark.parametrize("target, cpu", [("aarch64", "neoverse-n1"), ("aarch64+sve", "a64fx"),

@@ -21,6 +21,7 @@ from polyfuse.runtime import cache
 from polyfuse.runtime.cuda import CudaLayout
 from polyfuse.runtime.program import Layout
 from tests.arm_tools import needs_arm_tools
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 AFFINE = "def affine(float(N,K) X, float(K) W) -> (Y) { Y(n) +=! X(n,k) * W(k) + 1.0 }"
@@ -135,6 +136,7 @@ LAYOUT = Layout("k", ("A", "B"), (("C", (3, 88), "float32", True),), False, (),
                 (("B_prepacked", (3, 32), Packing("B", (0,), ((32, 1),), padded=True)),), ("B",))
 
 
+@pytest.mark.unit
 def test_an_entry_with_a_wrong_digest_format_schema_or_record_is_not_loaded(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(tmp_path))
     cache.store("k", b"object code", LAYOUT, {"llvm": "text"})
@@ -160,6 +162,7 @@ def test_an_entry_with_a_wrong_digest_format_schema_or_record_is_not_loaded(tmp_
     assert cache.load("k", Layout) is None
 
 
+@pytest.mark.unit
 def test_a_cache_directory_that_is_a_file_is_skipped(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")

@@ -154,6 +154,7 @@ def test_bad_out_arrays_are_refused_before_anything_runs(target):
     np.testing.assert_array_equal(S, 0)
 
 
+@pytest.mark.unit
 def test_a_parameter_named_out_keeps_its_keyword():
     mod = pf.define("def f(float(N) out) -> (Y) { Y(i) = out(i) * 2.0 }")
     np.testing.assert_array_equal(mod.f(out=np.arange(3, dtype=np.float32)), [0, 2, 4])

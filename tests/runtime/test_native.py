@@ -47,6 +47,7 @@ def run_with_timeout(fn, seconds: float = 20.0) -> None:
 
 # ---- parallel-for -----------------------------------------------------------
 
+@pytest.mark.unit
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 1000])
 def test_parallel_for_covers_every_index_once(n, threads):
@@ -56,6 +57,7 @@ def test_parallel_for_covers_every_index_once(n, threads):
     np.testing.assert_array_equal(counts, np.ones(n, np.int64))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 1000])
 def test_parallel_for_splits_into_contiguous_chunks_claimed_by_the_threads(n, threads):
@@ -79,6 +81,7 @@ def test_parallel_for_splits_into_contiguous_chunks_claimed_by_the_threads(n, th
     assert len({ident for _, _, ident in chunks}) <= max(used, 1)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("cap", "expected"), [(1, 1), (2, 2), (3, 3), (64, 4), (0, 4), (-1, 4)])
 def test_parallel_for_threads_caps_the_threads_of_one_region(cap, expected):
     native.set_num_threads(4)
@@ -95,6 +98,7 @@ def test_parallel_for_threads_caps_the_threads_of_one_region(cap, expected):
     assert sum(e - b for b, e, _ in chunks) == 100
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_nested_parallel_for_runs_inline_without_deadlock(threads):
     native.set_num_threads(threads)
@@ -103,6 +107,7 @@ def test_nested_parallel_for_runs_inline_without_deadlock(threads):
     np.testing.assert_array_equal(counts, 1)
 
 
+@pytest.mark.unit
 def test_regions_from_several_threads_all_complete():
     native.set_num_threads(2)
     kernel = native.test_kernel_address("count")
@@ -124,6 +129,7 @@ def test_regions_from_several_threads_all_complete():
         np.testing.assert_array_equal(counts, 100)
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_child_gets_a_working_pool():
     native.set_num_threads(2)
@@ -148,6 +154,7 @@ def test_forked_child_gets_a_working_pool():
 
 # ---- pool size ------------------------------------------------------------
 
+@pytest.mark.unit
 def test_set_and_get_num_threads():
     for n in (1, 3, 2):
         native.set_num_threads(n)
@@ -182,6 +189,7 @@ def test_num_threads_default_comes_from_the_environment():
 
 # ---- aligned buffers --------------------------------------------------------
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape", [(), 0, 1, (7, 3), (2, 3, 5), [4, 0, 2]])
 @pytest.mark.parametrize("dtype", [np.float32, "float64", np.int8, np.complex128, np.bool_, np.float16])
 @pytest.mark.parametrize("alignment", [16, 64, 4096])
@@ -197,10 +205,12 @@ def test_empty_aligned(shape, dtype, alignment):
     np.testing.assert_array_equal(a, np.ones(expected_shape, dtype))
 
 
+@pytest.mark.unit
 def test_empty_aligned_default_alignment_is_64():
     assert native.is_aligned(native.empty_aligned((3, 3), np.float32), 64)
 
 
+@pytest.mark.unit
 def test_empty_aligned_frees_its_memory_with_the_last_view():
     before = native.aligned_buffers_live()
     arrays = [native.empty_aligned((100, 100), np.float32) for _ in range(10)]
@@ -226,6 +236,7 @@ def _mapping_flags(address: int) -> list[str]:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc")
 def test_large_buffers_start_on_huge_pages_and_ask_for_them():
     before = native.set_huge_pages(True)
@@ -245,6 +256,7 @@ def test_large_buffers_start_on_huge_pages_and_ask_for_them():
         native.set_huge_pages("no")   # type: ignore[arg-type]
 
 
+@pytest.mark.unit
 def test_empty_aligned_rejects_bad_requests():
     with pytest.raises(ValueError, match="power of two"):
         native.empty_aligned(4, np.float32, 48)
@@ -260,6 +272,7 @@ def test_empty_aligned_rejects_bad_requests():
         native.empty_aligned(3.5, np.float32)
 
 
+@pytest.mark.unit
 def test_is_aligned():
     a = native.empty_aligned(64, np.float32, 64)
     assert native.is_aligned(a, 64)
@@ -274,6 +287,7 @@ def test_is_aligned():
 
 # ---- call() -----------------------------------------------------------------
 
+@pytest.mark.unit
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n", [0, 1, 33, 10_000])
 def test_call_add_kernel_matches_numpy(n, threads):
@@ -285,6 +299,7 @@ def test_call_add_kernel_matches_numpy(n, threads):
     np.testing.assert_array_equal(out, a + b)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [np.int64(50), np.int32(50), np.uint8(50), True])
 def test_call_accepts_numpy_and_bool_scalars_as_int64(n):
     counts = np.zeros(60, np.int64)
@@ -292,6 +307,7 @@ def test_call_accepts_numpy_and_bool_scalars_as_int64(n):
     np.testing.assert_array_equal(counts, [1] * int(n) + [0] * (60 - int(n)))
 
 
+@pytest.mark.unit
 def test_call_passes_data_pointers_and_8_byte_scalar_slots():
     arrays = [np.arange(3, dtype=np.float32) + i for i in range(20)]  # more than 16 arguments
     scalars = [7, -(2**63), np.int16(-4), np.bool_(True), 2.25, np.float32(1.5)]
@@ -309,6 +325,7 @@ def test_call_passes_data_pointers_and_8_byte_scalar_slots():
     assert seen[len(arrays):] == [7, -(2**63), -4, 1, 2.25, 1.5]
 
 
+@pytest.mark.unit
 def test_call_argument_errors_name_the_position():
     noop = native.test_kernel_address("noop")
     a = np.zeros(4, np.float32)
@@ -326,6 +343,7 @@ def test_call_argument_errors_name_the_position():
         native.call(noop, [a] * 17 + [None])
 
 
+@pytest.mark.unit
 def test_call_rejects_a_bad_kernel_or_argument_list():
     noop = native.test_kernel_address("noop")
     with pytest.raises(TypeError, match="list or a tuple"):
@@ -340,6 +358,7 @@ def test_call_rejects_a_bad_kernel_or_argument_list():
         native.test_kernel_address("missing")
 
 
+@pytest.mark.unit
 def test_addresses_are_distinct_nonzero_ints():
     addresses = {native.parallel_for_address(), native.parallel_for_threads_address()}
     assert len(addresses) == 2 and 0 not in addresses
@@ -364,6 +383,7 @@ def loop_program(n: int) -> native.Program:
     return p
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("trips, flag", [(5, True), (0, True), (3, False)])
 def test_a_program_runs_a_loop_of_copies_counters_and_jumps(trips, flag):
     n = 7
@@ -382,6 +402,7 @@ def test_a_program_runs_a_loop_of_copies_counters_and_jumps(trips, flag):
     assert (times[0] > 0) == (trips > 0)
 
 
+@pytest.mark.unit
 def test_a_program_refuses_a_jump_past_its_end():
     p = native.Program()
     p.jump(2)

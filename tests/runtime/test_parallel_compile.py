@@ -80,6 +80,7 @@ def test_a_models_kernels_compile_on_three_threads_as_on_one(monkeypatch, tmp_pa
     assert sys.getswitchinterval() == interval   # restored after compiling
 
 
+@pytest.mark.unit
 def test_the_first_failing_kernels_error_is_raised():
     done = []
 
@@ -96,6 +97,7 @@ def test_the_first_failing_kernels_error_is_raised():
     assert 0 in done
 
 
+@pytest.mark.unit
 def test_a_kernel_asked_for_by_four_threads_compiles_once():
     memory, stats, made = cache.Resident(), {"compiled": 0, "disk": 0, "memory": 0}, []
     start = threading.Barrier(4)

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import polyfuse as pf
-from polyfuse.runtime import cache, cpu
+from polyfuse.runtime import cache
 from polyfuse.runtime.model import MAX_PLANS
 
 RNG = np.random.default_rng(0)
@@ -83,6 +83,7 @@ def test_the_least_recently_used_plan_goes_first():
     assert MAX_PLANS == pf.compile(two_part_model(), target="host").max_plans
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "8", True, None])
 def test_max_plans_is_a_positive_int(bad):
     with pytest.raises(pf.OptionError, match="max_plans"):

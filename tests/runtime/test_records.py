@@ -2,7 +2,6 @@
 models (for the host and for cuda) is saved to the disk cache and loaded back equal."""
 
 import numpy as np
-import pytest
 
 import polyfuse as pf
 from polyfuse.runtime import cache, cpu, cuda

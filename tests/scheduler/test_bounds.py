@@ -92,6 +92,7 @@ def test_access_outside_a_tensor_is_refused_before_running(case, target, request
     assert isinstance(err.value, pf.BoundsError) and isinstance(err.value, pf.RangeInferenceError)
 
 
+@pytest.mark.unit
 def test_the_refusal_names_the_index_range_and_an_instance():
     kernel = pf.define("def f(float(N, NM, M) I) -> (O) { O(i, j) = I(i, i + j, j) }",
                        target="host").f

@@ -32,6 +32,7 @@ def nest(src, entry, sizes):
     return d, LoopNest.of(d, sizes)
 
 
+@pytest.mark.unit
 def test_members_are_named_by_index_with_extents_and_reductions():
     _, mm = nest(MM, "mm", MM_SIZES)
     assert (mm.members, mm.extents, mm.reductions) == (("m", "n", "k"), (512, 384, 256), 1)
@@ -44,6 +45,7 @@ def test_members_are_named_by_index_with_extents_and_reductions():
     assert (rowsum.members, rowsum.extents, rowsum.reductions) == (("n", "d"), (64, 1000), 1)
 
 
+@pytest.mark.unit
 def test_a_range_of_one_value_in_the_text_has_no_member():
     src = "def f(float(N,W) I) -> (O) { O(n, j, w) +=! I(n, w + j + k) where j in 0:1, k in 0:3 }"
     _, one = nest(src, "f", {"N": 8, "W": 70})
@@ -52,6 +54,7 @@ def test_a_range_of_one_value_in_the_text_has_no_member():
     assert two.members == ("n", "j", "w", "k") and two.extents == (8, 2, 67, 3)
 
 
+@pytest.mark.unit
 def test_the_heaviest_statement_is_the_nest():
     src = """def two(float(N,D) X) -> (S, Y) {
         S(n) +=! X(n,d)
@@ -61,6 +64,7 @@ def test_the_heaviest_statement_is_the_nest():
     assert two.members == ("n", "d", "e") and two.reductions == 0 and two.reduces and two.statements == 2
 
 
+@pytest.mark.unit
 def test_the_heuristics_write_their_choices_on_the_named_members():
     d, mm = nest(MM, "mm", MM_SIZES)
     named = mm.to_named(default_options(d, MM_SIZES, 512))
@@ -400,6 +404,7 @@ def test_a_gate_broadcast_over_a_map_is_scheduled_apart_from_it():
     np.testing.assert_allclose(y, x / (1 + np.exp(-(w @ z))), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_the_space_is_built_on_the_same_nest():
     task = Task(CONV, "conv", ((1, 64, 30, 30), (64, 64, 3, 3)), ("float32", "float32"))
     space = SearchSpace.for_task(task)
@@ -409,6 +414,7 @@ def test_the_space_is_built_on_the_same_nest():
     assert space.heuristic == default_options(task.definition, task.sizes, 512)
 
 
+@pytest.mark.unit
 def test_the_schedule_tiles_the_member_the_name_says():
     d, mm = nest(MM, "mm", MM_SIZES)
     only_k = mm.from_named(NamedOptions(tile_sizes=(("k", 4),)), MappingOptions())
@@ -422,6 +428,7 @@ def test_the_schedule_tiles_the_member_the_name_says():
     assert 'child: { schedule: "[s_M, s_K, s_N] -> [{ S0[t0, t1, t2] -> [((t2) mod 1073741824)] }' in text
 
 
+@pytest.mark.unit
 def test_named_options_round_trip():
     _, mm = nest(MM, "mm", MM_SIZES)
     o = MappingOptions(fusion=Fusion.MIN, tile_sizes=(32, 64, 16), register_tile=(4, 16, 0),
@@ -435,6 +442,7 @@ def test_named_options_round_trip():
     assert mm.from_named(mm.to_named(MappingOptions()), MappingOptions()) == MappingOptions()
 
 
+@pytest.mark.unit
 def test_named_options_map_onto_another_nest_by_name():
     src = "def f(float(N,W) I) -> (O) { O(n, j, w) +=! I(n, w + j + k) where j in 0:2, k in 0:3 }"
     _, two = nest(src, "f", {"N": 8, "W": 70})
@@ -447,6 +455,7 @@ def test_named_options_map_onto_another_nest_by_name():
     assert mm.from_named(two.to_named(tuned), MappingOptions()).point_order == ()   # m has no place
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [[1], {"tile_sizes": {"m": -1}}, {"tile_sizes": {"m": True}},
                                  {"point_order": ["m", "m"]}, {"point_order": "mn"}, {"unroll": 2}])
 def test_bad_named_options_are_refused(bad):

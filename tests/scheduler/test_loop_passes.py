@@ -75,17 +75,20 @@ def check(kernel: LoopKernel, expected: str) -> None:
     assert parse_kernel(expected) == kernel
 
 
+@pytest.mark.unit
 def test_unroll_and_jam_jams_copies_of_the_loop_around_the_innermost():
     out = unroll_and_jam(parse_kernel(MM), 3)
     check(out, MM_JAMMED_3)
     np.testing.assert_allclose(interpret_kernel(out, {"A": A, "B": B})["C"], A @ B, rtol=1e-5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("factor", [1, 4])   # 1: no jam; 4 does not divide 6 trips
 def test_unroll_and_jam_leaves_loops_it_cannot_jam(factor):
     check(unroll_and_jam(parse_kernel(MM), factor), MM)
 
 
+@pytest.mark.unit
 def test_promote_accumulators_keeps_the_sum_in_a_local():
     out = promote_accumulators(parse_kernel(ROWSUM))
     check(out, ROWSUM_PROMOTED)
@@ -125,6 +128,7 @@ SUMS_PROMOTED = """kernel sums(in float32(4, 3) A, out float32(4) O, out float32
 }"""
 
 
+@pytest.mark.unit
 def test_promote_accumulators_numbers_accumulators_in_order_and_skips_what_it_cannot_keep():
     out = promote_accumulators(parse_kernel(SUMS))
     check(out, SUMS_PROMOTED)   # P's store moves with c1: not an accumulation
@@ -135,6 +139,7 @@ def test_promote_accumulators_numbers_accumulators_in_order_and_skips_what_it_ca
     assert promote_accumulators(parallel) == parallel
 
 
+@pytest.mark.unit
 def test_the_pipeline_keeps_the_loops_after_each_named_pass():
     d = parse_definition("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
     stages: dict[str, str] = {}
@@ -161,6 +166,7 @@ def test_a_specialized_kernel_shows_the_loops_after_each_pass():
         assert str(parse_kernel(text)) == text
 
 
+@pytest.mark.unit
 def test_gpu_kernels_keep_the_loops_and_the_gpu_kernel_after_each_pass():
     d = parse_definition("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
     sizes = {"M": 64, "K": 64, "N": 64}
@@ -182,6 +188,7 @@ def test_gpu_kernels_keep_the_loops_and_the_gpu_kernel_after_each_pass():
     assert "copy B_s1 <- B(c2, c1)\n        barrier\n        thread.y" in after
 
 
+@pytest.mark.unit
 def test_rewrite_splices_drops_and_maps_after_the_children():
     k = parse_kernel(ROWSUM)
     store = k.body[0].body[0].body[0]
@@ -195,6 +202,7 @@ def test_rewrite_splices_drops_and_maps_after_the_children():
         k.body, post=lambda s: replace(s, unroll=2) if isinstance(s, For) else None)
 
 
+@pytest.mark.unit
 def test_the_loop_pass_manager_verifies_and_names_the_pass_that_broke_a_kernel():
     def drop_outer_loop(k: LoopKernel) -> LoopKernel:
         return replace(k, body=k.body[0].body)
@@ -208,6 +216,7 @@ def test_the_loop_pass_manager_verifies_and_names_the_pass_that_broke_a_kernel()
     assert [name for name, _ in keep.times] == ["jam"]
 
 
+@pytest.mark.unit
 def test_the_passes_walk_the_deepest_nest_a_kernel_may_have_from_a_deep_caller():
     i64, f32 = DType.INT64, DType.FLOAT32
     base = parse_kernel(ROWSUM)
@@ -285,6 +294,7 @@ TILED_BLOCK = BLOCK.replace("    for c1 in 0:4 step 2 {\n", "    for c9 in 0:6 s
     .replace(", c3)", ", c9 + c3)").replace("B(c3,", "B(c9 + c3,")
 
 
+@pytest.mark.unit
 def test_register_blocks_keep_their_accumulators_in_a_local_array_across_the_reduction():
     """A sum's block starts its accumulators at zero and adds them to C after the
     reduction (C's loads then wait on nothing); C's initial values still count."""
@@ -297,6 +307,7 @@ def test_register_blocks_keep_their_accumulators_in_a_local_array_across_the_red
     np.testing.assert_allclose(got, c + a @ b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_a_block_that_is_not_a_sum_loads_its_accumulators():
     """``max`` has no zero to start from: the block loads C and stores acc back."""
     a, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((6, 10)).astype(np.float32)
@@ -310,6 +321,7 @@ def test_a_block_that_is_not_a_sum_loads_its_accumulators():
     np.testing.assert_allclose(got, (a[:, :, None] * b[None]).max(1), rtol=1e-6)
 
 
+@pytest.mark.unit
 def test_an_epilogue_after_summed_blocks_of_a_tiled_reduction_reads_the_whole_sum():
     """The blocks of a reduction tile add their sums to C; on the last tile the epilogue
     applies to C as stored (C plus acc), not to acc alone nor twice."""
@@ -330,6 +342,7 @@ def test_an_epilogue_after_summed_blocks_of_a_tiled_reduction_reads_the_whole_su
     np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change", [
     ("C(c1 + 1, c0 + c2) = C(c1 + 1, c0 + c2) +", "C(c1 + 1, c0 + c2) = C(c1, c0 + c2) +"),  # reads row 0
     ("C(c1 + 1, c0 + c2) = C(c1 + 1, c0 + c2) +", "C(c1, c0 + c2) = C(c1, c0 + c2) +"),      # one element twice
@@ -358,6 +371,7 @@ EPILOGUE = BLOCK_PROMOTED.replace("out float32(4, 10) C,", "in float32(10) D, ou
 }""")
 
 
+@pytest.mark.unit
 def test_an_epilogue_nest_runs_in_the_register_blocks_stores():
     """The bias and ReLU apply to the accumulators where the block stores them, and the
     epilogue nest goes; the product is still stored (a TC caller may read it)."""
@@ -372,6 +386,7 @@ def test_an_epilogue_nest_runs_in_the_register_blocks_stores():
     np.testing.assert_allclose(got["C"], a @ b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_an_epilogue_after_a_tiled_reduction_runs_on_its_last_tile():
     """With the reduction tiled (c9 outside the block), the block stores partial sums on
     every tile and applies the epilogue on the last one only."""
@@ -391,6 +406,7 @@ def test_an_epilogue_after_a_tiled_reduction_runs_on_its_last_tile():
     np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change", [
     ("Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)", "Y(c4, c5) = max(C(c4, c5) + D(9 - c5), 0.0)"),  # D reversed
     ("Y(c4, c5) = max(C(c4, c5) + D(c5), 0.0)", "Y(c4, c5) = C(c4, 9 - c5)"),                  # T reversed
@@ -402,6 +418,7 @@ def test_epilogues_that_do_not_read_the_block_element_for_element_stay_apart(cha
     assert fuse_epilogues(kernel, frozenset({"C"})) == kernel
 
 
+@pytest.mark.unit
 def test_an_epilogue_stays_apart_from_blocks_that_store_only_part_of_the_product():
     """C's first rows come from a nest of their own and the blocks store the last two:
     applied in the blocks, the epilogue would write only Y's last rows. Nor does it fuse
@@ -414,6 +431,7 @@ def test_an_epilogue_stays_apart_from_blocks_that_store_only_part_of_the_product
     assert fuse_epilogues(parse_kernel(EPILOGUE)) == parse_kernel(EPILOGUE)
 
 
+@pytest.mark.unit
 def test_a_discarded_product_is_not_stored_once_its_epilogue_runs_in_the_blocks():
     """A plan's step discards the product C (a private temporary): after epilogue fusion
     nothing reads C, so its stores go; Y is unchanged. With the reduction tiled, the
@@ -470,6 +488,7 @@ def test_a_tc_product_and_its_epilogue_both_come_back(k):
     np.testing.assert_allclose(y, np.maximum(a @ b + d, 0), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.unit
 def test_a_block_summing_the_whole_reduction_into_a_zeroed_output_starts_at_zero():
     """C starts as zeros (a +=!'s output) and one block sums all of k: its accumulators
     start at 0 instead of loading C, and C is reported initialized (the runtime need not
@@ -485,6 +504,7 @@ def test_a_block_summing_the_whole_reduction_into_a_zeroed_output_starts_at_zero
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_blocks_of_a_reduction_split_over_two_nests_add_to_the_zeroed_output():
     """The reduction's first 2 steps in one nest and the other 4 in another (full and
     partial tiles): neither block holds the whole sum, so each adds its accumulators to
@@ -504,6 +524,7 @@ def _two_nests(kernel: str, loop: str, first: str, second: str) -> str:
     return one[:-2] + other[other.index("{\n") + 2:]
 
 
+@pytest.mark.unit
 def test_blocks_of_rows_split_over_two_nests_still_start_at_zero():
     """Rows 0:2 in one nest and 2:4 in another (full tiles and the partial one after
     them): each block sums the whole reduction of rows the other never stores, so both
@@ -525,6 +546,7 @@ def test_blocks_of_rows_split_over_two_nests_still_start_at_zero():
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_an_epilogue_split_into_full_and_partial_tiles_fuses_when_it_writes_its_output_whole():
     """The epilogue nest in two pieces (rows 0:3 and 3:4, as separate_full_tiles splits
     a partial tile): fused when its output is written whole by one statement (``whole``,
@@ -551,6 +573,7 @@ def test_an_epilogue_split_into_full_and_partial_tiles_fuses_when_it_writes_its_
     np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_an_epilogue_in_sibling_nests_of_full_and_partial_tiles_fuses():
     """The epilogue as two nests side by side at the kernel's top (rows 0:3, then the
     partial tile 3:4, as separate_full_tiles leaves a row tile that does not divide):

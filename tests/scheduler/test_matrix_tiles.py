@@ -58,11 +58,13 @@ def test_tile_blocks_compute_what_the_nest_does_and_print_and_parse_back(m, k, n
     np.testing.assert_array_equal(interpret_kernel(tiled, args)["Y"], interpret_kernel(kernel, args)["Y"])
 
 
+@pytest.mark.unit
 def test_merged_rows_and_the_first_elements():
     tiled = use_matrix_tiles(matmul(64, 32, 64, rows_step=4), BF)
     assert "tile bfdot2(32, 32, 32) Y(rb, cb) += P(rb, 0) * W(0, cb) steps(64, 32, 64)" in str(tiled)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kernel", [
     matmul(40, 32, 8),                                              # too few columns for a tile
     matmul(40, 8, 40),                                              # too shallow
@@ -73,6 +75,7 @@ def test_products_tiles_cannot_hold_stay_loops(kernel):
     assert use_matrix_tiles(matmul(64, 32, 64), frozenset()) == matmul(64, 32, 64)
 
 
+@pytest.mark.unit
 def test_a_float_product_stays_loops():
     text = str(matmul(64, 32, 64)).replace("bfdot2(P(c0, c1), W(c1, c2))", "float32(P(c0, c1)) * float32(W(c1, c2))")
     kernel = parse_kernel(text)
@@ -131,6 +134,7 @@ def test_amx_tiles_sum_unsigned_bytes_times_signed_ones(m, k, n):
     assert "tile dot4" in stages["loops"] and "tdpbusd" in stages["asm"]
 
 
+@pytest.mark.unit
 def test_rows_of_sums_that_overlap_stay_loops():
     """``Y(c0 + c2)``: outputs of different rows and columns are one element, which the
     tiles would sum apart and store over each other."""

@@ -13,6 +13,7 @@ from polyfuse.scheduler.options import Fusion, MappingOptions
 SQ = "def sq(float(N) X) -> (Y) { Y(i) = X(i) * X(i) }"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad, words", [
     ({"tile_sizes": (32, -1)}, ["tile_sizes[1]", "-1", "from 0 to"]),
     ({"register_tile": (-4,)}, ["register_tile[0]", "-4"]),
@@ -43,6 +44,7 @@ def test_bad_values_are_refused_naming_field_and_value(bad, words):
         assert w in str(err.value)
 
 
+@pytest.mark.unit
 def test_obvious_spellings_are_converted():
     o = MappingOptions(fusion="MIN", intra_tile_fusion="preserve_coincident", tile_sizes=[32, 8],
                        register_tile=np.array([4, 2]).tolist(), unroll=np.int64(4),
@@ -53,6 +55,7 @@ def test_obvious_spellings_are_converted():
     hash(o)   # hashable: the tuner keys dicts by options
 
 
+@pytest.mark.unit
 def test_from_json_round_trips_and_refuses_bad_json():
     o = MappingOptions(fusion=Fusion.MIN, tile_sizes=(16, 4), unroll=2)
     assert MappingOptions.from_json(json.loads(json.dumps(o.to_json()))) == o
@@ -66,6 +69,7 @@ def test_from_json_round_trips_and_refuses_bad_json():
         MappingOptions.from_json({"unroll": 2.5})
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [{"tile_sizes": (32,)}, "max", 4])
 def test_entries_refuse_options_of_the_wrong_type(bad):
     with pytest.raises(pf.OptionError, match="options= takes a polyfuse.scheduler.options.MappingOptions"):
@@ -74,6 +78,7 @@ def test_entries_refuse_options_of_the_wrong_type(bad):
         pf.compile(b"not read: the options are checked first", options=bad)
 
 
+@pytest.mark.unit
 def test_dict_options_get_a_hint():
     with pytest.raises(pf.OptionError, match=r"MappingOptions\(\*\*options\)"):
         pf.define(SQ, options={"unroll": 2})
@@ -85,6 +90,7 @@ def test_good_options_still_compile_and_run():
     np.testing.assert_array_equal(mod.sq(x), x * x)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [0, -1, 5000, "4", 2.0, True, 2**70])
 def test_thread_pool_size_is_checked(bad):
     before = native.get_num_threads()

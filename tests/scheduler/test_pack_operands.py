@@ -62,6 +62,7 @@ A = RNG.standard_normal((8, 16)).astype(np.float32)
 B = RNG.standard_normal((16, 24)).astype(np.float32)
 
 
+@pytest.mark.unit
 def test_a_vector_operand_reused_by_row_blocks_is_packed_into_contiguous_panels():
     out = pack_operands(parse_kernel(MICRO), min_reuse=PACK_MIN_REUSE)
     assert str(out) == PACKED
@@ -88,6 +89,7 @@ PREPACKED = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, in panel flo
 }"""
 
 
+@pytest.mark.unit
 def test_a_constant_operand_is_packed_before_the_kernel_runs():
     out = pack_operands(parse_kernel(MICRO), frozenset({"B"}), min_reuse=PACK_MIN_REUSE)
     assert str(out) == PREPACKED
@@ -98,6 +100,7 @@ def test_a_constant_operand_is_packed_before_the_kernel_runs():
     np.testing.assert_allclose(got["C"], A @ B, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_a_prepacked_operand_holds_every_box_its_enclosing_tile_loops_visit():
     # column tiles of 24 on the threads around the nest: one box per tile, tile numbers first
     text = MICRO.replace("(16, 24) B", "(16, 48) B").replace("(8, 24) C", "(8, 48) C") \
@@ -131,6 +134,7 @@ PACKED_T = """kernel mm(in float32(8, 16) A, in float32(24, 16) Bt, out float32(
   }"""
 
 
+@pytest.mark.unit
 def test_a_transposed_vector_operand_is_copied_into_the_same_panels():
     out = pack_operands(parse_kernel(MICRO_T), min_reuse=PACK_MIN_REUSE)
     assert str(out).startswith(PACKED_T)
@@ -208,6 +212,7 @@ BROADCAST_T = """kernel mm(in float32(16, 32) At, in float32(16, 32) B, out floa
 }"""
 
 
+@pytest.mark.unit
 def test_jammed_rows_of_a_transposed_operand_are_copied_into_panels_of_their_rows():
     rng = np.random.default_rng(11)
     at = rng.standard_normal((16, 32)).astype(np.float32)
@@ -228,6 +233,7 @@ def test_jammed_rows_of_a_transposed_operand_are_copied_into_panels_of_their_row
     assert "At_packed" not in str(pack_operands(parse_kernel(narrow), min_reuse=PACK_MIN_REUSE))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change", [
     ("for c0 in 0:8 step 2", "for c0 in 0:2 step 2"),           # no reuse: one row block
     ("        for c3 in 0:8 vectorize(4) {", "        if c0 < 6 {\n        for c3 in 0:8 vectorize(4) {"),
@@ -245,6 +251,7 @@ def test_what_the_pass_cannot_copy_exactly_or_would_not_reuse_stays(change):
     assert "B_prepacked" not in str(pack_operands(kernel, frozenset({"B"}), min_reuse=PACK_MIN_REUSE))
 
 
+@pytest.mark.unit
 def test_a_box_past_the_budget_is_not_packed():
     rows = PACK_BYTES // (4 * 24) + 1   # the 24-wide box of B, taller than the budget
     text = MICRO.replace("(16, 24) B", f"({rows}, 24) B").replace("(8, 16) A", f"(8, {rows}) A") \
@@ -304,7 +311,6 @@ def test_a_kernel_given_constants_packs_them_per_call_when_run_alone():
 
 
 def test_models_read_their_weights_packed_once():
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     w = RNG.standard_normal((300, 520)).astype(np.float32)
     k = RNG.standard_normal((96, 3, 3, 40)).astype(np.float32) * 0.1
@@ -413,6 +419,7 @@ EDGE_COPY = """  for B_packed_0 in 0:2 {
   }"""
 
 
+@pytest.mark.unit
 def test_a_partial_register_block_reads_a_zero_padded_last_panel_in_whole_vectors():
     rng = np.random.default_rng(21)
     a = rng.standard_normal((8, 16)).astype(np.float32)
@@ -441,6 +448,7 @@ def test_a_partial_register_block_reads_a_zero_padded_last_panel_in_whole_vector
         np.testing.assert_allclose(interpret_kernel(pre, inputs)["C"], a @ b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_an_accumulator_a_loop_cannot_widen_stays_as_wide_as_its_block():
     # the partial block's sum also reads C along its columns: C has no padded lanes, so
     # neither that loop nor the accumulator's other loops widen
@@ -451,6 +459,7 @@ def test_an_accumulator_a_loop_cannot_widen_stays_as_wide_as_its_block():
     assert "for c3 in 0:8 vectorize(4)" not in out[out.index("for c1 in 16:22"):]
 
 
+@pytest.mark.unit
 def test_a_padded_packing_holds_zeros_past_its_source():
     from polyfuse.errors import IRVerificationError
     from polyfuse.ir.loops import Packing

@@ -19,6 +19,8 @@ from polyfuse.scheduler.schedule import (compute_schedule, member_carries_depend
                                          parallel_marks_are_legal)
 from tests.tc_programs import PROGRAMS
 
+pytestmark = pytest.mark.unit
+
 OPTIONS = {
     "default": MappingOptions(),
     "tiled-odd": MappingOptions(tile_sizes=(3, 5, 2), unroll=8),

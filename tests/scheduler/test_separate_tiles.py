@@ -63,6 +63,7 @@ SEPARATED = """kernel scale(in float32(10, 7) A, out float32(10, 7) B) {
 }"""
 
 
+@pytest.mark.unit
 def test_full_tiles_get_constant_bounds_and_the_last_tile_its_own():
     before = parse_kernel(TILED)
     after = separate_full_tiles(before)
@@ -73,6 +74,7 @@ def test_full_tiles_get_constant_bounds_and_the_last_tile_its_own():
     np.testing.assert_array_equal(interpret_kernel(before, {"A": a})["B"], a * 2)
 
 
+@pytest.mark.unit
 def test_divided_extents_and_untiled_loops_are_left_alone():
     text = TILED.replace("10", "8").replace("0 - c0 + 9", "0 - c0 + 7").replace("7)", "8)") \
         .replace("0:7 step", "0:8 step").replace("0 - c1 + 6", "0 - c1 + 7")
@@ -106,6 +108,7 @@ def test_matmuls_whose_tiles_do_not_divide_the_sizes(n):
     np.testing.assert_allclose(k(a, b), a @ b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.unit
 def test_matmul_1040_full_tiles_are_constant():
     from polyfuse.frontends.tc import parse_definition
     from polyfuse.scheduler.heuristics import default_options
@@ -120,6 +123,7 @@ def test_matmul_1040_full_tiles_are_constant():
     assert "loops:separate_full_tiles" in stages
 
 
+@pytest.mark.unit
 def test_parallel_loops_keep_every_iteration_on_the_threads():
     """Two parallel loops would run one after the other, the shorter with idle threads:
     a parallel loop stays one loop whose body picks the full-tile version or the other."""

@@ -14,6 +14,8 @@ from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
 from polyfuse.scheduler.schedule import compute_schedule
 
+pytestmark = pytest.mark.unit
+
 I32 = DType.INT32
 VALUES = range(-13, 14)
 

@@ -74,6 +74,7 @@ def test_without_the_tools_compiling_works_and_running_says_what_to_install(monk
         mod.scale(X)
 
 
+@pytest.mark.unit
 def test_target_specs_parse_and_print_back():
     for spec, cpu, features in [("aarch64", "neoverse-n1", ("neon",)),
                                 ("aarch64+sve", "a64fx", ("neon", "sve")),
@@ -101,6 +102,7 @@ def test_a_model_compiles_for_aarch64_without_the_tools_and_running_says_so(monk
         compiled.run({"x": np.ones((2, 16), np.float32)})
 
 
+@pytest.mark.unit
 def test_tuning_refuses_code_that_runs_here_only_under_an_emulator(tmp_path):
     if os.uname().machine == "aarch64":
         pytest.skip("aarch64 code runs natively here")

@@ -23,6 +23,7 @@ def program(src: str, dst: str) -> str:
     return f"def f({src}(N) A) -> (B) {{ B(i) = {dst}(A(i)) }}"
 
 
+@pytest.mark.unit
 def test_the_definition_on_values_in_range_is_numpys_cast():
     v = np.array([2.7, -2.7, 100.5, -100.5, 0.0], np.float64)
     for t in ("int8", "int32", "int64"):
@@ -69,6 +70,7 @@ def test_clamped_values_convert_as_unclamped_ones_do(clamp, lo, hi, src, dst):
     np.testing.assert_array_equal(got, float_to_int(clamped, DType.from_name(dst)))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("dst", ["int32", "uint8", "uint64"])
 def test_the_loop_ir_interpreter_converts_the_same(dst):
     values = np.array(SPECIAL, np.float32)

@@ -46,6 +46,7 @@ SPECIALS = np.float32([
 ])
 
 
+@pytest.mark.unit
 def test_supported_names():
     assert {"exp", "log", "tanh", "erf", "sigmoid"} <= SUPPORTED
     assert set(REFERENCES) == SUPPORTED
@@ -267,6 +268,7 @@ def test_functions_are_emitted_once_per_name_and_width():
     llvm.parse_assembly(text).verify()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("name", "width"), [("cosh", 8), ("exp", 0), ("exp", 2.0)])
 def test_bad_requests_raise(name, width):
     with pytest.raises(TargetError):

@@ -29,6 +29,7 @@ CONV = """kernel conv(in float32(9, 16) P, in float32(16, 32) W, in float32(2, 8
 }"""
 
 
+@pytest.mark.unit
 def test_each_row_block_prefetches_its_slice_of_the_next_panel():
     kernel = parse_kernel(CONV)
     depth: For = kernel.body[0]       # type: ignore[assignment]
@@ -45,6 +46,7 @@ def test_each_row_block_prefetches_its_slice_of_the_next_panel():
     assert panel_prefetches(rows, (), kernel) == []
 
 
+@pytest.mark.unit
 def test_a_slice_too_large_for_one_burst_streams_through_the_reduction_loop(monkeypatch):
     kernel = parse_kernel(CONV)
     depth: For = kernel.body[0]       # type: ignore[assignment]

@@ -14,6 +14,7 @@ import polyfuse as pf
 SQ = "def sq(float(N) X) -> (Y) { Y(i) = X(i) * X(i) }"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec, unknown", [("x86:foo", "'foo'"), ("x86+bogus", "'+bogus'"),
                                            ("aarch64:nope+sve", "'nope'"), ("x86:skylake+avx9", "'+avx9'")])
 def test_unknown_cpu_or_feature_is_refused_at_define(spec, unknown):

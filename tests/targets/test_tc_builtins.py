@@ -195,6 +195,7 @@ def check(target, outputs):
     assert not failures, f"{target}:\n" + "\n".join(failures)
 
 
+@pytest.mark.unit
 def test_reference_interpreter_matches_the_oracles():
     check("reference", pf.define(SOURCE).builtins(ROWS))
 
@@ -221,6 +222,7 @@ def test_cuda_c_matches_the_oracles_on_the_emulator(emulated):
     check("cuda", outputs)
 
 
+@pytest.mark.unit
 def test_loop_ir_interpreter_matches_the_oracles_element_by_element():
     """The loop-IR interpreter calls the same table one scalar at a time (0-d arrays)."""
     d = parse_definition(SOURCE)
@@ -253,6 +255,7 @@ def test_loops_over_the_float32_algorithms_vectorize(capfd):
     assert capfd.readouterr().err == ""
 
 
+@pytest.mark.unit
 def test_wrong_arity_is_a_tc_error_naming_the_builtin():
     with pytest.raises(pf.PolyfuseError, match="'norm4d' takes 4 arguments, got 3"):
         pf.define("def f(float(N) X) -> (Y) { Y(n) = norm4d(X(n), X(n), X(n)) }")
@@ -324,6 +327,7 @@ def _every_byte_pair():
     return a.view(np.int32)[..., 0], b.view(np.int32)[..., 0], want.astype(np.int32)
 
 
+@pytest.mark.unit
 def test_sdot_offset_sums_unsigned_bytes_as_signed_ones_plus_128():
     """acc + dot4(a, b) = sdot(acc, a ^ 0x80808080, b) + 128 sdot(0, 0x01010101, b), in
     int32 arithmetic, for every pair of bytes and words of extreme bytes."""
@@ -415,6 +419,7 @@ def test_bfdot2_is_vdpbf16ps_where_the_host_has_it_and_float_arithmetic_elsewher
     assert str(parse_kernel(loops)) == loops
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fn", ["dot4", "bfdot2"])
 def test_a_word_builtin_refuses_float_arguments_at_their_line_and_column(fn):
     """A float converted to an int32 word would be read as packed bytes or bfloat16

@@ -52,6 +52,7 @@ def _check(target: str) -> None:
         np.testing.assert_array_equal(g, w, err_msg=f"{name} on {target}")
 
 
+@pytest.mark.unit
 def test_c_semantics_spelled_out():
     q, r, fq, fr, *_ = oracle()
     assert (q[0], r[0], fq[0], fr[0]) == (-3, -1, -4, 1)       # -7 / 2, -7 % 2

@@ -89,12 +89,14 @@ def test_unsigned_in_cuda_c_on_the_emulator(emulated):  # noqa: F811
     assert emulated.launches
 
 
+@pytest.mark.unit
 def test_unsigned_literals_wrap_like_c_conversions():
     d = pf.define("def f(uint64(N) A) -> (B) { B(i) = A(i) + uint64(-1) }")
     A = np.array([1, 2, 2**63], np.uint64)
     np.testing.assert_array_equal(d.f(A), A - np.uint64(1))
 
 
+@pytest.mark.unit
 def test_unsigned_types_print_and_parse_back():
     from polyfuse.frontends.tc import parse
     m = parse(U64 + NARROW)
@@ -102,6 +104,7 @@ def test_unsigned_types_print_and_parse_back():
     assert "uint64(N) A" in str(m) and "uint16(N) B" in str(m)
 
 
+@pytest.mark.unit
 def test_uint64_kernel_arguments_are_checked():
     mod = pf.define(U64, target="host")
     with pytest.raises(pf.DTypeError, match="uint64"):

@@ -144,6 +144,7 @@ def test_unsupported_ops_fall_back_to_eager(compiled_parts, caplog):
     assert len(messages) == 1 and "eager" in messages[0]   # logged once, not per call
 
 
+@pytest.mark.unit
 def test_options_are_checked():
     torch._dynamo.reset()
     compiled = torch.compile(torch.nn.Linear(2, 2), backend="polyfuse", options={"targte": "host"})
@@ -153,6 +154,7 @@ def test_options_are_checked():
         or "targte" in str(info.value)
 
 
+@pytest.mark.unit
 def test_backend_callable_with_target_option(compiled_parts):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU()).eval()

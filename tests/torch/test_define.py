@@ -75,6 +75,7 @@ def _eager(name, *a):
 NAMES = sorted(_inputs(torch.float64))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_equals_eager(name, dtype):
@@ -88,6 +89,7 @@ def test_forward_equals_eager(name, dtype):
         torch.testing.assert_close(g, w.detach(), rtol=tol, atol=tol)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_gradcheck(name):
     args = _inputs(torch.float64)[name]
@@ -96,6 +98,7 @@ def test_gradcheck(name):
     assert torch.autograd.gradcheck(getattr(OPS, name), args, fast_mode=fast)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["matmul", "layernorm", "softmax"])
 def test_float32_backward_equals_eager(name):
     args = _inputs(torch.float32)[name]
@@ -111,6 +114,7 @@ def test_float32_backward_equals_eager(name):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.unit
 def test_integer_inputs_and_scalars_get_no_gradient():
     E, idx, scale = _inputs(torch.float64)["embedding"]
     out = OPS.embedding(E, idx, scale)
@@ -137,6 +141,7 @@ def _backward_graph(fn, *args):
     return [str(n.target) for n in graphs["backward"].graph.nodes if n.op == "call_function"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["matmul", "conv2d_s2"])
 def test_derived_backward_is_one_kernel_per_gradient(name):
     ops = _backward_graph(getattr(OPS, name), *_inputs(torch.float32)[name])
@@ -156,6 +161,7 @@ def test_torch_compile_forward_and_backward():
     torch.testing.assert_close(B.grad, B2.grad)
 
 
+@pytest.mark.unit
 def test_opcheck():
     result = torch.library.opcheck(OPS.matmul, (torch.randn(3, 4), torch.randn(4, 2)))
     assert set(result.values()) == {"SUCCESS"}
@@ -173,6 +179,7 @@ def test_host_target():
     torch.testing.assert_close(W.grad, W2.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.unit
 def test_strided_and_numpy_backed_inputs():
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     A = torch.from_numpy(a)                      # the same memory as a
@@ -180,6 +187,7 @@ def test_strided_and_numpy_backed_inputs():
     torch.testing.assert_close(OPS.matmul(A, B), torch.from_numpy(a @ B.numpy()))
 
 
+@pytest.mark.unit
 def test_names_and_errors():
     assert define(SOURCE, name="matmul") is OPS.matmul      # one op per definition and source
     assert grad is pf.grad

@@ -88,6 +88,7 @@ class Unsupported(torch.nn.Module):
         return torch.cumprod(y, dim=1)
 
 
+@pytest.mark.unit
 def test_unsupported_op_is_named_with_its_source_line():
     program = torch.export.export(Unsupported(), (torch.randn(2, 3),))
     with pytest.raises(pf.UnsupportedOpError) as info:
@@ -97,6 +98,7 @@ def test_unsupported_op_is_named_with_its_source_line():
     assert "test_export.py:" in message and "torch.cumprod(y, dim=1)" in message
 
 
+@pytest.mark.unit
 def test_missing_pt2_file_is_a_model_error(tmp_path):
     with pytest.raises(pf.ModelError, match="no exported program"):
         pf.compile(str(tmp_path / "absent.pt2"))

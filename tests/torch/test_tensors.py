@@ -32,6 +32,7 @@ def test_bfloat16_tensors_cross_both_ways():
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.unit
 def test_results_share_memory_unless_read_only():
     import numpy as np
     a = np.arange(4, dtype=np.float32)
@@ -41,6 +42,7 @@ def test_results_share_memory_unless_read_only():
     assert t.data_ptr() != a.ctypes.data and torch.equal(t, torch.arange(4.0))
 
 
+@pytest.mark.unit
 def test_a_tensor_on_another_device_is_refused_by_name():
     with pytest.raises(ArgumentError, match=r"input 'x' is on meta; .*'x86' target takes CPU"):
         operand(torch.empty(3, device="meta"), Target.parse("host"), "input 'x'")
