@@ -177,7 +177,7 @@ def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
 
 def _planning(graph: Graph, passes: bool) -> tuple[Graph, Any]:
     """A subgraph (through the graph passes when ``passes``) or the rest of a graph after
-    data-dependent control flow, and its planner (see :mod:`polyfuse.runtime.control`)."""
+    data-dependent control flow, and its planner (see :mod:`polyfuse.runtime.interpreted_control`)."""
     from polyfuse.lowering.plan import plan_graph
     if passes:
         graph, _ = _optimized(graph)

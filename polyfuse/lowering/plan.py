@@ -8,7 +8,7 @@ fusion groups compose into one definition
 value's size is checked against the memory limit before anything is allocated.
 
 Control flow (If, Loop, Scan) that the planner can resolve for these shapes and values is
-inlined in the node list as it goes (:mod:`polyfuse.lowering.control`); an If or Loop
+inlined in the node list as it goes (:mod:`polyfuse.lowering.inline_control`); an If or Loop
 that depends on data becomes a step the program runs, its branches or body planned here
 as blocks of steps (:mod:`polyfuse.lowering.program_control`); the first the program
 cannot run ends the plan, as its :class:`~polyfuse.ir.plan.ControlStep` tail. So
@@ -38,7 +38,7 @@ from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType, aligned_array
 from polyfuse.lowering.compose import Member, compose
-from polyfuse.lowering.control import live_nodes, resolve_control_flow
+from polyfuse.lowering.inline_control import live_nodes, resolve_control_flow
 from polyfuse.lowering.program_control import program_control
 from polyfuse.lowering.fusion import partition_fusion_groups
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last

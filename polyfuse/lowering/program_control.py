@@ -13,7 +13,7 @@ condition computed), the plan ends there and the runtime cuts them to the iterat
 run (a :class:`~polyfuse.ir.plan.Trim` by the loop's counter). What does not fit
 (carried shapes that change, scan outputs of a loop whose trip count the data decides or
 is too large to hold them all, a body that itself ends its plan) is left to the runtime,
-which runs it from Python (:mod:`polyfuse.runtime.control`).
+which runs it from Python (:mod:`polyfuse.runtime.interpreted_control`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.plan import BranchStep, LoopStep, Step, Trim, nbytes
 from polyfuse.ir.steps import Block, view_roots
 from polyfuse.ir.types import DType
-from polyfuse.lowering.control import Inlined, inline_body, passed_condition
+from polyfuse.lowering.inline_control import Inlined, inline_body, passed_condition
 
 # the most bytes of scan-output buffers a loop's M rows may take (exported while loops
 # give M = 2**63 - 1 and stop on their condition: their scans are stacked from Python)

@@ -12,6 +12,8 @@ writer) must be called that way: TC takes such outputs' initial contents from th
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,6 +36,8 @@ from polyfuse.scheduler.pipeline import Usage
 from polyfuse.targets import BACKENDS, Codegen, Device, Target
 
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
+
+SPECIALIZATIONS = 64   # the specializations (sizes, dtypes) a Kernel keeps at hand, most recent first
 
 
 class Tuning(Protocol):
@@ -221,7 +225,10 @@ class Kernel:
         self.source = source
         self.options = check_options(options, "Kernel()")
         self.tuning = tuning        # tuned options per shape when none are given
-        self._cache: dict[tuple, SpecializedKernel] = {}
+        # the latest SPECIALIZATIONS specializations, by signature (older ones come back
+        # from the compiled-kernel caches, in memory or on disk, when called again)
+        self._cache: OrderedDict[tuple, SpecializedKernel] = OrderedDict()
+        self._cache_lock = threading.Lock()
         # positional calls whose argument types, shapes and dtypes were checked before
         self._checked: dict[tuple, SpecializedKernel] = {}
         self._names = tuple(p.name for p in definition.params)
@@ -264,13 +271,20 @@ class Kernel:
 
     def _specialized(self, bound: BoundArguments) -> SpecializedKernel:
         key = bound.signature()
-        kernel = self._cache.get(key)
-        if kernel is None:
-            options = self.options
-            if options is None and self.tuning is not None and not self.definition.scalars:
-                arrays = [bound.values[t.name] for t in self.definition.inputs]
-                options = self.tuning.options(self.definition, arrays, self.target)
-            kernel = self._cache[key] = self._build(bound.sizes, options)
+        with self._cache_lock:
+            kernel = self._cache.get(key)
+            if kernel is not None:
+                self._cache.move_to_end(key)
+                return kernel
+        options = self.options
+        if options is None and self.tuning is not None and not self.definition.scalars:
+            arrays = [bound.values[t.name] for t in self.definition.inputs]
+            options = self.tuning.options(self.definition, arrays, self.target)
+        kernel = self._build(bound.sizes, options)
+        with self._cache_lock:
+            self._cache[key] = kernel
+            while len(self._cache) > SPECIALIZATIONS:
+                self._cache.popitem(last=False)
         return kernel
 
     def _build(self, sizes: dict[str, int], options: MappingOptions | None) -> SpecializedKernel:

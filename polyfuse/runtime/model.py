@@ -7,21 +7,17 @@ runs the plan's steps, its loops and branches included: as one native program wh
 target allows, else step by step (:mod:`polyfuse.runtime.stepwise`). A plan that ends at
 control flow the program cannot run, at an op whose output sizes the data decides
 (NonZero, ...) or before a node needing a value it computes (its ``tail``) is continued
-by :mod:`polyfuse.runtime.control`, from Python: the branch or loop body, or the outputs
-cut to their counts, then the rest of the graph, each a CompiledModel of its own
-(``planning`` makes their planners).
+by :mod:`polyfuse.runtime.interpreted_control`, from Python: the branch or loop body, or
+the outputs cut to their counts, then the rest of the graph, each a CompiledModel of its
+own (``planning`` makes their planners).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
-import os
-import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,9 +28,9 @@ from polyfuse.ir.graph import Graph, TensorType, Value, value_sources
 from polyfuse.ir.profile import Profile
 from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, ViewStep
 from polyfuse.ir.steps import leaves
-from polyfuse.runtime import native
+from polyfuse.runtime import compile_threads, native
 from polyfuse.runtime.arguments import placeholder
-from polyfuse.runtime.control import retyped, run_tail
+from polyfuse.runtime.interpreted_control import retyped, run_tail
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
@@ -66,11 +62,6 @@ MAX_PLANS = 16
 
 # what lowers the graph for input shapes (and the values of small inputs) into a Plan
 Planner = Callable[[dict[str, tuple[int, ...]], dict[str, np.ndarray]], Plan]
-# threads compiling a model's kernels: one schedules while another makes machine code
-# and a third, its kernel scheduled, waits for the code generator
-COMPILE_THREADS = 3 if (os.cpu_count() or 1) > 1 else 1
-SWITCH_INTERVAL = 2e-4   # seconds between the interpreter's thread switches while they do
-
 # a subgraph (True: through the graph passes) or the rest of a graph, and its planner
 Planning = Callable[[Graph, bool], tuple[Graph, Planner]]
 
@@ -82,7 +73,8 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     each step has constant values for the parameters the kernel reads packed. A step's
     private temporaries are outputs no one reads after it: the kernel need not store them.
 
-    Kernels of different texts compile on :data:`COMPILE_THREADS` threads, so that one is
+    Kernels of different texts compile on
+    :data:`~polyfuse.runtime.compile_threads.THREADS` threads, so that one is
     scheduled while another's machine code is made (the runtime's cache lets each stage
     run one kernel at a time)."""
     steps = list(leaves(plan.steps))
@@ -110,64 +102,9 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                                           f"{[plan.types[n] for n in st.defines]}")
             kernels[i] = spec
 
-    _each(compile_group, list(groups.items()), COMPILE_THREADS)
+    compile_threads.each(compile_group, list(groups.items()))
     compiled = CompiledPlan(plan, tuple(kernels))
     return dataclasses.replace(compiled, program=_program(compiled, target))
-
-
-def _each(work: Callable[[Any], None], items: list[Any], threads: int) -> None:
-    """``work`` on every item, on up to ``threads`` threads; the first item's error (in
-    ``items``' order) is raised, as a loop would raise it."""
-    threads = min(threads, len(items))
-    if threads <= 1:
-        for item in items:
-            work(item)
-        return
-    with _quick_switches(), \
-            concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="polyfuse-compile") as pool:
-        futures = [pool.submit(work, item) for item in items]
-        try:
-            for f in futures:
-                f.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-
-
-@dataclasses.dataclass
-class _Switching:
-    """The blocks inside :func:`_quick_switches` now, and the interval before the first."""
-
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    blocks: int = 0
-    saved: float = 0.0
-
-
-_SWITCHING = _Switching()
-
-
-@contextlib.contextmanager
-def _quick_switches() -> Iterator[None]:
-    """Run the block with the interpreter switching threads every
-    :data:`SWITCH_INTERVAL` seconds (its interval restored when the last such block
-    ends). The code generator's thread makes dozens of short calls into LLVM per
-    kernel, each giving up the GIL; at the default 5 ms it waited that long for it
-    after most of them while another thread scheduled (ResNet-50's kernels: 8.7 s on
-    three threads as on one; 6.2-6.6 s so)."""
-    state = _SWITCHING
-    with state.lock:
-        if not state.blocks:
-            state.saved = sys.getswitchinterval()
-            sys.setswitchinterval(SWITCH_INTERVAL)
-        state.blocks += 1
-    try:
-        yield
-    finally:
-        with state.lock:
-            state.blocks -= 1
-            if not state.blocks:
-                sys.setswitchinterval(state.saved)
 
 
 def _packed_sources(kernel: SpecializedKernel) -> frozenset[str]:
@@ -437,7 +374,7 @@ class CompiledModel:
             run_steps(compiled, env)
             results = {name: env[name] for name in plan.outputs}
         if plan.tail is not None:
-            # data-dependent control flow: run from Python (see polyfuse.runtime.control)
+            # data-dependent control flow: run from Python (see polyfuse.runtime.interpreted_control)
             results = run_tail(plan.tail, env | results, self.graph, self._submodel)
         return declared_outputs(self.graph.outputs, results)
 

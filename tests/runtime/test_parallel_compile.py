@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import polyfuse as pf
 from polyfuse.runtime import cache, cpu
-from polyfuse.runtime import model as runtime_model
+from polyfuse.runtime import compile_threads
 
 RNG = np.random.default_rng(11)
 W = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32) * 0.3
@@ -53,7 +53,7 @@ def run_compiled_on(threads, x, monkeypatch, tmp_path):
     each kernel's IR by name."""
     monkeypatch.setattr(cpu, "_COMPILED", {})
     monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(tmp_path / f"cache{threads}"))
-    monkeypatch.setattr(runtime_model, "COMPILE_THREADS", threads)
+    monkeypatch.setattr(compile_threads, "THREADS", threads)
     names, texts = set(), {}
     emit = cpu.emit_llvm
 
@@ -93,7 +93,7 @@ def test_the_first_failing_kernels_error_is_raised():
         done.append(i)
     for threads in (1, 3):
         with pytest.raises(ValueError, match="item 1"):
-            runtime_model._each(work, [0, 1, 2, 3], threads)
+            compile_threads.each(work, [0, 1, 2, 3], threads)
     assert 0 in done
 
 

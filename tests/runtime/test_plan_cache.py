@@ -88,3 +88,17 @@ def test_the_least_recently_used_plan_goes_first():
 def test_max_plans_is_a_positive_int(bad):
     with pytest.raises(pf.OptionError, match="max_plans"):
         pf.compile(two_part_model(), target="host", max_plans=bad)
+
+
+@pytest.mark.unit
+def test_a_tc_kernel_keeps_its_latest_specializations(monkeypatch):
+    """A TC kernel called at many sizes keeps the SPECIALIZATIONS latest; a size it let
+    go is specialized again when it comes back, with the same results."""
+    from polyfuse.runtime import kernel as kernel_module
+    monkeypatch.setattr(kernel_module, "SPECIALIZATIONS", 4)
+    scale = pf.define("def scale(float(N) A) -> (B) { B(i) = A(i) * 2.0 + 1.0 }").scale
+    for n in (*range(1, 11), 2, 10):
+        a = RNG.standard_normal(n).astype(np.float32)
+        np.testing.assert_allclose(scale(a), a * 2 + 1, rtol=1e-6)
+        assert len(scale._cache) <= 4
+    assert len(scale._cache) == 4

@@ -21,7 +21,7 @@ import numpy as np
 from polyfuse.ir.control import ControlParts
 from polyfuse.ir.graph import Graph, Node
 from polyfuse.ir.types import DType
-from polyfuse.lowering.control import Inlined, inline_body
+from polyfuse.lowering.inline_control import Inlined, inline_body
 from polyfuse.lowering.ops import Expanded, OpContext, register
 
 _PRECISIONS = {1: DType.FLOAT32, 10: DType.FLOAT16, 11: DType.FLOAT64, 16: DType.BFLOAT16}

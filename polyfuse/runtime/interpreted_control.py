@@ -6,7 +6,7 @@ or a Loop whose trip count or condition, is computed from data is a
 :class:`~polyfuse.ir.plan.BranchStep` or :class:`~polyfuse.ir.plan.LoopStep` of the plan
 (:mod:`polyfuse.lowering.program_control`), its body planned once, run natively with
 no Python between iterations. What the planner can resolve it inlines
-(:mod:`polyfuse.lowering.control`). The rest ends the plan
+(:mod:`polyfuse.lowering.inline_control`). The rest ends the plan
 (:class:`~polyfuse.ir.plan.ControlStep`) and is run here: a Loop whose body changes the
 shapes of its carried values, an If whose branches give different shapes, a Loop with
 scan outputs and a trip count the data decides (their length is known only once it has

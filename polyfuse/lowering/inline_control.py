@@ -13,7 +13,7 @@ What is not known, would unroll past :data:`UNROLL_MAX_TRIPS` iterations or
 :data:`UNROLL_MAX_NODES` nodes, or is a loop with control flow in its body, stays a node:
 the program runs it, its body planned once (:mod:`polyfuse.lowering.program_control`),
 or, where the program cannot, the planner ends its plan there and the runtime runs it
-from Python, iteration by iteration (:mod:`polyfuse.runtime.control`).
+from Python, iteration by iteration (:mod:`polyfuse.runtime.interpreted_control`).
 """
 
 from __future__ import annotations
