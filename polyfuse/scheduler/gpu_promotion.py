@@ -21,7 +21,7 @@ from polyfuse.ir.comprehension import Expr, Read, walk
 from polyfuse.ir.gpu import CopyToShared, GpuKernel, Launch, SharedTile, ThreadFor
 from polyfuse.ir.affine import Affine, affine, combine, max_trips, to_expr, variables
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, BufferRole, For, If, LoopRewriter, Scope, Stmt, Store,
-                               map_body_exprs)
+                               map_body_exprs, walk_scoped)
 
 MIN_REUSE = 2  # reads per element of the box before a copy pays off
 
@@ -81,7 +81,7 @@ class _Promoter(LoopRewriter):
         return f"{buffer}_s{k}"
 
     def region(self, region: ThreadFor) -> tuple[list[Stmt], ThreadFor]:
-        boxes = [box for name, uses in _reads((region,), 1, {}).items() if name in self.inputs
+        boxes = [box for name, uses in _reads(region).items() if name in self.inputs
                  if (box := _box(name, uses)) is not None and box.reads >= MIN_REUSE * box.size]
         copies: list[Stmt] = []
         for box in sorted(boxes, key=lambda b: -b.reads / b.size):
@@ -115,35 +115,26 @@ class _Use:
     loops: dict[str, _Loop]
 
 
-def _reads(body: tuple[Stmt, ...], times: int, loops: dict[str, _Loop]) -> dict[str, list[_Use]]:
-    """Reads of each buffer (loops of sibling nests may share a variable name, so each
-    read keeps the loops that enclose it)."""
+def _reads(region: ThreadFor) -> dict[str, list[_Use]]:
+    """Reads of each buffer in ``region`` (loops of sibling nests may share a variable
+    name, so each read keeps the loops that enclose it)."""
     out: dict[str, list[_Use]] = {}
-
-    def add(exprs: list[Expr], n: int, scope: dict[str, _Loop]) -> None:
-        for e in exprs:
-            for r in walk(e):
-                if isinstance(r, Read):
-                    out.setdefault(r.tensor, []).append(_Use(r, n, scope))
-
-    def merge(inner: dict[str, list[_Use]]) -> None:
-        for name, uses in inner.items():
-            out.setdefault(name, []).extend(uses)
-
-    for s in body:
+    for s, scope in walk_scoped((region,)):
+        loops = {lp.var: _Loop(lp.lo, lp.step, max_trips(lp.lo, lp.hi, lp.step))  # type: ignore[attr-defined]
+                 for lp in scope.loops}
+        times = math.prod(lp.trips or 1 for lp in loops.values())
+        exprs: list[Expr] = []
         if isinstance(s, (For, ThreadFor)):
-            add([s.lo, s.hi], times, loops)
-            trips = max_trips(s.lo, s.hi, s.step)
-            scope = loops | {s.var: _Loop(s.lo, s.step, trips)}
-            merge(_reads(s.body, times * (trips or 1), scope))
+            exprs = [s.lo, s.hi]
         elif isinstance(s, If):
-            add([s.cond], times, loops)
-            merge(_reads(s.then, times, loops))
-            merge(_reads(s.other, times, loops))
+            exprs = [s.cond]
         elif isinstance(s, Store):
-            add([*s.indices, s.value], times, loops)
+            exprs = [*s.indices, s.value]
         elif isinstance(s, Assign):
-            add([s.value], times, loops)
+            exprs = [s.value]
+        out_uses = [_Use(r, times, loops) for e in exprs for r in walk(e) if isinstance(r, Read)]
+        for use in out_uses:
+            out.setdefault(use.read.tensor, []).append(use)
     return out
 
 
