@@ -4,7 +4,9 @@ A control-flow node's subgraphs (``Node.subgraphs``) are graphs of their own. Ea
 the enclosing values it reads as ``captures``; the node reads them after its own ONNX
 inputs, so ``node.inputs`` is ``own inputs + captures``. The planner (static branches and
 trip counts, unrolled) and the runtime (data-dependent ones, run per iteration) read the
-parts through :func:`control_parts`, checked once here.
+parts through :func:`control_parts`, checked once here, and take a Loop's iteration
+number, condition and trip count through :func:`loop_inputs`, :func:`condition` and
+:func:`trip_count`: ONNX's semantics in one place.
 """
 
 from __future__ import annotations
@@ -102,6 +104,21 @@ def loop_inputs(node: Node, body: Graph) -> tuple[TensorType, TensorType]:
                              f"{v.type}; it must be a {dt} scalar or a {dt} tensor of shape [1]")
         out.append(TensorType(dt, (1,) * len(shape)))
     return out[0], out[1]
+
+
+def condition(node: Node, value: object) -> bool:
+    """An If's or a Loop's condition ``value`` as a bool; a ModelError names a condition
+    of other than one element (onnxruntime refuses it too)."""
+    cond = np.asarray(value)
+    if cond.size != 1:
+        raise ModelError(f"node '{node.name}' ({node.op}): its condition has {cond.size} "
+                         "elements; it must have one")
+    return bool(cond.reshape(-1)[0])
+
+
+def trip_count(value: object) -> int:
+    """A Loop's trip count ``value`` (a scalar or one element) as an int."""
+    return int(np.asarray(value).reshape(-1)[0])
 
 
 def loop_value(t: TensorType, value: int | bool) -> np.ndarray:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from polyfuse.errors import ModelError
-from polyfuse.ir.control import ControlParts, control_parts, loop_inputs, loop_value, scan_attr
+from polyfuse.ir.control import (ControlParts, condition, control_parts, loop_inputs, loop_value, scan_attr,
+                                 trip_count)
 from polyfuse.ir.graph import Graph, Node, TensorType
 
 UNROLL_MAX_TRIPS = 256
@@ -49,7 +50,7 @@ def resolve_control_flow(node: Node, types: Mapping[str, TensorType],
         cond = consts.get(parts.own[0])
         if cond is None:
             return None
-        branch = node.attr("then_branch" if _truth(node, cond) else "else_branch")
+        branch = node.attr("then_branch" if condition(node, cond) else "else_branch")
         _bind(node, out, inline_body(node, branch, parts, {}, f"{node.name}/", out), node.outputs)
         return out
     if node.op == "Loop":
@@ -67,13 +68,6 @@ def live_nodes(nodes: list[Node], wanted: set[str]) -> list[Node]:
             kept.append(n)
             live.update(i for i in n.inputs if i)
     return kept[::-1]
-
-
-def _truth(node: Node, cond: np.ndarray) -> bool:
-    if cond.size != 1:
-        raise ModelError(f"node '{node.name}' ({node.op}): its condition has {cond.size} "
-                         "elements; it must have one")
-    return bool(cond.reshape(-1)[0])
 
 
 def inline_body(node: Node, body: Graph, parts: ControlParts, bound: dict[str, str], prefix: str,
@@ -118,11 +112,11 @@ def _unroll_loop(node: Node, parts: ControlParts, consts: Mapping[str, np.ndarra
     going = True if not cond else consts.get(cond)
     if going is None:
         return None
-    going = going is True or _truth(node, going)
+    going = going is True or condition(node, going)
     stays = passed_condition(body, dict(zip(body.captures, parts.captures)), consts)
     if stays is None:
         return None
-    trips = _loop_trips(node, None if limit is None else int(limit.reshape(-1)[0]), going, stays)
+    trips = _loop_trips(node, None if limit is None else trip_count(limit), going, stays)
     if not _unrollable(body, trips):
         return None
     if trips == 0 and parts.scan_outputs:

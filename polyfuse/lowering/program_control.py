@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from polyfuse.ir.control import ControlParts, control_parts, loop_inputs
+from polyfuse.ir.control import ControlParts, control_parts, loop_inputs, trip_count
 from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.plan import BranchStep, LoopStep, Step, Trim, nbytes
 from polyfuse.ir.steps import Block, view_roots
@@ -127,7 +127,7 @@ def _loop(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ...]
     scans = node.outputs[parts.carried:]
     early = _may_stop_early(planner, node, parts, cond)
     stacked = tuple(f"{node.name}:bound{j}" if early or not o else o for j, o in enumerate(scans))
-    rows = max(0, int(np.asarray(rows).reshape(-1)[0])) if scans else 0
+    rows = max(0, trip_count(rows)) if scans else 0
     values = [planner.types[s] for s in block.results[1 + parts.carried:]]
     if sum(rows * int(nbytes(t)) for t in values) > STACKED_MAX_BYTES:
         return None

@@ -33,7 +33,8 @@ from typing import Protocol
 import numpy as np
 
 from polyfuse.errors import ModelError, ShapeError
-from polyfuse.ir.control import ControlParts, control_parts, loop_inputs, loop_value, scan_attr
+from polyfuse.ir.control import (ControlParts, condition, control_parts, loop_inputs, loop_value, scan_attr,
+                                 trip_count)
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
 from polyfuse.ir.plan import ControlStep, Trim
 from polyfuse.ir.types import DType
@@ -86,7 +87,7 @@ def _trimmed(env: Arrays, trim: Trim) -> np.ndarray:
     bound = env[trim.bound]
     if not trim.count:
         return bound
-    count = int(np.asarray(env[trim.count]).reshape(-1)[0])
+    count = trip_count(env[trim.count])
     return np.ascontiguousarray(bound[(slice(None),) * trim.axis + (slice(0, count),)])
 
 
@@ -95,19 +96,11 @@ def run_control(node: Node, env: Arrays, submodel: Submodel) -> list[np.ndarray]
     parts = control_parts(node)
     captured = dict(zip(node.subgraphs[0].captures, (env[c] for c in parts.captures)))
     if node.op == "If":
-        branch = node.attr("then_branch" if _truth(node, env[parts.own[0]]) else "else_branch")
+        branch = node.attr("then_branch" if condition(node, env[parts.own[0]]) else "else_branch")
         return _run_body(branch, {}, captured, submodel)
     if node.op == "Loop":
         return _loop(node, parts, env, captured, submodel)
     return _scan(node, parts, env, captured, submodel)
-
-
-def _truth(node: Node, cond: np.ndarray) -> bool:
-    cond = np.asarray(cond)
-    if cond.size != 1:
-        raise ModelError(f"node '{node.name}' ({node.op}): its condition has {cond.size} "
-                         "elements; it must have one")
-    return bool(cond.reshape(-1)[0])
 
 
 def _run_body(body: Graph, bound: Arrays, captured: Arrays, submodel: Submodel) -> list[np.ndarray]:
@@ -121,8 +114,8 @@ def _loop(node: Node, parts: ControlParts, env: Arrays, captured: Arrays,
           submodel: Submodel) -> list[np.ndarray]:
     body: Graph = node.attr("body")
     trip, cond = parts.own[0], parts.own[1]
-    limit = int(np.asarray(env[trip]).reshape(-1)[0]) if trip else None
-    going = _truth(node, env[cond]) if cond else True
+    limit = trip_count(env[trip]) if trip else None
+    going = condition(node, env[cond]) if cond else True
     carried = [np.asarray(env[v]) for v in parts.own[2:]]
     scans: list[list[np.ndarray]] = [[] for _ in range(parts.scan_outputs)]
     names = [v.name for v in body.inputs]
@@ -131,7 +124,7 @@ def _loop(node: Node, parts: ControlParts, env: Arrays, captured: Arrays,
     while going and (limit is None or k < limit):
         bound = dict(zip(names, [loop_value(counter, k), loop_value(flag, True), *carried]))
         values = _run_body(body, bound, captured, submodel)
-        going = _truth(node, values[0])
+        going = condition(node, values[0])
         carried = values[1:1 + parts.carried]
         for scan, value in zip(scans, values[1 + parts.carried:]):
             scan.append(value)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from polyfuse.ir.control import trip_count
 from polyfuse.ir.plan import BranchStep, LoopStep, Plan, Step, ViewStep
 from polyfuse.ir.steps import leaves
 from polyfuse.runtime.program import CompiledKernel, CompiledPlan
@@ -62,7 +63,7 @@ def _loop(plan: Plan, st: LoopStep, env: dict[str, Any], run: Any) -> None:
     def copy(name: str, value: Any) -> np.ndarray:
         return np.array(value, dtype=plan.types[name].dtype.numpy, copy=True).reshape(plan.types[name].shape)
 
-    limit = int(np.asarray(env[st.trip]).reshape(-1)[0]) if st.trip else None
+    limit = trip_count(env[st.trip]) if st.trip else None
     env[st.going] = copy(st.going, env[st.cond] if st.cond else True)
     for name, init in zip(st.carried, st.initial):
         env[name] = copy(name, env[init])
