@@ -169,7 +169,6 @@ def test_block_reduction_round_trips_through_json():
     assert MappingOptions.from_json(options.to_json()) == options
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("opt", OPTIONS)
 @pytest.mark.parametrize("source, entry, make, oracle", CASES)
 def test_the_tree_matches_the_oracle_thread_by_thread(source, entry, make, oracle, opt):
