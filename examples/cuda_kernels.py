@@ -1,4 +1,5 @@
-"""TC compiled for NVIDIA GPUs: the GPU mapping, CUDA C, PTX; run where a GPU exists.
+"""TC compiled for NVIDIA GPUs: the GPU mapping, CUDA C, PTX, ptxas's resources and the
+SASS of the inner loop; run where a GPU exists.
 
 Compiling needs only NVRTC (pip install cuda-python nvidia-cuda-nvrtc), so this example
 shows every stage on any machine; with an NVIDIA GPU and its driver it also runs the
@@ -9,6 +10,7 @@ import numpy as np
 
 import polyfuse as pf
 from polyfuse.runtime.arguments import placeholder
+from polyfuse.targets.cuda_sass import Mix, instruction_mix, nvdisasm, resources
 
 SOURCE = """
 def matmul(float(M, K) A, float(K, N) B) -> (C) {
@@ -33,6 +35,16 @@ print(cuda[cuda.index('extern "C"'):][:900], "\n  ...")
 ptx = matmul.stages["ptx"]
 print(f"PTX: {len(ptx.splitlines())} lines, {ptx.count('bar.sync')} barriers, "
       f"{ptx.count('ld.shared')} shared loads; {matmul.stages['cubin']}")
+
+# what ptxas made of it, read without a GPU: resources, and the SASS of the inner loop
+(used,) = resources(matmul.stages["ptxas"]).values()
+print(f"ptxas: {used.registers} registers, {used.shared_bytes} B shared memory, "
+      f"{used.spill_stores + used.spill_loads} B spilled")
+if nvdisasm() is not None:
+    (mix,) = instruction_mix(matmul.stages["sass"]).values()
+    ffma, lds = Mix.count(mix.inner_loop, "FFMA"), Mix.count(mix.inner_loop, "LDS")
+    print(f"SASS inner loop: {ffma} FFMA, {lds} LDS ({ffma / lds:.2f} FFMA per shared load)")
+    assert ffma > 0 and lds > 0
 
 softmax = mod.softmax.specialize(placeholder((64, 1000), np.float32))
 launches = [line.strip() for line in softmax.stages["gpu"].splitlines() if "launch" in line]

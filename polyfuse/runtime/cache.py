@@ -52,7 +52,7 @@ from polyfuse.ir.serialize import decode, encode, schema
 T = TypeVar("T")
 L = TypeVar("L")
 
-FORMAT = 4
+FORMAT = 5   # 5: cuda kernels keep ptxas's resource report among their stages
 SCHEDULING = threading.RLock()   # isl, and the scheduling around it: one kernel at a time
 CODEGEN = threading.RLock()      # LLVM, NVRTC and the JIT: one kernel at a time
 _MAKING = threading.Lock()       # guards _KEYS

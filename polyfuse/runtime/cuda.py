@@ -41,6 +41,7 @@ from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_gpu_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cuda import CudaBinary, LaunchInfo, compile_gpu_kernel
+from polyfuse.targets.cuda_sass import disassemble
 from polyfuse.targets.cuda_driver import Device, available_device, device
 
 _COMPILED: cache.Resident[CudaExecutable] = cache.Resident()
@@ -92,6 +93,8 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     exe = cache.fetch(key, _COMPILED, STATS, CudaLayout, from_disk,
                       lambda: _compile(d, sizes, options, limits, key))
     stages.update(exe.binary.stages)
+    if "sass" not in stages and hasattr(stages, "later"):   # nvdisasm's text, when first read
+        stages.later("sass", lambda: disassemble(exe.binary.cubin))
     return exe
 
 

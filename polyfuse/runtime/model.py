@@ -44,8 +44,9 @@ from polyfuse.targets import Device, Target
 
 
 # the stages of each kernel that dump() shows ("kernels" is "specialized"); CPU targets
-# have llvm and asm, cuda has gpu (the mapped loops), cuda (CUDA C), ptx and cubin
-KERNEL_STAGES = ("specialized", "loops", "llvm", "asm", "gpu", "cuda", "ptx", "cubin")
+# have llvm and asm, cuda has gpu (the mapped loops), cuda (CUDA C), ptx, cubin, ptxas
+# (registers, shared memory, spills) and sass (nvdisasm's machine code)
+KERNEL_STAGES = ("specialized", "loops", "llvm", "asm", "gpu", "cuda", "ptx", "cubin", "ptxas", "sass")
 
 # A plan is specialized to the values of the inputs a lowering needs at plan time (a
 # Reshape's shape, axes, pads, Resize scales, a TopK's k fed at run time: the inputs a

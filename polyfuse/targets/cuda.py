@@ -56,13 +56,16 @@ def _check(nvrtc, result, what: str, log: str = "") -> None:  # type: ignore[no-
         raise CodegenError(f"NVRTC {what} failed ({text.decode()})" + (f":\n{log}" if log else ""))
 
 
-def nvrtc_compile(source: str, name: str, arch: str = DEFAULT_ARCH) -> tuple[str, bytes]:
-    """PTX text and cubin of CUDA C ``source`` for ``arch`` (``sm_XX``)."""
+def nvrtc_compile(source: str, name: str, arch: str = DEFAULT_ARCH) -> tuple[str, bytes, str]:
+    """PTX text, cubin and ptxas's resource report (registers, shared memory, spills per
+    function: :func:`polyfuse.targets.cuda_sass.resources` reads it) of CUDA C ``source``
+    for ``arch`` (``sm_XX``)."""
     nvrtc = _nvrtc()
     err, program = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
     _check(nvrtc, err, "program creation")
     try:
-        options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
+        options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS),
+                   b"--ptxas-options=-v"]
         (result,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             _check(nvrtc, result, f"compilation of kernel '{name}' for {arch}", _log(nvrtc, program))
@@ -76,9 +79,11 @@ def nvrtc_compile(source: str, name: str, arch: str = DEFAULT_ARCH) -> tuple[str
         cubin = b" " * size
         (err,) = nvrtc.nvrtcGetCUBIN(program, cubin)
         _check(nvrtc, err, "cubin")
+        report = "\n".join(line for line in _log(nvrtc, program).splitlines()
+                           if line.startswith("ptxas") and "Compile time" not in line)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
-    return ptx.rstrip(b"\0").decode(), cubin
+    return ptx.rstrip(b"\0").decode(), cubin, report
 
 
 def _log(nvrtc, program) -> str:  # type: ignore[no-untyped-def]
@@ -97,8 +102,8 @@ def cubin_summary(cubin: bytes, arch: str, functions: list[str]) -> str:
 def compile_gpu_kernel(kernel: GpuKernel, arch: str = DEFAULT_ARCH) -> CudaBinary:
     """CUDA C, PTX and cubin of every launch of ``kernel``."""
     source = emit_cuda(kernel)
-    ptx, cubin = nvrtc_compile(source, kernel.name, arch)
+    ptx, cubin, report = nvrtc_compile(source, kernel.name, arch)
     names = [launch.name for launch in kernel.launches]
-    stages = {"cuda": source, "ptx": ptx, "cubin": cubin_summary(cubin, arch, names)}
+    stages = {"cuda": source, "ptx": ptx, "cubin": cubin_summary(cubin, arch, names), "ptxas": report}
     launches = tuple(LaunchInfo(launch.name, launch.grid, launch.block) for launch in kernel.launches)
     return CudaBinary(kernel.name, arch, cubin, launches, stages)

@@ -1,0 +1,56 @@
+"""Static GPU check, no GPU needed: what ptxas and nvdisasm make of each kernel that
+``benchmarks/gpu_check.py`` times, compiled by NVRTC for sm_90.
+
+    python benchmarks/gpu_static.py
+
+Per kernel: its launches, the most registers and static shared memory a launch uses,
+spilled bytes, and the instructions of the busiest launch's innermost loop: FFMA, LDS
+(shared loads; ``.128`` ones counted apart), FFMA per LDS, and global loads (LDG) of
+which 128 bits wide. A register-tiled matmul reads 128-bit words from shared memory and
+does eight or more FFMA per LDS; one thread per output element does about one half.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def main() -> None:
+    import polyfuse as pf
+    from gpu_check import _cases
+    from polyfuse.targets.cuda_sass import Mix, instruction_mix, resources
+    from tests.tc_programs import PROGRAMS_BY_NAME
+
+    header = ["kernel", "launches", "registers", "smem B", "spills B", "loop FFMA", "loop LDS (.128)",
+              "FFMA:LDS", "LDG (.128)"]
+    rows = []
+    for case in _cases():
+        program = PROGRAMS_BY_NAME[case.program]
+        kernel = getattr(pf.define(program.source, target="cuda"), program.entry)
+        spec = kernel.specialize(*(np.zeros(s, np.float32) for s in case.shapes), *case.scalars)
+        used = resources(spec.stages["ptxas"])
+        mixes = instruction_mix(spec.stages["sass"])
+        busiest = max(mixes.values(), key=lambda m: Mix.count(m.inner_loop, "FFMA") + sum(m.inner_loop.values()))
+        loop, every = busiest.inner_loop, busiest.instructions
+        ffma, lds = Mix.count(loop, "FFMA"), Mix.count(loop, "LDS")
+        rows.append([case.label, str(len(mixes)), str(max(r.registers for r in used.values())),
+                     str(max(r.shared_bytes for r in used.values())),
+                     str(sum(r.spill_stores + r.spill_loads for r in used.values())),
+                     str(ffma), f"{lds} ({loop['LDS.128']})", f"{ffma / lds:.2f}" if lds else "-",
+                     f"{Mix.count(every, 'LDG')} ({Mix.count(every, 'LDG.E.128')})"])
+        print(" | ".join(rows[-1]), flush=True)
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
+    print()
+    for r in [header, ["-" * w for w in widths], *rows]:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+
+
+if __name__ == "__main__":
+    main()

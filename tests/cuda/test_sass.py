@@ -1,0 +1,82 @@
+"""The static view of cuda kernels, no GPU needed: ptxas's resource report and the SASS
+instruction mix (polyfuse.targets.cuda_sass), on known text and on compiled kernels."""
+
+import os
+
+import numpy as np
+import pytest
+
+import polyfuse as pf
+from polyfuse.targets.cuda_sass import Mix, Resources, instruction_mix, nvdisasm, resources
+
+# CI installs the dev extra, nvidia-cuda-nvdisasm with it: there these tests must run
+needs_nvdisasm = pytest.mark.skipif(nvdisasm() is None and not os.environ.get("CI"),
+                                    reason="needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+
+REPORT = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k_0' for 'sm_90'
+ptxas info    : Function properties for k_0
+ptxas         .     16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8448 bytes smem
+ptxas info    : Compiling entry function 'k_1' for 'sm_90'
+ptxas info    : Function properties for k_1
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 12 registers"""
+
+SASS = """\
+        .section        .text.k_0,"ax",@progbits
+.text.k_0:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_1:
+        /*0010*/                   LDS.128 R4, [R2] ;
+        /*0020*/                   FFMA R8, R4, R5, R8 ;
+        /*0030*/                   FFMA R9, R6, R7, R9 ;
+.L_x_2:
+        /*0040*/                   LDS R4, [R3] ;
+        /*0050*/                   FFMA R8, R4, R4, R8 ;
+        /*0060*/               @P0 BRA `(.L_x_2) ;
+        /*0070*/              @!P1 BRA `(.L_x_1) ;
+        /*0080*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0090*/                   EXIT ;
+.L_x_3:
+        /*00a0*/                   BRA `(.L_x_3);
+"""
+
+
+@pytest.mark.unit
+def test_the_resource_report_is_read_per_function():
+    assert resources(REPORT) == {"k_0": Resources(255, 8448, 1, 16, 8, 4), "k_1": Resources(12)}
+
+
+@pytest.mark.unit
+def test_the_innermost_loop_that_works_is_found():
+    mix = instruction_mix(SASS)["k_0"]
+    assert mix.inner_loop == {"LDS": 1, "FFMA": 1, "BRA": 1}    # not the last BRA to itself
+    assert Mix.count(mix.instructions, "LDS") == 2 and mix.instructions["LDS.128"] == 1
+    assert Mix.count(mix.instructions, "FFMA") == 3 and Mix.count(mix.instructions, "LDG") == 1
+    assert Mix.count(mix.instructions, "BRA") == 3
+
+
+@needs_nvdisasm
+def test_a_cuda_matmul_shows_its_resources_and_inner_loop():
+    mm = pf.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+                   target="cuda").mm
+    spec = mm.specialize(np.zeros((256, 128), np.float32), np.zeros((128, 64), np.float32))
+    (used,) = resources(spec.stages["ptxas"]).values()
+    assert used.registers > 8 and used.shared_bytes >= 2 * 32 * 32 * 4 and used.spill_stores == 0
+    (mix,) = instruction_mix(spec.stages["sass"]).values()
+    # the k loop multiplies shared tiles: its products fuse into FFMA, its operands come
+    # from shared memory (LDS), and none from global memory
+    assert Mix.count(mix.inner_loop, "FFMA") >= 4 and Mix.count(mix.inner_loop, "LDS") >= 2
+    assert Mix.count(mix.inner_loop, "LDG") == 0 and Mix.count(mix.instructions, "LDG") >= 2
+
+
+@needs_nvdisasm
+def test_an_elementwise_kernel_loads_and_stores_without_products():
+    add = pf.define("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }", target="cuda").add
+    spec = add.specialize(np.zeros(4096, np.float32), np.zeros(4096, np.float32))
+    (mix,) = instruction_mix(spec.stages["sass"]).values()
+    assert Mix.count(mix.instructions, "FADD") >= 1 and Mix.count(mix.instructions, "FFMA") == 0
+    assert Mix.count(mix.instructions, "LDG") >= 2 and Mix.count(mix.instructions, "STG") >= 1
+    assert Mix.count(mix.instructions, "LDS") == 0
