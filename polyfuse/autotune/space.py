@@ -82,13 +82,14 @@ class SearchSpace:
 
     @staticmethod
     def of_target(task: Task) -> SearchSpace:
-        """The space of ``task``'s options on its own target (the SIMD width compilation uses)."""
-        return SearchSpace.for_task(task, target_vector_bits(task.target))
+        """The space of ``task``'s options on its own target (the SIMD width and registers
+        compilation uses)."""
+        return SearchSpace.for_task(task, target_vector_bits(task.target), target_vector_registers(task.target))
 
     @staticmethod
-    def for_task(task: Task, vector_bits: int = 512) -> SearchSpace:
-        """The space of ``task``'s options on a target whose SIMD registers have
-        ``vector_bits`` bits (what the heuristic gets too)."""
+    def for_task(task: Task, vector_bits: int = 512, vector_registers: int = 32) -> SearchSpace:
+        """The space of ``task``'s options on a target with ``vector_registers`` SIMD
+        registers of ``vector_bits`` bits (what the heuristic gets too)."""
         d, sizes = task.definition, task.sizes
         nest = LoopNest.of(d, sizes)
         if task.target.backend.device is Device.GPU:
@@ -96,7 +97,7 @@ class SearchSpace:
             return SearchSpace(task, nest, (), _gpu_candidates(nest, heuristic), heuristic)
         width = max(1, vector_bits // element_bits(d))
         widths = tuple(w for w in (width, width // 2, width // 4) if w >= 2)
-        heuristic = default_options(d, sizes, vector_bits)
+        heuristic = default_options(d, sizes, vector_bits, vector_registers)
         return SearchSpace(task, nest, widths, _candidates(nest, widths, heuristic), heuristic)
 
     # --- points -------------------------------------------------------------------
@@ -311,6 +312,14 @@ def target_vector_bits(target: Target) -> int:
         from polyfuse.targets.cpu import vector_bits
         return vector_bits(target)
     return 128
+
+
+def target_vector_registers(target: Target) -> int:
+    """The SIMD registers of ``target`` (32 where it has no CPU SIMD: no limit applies)."""
+    if target.backend.cpus:
+        from polyfuse.targets.cpu import vector_registers
+        return vector_registers(target)
+    return 32
 
 
 # --- candidate values ------------------------------------------------------------------

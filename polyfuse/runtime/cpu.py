@@ -28,7 +28,8 @@ from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import Usage, schedule_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, emit_llvm, load_object,
-                                  missing_features, native_tiles, runs_natively, target_description, vector_bits)
+                                  missing_features, native_tiles, runs_natively, target_description, vector_bits,
+                                  vector_registers)
 
 _COMPILED: cache.Resident[Any] = cache.Resident()
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
@@ -95,7 +96,7 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     the kernel may read packed ahead of time, outputs it need not store)."""
     sizes = dict(sizes)
     with cache.SCHEDULING:
-        options = options or default_options(d, sizes, vector_bits(target))
+        options = options or default_options(d, sizes, vector_bits(target), vector_registers(target))
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
                            target_description(target), repr(options), usage.key(),
                            repr(sorted(native_tiles(target))))

@@ -72,7 +72,11 @@ def _slides(reads: list[Read], outputs: set[str], summed: set[str]) -> bool:
     return any(index_names(x) & outputs and index_names(x) & summed for r in reads for x in r.indices)
 
 
-def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> MappingOptions:
+def default_options(d: Definition, sizes: dict[str, int], vector_bits: int,
+                    vector_registers: int = 32) -> MappingOptions:
+    """The options of ``d`` at ``sizes`` for a CPU whose vectors are ``vector_bits`` wide
+    and which has ``vector_registers`` of them (16 on AVX2 x86, 32 with AVX-512 and on
+    AArch64): a register block's accumulators and operands fit in them."""
     width = max(1, vector_bits // element_bits(d))
     nest = LoopNest.of(d, sizes)
     st = nest.statement
@@ -81,7 +85,8 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
     if _reduces_rows(nest):
         return _row_reduction(nest, width)
     if nest.work < CONTRACTION_MIN and _gathers(nest):
-        return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8)
+        return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
+                            vector_registers)
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2 or not _reuses(nest):
         rest = sum(work(s, sizes) for s in d.statements if s is not st)
         if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
@@ -90,7 +95,8 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int) -> M
             # contiguous index outermost; alone, each keeps its own order
             return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
         return MappingOptions(vector_width=width, unroll=2)
-    return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8)
+    return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
+                            vector_registers)
 
 
 def _reuses(nest: LoopNest) -> bool:
@@ -183,7 +189,7 @@ def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
                           unroll=2 if chunk >= 2 * width else 1)
 
 
-def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptions:
+def _contraction(nest: LoopNest, width: int, element_bytes: int, vector_registers: int) -> MappingOptions:
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     extents = nest.extent_of()
     words = any(isinstance(c, Call) and c.fn == "dot4" for c in walk(st.rhs))
@@ -235,7 +241,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         if rows_first and extents[vec] <= CACHE_COLS:
             cols = extents[vec]
         # (the rows, others, are lhs[:-1] here: the vector is the output's last index)
-        jammed, per_row = _register_block(reads, extents, jam, vec, red)
+        jammed, per_row = _register_block(reads, extents, jam, vec, red, vector_registers)
         block = per_row * width   # a register block's columns
         if rows <= CACHE_ROWS:
             # few rows (a 7x7 map's 49), all in one cache tile: each packed element of
@@ -301,7 +307,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int) -> MappingOptio
         order, tile_order = lhs + red, []
         tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
     cols = min(extents[vec], tiles[vec] or extents[vec])
-    mr, vectors = _register_block(reads, extents, jam, vec, red)
+    mr, vectors = _register_block(reads, extents, jam, vec, red, vector_registers)
     if tiles[jam] and tiles[jam] < extents[jam]:
         tiles[jam] = tiles[jam] // mr * mr   # whole register blocks in a cache tile
     # (a partial last block only where the rows make the pass pack its panel)
@@ -383,13 +389,28 @@ def _whole_columns(cols: int, columns: int, column_bytes: int, block: int, whole
 
 
 def _register_block(reads: list[Read], extents: dict[str, int], jam: str, vec: str,
-                    red: list[str]) -> tuple[int, int]:
-    """The jammed rows of a register block and its vectors per row (:func:`_register_rows`)."""
+                    red: list[str], vector_registers: int) -> tuple[int, int]:
+    """The jammed rows of a register block and its vectors per row (:func:`_register_rows`),
+    as many as the vector registers hold (:func:`_fit_registers`)."""
     # the jammed rows' scalars: neighbours in memory (a convolution's window) or rows
     # far apart (a matmul's A(m, k), one cache line and TLB entry per row)?
     near = any(jam in index_names(r.indices[-1]) for r in reads if vec not in index_names(r.indices[-1]))
     # does the jammed index slide a window (w + kw of a convolution)?
-    return _register_rows(extents[jam], near, _slides(reads, {jam}, set(red)))
+    return _fit_registers(*_register_rows(extents[jam], near, _slides(reads, {jam}, set(red))),
+                          vector_registers)
+
+
+def _fit_registers(rows: int, vectors: int, registers: int) -> tuple[int, int]:
+    """``rows`` x ``vectors`` accumulators, with the row's ``vectors`` of the vector
+    operand and one broadcast scalar beside them, in ``registers`` vector registers:
+    fewer vectors per row, then fewer rows, where they would not fit. What does not fit
+    spills every reduction step (AVX2's 16 registers: a 6 x 4 block's 24 accumulators ran
+    a 1024 matmul at 68 GFLOP/s on two Zen 3 cores, its 6 x 2 block at 161)."""
+    while vectors > 1 and rows * vectors + vectors + 1 > registers:
+        vectors -= 1
+    while rows > 1 and rows * vectors + vectors + 1 > registers:
+        rows -= 1
+    return rows, vectors
 
 
 def _transposed(reads: list[Read], vec: str) -> bool:

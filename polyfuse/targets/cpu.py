@@ -149,6 +149,14 @@ def vector_bits(target: Target) -> int:
     return named
 
 
+def vector_registers(target: Target) -> int:
+    """The SIMD registers the target machine has: 32 on AArch64 (NEON's and SVE's) and
+    with AVX-512, 16 on other x86 CPUs."""
+    if not target.backend.triple.startswith("x86_64"):
+        return 32
+    return 32 if vector_bits(target) >= 512 else 16
+
+
 @functools.cache
 def native_dots(target: Target) -> Mapping[str, Isa]:
     """The dot-product builtins the target has instructions for, and which (the first
