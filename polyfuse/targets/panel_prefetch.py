@@ -103,7 +103,7 @@ def _panel(loop: For, passes: int, read: Read, path: tuple[For, ...], enclosing:
     lines = math.ceil(bytes_ / LINE / passes)
     over = loops[path.index(steps[0])] if lines > SPREAD_LINES else None
     at: dict[str, Expr] = {lp.var: Literal(lp.lo, _I64) for lp in loops}  # type: ignore[union-attr]
-    at[tile.var] = Binary(BinaryOp.ADD, IndexVar(tile.var, _I64), Literal(tile.step, _I64), _I64)
+    at[tile.var] = Binary(BinaryOp.ADD, IndexVar(tile.var), Literal(tile.step, _I64), _I64)
     first = map_expr(read, lambda e: at.get(e.name, e) if isinstance(e, IndexVar) else e)
     assert isinstance(first, Read)
     return PanelPrefetch(first, lines, over)

@@ -101,7 +101,7 @@ def _template(s: Store, source: str) -> Expr | None:
     """``s``'s value with each of its own indices replaced by a slot ``k`` (the read of
     ``source`` at the stored element included), or None when a read indexes by anything
     else or a loop index appears outside reads."""
-    slots = {e: IndexVar(f"{_SLOT}{k}", _I64) for k, e in enumerate(s.indices)}
+    slots = {e: IndexVar(f"{_SLOT}{k}") for k, e in enumerate(s.indices)}
 
     def abstract(e: Expr) -> Expr:
         if isinstance(e, Read):
@@ -234,7 +234,7 @@ def _on_tiles(tile: TileProduct, target: str, template: Expr) -> Stmt:
 def _last(lp: For) -> Expr:
     """``lp``'s variable is at its last iteration."""
     last = int(lp.lo.value) + ((constant_trips(lp) or 1) - 1) * lp.step  # type: ignore[attr-defined]
-    return Binary(BinaryOp.EQ, IndexVar(lp.var, _I64), Literal(last, _I64), DType.BOOL)
+    return Binary(BinaryOp.EQ, IndexVar(lp.var), Literal(last, _I64), DType.BOOL)
 
 
 def _apply(s: Stmt, blocks: list[tuple[Stmt, list[For]]], source: str, target: str,

@@ -165,7 +165,7 @@ class _Packer(LoopRewriter):
             # (whole vectors: a partial block alone pads its panel to them)
             width = sites[0].vector.vector  # type: ignore[union-attr]
             nr = -(-max(s.vector.trips for s in sites) // width) * width  # type: ignore[union-attr]
-            element = {id(s): IndexVar(s.vector.var, _I64) for s in sites}  # type: ignore[union-attr]
+            element = {id(s): IndexVar(s.vector.var) for s in sites}  # type: ignore[union-attr]
         else:
             found = _jammed(sites, source)
             if found is None:
@@ -244,7 +244,7 @@ class _Packer(LoopRewriter):
         remaining lanes are zeroed."""
         nr = shape[-1]
         names = [self.fresh(f"{name}_{d}") for d in range(len(shape))]
-        ivs = [IndexVar(n, _I64) for n in names]
+        ivs = [IndexVar(n) for n in names]
         within: list[Expr] = [ivs[0]] * len(site.outer)
         for d, iv in zip(across, ivs[1:-1]):
             within[d] = iv
@@ -293,7 +293,7 @@ def _tiles(sites: list[_Site], enclosing: tuple[For, ...]) -> list[ConstantLoop]
 
 def _tile_number(lp: ConstantLoop) -> Expr:
     """``(var - lo) / step``: which of its iterations loop ``lp`` is in."""
-    at: Expr = IndexVar(lp.var, _I64)
+    at: Expr = IndexVar(lp.var)
     if lp.lo:
         at = Binary(BinaryOp.SUB, at, Literal(lp.lo, _I64), _I64)
     return Binary(BinaryOp.DIV, at, Literal(lp.step, _I64), _I64) if lp.step != 1 else at

@@ -222,7 +222,7 @@ def _promote(top: For, parts: tuple[list[For], list[For], tuple[Store, ...]], na
     buf = Buffer(name, dtype, (len(stores), *(_trips(lp) for lp in wide)), BufferRole.LOCAL)
 
     def acc(j: int) -> Read:
-        return Read(name, (Literal(j, _I64), *(IndexVar(lp.var, _I64) for lp in wide)), dtype)
+        return Read(name, (Literal(j, _I64), *(IndexVar(lp.var) for lp in wide)), dtype)
 
     def element(s: Store) -> Read:
         return Read(s.buffer, s.indices, kernel.buffer(s.buffer).dtype)
