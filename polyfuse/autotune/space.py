@@ -84,7 +84,7 @@ class SearchSpace:
     def of_target(task: Task) -> SearchSpace:
         """The space of ``task``'s options on its own target (the SIMD width and registers
         compilation uses)."""
-        return SearchSpace.for_task(task, target_vector_bits(task.target), target_vector_registers(task.target))
+        return SearchSpace.for_task(task, *target_vectors(task.target))
 
     @staticmethod
     def for_task(task: Task, vector_bits: int = 512, vector_registers: int = 32) -> SearchSpace:
@@ -306,20 +306,13 @@ def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
     return out
 
 
-def target_vector_bits(target: Target) -> int:
-    """The SIMD register bits of ``target``'s floats (128 where it has no CPU SIMD)."""
+def target_vectors(target: Target) -> tuple[int, int]:
+    """The bits of ``target``'s SIMD registers for floats and how many it has (128 and 32
+    where it has no CPU SIMD: no register limit applies)."""
     if target.backend.cpus:
-        from polyfuse.targets.cpu import vector_bits
-        return vector_bits(target)
-    return 128
-
-
-def target_vector_registers(target: Target) -> int:
-    """The SIMD registers of ``target`` (32 where it has no CPU SIMD: no limit applies)."""
-    if target.backend.cpus:
-        from polyfuse.targets.cpu import vector_registers
-        return vector_registers(target)
-    return 32
+        from polyfuse.targets.cpu import vector_bits, vector_registers
+        return vector_bits(target), vector_registers(target)
+    return 128, 32
 
 
 # --- candidate values ------------------------------------------------------------------

@@ -294,27 +294,34 @@ Interval = tuple[int, int]
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """Where a statement sits: the loops around it (outermost first), the ranges known for
-    their variables (a loop's, from its bounds where they are known numbers; a pass may
-    narrow one, as splitting a loop does) and whether a condition guards it."""
+    """Where a statement sits: the loops around it (outermost first), the ranges a pass
+    narrowed some of them to (as splitting a loop does), and whether a condition guards
+    it. :attr:`env` derives the known ranges of the loops' variables when asked."""
 
     loops: tuple[Stmt, ...] = ()   # For, or another IR's loop (the GPU IR's thread loops)
-    ranges: tuple[tuple[str, Interval], ...] = ()
+    narrowed: tuple[tuple[int, Interval], ...] = ()   # (position in loops, its range)
     guarded: bool = False
 
     @property
     def env(self) -> dict[str, Interval]:
-        """The known ranges by variable."""
-        return dict(self.ranges)
+        """The known ranges by variable: each loop's from its bounds over the loops
+        outside it (where they are known numbers), or as a pass narrowed it."""
+        narrowed = dict(self.narrowed)
+        env: dict[str, Interval] = {}
+        for k, lp in enumerate(self.loops):
+            env.update(loop_range(lp, env))
+            if k in narrowed:
+                env[lp.var] = narrowed[k]  # type: ignore[attr-defined]
+        return env
 
     def inside(self, loop: Stmt) -> Scope:
         """The scope of ``loop``'s body (a :class:`For`, or another IR's statement with
         ``var``, ``lo`` and ``hi``)."""
-        return replace(self, loops=self.loops + (loop,), ranges=self.ranges + loop_range(loop, self.env))
+        return replace(self, loops=self.loops + (loop,))
 
-    def knowing(self, var: str, values: Interval) -> Scope:
-        """This scope where ``var`` takes only ``values``."""
-        return replace(self, ranges=self.ranges + ((var, values),))
+    def knowing(self, values: Interval) -> Scope:
+        """This scope where the innermost loop's variable takes only ``values``."""
+        return replace(self, narrowed=self.narrowed + ((len(self.loops) - 1, values),))
 
     def under_guard(self) -> Scope:
         return replace(self, guarded=True)

@@ -44,7 +44,7 @@ def each(work: Callable[[Any], None], items: list[Any], threads: int | None = No
 
 
 @dataclasses.dataclass
-class Switching:
+class _Switching:
     """The blocks inside :func:`quick_switches` now, and the interval before the first."""
 
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -52,7 +52,7 @@ class Switching:
     saved: float = 0.0
 
 
-SWITCHING = Switching()
+_SWITCHING = _Switching()
 
 
 @contextlib.contextmanager
@@ -63,7 +63,7 @@ def quick_switches() -> Iterator[None]:
     kernel, each giving up the GIL; at the default 5 ms it waited that long for it
     after most of them while another thread scheduled (ResNet-50's kernels: 8.7 s on
     three threads as on one; 6.2-6.6 s so)."""
-    state = SWITCHING
+    state = _SWITCHING
     with state.lock:
         if not state.blocks:
             state.saved = sys.getswitchinterval()

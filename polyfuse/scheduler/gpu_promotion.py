@@ -119,9 +119,15 @@ def _reads(region: ThreadFor) -> dict[str, list[_Use]]:
     """Reads of each buffer in ``region`` (loops of sibling nests may share a variable
     name, so each read keeps the loops that enclose it)."""
     out: dict[str, list[_Use]] = {}
+    described: dict[int, _Loop] = {}   # each loop's, worked out once
+
+    def described_loop(lp: Stmt) -> _Loop:
+        if id(lp) not in described:
+            described[id(lp)] = _Loop(lp.lo, lp.step, max_trips(lp.lo, lp.hi, lp.step))  # type: ignore[attr-defined]
+        return described[id(lp)]
+
     for s, scope in walk_scoped((region,)):
-        loops = {lp.var: _Loop(lp.lo, lp.step, max_trips(lp.lo, lp.hi, lp.step))  # type: ignore[attr-defined]
-                 for lp in scope.loops}
+        loops = {lp.var: described_loop(lp) for lp in scope.loops}  # type: ignore[attr-defined]
         times = math.prod(lp.trips or 1 for lp in loops.values())
         exprs: list[Expr] = []
         if isinstance(s, (For, ThreadFor)):
@@ -132,9 +138,8 @@ def _reads(region: ThreadFor) -> dict[str, list[_Use]]:
             exprs = [*s.indices, s.value]
         elif isinstance(s, Assign):
             exprs = [s.value]
-        out_uses = [_Use(r, times, loops) for e in exprs for r in walk(e) if isinstance(r, Read)]
-        for use in out_uses:
-            out.setdefault(use.read.tensor, []).append(use)
+        for r in (r for e in exprs for r in walk(e) if isinstance(r, Read)):
+            out.setdefault(r.tensor, []).append(_Use(r, times, loops))
     return out
 
 

@@ -113,28 +113,30 @@ _BRANCH = re.compile(r"\bBRA\b[^;]*?(\.L_x_\d+)")
 
 def instruction_mix(sass: str) -> dict[str, Mix]:
     """Each function's :class:`Mix` in the SASS text of :func:`disassemble`."""
-    functions: dict[str, list[tuple[str, str]]] = {}   # name -> (label or "", opcode or "") in order
-    current: list[tuple[str, str]] | None = None
+    # per function, in order: its labels (at their positions among the instructions) and
+    # its instructions' opcodes and branch targets
+    labels: dict[str, dict[str, int]] = {}
+    code: dict[str, list[tuple[str, str | None]]] = {}
+    name = None
     for line in sass.splitlines():
         if m := _FUNCTION.match(line):
-            current = functions.setdefault(m.group(1), [])
-        elif current is None:
+            name = m.group(1)
+            labels.setdefault(name, {})
+            code.setdefault(name, [])
+        elif name is None:
             continue
         elif m := _LABEL.match(line):
-            current.append((m.group(1), ""))
+            labels[name][m.group(1)] = len(code[name])
         elif m := _INSTRUCTION.search(line):
             branch = _BRANCH.search(line)
-            current.append(("", m.group(2) + (" " + branch.group(1) if branch else "")))
-    return {name: _mix(name, items) for name, items in functions.items()}
+            code[name].append((m.group(2), branch.group(1) if branch else None))
+    return {name: _mix(name, ops, labels[name]) for name, ops in code.items()}
 
 
-def _mix(name: str, items: list[tuple[str, str]]) -> Mix:
-    ops = [op.split(" ")[0] for label, op in items if op]
-    labels = {label: k for k, (label, _) in enumerate(items) if label}
-    loops = [(labels[op.split(" ")[1]], k) for k, (_, op) in enumerate(items)
-             if " " in op and labels.get(op.split(" ")[1], k + 1) <= k]
-    bodies = [Counter(op.split(" ")[0] for _, op in items[start:end + 1] if op) for start, end in loops]
+def _mix(name: str, code: list[tuple[str, str | None]], labels: dict[str, int]) -> Mix:
+    loops = [Counter(op for op, _ in code[labels[target]:k + 1]) for k, (_, target) in enumerate(code)
+             if target is not None and labels.get(target, k + 1) <= k]   # branches back
     # the shortest loop that does work (not the branch to itself that ends every function)
-    working = [body for body in bodies if sum(body.values()) > body["BRA"]]
+    working = [body for body in loops if sum(body.values()) > body["BRA"]]
     inner = min(working, key=lambda body: sum(body.values())) if working else Counter()
-    return Mix(name, Counter(ops), inner)
+    return Mix(name, Counter(op for op, _ in code), inner)

@@ -343,8 +343,8 @@ def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_
     if any(constant_loop(top) is None for top in tops):
         return None
     for s, scope in walk_scoped(tops):
-        path = tuple(map(constant_loop, scope.loops))
-        if any(lp is None or lp.kind is not LoopKind.SERIAL for lp in scope.loops) or None in path:
+        path = tuple(map(constant_loop, scope.loops))   # type: ignore[arg-type]
+        if None in path or any(lp.kind is not LoopKind.SERIAL for lp in scope.loops):  # type: ignore[attr-defined]
             continue   # inside a loop whose tensors are all left out
         if isinstance(s, For):
             if constant_loop(s) is None or s.kind is not LoopKind.SERIAL:

@@ -118,10 +118,10 @@ def _region(top: Stmt, buffer: str) -> list[tuple[dict[str, int], tuple[int, int
     found: list[list[tuple[dict[str, int], tuple[int, int]]]] = []
 
     for s, scope in walk_scoped((top,)):
-        loops = tuple(constant_loop(lp) for lp in scope.loops)
         if isinstance(s, For) and constant_loop(s) is None:
             return None
         if isinstance(s, Store) and s.buffer == buffer:
+            loops = tuple(constant_loop(lp) for lp in scope.loops)   # type: ignore[arg-type]
             forms = [affine(index) for index in s.indices]
             if any(f is None for f in forms):
                 return None

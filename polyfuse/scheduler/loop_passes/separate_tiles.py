@@ -50,23 +50,22 @@ class _Separate(LoopRewriter):
         k = _full_prefix(loop, env, undecided, count) if undecided else count
         if 0 < k < count and self.budget > 1:
             cut = first + k * loop.step
-            full = self._split(loop, scope, (first, cut))
-            rest = self._split(loop, scope, (cut, int(hi.value)))
+            full = self._part(loop, scope, first, cut, self.budget // 2)
+            rest = self._part(loop, scope, cut, int(hi.value), self.budget // 2)
             if loop.kind is LoopKind.PARALLEL:   # one loop, all its iterations on the threads
                 below = Binary(BinaryOp.LT, IndexVar(loop.var), _int(cut), DType.BOOL)
                 return (replace(loop, body=(If(below, full, rest),)),)
             return (replace(loop, hi=_int(cut), body=full), replace(loop, lo=_int(cut), body=rest))
-        inner = scope.inside(loop).knowing(loop.var, _values(first, int(hi.value), loop.step))
-        return (replace(loop, body=self.body(loop.body, inner)),)
+        return (replace(loop, body=self._part(loop, scope, first, int(hi.value), self.budget)),)
 
-    def _split(self, loop: For, scope: Scope, part: tuple[int, int]) -> tuple[Stmt, ...]:
-        """The body of ``loop`` over the values ``part`` (from, to) of its variable, with
-        half the copies."""
-        budget, self.budget = self.budget, self.budget // 2
+    def _part(self, loop: For, scope: Scope, lo: int, hi: int, budget: int) -> tuple[Stmt, ...]:
+        """The body of ``loop`` where its variable runs ``lo:hi``, splits in it making at
+        most ``budget`` copies."""
+        outer, self.budget = self.budget, budget
         try:
-            return self.body(loop.body, scope.inside(loop).knowing(loop.var, _values(*part, loop.step)))
+            return self.body(loop.body, scope.inside(loop).knowing(_values(lo, hi, loop.step)))
         finally:
-            self.budget = budget
+            self.budget = outer
 
 
 def _trips(lo: int, hi: int, step: int) -> int:
