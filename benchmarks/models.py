@@ -5,7 +5,8 @@
 Builds ResNet-18 (224x224, batch 1), a MobileNetV2-style net (depthwise + pointwise) and
 a BERT-base-sized encoder layer (seq 128, hidden 768, 12 heads) with onnx.helper and
 random weights; prints compile time, the number of kernels after fusion, median latency
-of polyfuse (all cores) and of onnxruntime with 1 and 2 threads, ratio = onnxruntime
+(a new input each call, each runtime timed after a pause) of polyfuse (all cores) and of
+onnxruntime with 1 and 2 threads, ratio = onnxruntime
 (all cores) / polyfuse, and the activation arena against the naive sum of activations;
 then the per-call time of a small MLP (``--only mlp``).
 """
@@ -13,6 +14,7 @@ then the per-call time of a small MLP (``--only mlp``).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import numpy as np
@@ -147,6 +149,22 @@ def small_mlp():
     return b.model("input", [1, 16], y, "mlp", [1, 4]), {"input": (1, 16)}
 
 
+def fresh_median(run, feeds: list[dict]) -> float:
+    """Median seconds of ``run`` over ``feeds`` (one warm-up call on the first), after a
+    pause that lets the previous runtime's spinning thread pool go to sleep."""
+    time.sleep(PAUSE)
+    run(feeds[0])
+    times = []
+    for feed in feeds[1:]:
+        t = time.perf_counter()
+        run(feed)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+PAUSE = 0.5   # seconds between one runtime's block of calls and the next's
+
+
 def call_overhead(repeat: int) -> None:
     """Median time of one call of the small MLP, polyfuse against onnxruntime."""
     model, shapes = small_mlp()
@@ -173,17 +191,21 @@ def main() -> None:
         if wanted and name not in wanted:
             continue
         model, shapes = build()
-        feed = {k: np.random.default_rng(1).standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+        rng = np.random.default_rng(1)
+        # a new input on every call (a repeated feed could hide re-planning or folding)
+        feeds = [{k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+                 for _ in range(args.repeat + 1)]
+        feed = feeds[0]
         t = time.perf_counter()
         compiled = pf.compile(model, target="host", input_shapes=shapes)
         compile_s = time.perf_counter() - t
-        ours = median_time(lambda: compiled.run(feed), args.repeat)
+        ours = fresh_median(compiled.run, feeds)
         ort_times = []
         for threads in (1, 2):
             so = ort.SessionOptions()
             so.intra_op_num_threads = threads
             sess = ort.InferenceSession(model.SerializeToString(), so)
-            ort_times.append(median_time(lambda: sess.run(None, feed), args.repeat))
+            ort_times.append(fresh_median(lambda f: sess.run(None, f), feeds))
         want = sess.run(None, feed)[0]
         got = list(compiled.run(feed).values())[0]
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
