@@ -167,21 +167,11 @@ def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
               stages: Mapping[str, object], source: ModelSource | None = None,
               max_plans: int = MAX_PLANS) -> CompiledModel:
     from polyfuse.lowering.fusion import describe_groups
-    from polyfuse.lowering.plan import plan_graph
+    from polyfuse.lowering.plan import GraphPlanner
     shown = {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
-    return CompiledModel(graph, target, functools.partial(plan_graph, graph), options=options,
-                         input_shapes=input_shapes, stages=shown,
-                         tuning=Tuning(Records.open(tuning_records)), planning=_planning,
-                         source=source, max_plans=max_plans)
-
-
-def _planning(graph: Graph, passes: bool) -> tuple[Graph, Any]:
-    """A subgraph (through the graph passes when ``passes``) or the rest of a graph after
-    data-dependent control flow, and its planner (see :mod:`polyfuse.runtime.interpreted_control`)."""
-    from polyfuse.lowering.plan import plan_graph
-    if passes:
-        graph, _ = _optimized(graph)
-    return graph, functools.partial(plan_graph, graph)
+    return CompiledModel(GraphPlanner(graph), target, options=options, input_shapes=input_shapes,
+                         stages=shown, tuning=Tuning(Records.open(tuning_records)), source=source,
+                         max_plans=max_plans)
 
 
 @functools.lru_cache(maxsize=256)

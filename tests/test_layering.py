@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polyfuse
 import pytest
 
@@ -270,6 +271,42 @@ def test_runtime_executes_plans_without_the_layers_above():
             bad = {t for t in i.top | i.local | i.typing
                    if any(_within(t, p) for p in ("lowering", "frontends", "autotune"))}
             assert not bad, (m, bad)
+
+
+@pytest.mark.unit
+def test_runtime_reaches_the_lowering_only_through_the_planner():
+    """The runtime runs Plans; for shapes it has no plan for, and for data-dependent
+    control flow, it asks the one object of the re-planning protocol
+    (``polyfuse.ir.plan.Planner``) it is given. No closure that makes plans is handed to
+    it: no runtime module takes a callable returning a Plan or a planner, and a compiled
+    model refuses a bare planning function."""
+    import functools
+    import re
+
+    from polyfuse.errors import ArgumentError
+    from polyfuse.frontends.graph_text import parse_graph
+    from polyfuse.lowering.plan import GraphPlanner, plan_graph
+    from polyfuse.runtime.model import CompiledModel
+    from polyfuse.targets import Target
+
+    planning = re.compile(r"\bPlan(ner|ning)?\b")
+    found = []
+    for m, path in modules().items():
+        if path is None or not _within(m, "runtime"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("Callable") and \
+                    planning.search(ast.unparse(node.slice)):
+                found.append(f"{m}:{node.lineno} {ast.unparse(node)}")
+    assert not found, f"runtime modules take planning callables: {found}"
+
+    g = parse_graph("graph g(%x: float32[2, 3]) -> (%y: float32[2, 3]) opset 17 {\n  %y = Relu(%x)  # r\n}")
+    reference = Target.parse("reference")
+    with pytest.raises(ArgumentError, match="Planner"):
+        CompiledModel(functools.partial(plan_graph, g), reference)   # type: ignore[arg-type]
+    model = CompiledModel(GraphPlanner(g), reference)
+    x = np.arange(-3.0, 3.0, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], np.maximum(x, 0))
 
 
 @pytest.mark.unit

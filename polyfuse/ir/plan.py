@@ -25,6 +25,18 @@ decides, a value needed to plan what follows) ends the plan: its ``tail``
 
 ``lowering.plan.plan_graph`` makes plans; the runtime compiles each kernel step for a
 target and runs the steps. ``str(plan)`` prints it; :meth:`Plan.verify` checks it.
+
+**The re-planning protocol.** A plan holds everything the program runs, control flow the
+data decides included; the runtime never calls into the lowering but through one
+object, a :class:`Planner`, given to a compiled model when it is made. The runtime asks
+it for a plan in three cases only, each because a plan is made for concrete shapes:
+
+* the model is called at input shapes it has no plan for (or with new values of the few
+  inputs a lowering needs at plan time: a Reshape's shape fed at run time), ``plan``;
+* a plan's tail (:class:`ControlStep`) runs a branch or loop body whose shapes the data
+  decides, or the rest of the graph after it, ``subgraph`` then ``plan`` for the shapes
+  that the data gave;
+* ``profile_ranges`` observes every value of the model, ``subgraph`` of the observed graph.
 """
 
 from __future__ import annotations
@@ -33,11 +45,12 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from polyfuse.errors import IRVerificationError, ShapeError
-from polyfuse.ir.graph import Node, TensorType, format_name
+from polyfuse.ir.graph import Graph, Node, TensorType, format_name
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.steps import (BranchStep, ControlFlow, KernelStep, LoopStep, Step, ViewStep, leaves,
                                live_ranges, view_roots)
@@ -377,3 +390,22 @@ class Plan:
                     lines.append(f"{indent}  yield ({names(block.results)})")
                     lines.append(f"{indent}}} else {{" if k == 0 else f"{indent}}}")
         return lines
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """The re-planning protocol (see the module docstring): what a compiled model may ask
+    of the lowering. ``graph`` is the graph it plans (after the graph passes)."""
+
+    graph: Graph
+
+    def plan(self, shapes: Mapping[str, tuple[int, ...]], values: Mapping[str, np.ndarray]) -> Plan:
+        """``graph`` lowered for inputs of these ``shapes``, specialized to ``values``
+        (those inputs a lowering needs at plan time); raises NeedsValue naming an input
+        whose value it needs."""
+        ...
+
+    def subgraph(self, graph: Graph, passes: bool) -> Planner:
+        """A planner of ``graph``, a branch or loop body (``passes``: through the graph
+        passes first) or the rest of this graph after data-dependent control flow."""
+        ...

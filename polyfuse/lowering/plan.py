@@ -21,7 +21,7 @@ ends the plan before it, and is planned with the rest once the value is known.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from polyfuse.lowering.compose import Member, compose
 from polyfuse.lowering.inline_control import live_nodes, resolve_control_flow
 from polyfuse.lowering.program_control import program_control
 from polyfuse.lowering.fusion import partition_fusion_groups
+from polyfuse.lowering.graph_passes import PassManager, graph_passes
 from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, to_channels_last
 from polyfuse.lowering.ops import (EXPANDS, Counted, Expanded, Folded, Lowered, OpContext, TCKernel, View,
                                    lower)
@@ -53,6 +54,22 @@ def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     op library's errors (naming the node), a ShapeError where sizes disagree and a
     SizeLimitError where a tensor would not fit in memory."""
     return _Planner(graph, dict(shapes), dict(values or {})).plan()
+
+
+@dataclass(frozen=True)
+class GraphPlanner:
+    """The lowering's side of the re-planning protocol (:class:`~polyfuse.ir.plan.Planner`):
+    plans of ``graph``, and planners of its subgraphs."""
+
+    graph: Graph
+
+    def plan(self, shapes: Mapping[str, tuple[int, ...]], values: Mapping[str, np.ndarray]) -> Plan:
+        return plan_graph(self.graph, shapes, values)
+
+    def subgraph(self, graph: Graph, passes: bool) -> GraphPlanner:
+        if passes:
+            graph = PassManager(graph_passes(), verify=True).run(graph)
+        return GraphPlanner(graph)
 
 
 class _Planner:

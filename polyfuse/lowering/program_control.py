@@ -34,7 +34,7 @@ from polyfuse.lowering.inline_control import Inlined, inline_body, passed_condit
 STACKED_MAX_BYTES = 1 << 26
 
 
-class Planner(Protocol):
+class PlanBuilder(Protocol):
     """What of :class:`polyfuse.lowering.plan._Planner` planning control flow uses."""
 
     steps: list[Step]
@@ -50,7 +50,7 @@ class Planner(Protocol):
     def restore(self, saved: tuple[dict, dict, dict]) -> None: ...
 
 
-def program_control(planner: Planner, node: Node) -> tuple[Trim, ...] | None:
+def program_control(planner: PlanBuilder, node: Node) -> tuple[Trim, ...] | None:
     """Plan If or Loop ``node`` as a step of the program: the trims of outputs to cut
     after it (the plan then ends), or None (nothing planned) when the program cannot
     run it."""
@@ -63,18 +63,18 @@ def program_control(planner: Planner, node: Node) -> tuple[Trim, ...] | None:
     return trims
 
 
-def _scalar(planner: Planner, name: str, dtype: DType) -> bool:
+def _scalar(planner: PlanBuilder, name: str, dtype: DType) -> bool:
     t = planner.types.get(name)
     return t is not None and t.dtype is dtype and all(int(d) == 1 for d in t.shape)
 
 
-def _narrow(planner: Planner, values: tuple[str, ...]) -> bool:
+def _narrow(planner: PlanBuilder, values: tuple[str, ...]) -> bool:
     """Whether any of ``values`` holds a narrow type (float8, int4, ...) in its storage
     type: the values a loop or branch copies keep only their storage types."""
     return any(v in planner.narrow for v in values)
 
 
-def _subgraph(planner: Planner, node: Node, parts: ControlParts, body: Graph, bound: dict[str, str],
+def _subgraph(planner: PlanBuilder, node: Node, parts: ControlParts, body: Graph, bound: dict[str, str],
               prefix: str) -> Block | None:
     """``body`` inlined under ``prefix`` (its inputs ``bound``) and planned as a block."""
     out = Inlined([], {})
@@ -83,7 +83,7 @@ def _subgraph(planner: Planner, node: Node, parts: ControlParts, body: Graph, bo
     return planner.block(planner.grouped(node.name, out.nodes, set(results)), results)
 
 
-def _branch(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ...] | None:
+def _branch(planner: PlanBuilder, node: Node, parts: ControlParts) -> tuple[Trim, ...] | None:
     cond = parts.own[0]
     if not _scalar(planner, cond, DType.BOOL):
         return None
@@ -104,7 +104,7 @@ def _branch(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ..
     return ()
 
 
-def _loop(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ...] | None:
+def _loop(planner: PlanBuilder, node: Node, parts: ControlParts) -> tuple[Trim, ...] | None:
     body: Graph = node.attr("body")
     trip, cond = parts.own[0], parts.own[1]
     if trip and not _scalar(planner, trip, DType.INT64) or cond and not _scalar(planner, cond, DType.BOOL):
@@ -137,7 +137,7 @@ def _loop(planner: Planner, node: Node, parts: ControlParts) -> tuple[Trim, ...]
     return tuple(Trim(o, b, counter, 0) for o, b in zip(scans, stacked) if o) if early else ()
 
 
-def _keeps_types(planner: Planner, block: Block, carried: tuple[str, ...], going: str) -> bool:
+def _keeps_types(planner: PlanBuilder, block: Block, carried: tuple[str, ...], going: str) -> bool:
     """Whether the body gives a condition, and each carried value in its own type from
     storage that is not another's (the copies after an iteration would overwrite it)."""
     types = planner.types
@@ -148,7 +148,7 @@ def _keeps_types(planner: Planner, block: Block, carried: tuple[str, ...], going
         for r, c in zip(results, carried))
 
 
-def _may_stop_early(planner: Planner, node: Node, parts: ControlParts, cond: str) -> bool:
+def _may_stop_early(planner: PlanBuilder, node: Node, parts: ControlParts, cond: str) -> bool:
     """Whether a loop may run fewer iterations than its trip count: its condition,
     before the first iteration or from its body, is not known to be true."""
     body: Graph = node.attr("body")

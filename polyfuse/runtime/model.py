@@ -1,7 +1,8 @@
 """Compiled graphs: what ``polyfuse.compile`` returns.
 
 A :class:`CompiledModel` holds the graph; for each set of input shapes its planner lowers
-it into a :class:`~polyfuse.ir.plan.Plan` (``lowering.plan.plan_graph``), whose kernel
+it into a :class:`~polyfuse.ir.plan.Plan` (the re-planning protocol,
+:class:`~polyfuse.ir.plan.Planner`: the runtime's one way into the lowering), whose kernel
 steps are compiled here for the target (cached per shapes). ``run`` checks the feed, then
 runs the plan's steps, its loops and branches included: as one native program where the
 target allows, else step by step (:mod:`polyfuse.runtime.stepwise`). A plan that ends at
@@ -9,7 +10,7 @@ control flow the program cannot run, at an op whose output sizes the data decide
 (NonZero, ...) or before a node needing a value it computes (its ``tail``) is continued
 by :mod:`polyfuse.runtime.interpreted_control`, from Python: the branch or loop body, or
 the outputs cut to their counts, then the rest of the graph, each a CompiledModel of its
-own (``planning`` makes their planners).
+own (planned by the planner's ``subgraph``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from polyfuse.errors import (ArgumentError, BoundsError, IRVerificationError, Ne
                              TargetError)
 from polyfuse.ir.graph import Graph, TensorType, Value, value_sources
 from polyfuse.ir.profile import Profile
-from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, ViewStep
+from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Planner, ViewStep
 from polyfuse.ir.steps import leaves
 from polyfuse.runtime import compile_threads, native
 from polyfuse.runtime.arguments import placeholder
@@ -60,11 +61,6 @@ VALUE_INPUT_MAX = 64
 # used goes first, with its program, arena layout, packed copies of the weights and the
 # kernels no other plan uses
 MAX_PLANS = 16
-
-# what lowers the graph for input shapes (and the values of small inputs) into a Plan
-Planner = Callable[[dict[str, tuple[int, ...]], dict[str, np.ndarray]], Plan]
-# a subgraph (True: through the graph passes) or the rest of a graph, and its planner
-Planning = Callable[[Graph, bool], tuple[Graph, Planner]]
 
 
 def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
@@ -181,26 +177,27 @@ def _program(compiled: CompiledPlan, target: Target) -> Any:
 class CompiledModel:
     """A graph compiled for a target; ``run({name: array}) -> {name: array}``.
 
-    ``planner`` lowers the graph for each new set of input shapes (``polyfuse.compile``
-    gives ``lowering.plan.plan_graph``); ``stages`` are the texts :meth:`dump` shows before
+    ``planner`` (the re-planning protocol, :class:`~polyfuse.ir.plan.Planner`) lowers
+    its graph for each new set of input shapes; ``stages`` are the texts :meth:`dump` shows before
     kernels (the graph after each pass, the fusion groups); ``tuning`` gives kernels their
     tuned options and names them as tuning tasks. The model keeps the ``max_plans``
     plans used last (:data:`MAX_PLANS` by default; settable): a call at shapes of a plan
     it dropped plans them again, its kernels from the disk cache."""
 
-    def __init__(self, graph: Graph, target: Target, planner: Planner, *,
+    def __init__(self, planner: Planner, target: Target, *,
                  options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                  stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
-                 planning: Planning | None = None,
                  source: ModelSource | None = None, max_plans: int = MAX_PLANS) -> None:
-        self.graph = graph
+        if not isinstance(planner, Planner):   # a bare function would be a call into lowering
+            raise ArgumentError(f"a compiled model is made from a polyfuse.ir.plan.Planner (with "
+                                f"graph, plan and subgraph), not a {type(planner).__name__}")
+        graph = self.graph = planner.graph
         self.source = source   # what profile_ranges observes
         self.target = target
         self.options = options
         self.tuning = tuning
         self._planner = planner
-        self._subgraph_planning = planning   # bodies, branches, the rest after control flow
         self._stages = dict(stages or {})
         self._plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()   # the last used last
         self._plans_lock = threading.Lock()   # guards _plans' order
@@ -242,7 +239,7 @@ class CompiledModel:
             compiled = self._plans.get(key)
             if compiled is None:
                 check_shapes(self.graph.inputs, shapes)
-                plan = self._planner(dict(shapes), dict(values))
+                plan = self._planner.plan(dict(shapes), dict(values))
                 compiled = _compile_plan(plan, self.target, self.options, self.tuning)
                 with self._plans_lock:
                     self._plans[key] = compiled
@@ -388,13 +385,9 @@ class CompiledModel:
         found = self._submodels.get(key)
         if found is not None and found[0] is owner:
             return found[1]
-        if self._subgraph_planning is None:
-            raise ArgumentError("this model was compiled without a planner for subgraphs; compile "
-                                "it with polyfuse.compile() to run data-dependent control flow")
         rest = isinstance(owner, ControlStep)
-        graph, planner = self._subgraph_planning(retyped(make(), dict(feed)), not rest)
-        model = CompiledModel(graph, self.target, planner, options=self.options, tuning=self.tuning,
-                              planning=self._subgraph_planning,
+        planner = self._planner.subgraph(retyped(make(), dict(feed)), not rest)
+        model = CompiledModel(planner, self.target, options=self.options, tuning=self.tuning,
                               max_plans=self.max_plans)
         self._submodels[key] = (owner, model)   # the owner held: its id stays its own
         return model
@@ -425,12 +418,11 @@ class CompiledModel:
         """The ranges (minimum, maximum, histogram) of every float tensor of the model over
         ``feeds`` (each a feed of :meth:`run`), by the names the ONNX model gives them: the
         profile int8 quantization is calibrated from (see :mod:`polyfuse.ir.profile`)."""
-        if self.source is None or self._subgraph_planning is None:
+        if self.source is None:
             raise ArgumentError("profile_ranges needs a model compiled from ONNX by "
                                 "polyfuse.compile()")
-        graph, planner = self._subgraph_planning(observed(self.source.graph), True)
-        model = CompiledModel(graph, self.target, planner, options=self.options,
-                              planning=self._subgraph_planning)
+        model = CompiledModel(self._planner.subgraph(observed(self.source.graph), True), self.target,
+                              options=self.options)
         return record(model.run, self.graph.inputs, feeds, self.source.digest)
 
     def _prepare(self, feed: Mapping[str, Any]) -> tuple[CompiledPlan, dict[str, Any]]:
