@@ -12,9 +12,13 @@ loop stays live until the loop ends (the next iteration reads it again).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from polyfuse.ir.comprehension import Definition
+
+# a kernel step's definition after each comprehension pass it went through, in order:
+# (pass name, definition), the first ("input", as the op library or the composition made it)
+History = tuple[tuple[str, Definition], ...]
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class KernelStep:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     temporaries: tuple[str, ...] = ()
+    history: History = field(default=(), compare=False, repr=False)   # ends at ``definition``
 
     @property
     def defines(self) -> tuple[str, ...]:

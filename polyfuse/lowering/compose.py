@@ -5,7 +5,7 @@ definition: each graph value the group reads becomes a parameter, each value it
 defines a tensor, and each member's temporaries stay private to it. Values read after
 the group are its outputs; everything else is a temporary.
 
-:func:`inline_pointwise` then substitutes a temporary's defining expression into the
+:func:`inline_pointwise` then (the planner's comprehension pass of that name) substitutes a temporary's defining expression into the
 statements reading it, as Halide's ``compute_inline`` does, when that costs no work:
 the producer is a plain ``=`` over the whole tensor with no reduction, each reader is
 one too (never a reduction, whose inner loop would then repeat the producer's work),
@@ -48,10 +48,15 @@ class Composed:
     params: tuple[str, ...]    # graph value of each parameter
     outputs: tuple[str, ...]   # graph value of each output the group exports
 
+    @property
+    def exports(self) -> set[str]:
+        """The tensors of the outputs the group exports (what inlining keeps)."""
+        return {t.name for t in self.definition.outputs[:len(self.outputs)]}
+
 
 def compose(name: str, members: Sequence[Member], exported: set[str]) -> Composed:
     """One definition computing every member in order; ``exported`` values (read after
-    the group or graph outputs) become its first outputs."""
+    the group or graph outputs) become its first outputs. Nothing is inlined yet."""
     tensor_of: dict[str, str] = {}      # graph value -> tensor name in the composition
     params: list[TensorDecl] = []
     param_values: list[str] = []
@@ -78,7 +83,6 @@ def compose(name: str, members: Sequence[Member], exported: set[str]) -> Compose
     exports = [t for t in decls if value_of.get(t) in exported]
     outputs = tuple(decls[t] for t in exports) + tuple(decls[t] for t in decls if t not in exports)
     composed = Definition(name, tuple(params), outputs, tuple(statements))
-    composed = inline_pointwise(composed, set(exports))
     verify_definition(composed)
     return Composed(composed, tuple(param_values), tuple(value_of[t] for t in exports))
 

@@ -27,17 +27,18 @@ import numpy as np
 
 from polyfuse.errors import CodegenError, DTypeError, FrontendError, ModelError, NeedsValue, ShapeError
 from polyfuse.frontends.tc import parse
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Definition, Expr, Literal, Read, TensorDecl,
-                                       map_expr)
+from polyfuse.ir.comprehension import Definition, TensorDecl
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType
 from polyfuse.ir.limits import check_bytes, check_tensor_size
 from polyfuse.ir.plan import ControlStep, KernelStep, Plan, Step, Trim, ViewStep, plan_memory
-from polyfuse.ir.steps import Block, events
+from polyfuse.ir.passes import Pass
+from polyfuse.ir.steps import Block, History, events
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType, aligned_array
-from polyfuse.lowering.compose import Member, compose
+from polyfuse.lowering.compose import Member, compose, inline_pointwise
+from polyfuse.lowering.kernel_passes import inline_scalars, run_definition_passes, started
 from polyfuse.lowering.inline_control import live_nodes, resolve_control_flow
 from polyfuse.lowering.program_control import program_control
 from polyfuse.lowering.fusion import partition_fusion_groups
@@ -88,6 +89,7 @@ class _Planner:
         for c in graph.constants:
             self.constant(c.name, c.array)
         self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
+        self._history: dict[str, History] = {}   # node -> its definition's comprehension passes
         self._parsed: dict[str, Definition] = {}   # TC text -> its definition (steps share one)
 
     def plan(self) -> Plan:
@@ -318,7 +320,7 @@ class _Planner:
                     self.consts[name] = aligned_array(results[t.name])
                     self.define(what, name, _type(results[t.name]))
                 return None
-            self.kernel(node.name, d, lowered.source, names, outs, types)
+            self.kernel(node.name, self._history[node.name], lowered.source, names, outs, types)
         return None
 
     def counted(self, node: Node, lowered: Counted, d: Definition) -> tuple[Trim, ...] | None:
@@ -343,7 +345,7 @@ class _Planner:
                 if node.outputs[i]:
                     self.define(what, node.outputs[i], self.constant(node.outputs[i], array))
             return None
-        self.kernel(node.name, d, k.source, names, bounds + [count], types)
+        self.kernel(node.name, self._history[node.name], k.source, names, bounds + [count], types)
         return tuple(Trim(node.outputs[i], b, count if i in axes else "", axes.get(i, 0))
                      for i, b in zip(k.outputs, bounds) if node.outputs[i])
 
@@ -364,6 +366,8 @@ class _Planner:
                         raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC "
                                            f"that does not compile: {err}") from None
                     self._parsed[kernel.source] = d
+            if d is not None:
+                self._history[node.name] = started(d)
             if node.attr(CHANNELS_LAST):
                 lowered, d = self.channels_last(node, lowered, d)
             self._lowered[node.name] = (lowered, d)
@@ -378,7 +382,10 @@ class _Planner:
                 not isinstance(d.params[0], TensorDecl):
             raise CodegenError(f"node '{node.name}' ({node.op}): its lowering cannot run channels-last")
         tensors = {d.params[0].name, d.outputs[lowered.outputs.index(0)].name}
-        d = to_channels_last(d, tensors)
+        history = run_definition_passes(self._history[node.name],
+                                        (Pass("to_channels_last", lambda d: to_channels_last(d, tensors)),))
+        self._history[node.name] = history
+        d = history[-1][1]
         return replace(lowered, source=str(d)), d
 
     def bind_constants(self, node: Node, k: TCKernel) -> list[str]:
@@ -388,10 +395,14 @@ class _Planner:
             self.constant(name, array)
         return names
 
-    def kernel(self, label: str, d: Definition, source: str, names: list[str], outs: list[str],
+    def kernel(self, label: str, history: History, source: str, names: list[str], outs: list[str],
                types: list[TensorType]) -> None:
-        inlined = inline_scalars(d, {p.name: self.consts[n] for p, n in zip(d.params, names)
-                                     if n in self.consts})
+        """A kernel step of the definition ``history`` ends at (its comprehension passes so
+        far), on values ``names``, after the passes every kernel gets."""
+        d = history[-1][1]
+        values = {p.name: self.consts[n] for p, n in zip(d.params, names) if n in self.consts}
+        history = run_definition_passes(history, (Pass("inline_scalars", lambda d: inline_scalars(d, values)),))
+        inlined = history[-1][1]
         if inlined is not d:
             kept = {p.name for p in inlined.params}
             names = [n for p, n in zip(d.params, names) if p.name in kept]
@@ -399,7 +410,7 @@ class _Planner:
         temps = tuple(f"{label}#{t.name}" for t in d.outputs[len(outs):])
         for name, t in zip(outs + list(temps), types):
             self.types[name] = t
-        self.steps.append(KernelStep(label, d, source, tuple(names), tuple(outs), temps))
+        self.steps.append(KernelStep(label, d, source, tuple(names), tuple(outs), temps, history))
 
     def fused(self, unit: list[Node], exported: set[str]) -> bool:
         """Lower a fusion group as one kernel; False (nothing done) when a member does
@@ -421,58 +432,14 @@ class _Planner:
             members.append(Member(bound, tuple(names), outs))
         label = f"{unit[0].group}[{' '.join(n.name for n in unit)}]"
         composed = compose("fused", members, exported)
-        d, outs = composed.definition, list(composed.outputs)
+        keep = composed.exports
+        history = run_definition_passes(started(composed.definition),
+                                        (Pass("inline_pointwise", lambda d: inline_pointwise(d, keep)),))
+        d, outs = history[-1][1], list(composed.outputs)
         what = f"fusion group {label}"
         sizes = self.sizes(what, d, list(composed.params))
-        self.kernel(label, d, str(d), list(composed.params), outs, self.output_types(what, d, sizes, outs))
+        self.kernel(label, history, str(d), list(composed.params), outs, self.output_types(what, d, sizes, outs))
         return True
-
-
-# element types whose one-element constants become literals in the kernels reading them
-_LITERAL_TYPES = (DType.FLOAT32, DType.FLOAT64, DType.INT32, DType.INT64, DType.BOOL)
-
-
-def inline_scalars(d: Definition, values: Mapping[str, np.ndarray]) -> Definition:
-    """``d`` with its one-element constant parameters (``values``, by parameter name, of a
-    fixed shape) read as literals and dropped from its parameters, as onnxruntime and TVM
-    fold scalar initializers into the kernels using them: a GELU's ``pow(x, 3)`` then is
-    ``x * x * x``, not exp and log, and LLVM sees every constant operand."""
-    scalars = {p.name: values[p.name].reshape(()).item() for p in d.params
-               if isinstance(p, TensorDecl) and p.name in values and values[p.name].size == 1
-               and p.dtype in _LITERAL_TYPES and _fixed(p)}
-    if not scalars:
-        return d
-    dtypes = {p.name: p.dtype for p in d.params if p.name in scalars}
-
-    def literal(e: Expr) -> Expr:
-        if isinstance(e, Read) and e.tensor in scalars:
-            return Literal(scalars[e.tensor], dtypes[e.tensor])
-        return _integer_power(e)
-
-    statements = tuple(replace(st, rhs=map_expr(st.rhs, literal)) for st in d.statements)
-    return replace(d, params=tuple(p for p in d.params if p.name not in scalars), statements=statements)
-
-
-def _fixed(p: TensorDecl) -> bool:
-    try:
-        return all(evaluate_int(s, {}) >= 0 for s in p.shape)
-    except ValueError:  # a size that names a symbol: the parameter binds it
-        return False
-
-
-def _integer_power(e: Expr) -> Expr:
-    """``pow(x, 2)`` and ``pow(x, 3)`` as products, ``pow(x, 1)`` as ``x`` (as onnxruntime
-    computes its Pow with these exponents); other calls unchanged. ``x`` may be any
-    expression (a product's element with its bias added, in an epilogue): LLVM computes
-    the repeated operand once."""
-    if isinstance(e, Call) and e.fn == "pow" and e.dtype.is_float \
-            and isinstance(e.args[1], Literal) and e.args[1].value in (1, 2, 3):
-        x = e.args[0]
-        out = x
-        for _ in range(int(e.args[1].value) - 1):
-            out = Binary(BinaryOp.MUL, out, x, e.dtype)
-        return out
-    return e
 
 
 def _last_readers(nodes: list[Node]) -> dict[str, int]:

@@ -283,12 +283,16 @@ class CompiledModel:
         """The text of one stage of compilation: the graph after a pass (``input``,
         ``fold_batch_norms``, ..., see :data:`STAGES`), ``groups`` (the fusion
         decisions), ``plan`` (the latest :class:`~polyfuse.ir.plan.Plan`), or, for its
-        kernels, ``kernels`` (their TC), ``loops``, ``loops:<pass>`` (after each loop pass),
-        ``llvm``, ``asm`` (kernel stages, each kernel headed by its label)."""
+        kernels, ``comprehension`` (their definitions as the op library or the fusion
+        group's composition gave them), ``comprehension:<pass>`` (after each comprehension
+        pass), ``kernels`` (their TC as compiled), ``loops``, ``loops:<pass>`` (after each
+        loop pass), ``llvm``, ``asm`` (kernel stages, each kernel headed by its label)."""
         if stage in self._stages:
             return str(self._stages[stage])
         if stage == "plan":
             return str(self._latest_plan("stage 'plan'").plan)
+        if stage.partition(":")[0] == "comprehension":
+            return self._definitions(stage)
         kernel_stage = {"kernels": "specialized"}.get(stage, stage)
         # "loops:<pass>" and "gpu:<pass>": the loop IR after each named loop pass
         if kernel_stage in KERNEL_STAGES or kernel_stage.partition(":")[0] in ("loops", "gpu"):
@@ -300,8 +304,21 @@ class CompiledModel:
                 raise ArgumentError(f"kernels for {self.target} have no stage '{stage}'; they have "
                                     f"kernels, {', '.join(present)}")
             return "\n\n".join(f"// {label}\n{stages.get(kernel_stage, '')}" for label, stages in kernels)
-        known = [*self._stages, "plan", "kernels", *KERNEL_STAGES[1:]]
+        known = [*self._stages, "plan", "comprehension", "kernels", *KERNEL_STAGES[1:]]
         raise ArgumentError(f"no stage '{stage}'; stages: {', '.join(known)}")
+
+    def _definitions(self, stage: str) -> str:
+        """Each kernel step's definition after comprehension pass ``stage``
+        (``comprehension:<pass>``; ``comprehension`` alone: before the first), for the
+        steps that ran it."""
+        name = stage.partition(":")[2] or "input"
+        steps = self._latest_plan(f"stage '{stage}'").plan.kernels
+        shown = [f"// {st.label}\n{d}" for st in steps for ran, d in st.history if ran == name]
+        if not shown:
+            ran = dict.fromkeys(f"comprehension:{n}" for st in steps for n, _ in st.history[1:])
+            raise ArgumentError(f"no kernel of the plan ran comprehension pass '{name}'; stages: "
+                                f"{', '.join(['comprehension', *ran]) if steps else '(no kernels)'}")
+        return "\n\n".join(shown)
 
     def tasks(self, **shapes: tuple[int, ...]) -> list[Any]:
         """Every kernel of the model as a tuning task, for these input shapes (those given

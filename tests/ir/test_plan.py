@@ -89,7 +89,7 @@ def test_dump_names_the_plan_stage():
     g, _ = mlp()
     model = compile_graph(g, "reference", input_shapes={"x": (1, 4)})
     assert model.dump("plan").startswith("plan @mlp(%x: float32[1, 4])")
-    with pytest.raises(pf.ArgumentError, match="stages: groups, plan, kernels"):
+    with pytest.raises(pf.ArgumentError, match="stages: groups, plan, comprehension, kernels"):
         model.dump("nonsense")
 
 

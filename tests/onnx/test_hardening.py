@@ -15,7 +15,7 @@ from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.limits import MAX_EXPR_DEPTH, expr_depth
 from polyfuse.ir.sizes import bind_sizes
-from polyfuse.lowering.compose import Member, compose
+from polyfuse.lowering.compose import Member, compose, inline_pointwise
 from polyfuse.lowering.graph_passes import PassManager
 from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
@@ -424,7 +424,7 @@ def test_composing_stops_inlining_before_the_expression_gets_too_deep():
                        .definitions[0], {"N": 4})
         members.append(Member(d, ("x" if k == 0 else f"v{k - 1}", "x"), (f"v{k}",)))
     composed = compose("fused", members, {f"v{steps - 1}"})
-    d = composed.definition
+    d = inline_pointwise(composed.definition, composed.exports)
     assert max(expr_depth(s.rhs) for s in d.statements) <= MAX_EXPR_DEPTH
     assert 2 < len(d.statements) < steps
     x = np.arange(4, dtype=np.float32)
