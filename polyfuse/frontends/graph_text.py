@@ -97,10 +97,11 @@ def _weights_of(g: Graph) -> dict[str, np.ndarray]:
     return found
 
 
-def _tokenize(text: str, filename: str) -> list[_Token]:
+def _tokenize(text: str, filename: str, pattern: re.Pattern[str] = _TOKEN) -> list[_Token]:
+    """The tokens of ``text`` by ``pattern`` (whose ``space`` group is dropped), and an eof."""
     tokens, line, line_start, pos = [], 1, 0, 0
     while pos < len(text):
-        m = _TOKEN.match(text, pos)
+        m = pattern.match(text, pos)
         if m is None:
             raise GraphSyntaxError(f"unexpected character {text[pos]!r}",
                                    SourceLocation(line, pos - line_start + 1), text,

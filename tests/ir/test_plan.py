@@ -9,6 +9,7 @@ import pytest
 import polyfuse as pf
 from polyfuse.driver import compile_graph
 from polyfuse.errors import IRVerificationError
+from polyfuse.frontends.plan_text import parse_plan
 from polyfuse.ir.graph import Constant, Graph, Node, TensorType, Value
 from polyfuse.ir.plan import KernelStep, LoopStep, Plan, Role, ViewStep, plan_memory
 from polyfuse.ir.types import DType
@@ -61,14 +62,27 @@ def test_plan_graph_lowers_for_concrete_shapes():
 @pytest.mark.unit
 def test_plan_prints_buffers_steps_and_definitions():
     g, _ = mlp()
-    text = str(plan_graph(g, {"x": (2, 4)}))
-    head = text.splitlines()
-    assert head[0] == "plan @mlp(%x: float32[2, 4]) -> (%y: float32[2, 3] out, %x_out: float32[2, 4] inout) {"
-    assert head[1].startswith("  arena ")
-    assert "  const %w1: float32[8, 4]" in head
-    assert any(line.startswith("  (%h: float32[2, 8] @arena+") and line.endswith("// fc1") for line in head)
-    assert "  %f: float32[2, 8] = view %r  // flat" in head
-    assert "// relu\ndef " in text   # the kernels' TC follows the steps
+    plan = plan_graph(g, {"x": (2, 4)})
+    text = str(plan)
+    steps, *kernels = text.split("\n\n")
+    assert steps == """\
+plan @mlp(%x: float32[2, 4]) -> (%y: float32[2, 3] out, %x_out: float32[2, 4] inout) {
+  arena 128 bytes (naive 192)
+  const %w1: float32[8, 4]
+  const %w2: float32[3, 8]
+  const %nb: float32[3]
+  (%h: float32[2, 8] @arena+0) = k(%x, %w1)  // fc1
+  (%r: float32[2, 8] @arena+64) = k(%h)  // relu
+  %f: float32[2, 8] = view %r  // flat
+  (%y: float32[2, 3]) = k(%f, %w2, %nb)  // fc2
+  %x_out: float32[2, 4] = view %x  // copy
+}"""
+    # the kernels' TC follows the steps, and the whole text parses back
+    assert [k.splitlines()[:2] for k in kernels] == [
+        ["// fc1", "def k(float32(2, 4) A, float32(8, 4) B) -> (float32(2, 8) Y) {"],
+        ["// relu", "def k(float32(2, 8) X0) -> (float32(2, 8) Y) {"],
+        ["// fc2", "def k(float32(2, 8) A, float32(3, 8) B, float32(3) C) -> (float32(2, 3) Y) {"]]
+    assert str(parse_plan(text, plan.constants)) == text
 
 
 def test_the_runtime_runs_the_plan():
