@@ -61,8 +61,8 @@ def quick_switches() -> Iterator[None]:
     :data:`SWITCH_INTERVAL` seconds (its interval restored when the last such block
     ends). The code generator's thread makes dozens of short calls into LLVM per
     kernel, each giving up the GIL; at the default 5 ms it waited that long for it
-    after most of them while another thread scheduled (ResNet-50's kernels: 8.7 s on
-    three threads as on one; 6.2-6.6 s so)."""
+    after most of them while another thread scheduled, and ResNet-50's kernels compiled
+    no faster on three threads than on one (benchmarks/LOG.md)."""
     state = _SWITCHING
     with state.lock:
         if not state.blocks:

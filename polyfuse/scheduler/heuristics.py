@@ -104,8 +104,8 @@ def _reuses(nest: LoopNest) -> bool:
     output index (``B(k, n)`` of a matmul misses ``m``) or slides a window over one (a
     pool's ``2 * h + kh``), so cache tiles and register blocks reuse its elements.
     Reductions reading every element once (a softmax's maximum and sum over its rows, a
-    mean) gain nothing from them: their rows run plainly, each reduced in a register
-    (a ViT's 12 x 197 x 197 softmax: 1.3x faster)."""
+    mean) gain nothing from them: their rows run plainly, each reduced in a register,
+    without the tile and block loops (a ViT's 12 x 197 x 197 softmax; benchmarks/LOG.md)."""
     st, lhs, red = nest.statement, set(nest.outputs), set(nest.reduction_members)
     reads = _operands(st)
     return _slides(reads, lhs, red) or any(lhs - set().union(*(index_names(x) for x in r.indices)) for r in reads)
@@ -219,14 +219,13 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, vector_register
         jam = (free or others)[-1]
         depth = max(red, key=lambda i: extents[i])
         order = red + [i for i in others if i != jam] + [jam, vec]
-        # tiles the threads finish together (768 columns in three tiles of 256 kept one
-        # thread idle a third of the time: six of 128 run 1.3x faster; 800 in four, the
-        # last of 32, 1.2x slower than seven of 128)
+        # tiles the threads finish together (768 columns in three tiles of 256 keep one
+        # thread idle a third of the time, six of 128 do not; 800 in four, the last of 32,
+        # end less evenly than seven of 128; benchmarks/LOG.md)
         cols = _balanced_columns(extents[vec], width)
         # or one tile per thread a little wider than a cache tile, in whole 4-vector blocks:
         # each thread then reads the rows once, not once per narrower tile (768 columns: two
-        # tiles of 384, not six of 128: 197 x 3072 x 768 1.06-1.08x, ViT-B/16 1.02x on two
-        # threads and 1.025x on one, BERT 1.03x; the CNNs' channels never split so)
+        # tiles of 384, not six of 128; the CNNs' channels never split so; benchmarks/LOG.md)
         split = extents[vec] // PARALLEL_TILES
         if extents[vec] % PARALLEL_TILES == 0 and CACHE_COLS < split <= CACHE_COLS * 3 // 2 \
                 and split % (4 * width) == 0:
@@ -234,7 +233,8 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, vector_register
         first = others[0] if len(others) > 1 else None   # the rows outside the jammed ones
         # rows on the threads when the columns make no more tiles than threads and the
         # first row index makes several pairs: each thread then packs all the columns
-        # (up to a cache tile) and shares no panel (a 28x28 map of 128 channels: 1.17x)
+        # (up to a cache tile) and shares no panel, where packing half of them each would
+        # read the whole input twice (a 28x28 map of 128 channels; benchmarks/LOG.md)
         rows_first = extents[vec] // cols < PARALLEL_TILES or (
             first is not None and extents[vec] // cols == PARALLEL_TILES
             and extents[first] >= 4 * PARALLEL_TILES)
@@ -248,10 +248,10 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, vector_register
             # the vector operand serves only those rows, so the kernel streams it from
             # memory. A column tile of one register block makes each thread's stream one
             # sequential pass over its panels, each reused from L1 by every row (ResNet-50's
-            # 3x3 convolutions of 7x7 maps: 1.2x faster in the model on two threads).
+            # 3x3 convolutions of 7x7 maps; benchmarks/LOG.md).
             # Rows too few for the pass to pack the panels (fewer than PACK_MIN_REUSE register
             # blocks: a matrix-vector product's one) read the operand in place instead,
-            # and wider tiles keep those reads along its rows (1 x 4096 x 4096: 1.3x)
+            # and wider tiles keep those reads along its rows (1 x 4096 x 4096)
             packed = rows >= PACK_MIN_REUSE * jammed
             if extents[vec] % block == 0 and extents[vec] // block >= PARALLEL_TILES and packed:
                 cols, rows_first = block, False
@@ -269,11 +269,10 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, vector_register
         else:
             # a product's whole reduction (no window slides) whose box of the vector operand
             # fits WHOLE_BYTES stays untiled: one pass over the output instead of one per
-            # panel (BERT's and ViT-B/16's 768-deep products over 256-column tiles: 197 x
-            # 768 x 3072 1.11x, ViT-B/16 1.06x on two threads and 1.025x on one; ResNet-50's
-            # 1x1 convolutions: 1.02x). A 3x3 convolution keeps its panels of a few
-            # channels, which L1 holds for every row of the window (ResNet-50's 7x7 maps:
-            # 1.13x slower with 4608 steps whole)
+            # panel (BERT's and ViT-B/16's 768-deep products over 256-column tiles,
+            # ResNet-50's 1x1 convolutions). A 3x3 convolution keeps its panels of a few
+            # channels, which L1 holds for every row of the window, as it would not hold
+            # a whole reduction (4608 steps on ResNet-50's 7x7 maps; benchmarks/LOG.md)
             whole = 0 if _slides(reads, set(lhs), set(red)) else WHOLE_BYTES
             if not rows_first:
                 cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
@@ -364,15 +363,15 @@ def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: boo
         # the broadcast operand read in place along its rows (A(m, k), not packed):
         # narrower columns for deeper panels, so each output is loaded and stored fewer
         # times and each row's scalars serve more steps. Two register blocks wide, or one
-        # where that holds the whole reduction (SGEMM on two threads: 1024 1.04x, 2048
-        # 1.09x, 4096 1.02-1.04x, A·Bᵀ 1024 1.06x; one block on 1024 gains nothing). A
-        # packed broadcast operand (A(k, m) of Aᵀ·B) would grow with the depth: 0.8x
+        # where that holds the whole reduction (one block where it does not gained nothing
+        # on a 1024 SGEMM). A packed broadcast operand (A(k, m) of Aᵀ·B) would grow with
+        # the depth, and ran slower so (benchmarks/LOG.md)
         narrow = next((b * block for b in range(DEEP_BLOCKS, 0, -1)
                        if DEEP_BYTES // (b * block * element_bytes) >= total), DEEP_BLOCKS * block)
         return narrow if cols > narrow and columns % narrow == 0 else cols
     # the broadcast operand packed (A(k, m) of Aᵀ·B): each copy of its rows serves one
-    # column tile, so wider tiles of shallower panels copy it fewer times (Aᵀ·B 1024:
-    # 1.08x on two threads, 1.12x on one; 2048: 1.05x)
+    # column tile, so wider tiles of shallower panels copy it fewer times (Aᵀ·B 1024 and
+    # 2048; benchmarks/LOG.md)
     tiles = columns // (2 * cols)
     whole = columns % (2 * cols) == 0 and tiles >= PARALLEL_TILES and tiles % PARALLEL_TILES == 0
     return 2 * cols if whole else cols
@@ -381,8 +380,8 @@ def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: boo
 def _whole_columns(cols: int, columns: int, column_bytes: int, block: int, whole: int) -> int:
     """Half of ``cols`` (of ``columns``; register blocks of ``block`` columns) where that
     makes the whole reduction's box, ``column_bytes`` per column, fit ``whole`` bytes and
-    leaves two register blocks (256 x 1024 x 1024 with Wᵀ: 1.07x, its GELU layer 1.09x);
-    else ``cols``."""
+    leaves two register blocks (256 x 1024 x 1024 with Wᵀ and its GELU layer;
+    benchmarks/LOG.md); else ``cols``."""
     half = cols // 2
     fits = cols * column_bytes > whole >= half * column_bytes
     return half if fits and half >= 2 * block and columns % half == 0 else cols
@@ -443,20 +442,19 @@ def _divisor_at_most(extent: int, most: int, parts: int = 1) -> int:
 
 def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
     """Jammed rows of a register block and the vectors per row. Rows whose scalars are
-    neighbours in memory take 6 to 8 rows of two vectors (7 x 2 suits the 7, 14, 28 and
-    56 wide maps of convolutions: about 3x a 4 x 4 block there); rows far apart take 4
-    rows of four vectors (about 1.8x a 8 x 2 block on a 1024 matmul). Either falls back
-    to the other where its rows do not divide the extent; where neither does, the first
-    that fits stays, and the last, partial block is jammed by its own rows (the
-    ``unroll_and_jam`` pass). Far rows take 6 x 4 (24 accumulators: 1.05x a 4 x 4 block on
-    1024 and 2048 matmuls, on 197 x 768 x 3072 and back, 1.1x on a 56 x 56 map's 1x1
-    convolution; ViT-B/16 and BERT 1.045x faster on two threads) where 6 divides the rows,
-    or there are at least :data:`FAR_ROWS_ANYWAY` of them, or :data:`FAR_ROWS_SOME` that
-    slide no window (a matmul's 197 rows, a 56-wide map's 1x1 convolution); a partial last
-    block is jammed by its own rows. A 3x3 convolution's rows of a 56-wide map ran 1.2x
-    slower in blocks of 6. Near rows that slide no window (``A(k, m)`` of ``Aᵀ·B``, packed
-    in panels of their rows) take 6 x 4 on the same first two terms (Aᵀ·B 1024 and 2048:
-    1.06x; 256 rows keep 8 x 2)."""
+    neighbours in memory take 6 to 8 rows of two vectors (7 x 2 divides the 7, 14, 28
+    and 56 wide maps of convolutions, where a 4 x 4 block ran far slower); rows far apart
+    take 4 rows of four vectors (a 1024 matmul ran slower in 8 x 2 blocks). Either falls
+    back to the other where its rows do not divide the extent; where neither does, the
+    first that fits stays, and the last, partial block is jammed by its own rows (the
+    ``unroll_and_jam`` pass). Far rows take 6 x 4 (24 accumulators: more rows share each
+    loaded vector than in a 4 x 4 block) where 6 divides the rows, or there are at least
+    :data:`FAR_ROWS_ANYWAY` of them, or :data:`FAR_ROWS_SOME` that slide no window (a
+    matmul's 197 rows, a 56-wide map's 1x1 convolution); a partial last block is jammed by
+    its own rows. A 3x3 convolution's rows of a 56-wide map ran slower in blocks of 6.
+    Near rows that slide no window (``A(k, m)`` of ``Aᵀ·B``, packed in panels of their
+    rows) take 6 x 4 on the same first two terms (256 rows keep 8 x 2). What each choice
+    measured, and where: benchmarks/LOG.md."""
     many = extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY
     if (many and not (near and window)) or (not near and not window and extent >= FAR_ROWS_SOME):
         return FAR_ROWS, 4
@@ -482,16 +480,15 @@ def _vector_block(cols: int, width: int, vectors: int, partial: bool = False) ->
             whole = min(vectors, cols // width) * width
             if n * vw < width and whole >= WHOLE_VECTORS * width:
                 # only one half vector divides the columns (56, 40, 88): full vectors, and
-                # a last, partial block, whose FMAs feed more lanes each (a TC convolution
-                # over NCHW maps 56 wide: 48 and 8, 1.34x; 56, 40, 88 or 104 columns of a
-                # product 1.08-1.2x; MobileNetV3-S and EfficientNet-B0 1.01-1.05x)
+                # a last, partial block, whose FMAs feed more lanes each (56 columns: 48
+                # and 8; benchmarks/LOG.md)
                 return whole, width
             return min(cols, n * vw), vw
     if partial and cols > width:
         # no whole vectors: full blocks, and a last, partial one (separated, and run in
         # whole vectors over a zero-padded panel where its operand is packed): 100 columns
         # as 64 and 36, not one block of 100 whose accumulators outnumber the registers
-        # (100 x 100 x 100 1.56x, 200 x 300 x 100 1.9x; with 20 rows, too few for the
-        # panel to be packed, the masked partial block ran 1.1x slower)
+        # (with 20 rows, too few for the panel to be packed, the masked partial block ran
+        # slower; benchmarks/LOG.md)
         return min(vectors, -(-cols // width)) * width, width
     return 0, width

@@ -8,16 +8,17 @@ memory (the kernels between two runs evict them), and a core has few misses in f
 prefetched all at once, a panel's lines queue behind each other while the FMA units wait.
 Here each pass of the loop that shares the panel (``h``) prefetches its own slice of the
 next panel, ``1/7`` of its lines, as it starts; the stream then runs during all seven
-passes. A 3x3 convolution of 512 channels on a 7x7 map, weights cold: 1.13x faster than
-prefetching the stream a fixed distance ahead of every read, which issues the whole next
-panel during the first pass (and again, to no effect, during the other six).
+passes. Prefetching the stream a fixed distance ahead of every read instead issues the
+whole next panel during the first pass (and again, to no effect, during the other six):
+a 3x3 convolution of 512 channels on a 7x7 map, weights cold, ran slower so
+(benchmarks/LOG.md).
 
 A slice of more than :data:`SPREAD_LINES` lines (a product's panel of 768 steps by 64
 columns, 120 lines or more per row block) would flood the core's miss queues if issued at
 once; its pass streams it instead, one line every ``trips / lines`` iterations of its
 reduction loop (``PanelPrefetch.over``): the first row block of each panel then no longer
-waits on memory at the micro-kernel's pace (BERT 1.05x on two threads and 1.08x on one,
-GPT-2 1.06x, ViT-B/16 1.045x, ResNet-50 1.04x and 1.046x, EfficientNet-B0 1.05x on one).
+waits on memory at the micro-kernel's pace (the transformers and CNNs of
+benchmarks/real_models.py: benchmarks/LOG.md).
 
 :func:`panel_prefetches` finds, for a loop, the panels its passes share; the emitter
 (:mod:`.llvm_kernel`) issues the prefetches and leaves those reads out of its
@@ -37,9 +38,10 @@ from polyfuse.ir.types import DType
 from polyfuse.ir.affine import ConstantLoop, affine, constant_loop, span
 
 LINE = 64
-# cache lines one pass prefetches at once as it starts, at most (ResNet-50 on two threads:
-# 16 lines 1.001x, 32 1.014x, 64 1.005x, 256 0.973x); a larger slice (a product's panel,
-# hundreds of lines per row block) streams through the pass's reduction loop instead
+# cache lines one pass prefetches at once as it starts, at most (of 16, 32, 64 and 256,
+# 32 did best on ResNet-50 and 256 did worst: benchmarks/LOG.md); a larger slice (a
+# product's panel, hundreds of lines per row block) streams through the pass's reduction
+# loop instead
 SPREAD_LINES = 32
 
 _I64 = DType.INT64
@@ -97,12 +99,12 @@ def _panel(loop: For, passes: int, read: Read, path: tuple[For, ...], enclosing:
     loops = [constant_loop(lp) for lp in path]
     if tile is None or None in loops:
         return None
-    bytes_ = _panel_bytes(read, loops, kernel)   # type: ignore[arg-type]
+    bytes_ = _panel_bytes(read, loops, kernel)   # type: ignore[arg-type]  # no None: ruled out above
     if bytes_ is None:
         return None
     lines = math.ceil(bytes_ / LINE / passes)
     over = loops[path.index(steps[0])] if lines > SPREAD_LINES else None
-    at: dict[str, Expr] = {lp.var: Literal(lp.lo, _I64) for lp in loops}  # type: ignore[union-attr]
+    at: dict[str, Expr] = {lp.var: Literal(lp.lo, _I64) for lp in loops}  # type: ignore[union-attr]  # no None
     at[tile.var] = Binary(BinaryOp.ADD, IndexVar(tile.var), Literal(tile.step, _I64), _I64)
     first = map_expr(read, lambda e: at.get(e.name, e) if isinstance(e, IndexVar) else e)
     assert isinstance(first, Read)
