@@ -89,7 +89,7 @@ class TCSyntaxError(FrontendError):
 
 
 class GraphSyntaxError(FrontendError):
-    """Graph IR text does not parse."""
+    """Graph IR or Plan IR text does not parse."""
 
 
 class WeightError(FrontendError):
