@@ -8,7 +8,7 @@ setup(
         Pybind11Extension(
             "polyfuse._native",
             ["polyfuse/runtime/native/runtime.cpp"],
-            depends=["polyfuse/runtime/native/thread_pool.h"],
+            depends=["polyfuse/runtime/native/thread_pool.h", "polyfuse/runtime/native/num_threads.h"],
             cxx_std=17,
             extra_compile_args=["-O3", "-pthread"],
             extra_link_args=["-pthread"],

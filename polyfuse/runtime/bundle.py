@@ -16,7 +16,9 @@ a tensor out of bounds through a checked index: one taken from another tensor, o
 the compiler could not prove in bounds (outputs are then undefined). Bundles are single-threaded unless built with ``threads=True``: then
 ``NAME.o`` also holds polyfuse's thread pool in C with pthreads (link with
 ``-pthread``; ``polyfuse_set_num_threads(n)`` sizes it, else ``$POLYFUSE_NUM_THREADS``,
-else every online CPU).
+else every online CPU). The variable is read as the in-process runtime reads it
+(``native/num_threads.h``): a whole number from 1 to 4096; any other value is named on
+stderr and ignored.
 
 :func:`polyfuse.runtime.link.link_program` makes the object: each kernel's optimized
 LLVM module linked into one module with the entry point, only the entry point exported.
@@ -27,11 +29,14 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from polyfuse.errors import ArgumentError, TargetError, UnsupportedOpError
+from polyfuse.ir.graph import Graph
 from polyfuse.runtime.link import link_program
-from polyfuse.runtime.program import ProgramLayout
+from polyfuse.runtime.program import CompiledPlan, ProgramLayout
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import target_machine
 
@@ -51,8 +56,21 @@ _C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": 
             "float16": "uint16_t", "bfloat16": "uint16_t"}
 
 
-def write_bundle(model, out_dir: str | Path, name: str = "model", *,  # type: ignore[no-untyped-def]
-                 threads: bool = False, shapes: dict[str, tuple[int, ...]] | None = None) -> list[Path]:
+class Bundled(Protocol):
+    """What a bundle is written from: a compiled model
+    (:class:`~polyfuse.runtime.model.CompiledModel`, which this module does not import)."""
+
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def graph(self) -> Graph: ...
+
+    def plan_for(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> CompiledPlan: ...
+
+
+def write_bundle(model: Bundled, out_dir: str | Path, name: str = "model", *,
+                 threads: bool = False, shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Path]:
     """Write ``model``'s bundle (see the module docstring) into ``out_dir`` for the
     input ``shapes`` (default: those given to ``compile`` or of its latest run); the
     paths written."""

@@ -5,9 +5,12 @@ This module is the only importer of the C++ extension ``polyfuse._native``
 
 **Thread pool.** One process-wide pool of persistent threads, started on the first
 parallel region and reused; idle threads spin for a moment, then sleep. Its size
-defaults to ``POLYFUSE_NUM_THREADS`` when set (read once, at import; a bad value
-warns and is ignored), else to the number of hardware threads. The thread that
-starts a region works in it too, so a pool of N threads runs N - 1 workers.
+defaults to ``POLYFUSE_NUM_THREADS`` when set, else to the number of online CPUs. The
+variable is read once, at import, by ``native/num_threads.h``, which the bundles' C pool
+reads it with too: a whole number from 1 to 4096 (blanks around it allowed; empty counts
+as unset); anything else (``0``, a negative, ``2.5``, ``many``, ``5000``) is ignored
+with a ``RuntimeWarning`` that names it. The thread that starts a region works in it
+too, so a pool of N threads runs N - 1 workers.
 
 **Parallel-for ABI**, for generated code, bound by address (see
 :func:`parallel_for_address`)::
@@ -49,7 +52,7 @@ from polyfuse.errors import OptionError
 from polyfuse.scheduler.options import THREADS_MAX, number
 
 try:
-    from polyfuse import _native  # type: ignore[attr-defined]
+    from polyfuse import _native
 except ImportError as e:  # pragma: no cover - only when the package was not built
     raise ImportError("polyfuse's native extension (polyfuse._native) is not built; "
                       "reinstall polyfuse with `pip install -e .`") from e
@@ -148,8 +151,8 @@ def set_huge_pages(on: bool) -> bool:
     (``madvise(MADV_HUGEPAGE)``, what Linux's default THP mode waits for; on by default);
     returns the previous setting. A kernel that strides through megabytes (a GEMM's
     packing of a row-major operand, one page per row at 4 KiB pages) then misses the TLB
-    once per 2 MiB: SGEMM 1024 to 2048 with a huge-page output runs 1-2% faster on two
-    threads. Where THP is off (``never``) the advice does nothing. ``on`` must be a bool
+    once per 2 MiB (SGEMM 1024 and 2048 with a huge-page output: benchmarks/LOG.md).
+    Where THP is off (``never``) the advice does nothing. ``on`` must be a bool
     (else an :class:`~polyfuse.errors.OptionError`)."""
     if not isinstance(on, (bool, np.bool_)):
         raise OptionError(f"set_huge_pages() needs True or False, got {on!r}")
@@ -182,5 +185,6 @@ def test_kernel_address(name: str) -> int:
     return int(_native.test_kernel_address(name))
 
 
-# pytest would otherwise collect the function above as a test.
+# pytest would otherwise collect the function above as a test (mypy does not model
+# attributes set on a function).
 test_kernel_address.__test__ = False  # type: ignore[attr-defined]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -165,26 +167,62 @@ def test_set_and_get_num_threads():
     assert native.get_num_threads() == 2
 
 
-def _num_threads_in_subprocesses(*values: str | None) -> list[tuple[str, str]]:
-    """(stdout, stderr) of a fresh interpreter per POLYFUSE_NUM_THREADS value, run at once."""
-    code = "from polyfuse.runtime import native; print(native.get_num_threads())"
-    processes = []
+# $POLYFUSE_NUM_THREADS -> the pool's size; a refused value leaves the default, one thread per CPU
+NUM_THREADS_CASES = {None: None, "": None, " ": None, "3": 3, " 5 ": 5, "+4": 4, "4096": 4096,
+                     "many": None, "2.5": None, "4x": None, "0x10": None, "0": None, "-2": None,
+                     "4097": None, "99999999999999999999": None}
+REFUSED = [v for v, n in NUM_THREADS_CASES.items() if n is None and v is not None and v.strip()]
+
+
+def _num_threads_in_subprocesses(command: list[str], values) -> dict[str | None, tuple[str, str]]:
+    """(stdout, stderr) of ``command`` per POLYFUSE_NUM_THREADS value, all run at once."""
+    processes = {}
     for value in values:
         env = {k: v for k, v in os.environ.items() if k != "POLYFUSE_NUM_THREADS"}
         if value is not None:
             env["POLYFUSE_NUM_THREADS"] = value
-        processes.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    results = [p.communicate(timeout=60) for p in processes]
-    assert all(p.returncode == 0 for p in processes), results
-    return [(out.strip(), err) for out, err in results]
+        processes[value] = subprocess.Popen(command, env=env, text=True,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = {value: p.communicate(timeout=60) for value, p in processes.items()}
+    assert all(p.returncode == 0 for p in processes.values()), results
+    return {value: (out.strip(), err) for value, (out, err) in results.items()}
 
 
+def _check_num_threads(results: dict[str | None, tuple[str, str]], refusal: str) -> None:
+    """Each value's pool size, and a refusal message naming each refused value only."""
+    cpus = os.cpu_count()
+    for value, (size, messages) in results.items():
+        expected = NUM_THREADS_CASES[value]
+        assert size == str(expected or cpus), (value, size, messages)
+        said = refusal.format(value=value, cpus=cpus)
+        assert (said in messages) == (value in REFUSED), (value, messages)
+
+
+@pytest.mark.native
 def test_num_threads_default_comes_from_the_environment():
-    (three, _), (unset, _), (bad, warning) = _num_threads_in_subprocesses("3", None, "many")
-    assert three == "3"
-    assert unset == bad == str(os.cpu_count())
-    assert "RuntimeWarning: POLYFUSE_NUM_THREADS='many' is not an integer" in warning
+    """A few cases (each process imports polyfuse); the bundles' pool below takes them all."""
+    code = "from polyfuse.runtime import native; print(native.get_num_threads())"
+    values = [None, "3", "many", "4097"]
+    _check_num_threads(_num_threads_in_subprocesses([sys.executable, "-c", code], values),
+                       "RuntimeWarning: POLYFUSE_NUM_THREADS='{value}' is not a whole number from 1 to 4096; "
+                       "using {cpus} threads, one per CPU")
+
+
+@pytest.mark.native
+def test_a_bundles_pool_reads_num_threads_as_the_runtime_does(tmp_path):
+    """thread_pool.c (the pool linked into bundles) shares num_threads.h with the runtime."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    main = tmp_path / "main.c"
+    main.write_text('#include <stdio.h>\nint polyfuse_get_num_threads(void);\n'
+                    'int main(void) { printf("%d\\n", polyfuse_get_num_threads()); return 0; }\n')
+    pool = Path(native.__file__).parent / "native" / "thread_pool.c"
+    subprocess.run([cc, "-std=c11", "-O1", "-pthread", str(main), str(pool), "-o", str(tmp_path / "pool")],
+                   check=True, capture_output=True)
+    _check_num_threads(_num_threads_in_subprocesses([str(tmp_path / "pool")], NUM_THREADS_CASES),
+                       "polyfuse: POLYFUSE_NUM_THREADS='{value}' is not a whole number from 1 to 4096; "
+                       "using {cpus} threads, one per CPU\n")
 
 
 # ---- aligned buffers --------------------------------------------------------

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "num_threads.h"
 #include "thread_pool.h"
 
 namespace py = pybind11;
@@ -41,22 +42,17 @@ namespace {
 using polyfuse::t_inside_parallel;
 using polyfuse::ThreadPool;
 
-constexpr int kMaxThreads = 4096;
+constexpr int kMaxThreads = POLYFUSE_MAX_THREADS;
 
 // Never deleted: joining threads during interpreter or process teardown can hang.
 ThreadPool* g_pool = nullptr;
 
+// The pool's size from $POLYFUSE_NUM_THREADS (num_threads.h); a refused value warns.
 int default_num_threads() {
-    int hardware = std::max(1u, std::thread::hardware_concurrency());
-    const char* env = std::getenv("POLYFUSE_NUM_THREADS");
-    if (env == nullptr || *env == '\0') return std::min(hardware, kMaxThreads);
-    char* end = nullptr;
-    long n = std::strtol(env, &end, 10);
-    if (*end == '\0' && n >= 1 && n <= kMaxThreads) return static_cast<int>(n);
-    std::string message = "POLYFUSE_NUM_THREADS='" + std::string(env) + "' is not an integer in 1.." +
-                          std::to_string(kMaxThreads) + "; using " + std::to_string(hardware) + " threads";
-    if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) < 0) throw py::error_already_set();
-    return std::min(hardware, kMaxThreads);
+    char problem[256];
+    int n = polyfuse_num_threads_from_env(problem, sizeof problem);
+    if (problem[0] != '\0' && PyErr_WarnEx(PyExc_RuntimeWarning, problem, 1) < 0) throw py::error_already_set();
+    return n;
 }
 
 // ---- aligned buffers ------------------------------------------------------

@@ -8,22 +8,23 @@
 // [0, n) is cut into min(n, 4 x threads) contiguous chunks that the calling thread and
 // the workers claim one at a time (a dynamic schedule). Workers start on the first
 // region and then wait on a condition variable. The pool's size is
-// polyfuse_set_num_threads(n) when called, else $POLYFUSE_NUM_THREADS, else the number
-// of online CPUs; `threads` caps one region (0 or less: the pool's size). A region
-// started inside a body runs inline. The symbols are weak, so two bundles with threads
-// link into one program (sharing one pool).
+// polyfuse_set_num_threads(n) when called (n clamped to 1..POLYFUSE_MAX_THREADS), else
+// what num_threads.h reads from $POLYFUSE_NUM_THREADS (a refused value is reported on
+// stderr and gives one thread per online CPU); `threads` caps one region (0 or less: the
+// pool's size). A region started inside a body runs inline. The symbols are weak, so two
+// bundles with threads link into one program (sharing one pool).
 
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <unistd.h>
+#include <stdio.h>
+
+#include "num_threads.h"
 
 typedef void (*polyfuse_body)(int64_t begin, int64_t end, void *ctx);
 
 #define CHUNKS_PER_THREAD 4
-#define MAX_THREADS 256
 
 struct job {
     polyfuse_body body;
@@ -42,15 +43,16 @@ static int pool_size, workers;       // under submit_mu
 static _Thread_local int inside;     // on workers, and on a caller running its chunks
 
 static int default_size(void) {
-    const char *env = getenv("POLYFUSE_NUM_THREADS");
-    long n = env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+    char problem[256];
+    int n = polyfuse_num_threads_from_env(problem, sizeof problem);
+    if (problem[0]) fprintf(stderr, "polyfuse: %s\n", problem);
+    return n;
 }
 
 __attribute__((weak)) void polyfuse_set_num_threads(int n) {
     pthread_mutex_lock(&submit_mu);
     // workers already started stay; a smaller size leaves them idle
-    pool_size = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+    pool_size = n < 1 ? 1 : n > POLYFUSE_MAX_THREADS ? POLYFUSE_MAX_THREADS : n;
     pthread_mutex_unlock(&submit_mu);
 }
 
