@@ -13,6 +13,7 @@ import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from polyfuse.autotune import records as db
 from polyfuse.autotune.measure import MeasureConfig, measure_all
@@ -182,7 +183,7 @@ def _remeasure_finalists(task: Task, output: str | Path, search: Search, default
     result.best = min((r for r in records if r.chosen and r.ok), key=lambda r: r.cost)
 
 
-def _progress(task: Task, total: int):  # type: ignore[no-untyped-def]
+def _progress(task: Task, total: int) -> Any:   # a tqdm bar (tqdm ships no type stubs)
     from tqdm import tqdm
     return tqdm(total=total, desc=(task.name or task.entry)[:30], unit="trial", leave=False)
 

@@ -187,7 +187,7 @@ class _LoopParser(Parser):
         steps = self.integers()
         if len(shape) != 3 or len(steps) != 3:
             raise self.error("a tile product has 3 extents (rows, columns, depth) and 3 steps")
-        return TileProduct(builtin, shape, acc, a, b, steps, self.block())  # type: ignore[arg-type]
+        return TileProduct(builtin, shape, acc, a, b, steps, self.block())
 
     def integers(self) -> tuple[int, ...]:
         self.expect("(")
@@ -247,7 +247,7 @@ class _LoopParser(Parser):
                 # ``checked(i)`` marks an index the target checks at run time
                 marked = tuple(k for k, a in enumerate(args) if isinstance(a, ast.Apply)
                                and a.name == "checked" and len(a.args) == 1)
-                indices = [self.typed(a.args[0] if k in marked else a)  # type: ignore[attr-defined]
+                indices = [self.typed(a.args[0] if isinstance(a, ast.Apply) and k in marked else a)
                            for k, a in enumerate(args)]
                 return Read(n, tuple(indices), self.buffers[n].dtype, checked=marked)
             case ast.Apply(name=n, args=args):
@@ -281,8 +281,9 @@ class _LoopParser(Parser):
                 v = a.value
                 return Literal(bool(v) if dt.is_bool else float(v) if dt.is_float else int(v), dt)
             return Cast(dt, a)
-        if reinterpreted(name):
-            return Call(name, tuple(args), reinterpreted(name))  # type: ignore[arg-type]
+        bits = reinterpreted(name)
+        if bits is not None:
+            return Call(name, tuple(args), bits)
         if name in BUILTINS:
             dt = args[0].dtype
             return Call(name, tuple(args), _wide(dt) if dt.is_int else dt)

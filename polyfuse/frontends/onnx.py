@@ -167,14 +167,15 @@ def _import_nodes(g: onnx.GraphProto, opset: int, supported: set[str] | None,
                        if a.type == onnx.AttributeProto.GRAPH else _attr(a)) for a in n.attribute)
         keys = ELEMENT_TYPE_ATTRS.get(n.op_type, ())
         codes = {k: v for k, v in attrs if k in keys and isinstance(v, int)}
-        unknown = [k for k, code in codes.items() if code and dtype_of(code) is None]
+        types = {k: dtype_of(code) for k, code in codes.items() if code}
+        unknown = [k for k, dt in types.items() if dt is None]
         if unknown:
             unsupported.setdefault(f"{n.op_type} {unknown[0]} element type "
                                    f"{_type_name(codes[unknown[0]])}", []).append(name)
             continue
+        known = {k: dt for k, dt in types.items() if dt is not None}
         # UNDEFINED (0) is such an attribute's default: the op picks the type itself
-        attrs = tuple((k, dtype_of(codes[k]).value if k in codes else v)  # type: ignore[union-attr]
-                      for k, v in attrs if codes.get(k, 1))
+        attrs = tuple((k, known[k].value if k in known else v) for k, v in attrs if codes.get(k, 1))
         node = Node(n.op_type, name, tuple(n.input), tuple(n.output), attrs)
         if node.subgraphs:
             node = _with_captures(node)

@@ -66,7 +66,7 @@ class Resident(Generic[T]):
     asked for again soon after its last user went is not loaded again)."""
 
     def __init__(self) -> None:
-        self._live: weakref.WeakValueDictionary[str, T] = weakref.WeakValueDictionary()  # type: ignore[type-var]
+        self._live: weakref.WeakValueDictionary[str, T] = weakref.WeakValueDictionary()
         self._recent: OrderedDict[str, T] = OrderedDict()
         self._lock = threading.Lock()
 

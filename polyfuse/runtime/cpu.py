@@ -57,7 +57,8 @@ class CpuExecutable:
             raise TargetError(self.refusal)
         layout = self.layout
         # aligned, and reused from freed outputs of the same size (no page faults)
-        outs = {n: native.empty_aligned(s, dt, 64, z) if n not in values else _aligned(values[n])
+        given = layout.given_outputs(values)
+        outs = {n: native.empty_aligned(s, dt, 64, z) if n not in given else _aligned(given[n])
                 for n, s, dt, z in self._outputs}
         args: list[object] = list(layout.arguments(values))
         args += outs.values()
@@ -69,17 +70,15 @@ class CpuExecutable:
         if error[0]:
             raise BoundsError.in_kernel(layout.name)
         for n, array in outs.items():
-            given = values.get(n)
-            if given is not None and given is not array:   # an unaligned given output
-                np.copyto(given, array)  # type: ignore[arg-type]
-                outs[n] = given  # type: ignore[assignment]
+            if n in given and given[n] is not array:   # an unaligned given output
+                np.copyto(given[n], array)
+                outs[n] = given[n]
         return outs
 
 
-def _aligned(given: object) -> np.ndarray:
+def _aligned(array: np.ndarray) -> np.ndarray:
     """A given output as the kernel takes it: 64-byte aligned (its code may assume so),
     else an aligned copy of its contents, copied back after the call."""
-    array: np.ndarray = given  # type: ignore[assignment]
     if array.ctypes.data % 64 == 0:
         return array
     copy = native.empty_aligned(array.shape, array.dtype, 64, False)

@@ -216,7 +216,7 @@ class CrossExecutable:
         arrays = self.layout.arguments(values)
         scalars = [_scalar_slot(values[n]) for n in self.layout.scalars]
         names = [n for n, _, _, _ in self.layout.outputs]
-        given = {n: values[n] for n in names if n in values}
+        given = self.layout.given_outputs(values)
         if not given:
             if self._program is None:   # the kernel is specialized: every call has these shapes
                 self._program = self._make(arrays, zero=True)
@@ -228,8 +228,8 @@ class CrossExecutable:
                    for n, shape, dt, _ in self.layout.outputs]
         outputs = self._seeded.call(arrays + scalars, initial)
         for n, a in given.items():
-            np.copyto(a, outputs[names.index(n)])  # type: ignore[arg-type]
-        return {n: given.get(n, a) for n, a in zip(names, outputs)}  # type: ignore[misc]
+            np.copyto(a, outputs[names.index(n)])
+        return {n: given.get(n, a) for n, a in zip(names, outputs)}
 
     def _make(self, arrays: list[np.ndarray], zero: bool) -> CrossProgram:
         inputs = [Tensor(n, a.shape, a.dtype) for n, a in zip(self.layout.inputs, arrays)]

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -194,10 +194,10 @@ class CudaProgram:
             gpu.upload(self._weights.pointer, np.frombuffer(self._blob, np.uint8))
         call = _Call(gpu, "model")
         try:
-            inputs = [call.input(t.name, env[t.name], t.shape, DType.from_numpy(t.dtype))
+            inputs = [call.input(t.name, env[t.name], t.shape, _dtype(t.dtype))
                       for t in layout.inputs]
             like = next((a for a in inputs if a.library != "polyfuse"), None)
-            slots = [call.output(shape, DType.from_numpy(dtype), False, like) for shape, dtype in layout.slots]
+            slots = [call.output(shape, _dtype(dtype), False, like) for shape, dtype in layout.slots]
             arena = call.memory(layout.arena_bytes).pointer
             errors = call.scratch(8 * max(1, len(self._error_slot)))
             weights = self._weights.pointer
@@ -243,7 +243,7 @@ class CudaProgram:
             if how == "slot":
                 array = slots[what]
             else:
-                array = call.output(t.shape, DType.from_numpy(t.dtype), False, like)
+                array = call.output(t.shape, _dtype(t.dtype), False, like)
                 source = (slots[what].pointer if how == "copy-slot" else inputs[what].pointer
                           if how == "copy-input" else weights + self._offsets[what])
                 call.gpu.copy(array.pointer, source, t.nbytes)
@@ -326,14 +326,14 @@ class _Call:
     def given(self, name: str, value: object) -> DeviceArray:
         """An output the caller gave (checked): its GPU memory, or a copy of its host contents."""
         array: Any = value   # checked: a numpy array or DeviceArray of the output's dtype
-        return self.input(name, array, tuple(array.shape), DType.from_numpy(array.dtype))  # type: ignore[arg-type]
+        return self.input(name, array, tuple(array.shape), _dtype(array.dtype))
 
     def download_into(self, value: object, array: DeviceArray) -> object:
         """The given output ``value`` holding the results in ``array``: copied back into a
         host array, the caller's object for one in GPU memory."""
         if isinstance(value, DeviceArray):
             return value.owner if value.owner is not None else value
-        host: np.ndarray = value  # type: ignore[assignment]
+        host = cast(np.ndarray, value)   # checked: a host array of the output's shape and dtype
         self.gpu.download(host, array.pointer)
         self.gpu.synchronize(f"copying the results of kernel {self.kernel}")
         return host
@@ -351,6 +351,14 @@ class _Call:
 
     def release(self) -> None:
         self.temporaries.clear()
+
+
+def _dtype(dtype: np.dtype) -> DType:
+    """The DType of a layout's or a checked argument's numpy dtype, which polyfuse has."""
+    dt = DType.from_numpy(dtype)
+    if dt is None:
+        raise DTypeError(f"polyfuse has no type for numpy's {np.dtype(dtype)}")
+    return dt
 
 
 def _torch_empty(like: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import ml_dtypes
 import numpy as np
@@ -66,9 +66,9 @@ def as_device_array(obj: object) -> DeviceArray | None:
     if isinstance(obj, DeviceArray):
         return obj
     library = type(obj).__module__.split(".")[0]
-    try:
-        interface = obj.__cuda_array_interface__  # type: ignore[attr-defined]
-    except (AttributeError, TypeError, RuntimeError):
+    try:   # any library's array: the interface is an optional attribute, maybe a property that raises
+        interface = getattr(obj, "__cuda_array_interface__", None)
+    except (TypeError, RuntimeError):
         interface = None
     if interface is not None and np.dtype(interface["typestr"]).kind != "V":
         return _from_interface(obj, interface, library)
@@ -111,6 +111,10 @@ def _dlpack_on_cuda(obj: object) -> bool:
         return False
 
 
+class _DLPackable(Protocol):
+    def __dlpack__(self) -> object: ...
+
+
 class _DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
@@ -127,7 +131,7 @@ class _DLTensor(ctypes.Structure):
 
 def _from_dlpack(obj: object, library: str) -> DeviceArray:
     try:
-        capsule = obj.__dlpack__()  # type: ignore[attr-defined]
+        capsule = cast(_DLPackable, obj).__dlpack__()   # _dlpack_on_cuda(obj) found the method
     except (TypeError, RuntimeError, BufferError) as err:
         raise ArgumentError(f"cannot read the {library} array through DLPack: {err}") from None
     get = ctypes.pythonapi.PyCapsule_GetPointer

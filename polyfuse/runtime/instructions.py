@@ -122,7 +122,9 @@ def program_code(plan: Plan, location: Callable[[str], Location], call_of: dict[
         return len(code) - 1
 
     def land(at: int) -> None:   # the jump at ``at`` goes to the next instruction
-        code[at] = dataclasses.replace(code[at], target=len(code))   # type: ignore[arg-type]
+        jump = code[at]
+        assert isinstance(jump, (Jump, JumpUnless, JumpIfAtLeast)), jump   # pending() put it there
+        code[at] = dataclasses.replace(jump, target=len(code))
 
     def emit(steps: tuple[Step, ...]) -> None:
         for st in steps:

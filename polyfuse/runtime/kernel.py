@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
@@ -121,7 +121,7 @@ class Stages(dict):
     def __contains__(self, name: object) -> bool:
         return dict.__contains__(self, name) or name in self._later
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self else default
 
 
@@ -323,7 +323,7 @@ class KernelModule:
     def __getitem__(self, name: str) -> Kernel:
         return getattr(self, name)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Kernel]:
         return iter(self._kernels.values())
 
     def __dir__(self) -> list[str]:

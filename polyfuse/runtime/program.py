@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -115,6 +115,12 @@ class Layout:
         packed = {name: (shape, p) for name, shape, p in self.packed}
         return [np.ascontiguousarray(values[n]) if n in values or n not in packed
                 else packed_copy(np.asarray(values[packed[n][1].source]), *packed[n]) for n in self.inputs]
+
+    def given_outputs(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """The outputs named in ``values`` (``out=``), in output order. Callers checked
+        them (C-contiguous, writable arrays of the output's shape and type), so they are
+        typed as arrays here."""
+        return {n: cast(np.ndarray, values[n]) for n, _, _, _ in self.outputs if n in values}
 
 
 @dataclass(frozen=True)

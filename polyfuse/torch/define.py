@@ -14,7 +14,7 @@ scalar parameters get no gradient.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -57,7 +57,7 @@ class TorchDefinitions:
     def __getitem__(self, name: str) -> Any:
         return self._ops[name]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return iter(self._ops)
 
     def __dir__(self) -> list[str]:

@@ -173,16 +173,20 @@ class ExprAnalyzer:
             dt, weak = _join(acc, other)
             acc = Typed(cast(acc.expr, dt), weak)
         dt, weak = _numeric(acc.dtype), acc.weak
+        # ir/builtins.py's table gives every BITS and WORDS builtin its result type
+        result = builtin.result
         if builtin.kind is BuiltinKind.BITS:
-            return Typed(self.reinterpret(builtin.result, args[0], node.loc), False)
+            assert result is not None, node.name
+            return Typed(self.reinterpret(result, args[0], node.loc), False)
         if builtin.kind is BuiltinKind.WORDS:
+            assert result is not None, node.name
             floats = [a.expr.dtype for a in args if a.expr.dtype.is_float]
             if floats:   # a value converted to a word would be read as packed bytes or halves
                 raise self.error(f"'{node.name}' reads int32 words of packed narrow values; an "
                                  f"argument is {floats[0]}", node.loc,
                                  hint="pass int32 words (as_int32(x) takes a float32's bits)")
             words = tuple(cast(a.expr, DType.INT32) for a in args)
-            return Typed(Call(node.name, words, builtin.result, node.loc), False)  # type: ignore[arg-type]
+            return Typed(Call(node.name, words, result, node.loc), False)
         if builtin.kind is BuiltinKind.FLOAT and not dt.is_float:
             dt = DType.FLOAT32
         return Typed(Call(node.name, tuple(cast(a.expr, dt) for a in args), dt, node.loc), weak)

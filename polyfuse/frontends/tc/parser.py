@@ -15,10 +15,15 @@ Grammar (statements need no separator; ``where`` clauses are comma-separated)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from polyfuse.errors import TCSyntaxError
 from polyfuse.frontends.tc import ast
 from polyfuse.frontends.tc.lexer import Kind, Token, tokenize
 from polyfuse.ir.limits import MAX_EXPR_DEPTH
+
+T = TypeVar("T")
 
 ASSIGN_OPS = frozenset({"=", "+=", "*=", "max=", "min=", "+=!", "*=!", "max=!", "min=!"})
 
@@ -95,8 +100,8 @@ class Parser:
         self.expect("}")
         return ast.DefAST(name, tuple(params), tuple(outputs), tuple(statements), start.loc)
 
-    def comma_list(self, closer: str, item):  # type: ignore[no-untyped-def]
-        items = []
+    def comma_list(self, closer: str, item: Callable[[], T]) -> list[T]:
+        items: list[T] = []
         if self.at(closer):
             return items
         items.append(item())

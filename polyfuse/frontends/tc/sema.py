@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import sympy
 
-from polyfuse.errors import TCSemanticError
+from polyfuse.errors import SourceLocation, TCSemanticError
 from polyfuse.frontends.tc import ast
 from polyfuse.frontends.tc.expressions import ExprAnalyzer, Scope, TensorInfo, Typed, cast
 from polyfuse.frontends.tc.ranges import Access, access_shape, infer_ranges
@@ -34,7 +34,7 @@ class DefinitionAnalyzer:
         self.scalars: dict[str, DType] = {}
         self.sizes: dict[str, None] = {}
 
-    def error(self, message: str, loc, hint: str | None = None) -> TCSemanticError:  # type: ignore[no-untyped-def]
+    def error(self, message: str, loc: SourceLocation | None, hint: str | None = None) -> TCSemanticError:
         return TCSemanticError(message, loc, self.source, hint=hint)
 
     def dtype(self, t: ast.TypeAST) -> DType:
@@ -82,8 +82,8 @@ class DefinitionAnalyzer:
             info.shape = tuple(self.size_expr(s) for s in p.type.sizes or ())
         self.tensors[p.name.id] = info
 
-    def scope(self, **kw) -> Scope:  # type: ignore[no-untyped-def]
-        return Scope(self.tensors, frozenset(self.sizes), self.scalars, **kw)
+    def scope(self, *, lhs_tensor: str = "", lhs_indices: tuple[str, ...] = ()) -> Scope:
+        return Scope(self.tensors, frozenset(self.sizes), self.scalars, lhs_tensor, lhs_indices)
 
     def size_expr(self, node: ast.Node) -> Expr:
         """An integer expression over sizes only (type sizes, range bounds)."""
@@ -162,7 +162,8 @@ class DefinitionAnalyzer:
                                  "the statement", n.loc)
         return Equivalent(node.name, args)
 
-    def where(self, st: ast.StatementAST, scope: Scope, analyzer: ExprAnalyzer):  # type: ignore[no-untyped-def]
+    def where(self, st: ast.StatementAST, scope: Scope, analyzer: ExprAnalyzer
+              ) -> tuple[dict[str, tuple[sympy.Expr, sympy.Expr]], list[Read]]:
         fixed: dict[str, tuple[sympy.Expr, sympy.Expr]] = {}
         exists: list[Read] = []
         for w in st.where:
