@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Expr, ScalarDecl, map_expr
-from polyfuse.ir.loops import Buffer, For, If, Stmt, format_body, format_loop_expr, map_body_exprs
+from polyfuse.ir.loops import Buffer, Stmt, format_body, format_loop_expr, map_body_exprs, walk_stmts
 from polyfuse.ir.types import DType
 
 ExprMap = Callable[[Expr], Expr]
@@ -67,6 +67,9 @@ class BlockLoops(Stmt):
     def map_exprs(self, fn: ExprMap) -> BlockLoops:
         return replace(self, body=map_body_exprs(self.body, fn))
 
+    def exprs(self) -> tuple[Expr, ...]:
+        return ()
+
     def format_lines(self, indent: str) -> list[str]:
         ranges = ", ".join(f"{r.var} in {r.lo}:{r.lo + r.trips * r.step}"
                            + (f" step {r.step}" if r.step != 1 else "") for r in self.loops)
@@ -92,6 +95,9 @@ class ThreadFor(Stmt):
         return replace(self, lo=map_expr(self.lo, fn), hi=map_expr(self.hi, fn),
                        body=map_body_exprs(self.body, fn))
 
+    def exprs(self) -> tuple[Expr, ...]:
+        return (self.lo, self.hi)
+
     def format_lines(self, indent: str) -> list[str]:
         step = f" step {self.step}" if self.step != 1 else ""
         idle = f" where {' and '.join(f'{AXES[a]} = 0' for a in self.idle)}" if self.idle else ""
@@ -107,6 +113,9 @@ class SingleThread(Stmt):
     def map_exprs(self, fn: ExprMap) -> SingleThread:
         return replace(self, body=map_body_exprs(self.body, fn))
 
+    def exprs(self) -> tuple[Expr, ...]:
+        return ()
+
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}single thread {{", *format_body(self.body, indent + "  "), f"{indent}}}"]
 
@@ -115,6 +124,9 @@ class SingleThread(Stmt):
 class Barrier(Stmt):
     def map_exprs(self, fn: ExprMap) -> Barrier:
         return self
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return ()
 
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}barrier"]
@@ -167,6 +179,9 @@ class CopyToShared(Stmt):
     def map_exprs(self, fn: ExprMap) -> CopyToShared:
         return replace(self, offsets=tuple(map_expr(o, fn) for o in self.offsets))
 
+    def exprs(self) -> tuple[Expr, ...]:
+        return self.offsets
+
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}copy {self.tile} <- {self.buffer}"
                 f"({', '.join(format_loop_expr(o) for o in self.offsets)})"]
@@ -216,18 +231,7 @@ class GpuKernel:
         return "\n".join([f"gpu kernel {self.name}({', '.join(params)}) {{", *launches, "}"])
 
 
-def children(s: Stmt) -> tuple[tuple[Stmt, ...], ...]:
-    """The statement lists directly inside ``s``."""
-    if isinstance(s, If):
-        return (s.then, s.other)
-    if isinstance(s, (For, BlockLoops, ThreadFor, SingleThread)):
-        return (s.body,)
-    return ()
-
-
 def walk_gpu(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
-    """Every statement of a launch body, outer before inner."""
-    for s in body:
-        yield s
-        for inner in children(s):
-            yield from walk_gpu(inner)
+    """Every statement of a launch body, outer before inner (:func:`walk_stmts`, which
+    walks into the GPU IR's statements that hold a body)."""
+    return walk_stmts(body)

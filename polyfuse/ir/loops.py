@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import overload
+from typing import TypeVar, overload
 
 import numpy as np
 
@@ -417,8 +417,11 @@ def _holds_body(s: Stmt) -> bool:
 
 
 def _scope_of_body(s: Stmt, scope: Scope) -> Scope:
-    """The scope inside another IR's statement ``s``: a loop's if it has a variable."""
-    return scope.inside(s) if hasattr(s, "var") else scope
+    """The scope of the statements directly inside ``s``: a loop's (another IR's statement
+    is one if it has a variable), guarded in an If's branches."""
+    if isinstance(s, If):
+        return scope.under_guard()
+    return scope.inside(s) if isinstance(s, For) or hasattr(s, "var") else scope
 
 
 def walk_scoped(body: tuple[Stmt, ...], scope: Scope = Scope()) -> Iterator[tuple[Stmt, Scope]]:
@@ -427,12 +430,8 @@ def walk_scoped(body: tuple[Stmt, ...], scope: Scope = Scope()) -> Iterator[tupl
     statements that hold a body; a :class:`TileProduct` is a leaf)."""
     for s in body:
         yield s, scope
-        if isinstance(s, For):
-            yield from walk_scoped(s.body, scope.inside(s))
-        elif isinstance(s, If):
-            yield from walk_scoped(s.then + s.other, scope.under_guard())
-        elif _holds_body(s):
-            yield from walk_scoped(s.body, _scope_of_body(s, scope))  # type: ignore[attr-defined]
+        for inner in stmt_bodies(s):
+            yield from walk_scoped(inner, _scope_of_body(s, scope))
 
 
 def map_kernel_exprs(kernel: LoopKernel, fn: Callable[[Expr], Expr]) -> LoopKernel:
@@ -511,8 +510,9 @@ def fresh_name(base: str, taken: set[str]) -> str:
 
 def stmt_nodes(s: Stmt) -> Iterator[Expr]:
     """Every expression node of ``s`` itself (a loop's bounds, a condition, a store's
-    indices and value, an assignment's value), not of the statements in its body."""
-    own: tuple[Expr, ...] = ()
+    indices and value, an assignment's value), not of the statements in its body; a
+    statement type defined elsewhere (the GPU IR's) gives its own through ``exprs()``."""
+    own: tuple[Expr, ...]
     if isinstance(s, For):
         own = (s.lo, s.hi)
     elif isinstance(s, If):
@@ -523,20 +523,52 @@ def stmt_nodes(s: Stmt) -> Iterator[Expr]:
         own = (s.value,)
     elif isinstance(s, TileProduct):
         own = s.operands
+    else:
+        own = s.exprs()  # type: ignore[attr-defined]
     for e in own:
         yield from walk(e)
 
 
-def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
+def stmt_bodies(s: Stmt) -> tuple[tuple[Stmt, ...], ...]:
+    """The statement lists directly inside ``s``: a loop's body, an If's two branches, or
+    the body of another IR's statement that holds one (not a :class:`TileProduct`'s nest,
+    which is another form of the statement itself)."""
+    if isinstance(s, For):
+        return (s.body,)
+    if isinstance(s, If):
+        return (s.then, s.other)
+    return (s.body,) if _holds_body(s) else ()  # type: ignore[attr-defined]
+
+
+def walk_stmts(body: tuple[Stmt, ...], *,
+               into: Callable[[Stmt], bool] | None = None) -> Iterator[Stmt]:
+    """Every statement of ``body``, each before the statements inside it (those of
+    :func:`stmt_bodies`, and the loops a :class:`TileProduct`'s nest spells it out as);
+    ``into``, where given, says which statements to walk into."""
     for s in body:
         yield s
-        if isinstance(s, For):
-            yield from walk_stmts(s.body)
-        elif isinstance(s, If):
-            yield from walk_stmts(s.then)
-            yield from walk_stmts(s.other)
-        elif isinstance(s, TileProduct):
-            yield from walk_stmts(s.nest)
+        if into is None or into(s):
+            for inner in (s.nest,) if isinstance(s, TileProduct) else stmt_bodies(s):
+                yield from walk_stmts(inner, into=into)
+
+
+Folded = TypeVar("Folded")
+
+
+def fold_stmts(body: tuple[Stmt, ...], fn: Callable[[Stmt, tuple[list[Folded], ...]], Folded]) -> list[Folded]:
+    """``fn`` of each statement of ``body``, the statements inside it first: ``fn(s,
+    inner)`` gets, per list of :func:`stmt_bodies`, the values ``fn`` gave its
+    statements (a post-order fold, as an analysis that sums over a nest needs)."""
+    return [fn(s, tuple(fold_stmts(b, fn) for b in stmt_bodies(s))) for s in body]
+
+
+def perfect_nest(loop: For) -> list[For]:
+    """The loops of the perfect nest ``loop`` leads, outermost first: ``loop``, then, while
+    the innermost one's body is a single loop, that loop."""
+    loops = [loop]
+    while len(loops[-1].body) == 1 and isinstance(loops[-1].body[0], For):
+        loops.append(loops[-1].body[0])
+    return loops
 
 
 def touched(kernel: LoopKernel) -> frozenset[str]:

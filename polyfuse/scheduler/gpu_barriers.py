@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from polyfuse.ir.comprehension import Expr, Literal, Read, walk
-from polyfuse.ir.gpu import (Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, SingleThread,
-                             ThreadFor, children, walk_gpu)
-from polyfuse.ir.loops import Assign, For, If, Stmt, Store
+from polyfuse.ir.comprehension import Expr, Literal, Read
+from polyfuse.ir.gpu import Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, SingleThread, ThreadFor
+from polyfuse.ir.loops import For, If, LoopRewriter, Scope, Stmt, Store, stmt_nodes, walk_stmts
 from polyfuse.ir.affine import affine, variables
 
 Owner = tuple | None  # which thread touches an element, when that is known
@@ -38,7 +37,7 @@ def place_barriers(kernel: GpuKernel) -> GpuKernel:
 
 
 def _launch(launch: Launch) -> Launch:
-    return replace(launch, body=_Placer(launch).place(launch.body, set())[0])
+    return replace(launch, body=_Placer(launch).body(launch.body, Scope()))
 
 
 def _conflict(a: set[_Access], b: set[_Access]) -> bool:
@@ -46,42 +45,58 @@ def _conflict(a: set[_Access], b: set[_Access]) -> bool:
                for x in a for y in b)
 
 
-class _Placer:
+class _Placer(LoopRewriter):
+    """Puts barriers in a launch's uniform part, walking it in order: ``pending`` holds
+    the accesses since the last barrier before the statement at hand."""
+
     def __init__(self, launch: Launch) -> None:
         self.shared = {t.name for t in launch.shared}
-        self.block_vars = {r.var for s in walk_gpu(launch.body) if isinstance(s, BlockLoops)
+        self.block_vars = {r.var for s in walk_stmts(launch.body) if isinstance(s, BlockLoops)
                            for r in s.loops}
+        self.pending: set[_Access] = set()
 
-    def place(self, body: tuple[Stmt, ...], pending: set[_Access]) -> tuple[tuple[Stmt, ...], set[_Access]]:
-        """``body`` with barriers, and the accesses since its last barrier (with ``pending``,
-        those before it)."""
-        out: list[Stmt] = []
-        for s in body:
-            if isinstance(s, (For, BlockLoops)):
-                inner, tail = self.place(s.body, set())
-                head = self.head(inner)
-                carried = tail if isinstance(s, For) else {a for a in tail if a.buffer in self.shared}
-                if _conflict(carried, head):
-                    inner, tail = inner + (Barrier(),), set()
-                if _conflict(pending, head):
-                    out.append(Barrier())
-                    pending = set()
-                out.append(replace(s, body=inner))
-                synced = any(isinstance(x, Barrier) for x in inner)
-                pending = pending | (tail if synced else self.accesses(inner))
-            elif isinstance(s, If):
-                then, after_then = self.place(s.then, pending)
-                other, after_other = self.place(s.other, pending)
-                out.append(replace(s, then=then, other=other))
-                pending = after_then | after_other
-            else:
-                touched = self.accesses((s,))
-                if _conflict(pending, touched):
-                    out.append(Barrier())
-                    pending = set()
-                out.append(s)
-                pending = pending | touched
-        return tuple(out), pending
+    def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        return self.repeated(s, scope)
+
+    def nested(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        """Block loops repeat what they hold; a thread region or single-thread statements
+        are one unit."""
+        return self.repeated(s, scope) if isinstance(s, BlockLoops) else self.leaf(s, scope)
+
+    def branch(self, s: If, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        before = self.pending
+        then = self.body(s.then, scope.under_guard())
+        after_then, self.pending = self.pending, before
+        other = self.body(s.other, scope.under_guard())
+        self.pending = after_then | self.pending
+        return replace(s, then=then, other=other)
+
+    def leaf(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        touched = self.accesses((s,))
+        out: tuple[Stmt, ...] = (s,)
+        if _conflict(self.pending, touched):
+            out = (Barrier(), s)
+            self.pending = set()
+        self.pending = self.pending | touched
+        return out
+
+    def repeated(self, s: For | BlockLoops, scope: Scope) -> tuple[Stmt, ...]:
+        """A uniform loop or the block loops: a barrier at the end of the body where the
+        next iteration's start conflicts with its end, and before it where its start
+        conflicts with what came before."""
+        before, self.pending = self.pending, set()
+        inner = self.body(s.body, scope.inside(s) if isinstance(s, For) else scope)
+        tail = self.pending
+        head = self.head(inner)
+        carried = tail if isinstance(s, For) else {a for a in tail if a.buffer in self.shared}
+        if _conflict(carried, head):
+            inner, tail = inner + (Barrier(),), set()
+        out: tuple[Stmt, ...] = ()
+        if _conflict(before, head):
+            out, before = (Barrier(),), set()
+        synced = any(isinstance(x, Barrier) for x in inner)
+        self.pending = before | (tail if synced else self.accesses(inner))
+        return (*out, replace(s, body=inner))
 
     def head(self, body: tuple[Stmt, ...]) -> set[_Access]:
         """Accesses before the first barrier of ``body``."""
@@ -93,18 +108,16 @@ class _Placer:
         return out
 
     def accesses(self, body: tuple[Stmt, ...]) -> set[_Access]:
+        """What the units of ``body`` read and write."""
         out: set[_Access] = set()
-        for s in body:
+        for s in walk_stmts(body, into=lambda s: not isinstance(s, (ThreadFor, SingleThread))):
             if isinstance(s, CopyToShared):
                 out |= {_Access(s.tile, True, None), _Access(s.buffer, False, None)}
             elif isinstance(s, SingleThread):
                 out |= _touched(s.body, lambda _: ("single",))
             elif isinstance(s, ThreadFor):
-                axes = {t.axis: t for t in walk_gpu((s,)) if isinstance(t, ThreadFor)}
+                axes = {t.axis: t for t in walk_stmts((s,)) if isinstance(t, ThreadFor)}
                 out |= _touched((s,), lambda idx: self.owner(idx, axes))
-            else:
-                for inner in children(s):
-                    out |= self.accesses(inner)
         return out
 
     def owner(self, indices: tuple[Expr, ...], axes: dict[int, ThreadFor]) -> Owner:
@@ -130,17 +143,8 @@ class _Placer:
 def _touched(body: tuple[Stmt, ...], owner) -> set[_Access]:  # type: ignore[no-untyped-def]
     """Reads and writes of ``body``, each with ``owner(indices)``."""
     out: set[_Access] = set()
-    for s in walk_gpu(body):
-        exprs: list[Expr] = []
+    for s in walk_stmts(body):
         if isinstance(s, Store):
             out.add(_Access(s.buffer, True, owner(s.indices)))
-            exprs = [*s.indices, s.value]
-        elif isinstance(s, Assign):
-            exprs = [s.value]
-        elif isinstance(s, (For, ThreadFor)):
-            exprs = [s.lo, s.hi]
-        elif isinstance(s, If):
-            exprs = [s.cond]
-        out |= {_Access(r.tensor, False, owner(r.indices))
-                for e in exprs for r in walk(e) if isinstance(r, Read)}
+        out |= {_Access(r.tensor, False, owner(r.indices)) for r in stmt_nodes(s) if isinstance(r, Read)}
     return out

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import takewhile
 
 from polyfuse.ir.comprehension import Literal
 from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, SingleThread, ThreadFor, walk_gpu
-from polyfuse.ir.loops import For, If, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, map_loops, walk_stmts
+from polyfuse.ir.loops import For, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, map_loops, perfect_nest, walk_stmts
 from polyfuse.ir.affine import max_trips
 from polyfuse.scheduler.gpu_reduction import (Reduction, TreeNames, expand_trees, holds_reduction,
                                               match_reduction, spread)
@@ -103,7 +104,7 @@ def _launch(body: tuple[Stmt, ...], options: MappingOptions, limits: DeviceLimit
     trips = math.prod(r.trips for r in loops)
     if trips == 0:
         return None
-    mapped = _uniform(inner, _Trees(options, limits) if options.block_reduction else None)
+    mapped = _Uniform(_Trees(options, limits) if options.block_reduction else None).body(inner, Scope())
     if loops:
         mapped = (BlockLoops(tuple(loops), mapped),)
     grid = min(trips, options.grid or trips, limits.max_grid)
@@ -129,48 +130,56 @@ def _has_thread_loop(s: Stmt) -> bool:
     return any(isinstance(x, For) and x.kind is LoopKind.THREAD for x in walk_stmts((s,)))
 
 
-def _uniform(body: tuple[Stmt, ...], trees: _Trees | None) -> tuple[Stmt, ...]:
-    """Map the part of a block's body that every thread runs alike; ``trees`` takes the
+class _Uniform(LoopRewriter):
+    """Maps the part of a block's body that every thread runs alike; ``trees`` takes the
     reductions to spread over the threads."""
-    out: list[Stmt] = []
-    run: list[Stmt] = []
 
-    def flush() -> None:
-        if run:
-            out.append(SingleThread(serial(tuple(run))))
-            run.clear()
+    def __init__(self, trees: _Trees | None) -> None:
+        self.trees = trees
 
-    k = 0
-    while k < len(body):
-        s = body[k]
-        taken = trees.take(body[k:]) if trees else None
-        if taken is not None:
+    def body(self, stmts: tuple[Stmt, ...], scope: Scope) -> tuple[Stmt, ...]:
+        """Runs of statements without thread loops or reductions on one thread, a reduction
+        taken for a tree spread, the rest walked into."""
+        out: list[Stmt] = []
+        run: list[Stmt] = []
+
+        def flush() -> None:
+            if run:
+                out.append(SingleThread(serial(tuple(run))))
+                run.clear()
+
+        k = 0
+        while k < len(stmts):
+            s = stmts[k]
+            taken = self.trees.take(stmts[k:]) if self.trees else None
+            if taken is not None:
+                flush()
+                out += spread(taken, serial)
+                k += 3
+                continue
+            k += 1
+            if not (self.reduces(s) or _has_thread_loop(s)):
+                run.append(s)
+                continue
             flush()
-            out += spread(taken, serial)
-            k += 3
-            continue
-        k += 1
-        inside = trees is not None and holds_reduction(s)
-        if not (inside or _has_thread_loop(s)):
-            run.append(s)
-            continue
+            new = self.stmt(s, scope)
+            out += new if isinstance(new, tuple) else (new,)
         flush()
-        if isinstance(s, For) and s.kind is LoopKind.THREAD and not inside:
-            out.append(_region(s))
-        elif isinstance(s, For):
-            out.append(replace(s, kind=LoopKind.SERIAL, body=_uniform(s.body, trees)))
-        elif isinstance(s, If):
-            out.append(replace(s, then=_uniform(s.then, trees), other=_uniform(s.other, trees)))
-    flush()
-    return tuple(out)
+        return tuple(out)
+
+    def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        if s.kind is LoopKind.THREAD and not self.reduces(s):
+            return _region(s)
+        return replace(s, kind=LoopKind.SERIAL, body=self.body(s.body, scope.inside(s)))
+
+    def reduces(self, s: Stmt) -> bool:
+        """Whether ``s`` holds a reduction a tree may take (its thread loops then run serially)."""
+        return self.trees is not None and holds_reduction(s)
 
 
 def _region(loop: For) -> Stmt:
     """A chain of thread loops: the innermost three on threads x, y, z."""
-    chain = [loop]
-    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], For) \
-            and chain[-1].body[0].kind is LoopKind.THREAD:
-        chain.append(chain[-1].body[0])
+    chain = list(takewhile(lambda f: f.kind is LoopKind.THREAD, perfect_nest(loop)))
     body = serial(chain[-1].body)
     for axis, f in enumerate(reversed(chain[-3:])):
         body = (ThreadFor(f.var, f.lo, f.hi, axis, body, f.step),)

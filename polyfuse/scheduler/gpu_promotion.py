@@ -17,11 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from polyfuse.ir.comprehension import Expr, Read, walk
+from polyfuse.ir.comprehension import Expr, Read
 from polyfuse.ir.gpu import CopyToShared, GpuKernel, Launch, SharedTile, ThreadFor
 from polyfuse.ir.affine import Affine, affine, combine, max_trips, to_expr, variables
-from polyfuse.ir.loops import (ERROR_BUFFER, Assign, BufferRole, For, If, LoopRewriter, Scope, Stmt, Store,
-                               map_body_exprs, walk_scoped)
+from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopRewriter, Scope, Stmt, map_body_exprs, stmt_nodes, walk_scoped
 
 MIN_REUSE = 2  # reads per element of the box before a copy pays off
 
@@ -129,16 +128,7 @@ def _reads(region: ThreadFor) -> dict[str, list[_Use]]:
     for s, scope in walk_scoped((region,)):
         loops = {lp.var: described_loop(lp) for lp in scope.loops}  # type: ignore[attr-defined]
         times = math.prod(lp.trips or 1 for lp in loops.values())
-        exprs: list[Expr] = []
-        if isinstance(s, (For, ThreadFor)):
-            exprs = [s.lo, s.hi]
-        elif isinstance(s, If):
-            exprs = [s.cond]
-        elif isinstance(s, Store):
-            exprs = [*s.indices, s.value]
-        elif isinstance(s, Assign):
-            exprs = [s.value]
-        for r in (r for e in exprs for r in walk(e) if isinstance(r, Read)):
+        for r in (r for r in stmt_nodes(s) if isinstance(r, Read)):
             out.setdefault(r.tensor, []).append(_Use(r, times, loops))
     return out
 

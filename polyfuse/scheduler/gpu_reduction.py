@@ -29,7 +29,8 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, L
                                        walk)
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.gpu import SharedTile, SingleThread, ThreadFor
-from polyfuse.ir.loops import Assign, For, If, LoopRewriter, Scope, Stmt, Store
+from polyfuse.ir.loops import (Assign, For, LoopRewriter, Scope, Stmt, Store, perfect_nest, stmt_bodies,
+                               walk_stmts)
 from polyfuse.ir.types import DType
 
 LANE = "pf_t"  # the tree's loop variable: iteration t runs on thread t
@@ -76,6 +77,9 @@ class TreeSlot(Stmt):
     def map_exprs(self, fn: Callable[[Expr], Expr]) -> TreeSlot:
         return self
 
+    def exprs(self) -> tuple[Expr, ...]:
+        return ()
+
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}tree {self.reduction.op.value} of {self.reduction.acc.name}"]
 
@@ -92,14 +96,11 @@ def match_reduction(stmts: tuple[Stmt, ...]) -> Reduction | None:
         return None
     if load.value.dtype.is_bool:
         return None
-    inner: Stmt = loop
-    loops = []
-    while isinstance(inner, For) and len(inner.body) == 1:
-        loops.append(inner)
-        inner = inner.body[0]
-    if not isinstance(inner, Assign) or inner.var != load.var:
+    loops = perfect_nest(loop)
+    update = loops[-1].body[0] if len(loops[-1].body) == 1 else None
+    if not isinstance(update, Assign) or update.var != load.var:
         return None
-    op = _combine(inner.value, load.var)
+    op = _combine(update.value, load.var)
     if op is None or any(_reads_local(e, load.var) for f in loops for e in (f.lo, f.hi)):
         return None
     return Reduction(load, loop, store, op)
@@ -127,9 +128,8 @@ def _reads_local(e: Expr, name: str) -> bool:
 
 def holds_reduction(s: Stmt) -> bool:
     """Whether a reduction in register form stands anywhere inside ``s``."""
-    bodies = (s.body,) if isinstance(s, For) else (s.then, s.other) if isinstance(s, If) else ()
-    return any(match_reduction(b[k:]) is not None or holds_reduction(x)
-               for b in bodies for k, x in enumerate(b))
+    return any(match_reduction(b[k:]) is not None
+               for x in walk_stmts((s,)) for b in stmt_bodies(x) for k in range(len(b)))
 
 
 def spread(r: Reduction, serial: Callable[[tuple[Stmt, ...]], tuple[Stmt, ...]]) -> tuple[Stmt, ...]:
