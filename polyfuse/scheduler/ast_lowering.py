@@ -18,7 +18,7 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, L
                                        ReduceOp, Select, SizeVar, map_expr, walk)
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
-                               Stmt, Store, map_kernel_exprs, map_loops, rewrite, walk_stmts,
+                               Stmt, Store, fold_stmts, map_kernel_exprs, map_loops, rewrite, walk_stmts,
                                widen_ints)
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
@@ -185,15 +185,13 @@ PARALLEL_MIN_WORK = 1 << 17  # statement instances below which a loop nest runs 
 
 def _work(body: tuple[Stmt, ...]) -> int:
     """Statement instances of a loop nest, taking each loop at its largest trip count."""
-    total = 0
-    for s in body:
+    def work(s: Stmt, inner: tuple[list[int], ...]) -> int:
         if isinstance(s, For):
-            total += _trips(s) * max(1, _work(s.body))
-        elif isinstance(s, If):
-            total += max(_work(s.then), _work(s.other))
-        else:
-            total += 1
-    return total
+            return _trips(s) * max(1, sum(inner[0]))
+        if isinstance(s, If):
+            return max(sum(inner[0]), sum(inner[1]))
+        return 1
+    return sum(fold_stmts(body, work))
 
 
 def _trips(loop: For) -> int:

@@ -33,7 +33,7 @@ from types import MappingProxyType
 
 from llvmlite import ir
 
-from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef, walk
+from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
                                TileProduct, map_body_exprs, stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
@@ -431,8 +431,8 @@ def _local_buffers(k: LoopKernel, body: tuple[Stmt, ...], b: ir.IRBuilder) -> di
     if not local:
         return {}
     used: set[str] = set()
-    for st in _serial_stmts(body):
-        used |= {n.tensor for e in _stmt_exprs(st) for n in walk(e) if isinstance(n, Read)}
+    for st in walk_stmts(body, into=lambda s: not (isinstance(s, For) and s.kind is LoopKind.PARALLEL)):
+        used |= {n.tensor for n in stmt_nodes(st) if isinstance(n, Read)}
         if isinstance(st, Store):
             used.add(st.buffer)
     slots: dict[str, ir.Value] = {}
@@ -447,17 +447,6 @@ def _local_buffers(k: LoopKernel, body: tuple[Stmt, ...], b: ir.IRBuilder) -> di
     return slots
 
 
-def _serial_stmts(body: tuple[Stmt, ...]):  # type: ignore[no-untyped-def]
-    """The statements of ``body``, not descending into parallel loops."""
-    for s in body:
-        yield s
-        if isinstance(s, For) and s.kind is not LoopKind.PARALLEL:
-            yield from _serial_stmts(s.body)
-        elif isinstance(s, If):
-            yield from _serial_stmts(s.then)
-            yield from _serial_stmts(s.other)
-
-
 def _pointer_attributes(arg: ir.Argument, buf: Buffer) -> None:
     """Buffers never overlap; outputs come from the runtime's aligned allocator."""
     arg.add_attribute("noalias")
@@ -467,23 +456,8 @@ def _pointer_attributes(arg: ir.Argument, buf: Buffer) -> None:
 
 def _free_values(s: For, scope: _Scope) -> list[str]:
     """Register values (enclosing iterators, scalars) the loop uses."""
-    exprs = [s.lo, s.hi] + [e for st in walk_stmts(s.body) for e in _stmt_exprs(st)]
-    names = {n.name for e in exprs for n in walk(e) if isinstance(n, (IndexVar, ScalarRef))}
+    names = {n.name for st in walk_stmts((s,)) for n in stmt_nodes(st) if isinstance(n, (IndexVar, ScalarRef))}
     return [v for v in scope.values if v in names]
-
-
-def _stmt_exprs(st: Stmt) -> list[Expr]:
-    if isinstance(st, For):
-        return [st.lo, st.hi]
-    if isinstance(st, If):
-        return [st.cond]
-    if isinstance(st, Store):
-        return [*st.indices, st.value]
-    if isinstance(st, Assign):
-        return [st.value]
-    if isinstance(st, TileProduct):
-        return list(st.operands)
-    return []
 
 
 def _to_register(raw: ir.Value, dt: DType, b: ir.IRBuilder) -> ir.Value:

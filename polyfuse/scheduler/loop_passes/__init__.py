@@ -21,9 +21,12 @@ scheduler's pipeline through :class:`LoopPassManager` after the isl AST is lower
 
 Passes import only :mod:`polyfuse.ir` (``tests/test_layering.py`` checks): what one needs
 from the scheduler (a heuristic's threshold) is an argument the pipeline gives. Each walks
-the kernel with the loop IR's walkers: :class:`~polyfuse.ir.loops.LoopRewriter` (with the
-scope of each statement: enclosing loops, known ranges, guards),
-:func:`~polyfuse.ir.loops.walk_scoped`, or :func:`~polyfuse.ir.loops.rewrite`.
+the kernel with the loop IR's walkers, never by its own recursion over loop bodies:
+:class:`~polyfuse.ir.loops.LoopRewriter` (with the scope of each statement: enclosing
+loops, known ranges, guards), :func:`~polyfuse.ir.loops.walk_scoped`,
+:func:`~polyfuse.ir.loops.walk_stmts`, :func:`~polyfuse.ir.loops.fold_stmts` or
+:func:`~polyfuse.ir.loops.rewrite`; :func:`~polyfuse.ir.loops.perfect_nest` gives the loops
+of a perfect nest.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
 from polyfuse.ir.loops import (BufferRole, For, If, LoopKernel, Stmt, Store, TileProduct, constant_trips, rewrite,
-                               stmt_nodes, walk_scoped, walk_stmts)
+                               perfect_nest, stmt_nodes, walk_scoped, walk_stmts)
 from polyfuse.ir.types import DType
 
 _I64 = DType.INT64
@@ -80,21 +80,15 @@ def _epilogue_nests(body: list[Stmt], start: int) -> int:
 
 def _innermost(nest: Stmt) -> tuple[Store, ...] | None:
     """The statements at the bottom of a perfect loop nest, if they are all stores."""
-    node = nest
-    while isinstance(node, For) and len(node.body) == 1 and isinstance(node.body[0], For):
-        node = node.body[0]
-    if not isinstance(node, For) or not all(isinstance(s, Store) for s in node.body):
+    if not isinstance(nest, For):
         return None
-    return node.body  # type: ignore[return-value]
+    inner = perfect_nest(nest)[-1].body
+    return inner if all(isinstance(s, Store) for s in inner) else None  # type: ignore[return-value]
 
 
 def _trips(nest: Stmt) -> int:
     """Iterations of a perfect nest with constant bounds (0 if a bound is not constant)."""
-    n = 1
-    while isinstance(nest, For):
-        n *= constant_trips(nest) or 0
-        nest = nest.body[0]
-    return n
+    return math.prod(constant_trips(lp) or 0 for lp in perfect_nest(nest)) if isinstance(nest, For) else 1
 
 
 def _template(s: Store, source: str) -> Expr | None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, Literal, Read, map_expr
 from polyfuse.ir.loops import (Buffer, BufferRole, For, LoopKernel, LoopKind, LoopRewriter, Packing, Scope, Stmt, Store, TileProduct,
-                               constant_trips, fresh_name, map_body_exprs, walk_stmts)
+                               constant_trips, fresh_name, map_body_exprs, walk_scoped, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.ir.affine import Affine, ConstantLoop, affine, constant_loop, to_expr
 
@@ -121,16 +121,13 @@ def _tiled(top: For, ctx: _Context) -> tuple[Stmt, ...] | None:
 def _distributed(top: For) -> list[tuple[list[For], Store]] | None:
     """The perfect nests ``top`` distributes into, each its loops and its one store; None
     unless every loop is serial with constant bounds and holds loops or one store."""
-    if top.kind is not LoopKind.SERIAL or not constant_trips(top):
-        return None
-    if len(top.body) == 1 and isinstance(top.body[0], Store):
-        return [([top], top.body[0])]
-    chains = []
-    for inner in top.body:
-        nests = _distributed(inner) if isinstance(inner, For) else None
-        if nests is None:
+    chains: list[tuple[list[For], Store]] = []
+    for s, scope in walk_scoped((top,)):
+        if isinstance(s, Store):
+            chains.append((list(scope.loops), s))  # type: ignore[arg-type]
+        elif not (isinstance(s, For) and s.kind is LoopKind.SERIAL and constant_trips(s)
+                  and (len(s.body) == 1 and isinstance(s.body[0], Store) or all(isinstance(x, For) for x in s.body))):
             return None
-        chains += [([top, *loops], store) for loops, store in nests]
     return chains
 
 

@@ -15,7 +15,7 @@ longer loads and stores memory on every step.
 from __future__ import annotations
 
 from polyfuse.ir.comprehension import Expr, IndexVar, LocalRef, Read, map_expr, walk
-from polyfuse.ir.loops import Assign, For, LoopKernel, LoopKind, Stmt, Store, rewrite, walk_stmts
+from polyfuse.ir.loops import Assign, For, LoopKernel, LoopKind, Stmt, Store, perfect_nest, rewrite, walk_stmts
 
 
 def promote_accumulators(kernel: LoopKernel) -> LoopKernel:
@@ -27,15 +27,11 @@ def promote_accumulators(kernel: LoopKernel) -> LoopKernel:
 
 def _nest(loop: For) -> tuple[list[str], Store] | None:
     """The iterators of a perfect loop nest ending in exactly one store, or None."""
-    names = [loop.var]
-    node: Stmt = loop
-    while isinstance(node, For):
-        if len(node.body) != 1:
-            return None
-        node = node.body[0]
-        if isinstance(node, For):
-            names.append(node.var)
-    return (names, node) if isinstance(node, Store) else None
+    loops = perfect_nest(loop)
+    inner = loops[-1].body
+    if len(inner) != 1 or not isinstance(inner[0], Store):
+        return None
+    return [lp.var for lp in loops], inner[0]
 
 
 def _promote(loop: For, counter: list[int]) -> tuple[Stmt, ...] | None:

@@ -34,7 +34,7 @@ from dataclasses import replace
 from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, Literal, Read, map_expr, walk
 from polyfuse.ir.affine import affine, constant_loop, span
 from polyfuse.ir.loops import (Buffer, BufferRole, For, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, Store,
-                               constant_trips, fresh_name, stmt_nodes, walk_scoped, walk_stmts)
+                               constant_trips, fresh_name, perfect_nest, stmt_nodes, walk_scoped, walk_stmts)
 from polyfuse.ir.types import DType
 
 MAX_ACCUMULATORS = 32 * 16  # elements of a block (32 vector registers of 16 floats)
@@ -152,15 +152,10 @@ def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[St
     """``top``'s nest split into reduction loops (``top`` first), block loops (the last
     one vectorized) and the accumulating stores, or None if it is not a register block
     whose reduction starts at ``top``."""
-    loops: list[For] = []
-    node: Stmt = top
-    while isinstance(node, For) and len(node.body) == 1 and isinstance(node.body[0], For):
-        loops.append(node)
-        node = node.body[0]
-    if not isinstance(node, For) or node.vector < MIN_VECTOR:
+    loops = perfect_nest(top)
+    if loops[-1].vector < MIN_VECTOR:
         return None
-    loops.append(node)
-    stores = node.body
+    stores = loops[-1].body
     if not stores or not all(isinstance(s, Store) for s in stores):
         return None
     if any(lp.kind is not LoopKind.SERIAL or constant_trips(lp) is None for lp in loops):
