@@ -190,7 +190,7 @@ def aligned_array(x: object, alignment: int = CONSTANT_ALIGNMENT) -> np.ndarray:
     bytes: itself where it already is one, else a copy. Constants are kept so: kernels
     read weights they do not pack as whole vectors, and numpy places large arrays 16
     bytes past a line, so each 64-byte vector of them would straddle two cache lines
-    (a 1x1 convolution reading its weights so ran 1.2x slower). Arrays of objects (ONNX
+    (a 1x1 convolution reading its weights so ran slower: benchmarks/LOG.md). Arrays of objects (ONNX
     strings) stay as they are."""
     a = np.asarray(x)
     if a.dtype.hasobject or (a.flags.c_contiguous and a.ctypes.data % alignment == 0):

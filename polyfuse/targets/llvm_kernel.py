@@ -46,10 +46,9 @@ from polyfuse.targets.panel_prefetch import LINE, PanelPrefetch, panel_prefetche
 PARALLEL_FOR = "polyfuse_parallel_for_threads"
 PREFETCH = "llvm.prefetch.p0"
 # bytes between a packed operand's element a micro-kernel reads and the one it prefetches
-# (ResNet-50 ran 1.08x faster on two threads and 1.05x on one, BERT 1.10x; 4 to 24 KiB
-# measured within 1%), and bytes prefetched there: one pair of cache lines, whose
-# neighbours the hardware's stream prefetcher then follows (a 6 x 4 block's whole row of
-# four lines ran 1.03x slower than its first two)
+# (distances from 4 to 24 KiB measured alike), and bytes prefetched there: one pair of
+# cache lines, whose neighbours the hardware's stream prefetcher then follows (a block's
+# whole row of lines ran slower than its first two); measurements in benchmarks/LOG.md
 PREFETCH_AHEAD = 8 << 10
 PREFETCH_BYTES = 128
 _I8P = I8.as_pointer()
@@ -262,8 +261,8 @@ class KernelEmitter:
         """In iteration ``j`` of ``p.over``: line ``j * lines / trips`` of the pass's slice
         at ``at``, so the slice's lines stream evenly through the pass. A loop of fewer
         iterations than the slice has lines touches every ``lines / trips``-th line, and the
-        hardware's stream prefetcher fills in the rest (prefetching all of them: ResNet-50
-        0.974x, its 1x1 convolutions' 128-line slices over 64 steps)."""
+        hardware's stream prefetcher fills in the rest (prefetching all of them ran slower:
+        benchmarks/LOG.md)."""
         assert p.over is not None
         j = _trip(iv, p.over.lo, p.over.step, b)
         line = b.sdiv(b.mul(j, ir.Constant(I64, p.lines)), ir.Constant(I64, p.over.trips))
@@ -395,7 +394,8 @@ def _fit_to_trip_count(s: For) -> For:
     (a width LLVM cannot fill is a transformation it reports as failed). Where the trip
     count is whole vectors, the interleave count divides their number: LLVM runs what
     is left after the interleaved vectors one element at a time (144 channels, 9
-    vectors, interleaved by 2: the last 16 elements scalar, 3x slower for an exp)."""
+    vectors, interleaved by 2: the last 16 elements scalar, several times slower for an
+    exp: benchmarks/LOG.md)."""
     trips = _trips(s)
     if trips is None or s.vector <= 1:
         return s

@@ -164,7 +164,7 @@ def _exp(e: _Emit, x: ir.Value) -> ir.Value:
     Where the result rounds to 0 the scaling by 2^n is skipped and 0 chosen instead:
     a product that underflows costs x86 a microcode assist of about a hundred cycles
     per instruction, and masked attention scores (``finfo.min`` or -1e4 below the
-    row's maximum) make every softmax vector underflow (GPT-2's: 5x slower).
+    row's maximum) make every softmax vector underflow (GPT-2's: benchmarks/LOG.md).
     """
     zero = e.cmp("<", x, e.f(_EXP_ZERO_BELOW))
     x = e.clamp(x, -104.5, 89.0)

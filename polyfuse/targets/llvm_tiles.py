@@ -17,7 +17,7 @@ body is written here in LLVM's text (llvmlite has no ``x86_amx`` type) and linke
 the optimized module (:func:`link_tile_products`). It is not inlined: each call configures the tiles
 for its own shapes (``ldtilecfg``, ``tilerelease`` on return), a few cycles against the
 hundreds of a block's products, while blocks of several shapes inlined into one kernel
-made LLVM's allocator spill tiles to the stack around every product (5x slower).
+made LLVM's allocator spill tiles to the stack around every product (benchmarks/LOG.md).
 Linux lets a process use the tiles once it asks (:func:`polyfuse.targets.cpu.native_tiles`).
 """
 

@@ -210,10 +210,8 @@ def channel_pitch(channels: int, axes: Sequence[WindowAxis], itemsize: int) -> i
     :data:`ALIAS_BYTES` apart (``stride`` pixels). A register block's rows then read
     their windows' lines from a few L1 sets, which cannot hold them all: 7 jammed
     outputs of a 3x3 window over 3 rows read 27 lines, which 512 channels put in 2 sets
-    (16 lines on an 8-way L1, 24 on a 12-way one). A 3x3 convolution of stride 2 over
-    512 channels ran 1.31x faster with a pitch of 528, over 256 channels 1.09x; of
-    stride 1 over 512 channels of a 7x7 map, 1.36x on a 32 KiB 8-way L1 (ResNet-50's
-    last two 3x3 convolutions: 55-64% of the FMA peak, 93% so)."""
+    (16 lines on an 8-way L1, 24 on a 12-way one). The pitch spreads them over more
+    sets (measurements in benchmarks/LOG.md)."""
     if axes and (axes[-1].stride * channels * itemsize) % ALIAS_BYTES == 0:
         return channels + 64 // itemsize
     return channels
@@ -223,7 +221,7 @@ def pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = Fals
               source: str = "X", fill: str = "", pitch: int = 0) -> str:
     """A statement copying ``source`` (input 0) into ``P``, padded with ``fill`` (by
     default 0) so that every window reads it in bounds: the convolution's reduction then
-    needs no select in its inner loop (about 20% faster on x86 than guarding each read).
+    needs no select in its inner loop (faster than guarding each read: benchmarks/LOG.md).
     ``channels_last`` puts the channel index last: ``P(n, h..., c)``, with ``pitch``
     elements per pixel if given (the channels past the input's filled too)."""
     batch, channels = ctx.shape(0)[:2]
@@ -294,8 +292,7 @@ def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:
     ``X * Wt(c, k..., m)`` over weights repacked at compile time so that output channels
     are contiguous, which the default schedule vectorizes (every conv of a CNN has a
     multiple of 16 output channels, while its maps are often 7, 14 or 28 wide). Six to
-    eight jammed output columns then share each vector of weights (about 5x faster on
-    14x14 maps)."""
+    eight jammed output columns then share each vector of weights (benchmarks/LOG.md)."""
     w = ctx.shape(1)
     o, k = window_names(len(axes))
     padding, source, stored_last = "", "X", False

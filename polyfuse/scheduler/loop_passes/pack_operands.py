@@ -68,8 +68,8 @@ from polyfuse.ir.types import DType
 
 # one packed box at most: L2-resident, as large as the box of a whole reduction the
 # heuristics keep untiled (their WHOLE_BYTES: 768 x 256 floats of a transformer's
-# product, which a 512 KiB limit left to a copy per register block and row tile: a
-# 197 x 768 x 3072 product ran 1.56x slower)
+# product, which a smaller limit left to a copy per register block and row tile, much
+# slower: benchmarks/LOG.md)
 PACK_BYTES = 768 << 10
 LOCAL_BYTES = 768 << 10    # all packed boxes of a kernel together (they live on the stack)
 PREPACK_GROWTH = 2         # a prepacked operand takes at most this many times its own size

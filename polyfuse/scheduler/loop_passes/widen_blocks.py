@@ -10,7 +10,7 @@ packed panel whose lanes past the operand's edge hold zeros (:mod:`.pack_operand
 its accumulators can take whole vectors: the loops that set and update them run the
 lanes up to the next whole vector (48), where the padded lanes add zeros, and the loop
 that stores the block keeps its 40 lanes. The accumulators then live in registers as a
-full block's do (1024 x 1024 x 1000: 1.4x).
+full block's do (benchmarks/LOG.md).
 
 A vector loop ``v in 0:t`` (``t`` not whole vectors, nothing nested in it) is widened
 when each statement in it stores a ``local`` accumulator at ``acc(..., v)`` and reads,
