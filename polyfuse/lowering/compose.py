@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import (Call, Cast, Definition, Expr, IndexVar, Literal, Read,
-                                       ReduceOp, Select, Statement, TensorDecl, map_expr, walk)
+                                       ReduceOp, Select, Statement, TensorDecl, index_names, map_expr, walk)
 from polyfuse.ir.limits import MAX_EXPR_DEPTH, expr_depth
 from polyfuse.ir.verify import verify_definition
 
@@ -154,7 +154,7 @@ def _broadcasts(reader: Statement, tensor: str) -> bool:
     elements (an index of the reader appears in none of the read's indices)."""
     for e in walk(reader.rhs):
         if isinstance(e, Read) and e.tensor == tensor:
-            used = {v.name for i in e.indices for v in walk(i) if isinstance(v, IndexVar)}
+            used = set().union(*(index_names(i) for i in e.indices))
             if set(reader.indices) - used:
                 return True
     return False
