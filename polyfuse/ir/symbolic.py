@@ -202,8 +202,52 @@ def zero_divisor(e: Expr, sizes: Mapping[str, int]) -> Expr | None:
 
 
 def evaluate_int(e: Expr, sizes: Mapping[str, int]) -> int:
-    """The value of an integer size expression for concrete sizes."""
+    """The value of an integer size expression for concrete sizes (evaluated directly,
+    with the semantics :func:`to_sympy` gives each operation; through sympy only for an
+    expression outside them, which then raises ValueError)."""
+    try:
+        return _evaluate(e, sizes)
+    except _NotDirect:
+        pass
     value = to_sympy(e).subs({size_symbol(k): v for k, v in sizes.items()})
     if not value.is_Integer:
         raise ValueError(f"size expression {e} is not fixed by sizes {dict(sizes)}")
     return int(value)
+
+
+class _NotDirect(Exception):
+    """An expression :func:`_evaluate` leaves to sympy."""
+
+
+def _evaluate(e: Expr, sizes: Mapping[str, int]) -> int:
+    """``e`` at ``sizes`` in Python integers: C's truncating ``/`` and ``%``, floor
+    division and modulo for ``floordiv`` and ``floormod``, 0 for any division by 0 (as
+    every integer division by 0 in TC)."""
+    match e:
+        case Literal(value=v):
+            return int(v)
+        case SizeVar(name=n) if n in sizes:
+            return int(sizes[n])
+        case Unary(op=UnaryOp.NEG, operand=a):
+            return -_evaluate(a, sizes)
+        case Binary(op=op, lhs=a, rhs=b) if op in _SYMPY_BINARY:
+            x, y = _evaluate(a, sizes), _evaluate(b, sizes)
+            if op is BinaryOp.ADD:
+                return x + y
+            if op is BinaryOp.SUB:
+                return x - y
+            if op is BinaryOp.MUL:
+                return x * y
+            if y == 0:
+                return 0
+            quotient = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+            return quotient if op is BinaryOp.DIV else x - quotient * y
+        case Call(fn="floordiv" | "floormod" as fn, args=(a, b)):
+            x, y = _evaluate(a, sizes), _evaluate(b, sizes)
+            if y == 0:
+                return 0
+            return x // y if fn == "floordiv" else x % y
+        case Call(fn="min" | "max" as fn, args=args) if args:
+            values = [_evaluate(a, sizes) for a in args]
+            return min(values) if fn == "min" else max(values)
+    raise _NotDirect
