@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.autotune.task import Task
+from polyfuse.ir.machine import DEFAULT_MACHINE, Machine
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
 from polyfuse.scheduler.heuristics import default_options, element_bits
 from polyfuse.scheduler.loop_nest import LoopNest, Shape
@@ -84,20 +85,19 @@ class SearchSpace:
     def of_target(task: Task) -> SearchSpace:
         """The space of ``task``'s options on its own target (the SIMD width and registers
         compilation uses)."""
-        return SearchSpace.for_task(task, *target_vectors(task.target))
+        return SearchSpace.for_task(task, target_machine_model(task.target))
 
     @staticmethod
-    def for_task(task: Task, vector_bits: int = 512, vector_registers: int = 32) -> SearchSpace:
-        """The space of ``task``'s options on a target with ``vector_registers`` SIMD
-        registers of ``vector_bits`` bits (what the heuristic gets too)."""
+    def for_task(task: Task, machine: Machine = DEFAULT_MACHINE) -> SearchSpace:
+        """The space of ``task``'s options on ``machine`` (what the heuristic gets too)."""
         d, sizes = task.definition, task.sizes
         nest = LoopNest.of(d, sizes)
         if task.target.backend.device is Device.GPU:
             heuristic = default_gpu_options(d, sizes)
             return SearchSpace(task, nest, (), _gpu_candidates(nest, heuristic), heuristic)
-        width = max(1, vector_bits // element_bits(d))
+        width = max(1, machine.vector_bits // element_bits(d))
         widths = tuple(w for w in (width, width // 2, width // 4) if w >= 2)
-        heuristic = default_options(d, sizes, vector_bits, vector_registers)
+        heuristic = default_options(d, sizes, machine)
         return SearchSpace(task, nest, widths, _candidates(nest, widths, heuristic), heuristic)
 
     # --- points -------------------------------------------------------------------
@@ -306,13 +306,13 @@ def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
     return out
 
 
-def target_vectors(target: Target) -> tuple[int, int]:
-    """The bits of ``target``'s SIMD registers for floats and how many it has (128 and 32
-    where it has no CPU SIMD: no register limit applies)."""
+def target_machine_model(target: Target) -> Machine:
+    """The machine model of ``target`` (:func:`polyfuse.targets.cpu.machine`); for a target
+    without a CPU (cuda) the default one, which its GPU options do not read."""
     if target.backend.cpus:
-        from polyfuse.targets.cpu import vector_bits, vector_registers
-        return vector_bits(target), vector_registers(target)
-    return 128, 32
+        from polyfuse.targets.cpu import machine
+        return machine(target)
+    return DEFAULT_MACHINE
 
 
 # --- candidate values ------------------------------------------------------------------

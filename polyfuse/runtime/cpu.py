@@ -28,8 +28,7 @@ from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import Usage, schedule_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, emit_llvm, load_object,
-                                  missing_features, native_tiles, runs_natively, target_description, vector_bits,
-                                  vector_registers)
+                                  machine, missing_features, native_tiles, runs_natively, target_description)
 
 _COMPILED: cache.Resident[Any] = cache.Resident()
 STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kernels
@@ -95,7 +94,7 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     the kernel may read packed ahead of time, outputs it need not store)."""
     sizes = dict(sizes)
     with cache.SCHEDULING:
-        options = options or default_options(d, sizes, vector_bits(target), vector_registers(target))
+        options = options or default_options(d, sizes, machine(target))
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
                            target_description(target), repr(options), usage.key(),
                            repr(sorted(native_tiles(target))))
@@ -134,7 +133,8 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
     stages = {"options": repr(options)}
     initialized: set[str] = set()
     with cache.SCHEDULING:
-        kernel = schedule_definition(d, sizes, options, stages, initialized, usage, native_tiles(target))
+        kernel = schedule_definition(d, sizes, options, stages, initialized, usage, native_tiles(target),
+                                     machine(target))
         layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized - (usage.discarded - touched(kernel)))
         text = emit_llvm(kernel, target, options.num_threads)
     if runs_natively(target):

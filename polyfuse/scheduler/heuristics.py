@@ -1,4 +1,5 @@
-"""The default mapping options, chosen from the kernel's shape and the target's SIMD width.
+"""The default mapping options, chosen from the kernel's shape and the machine model
+(:mod:`polyfuse.ir.machine`: vectors, registers, L2).
 
 Two kinds of kernels:
 
@@ -28,6 +29,7 @@ import math
 from collections import Counter
 
 from polyfuse.ir.comprehension import Call, Definition, Read, Statement, index_names, walk
+from polyfuse.ir.machine import Machine
 from polyfuse.scheduler.loop_nest import LoopNest, work
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
@@ -40,7 +42,6 @@ PROLOGUE_RATIO = 64        # a statement this much heavier than the others runs 
 MIN_COLS = 64             # the narrowest cache tile of the vector index
 PARALLEL_TILES = 2         # column tiles below which the rows go on the threads instead
 CONTRACTION_MIN = 1 << 18  # iterations of the heaviest statement before tiling pays off
-ROW_VECTORS = 8            # accumulator vectors of a row sum's tile (of 32 registers)
 MIN_DEPTH = 8              # reduction steps per output before register blocking pays off
                            # (a depthwise 3x3 convolution has 9, an RGB 3x3 stem 27;
                            # a dot4 step counts 4: 16 int8 channels make 4 steps of 16)
@@ -48,9 +49,6 @@ SPLIT_ROWS = 2             # cache tiles of rows, at most, that a product split 
 PACK_MIN_REUSE = 4         # reads of each element of a packed operand copy, at least: else the
                            # copy costs more than it saves (pack_operands copies no less reused operand)
 MIN_REUSE_ROWS = 16        # output rows that a transposed operand's packed panel serves, at least
-SWEPT_BYTES = 512 << 10   # output a reduction panel sweeps, past which panels go deeper
-DEEP_BYTES = 512 << 10     # a deep panel's packed box of the vector operand (L2-resident)
-WHOLE_BYTES = 768 << 10    # a reduction's whole box of the vector operand that stays untiled
 DEEP_BLOCKS = 2            # register blocks across a deep panel whose reduction it cannot hold whole
 WHOLE_VECTORS = 2          # full vectors of a block that beat an exact block of half vectors
 
@@ -72,21 +70,44 @@ def _slides(reads: list[Read], outputs: set[str], summed: set[str]) -> bool:
     return any(index_names(x) & outputs and index_names(x) & summed for r in reads for x in r.indices)
 
 
-def default_options(d: Definition, sizes: dict[str, int], vector_bits: int,
-                    vector_registers: int = 32) -> MappingOptions:
-    """The options of ``d`` at ``sizes`` for a CPU whose vectors are ``vector_bits`` wide
-    and which has ``vector_registers`` of them (16 on AVX2 x86, 32 with AVX-512 and on
-    AArch64): a register block's accumulators and operands fit in them."""
+def swept_bytes(m: Machine) -> int:
+    """Output a reduction panel sweeps (each panel loads and stores it once more), past
+    which panels go deeper: a quarter of L2."""
+    return m.l2_bytes // 4
+
+
+def deep_bytes(m: Machine) -> int:
+    """A deep panel's packed box of the vector operand, L2-resident beside the rows and
+    outputs streaming past it: a quarter of L2."""
+    return m.l2_bytes // 4
+
+
+def whole_bytes(m: Machine) -> int:
+    """A reduction's whole box of the vector operand that stays untiled (one pass over the
+    output instead of one per panel): three eighths of L2."""
+    return 3 * m.l2_bytes // 8
+
+
+def row_vectors(m: Machine) -> int:
+    """Accumulator vectors of a row sum's tile: a quarter of the vector registers."""
+    return max(1, m.vector_registers // 4)
+
+
+def default_options(d: Definition, sizes: dict[str, int], machine: Machine) -> MappingOptions:
+    """The options of ``d`` at ``sizes`` for ``machine`` (:mod:`polyfuse.ir.machine`): its
+    vectors, its vector registers (a register block's accumulators and operands fit in
+    them) and its L2 (the boxes of packed operands and swept outputs)."""
+    vector_bits = machine.vector_bits
     width = max(1, vector_bits // element_bits(d))
     nest = LoopNest.of(d, sizes)
     st = nest.statement
     if min(nest.extent_of().values(), default=1) < 1:
         return MappingOptions(vector_width=width, unroll=2)   # an empty range: nothing to tile
     if _reduces_rows(nest):
-        return _row_reduction(nest, width)
+        return _row_reduction(nest, width, row_vectors(machine))
     if nest.work < CONTRACTION_MIN and _gathers(nest):
         return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
-                            vector_registers)
+                            machine)
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2 or not _reuses(nest):
         rest = sum(work(s, sizes) for s in d.statements if s is not st)
         if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
@@ -96,7 +117,7 @@ def default_options(d: Definition, sizes: dict[str, int], vector_bits: int,
             return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
         return MappingOptions(vector_width=width, unroll=2)
     return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
-                            vector_registers)
+                        machine)
 
 
 def _reuses(nest: LoopNest) -> bool:
@@ -168,16 +189,16 @@ def _reduces_rows(nest: LoopNest) -> bool:
         all(vec in index_names(r.indices[-1]) and not index_names(r.indices[-1]) & summed for r in along)
 
 
-def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
+def _row_reduction(nest: LoopNest, width: int, most_vectors: int) -> MappingOptions:
     """Rows summed into a vector of accumulators (:func:`_reduces_rows`): the output index
     innermost and vectorized, in tiles of whole vectors (several when the other outputs
     leave the threads too few tiles), the reduction loops around it. A tile's
-    accumulators stay in registers: at most :data:`ROW_VECTORS` vectors of them."""
+    accumulators stay in registers: at most ``most_vectors`` vectors of them."""
     lhs, red = list(nest.outputs), list(nest.reduction_members)
     vec, extents = lhs[-1], nest.extent_of()
     others = math.prod(extents[i] for i in lhs[:-1])
     extent = extents[vec]
-    most = ROW_VECTORS * width
+    most = most_vectors * width
     fits = [c for c in range(width, min(extent, most) + 1, width) if extent % c == 0]
     fits = fits + [extent] if extent <= most else fits or [most]
     # the widest tile, of those that give the threads enough tiles if any do
@@ -189,7 +210,8 @@ def _row_reduction(nest: LoopNest, width: int) -> MappingOptions:
                           unroll=2 if chunk >= 2 * width else 1)
 
 
-def _contraction(nest: LoopNest, width: int, element_bytes: int, vector_registers: int) -> MappingOptions:
+def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machine) -> MappingOptions:
+    vector_registers = machine.vector_registers
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     extents = nest.extent_of()
     words = any(isinstance(c, Call) and c.fn == "dot4" for c in walk(st.rhs))
@@ -262,18 +284,19 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, vector_register
         # (a whole reduction not much deeper than a panel stays untiled, unless its box
         # would outgrow a deep panel's; below that, one whose box L2 holds whole)
         total = math.prod(extents[i] for i in red)
-        if swept > SWEPT_BYTES:
+        if swept > swept_bytes(machine):
             in_place = all(depth in index_names(r.indices[-1]) for r in reads if r not in vec_reads)
-            cols = _deep_columns(cols, extents[vec], total, block, in_place, element_bytes)
-            steps = most = DEEP_BYTES // (cols * element_bytes)
+            deep = deep_bytes(machine)
+            cols = _deep_columns(cols, extents[vec], total, block, in_place, element_bytes, deep)
+            steps = most = deep // (cols * element_bytes)
         else:
             # a product's whole reduction (no window slides) whose box of the vector operand
-            # fits WHOLE_BYTES stays untiled: one pass over the output instead of one per
+            # fits whole_bytes stays untiled: one pass over the output instead of one per
             # panel (BERT's and ViT-B/16's 768-deep products over 256-column tiles,
             # ResNet-50's 1x1 convolutions). A 3x3 convolution keeps its panels of a few
             # channels, which L1 holds for every row of the window, as it would not hold
             # a whole reduction (4608 steps on ResNet-50's 7x7 maps; benchmarks/LOG.md)
-            whole = 0 if _slides(reads, set(lhs), set(red)) else WHOLE_BYTES
+            whole = 0 if _slides(reads, set(lhs), set(red)) else whole_bytes(machine)
             if not rows_first:
                 cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
             steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
@@ -353,11 +376,11 @@ def _makespan(columns: int, cols: int, width: int) -> int:
 
 
 def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: bool,
-                  element_bytes: int) -> int:
-    """The column tile of a deep panel (a box of :data:`DEEP_BYTES` of the vector operand)
+                  element_bytes: int, deep: int) -> int:
+    """The column tile of a deep panel (a box of ``deep`` bytes of the vector operand)
     over ``columns`` columns and a reduction of ``total`` steps, register blocks of
     ``block`` columns; ``cols`` where the panel holds the whole reduction."""
-    if DEEP_BYTES // (cols * element_bytes) >= total:
+    if deep // (cols * element_bytes) >= total:
         return cols
     if in_place:
         # the broadcast operand read in place along its rows (A(m, k), not packed):
@@ -367,7 +390,7 @@ def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: boo
         # on a 1024 SGEMM). A packed broadcast operand (A(k, m) of Aᵀ·B) would grow with
         # the depth, and ran slower so (benchmarks/LOG.md)
         narrow = next((b * block for b in range(DEEP_BLOCKS, 0, -1)
-                       if DEEP_BYTES // (b * block * element_bytes) >= total), DEEP_BLOCKS * block)
+                       if deep // (b * block * element_bytes) >= total), DEEP_BLOCKS * block)
         return narrow if cols > narrow and columns % narrow == 0 else cols
     # the broadcast operand packed (A(k, m) of Aᵀ·B): each copy of its rows serves one
     # column tile, so wider tiles of shallower panels copy it fewer times (Aᵀ·B 1024 and

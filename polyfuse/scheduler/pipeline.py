@@ -12,13 +12,14 @@ from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.gpu import GpuKernel
 from polyfuse.ir.loops import LoopKernel
 from polyfuse.ir.loops_verify import verify_kernel
+from polyfuse.ir.machine import DEFAULT_MACHINE, Machine
 from polyfuse.ir.passes import IR, Pass, PassManager
 from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
-from polyfuse.scheduler.heuristics import PACK_MIN_REUSE
+from polyfuse.scheduler.heuristics import PACK_MIN_REUSE, whole_bytes
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead_stores, fuse_epilogues,
                                             pack_operands, promote_accumulators, promote_register_blocks,
                                             separate_full_tiles, unroll_and_jam, use_matrix_tiles,
@@ -50,20 +51,24 @@ class Usage:
 
 def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(),
                     initialized: set[str] | None = None, whole: frozenset[str] = frozenset(),
-                    usage: Usage = Usage(), tiles: frozenset[str] = frozenset()) -> tuple[LoopPass, ...]:
+                    usage: Usage = Usage(), tiles: frozenset[str] = frozenset(),
+                    machine: Machine = DEFAULT_MACHINE) -> tuple[LoopPass, ...]:
     """The loop passes of a CPU kernel, in order (``zeroed`` and ``initialized`` as
     :func:`~polyfuse.scheduler.loop_passes.promote_register_blocks` takes them, ``whole``
     as :func:`~polyfuse.scheduler.loop_passes.fuse_epilogues`; ``usage`` says which inputs
     to pack ahead of time and which outputs need no stores; ``tiles`` names the dot
     products the target's matrix tiles sum, which
-    :func:`~polyfuse.scheduler.loop_passes.use_matrix_tiles` puts on them)."""
+    :func:`~polyfuse.scheduler.loop_passes.use_matrix_tiles` puts on them; ``machine``
+    sizes the packed boxes and says what a cache line is)."""
     matrix = (Pass("use_matrix_tiles", lambda k: use_matrix_tiles(k, tiles, usage.constants)),) if tiles else ()
     return (separate_full_tiles, *matrix, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
             promote_accumulators,
             Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),
             Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)),
             Pass("drop_dead_stores", lambda k: drop_dead_stores(k, usage.discarded)),
-            Pass("pack_operands", lambda k: pack_operands(k, usage.constants, min_reuse=PACK_MIN_REUSE)),
+            Pass("pack_operands", lambda k: pack_operands(k, usage.constants, min_reuse=PACK_MIN_REUSE,
+                                                          box_bytes=whole_bytes(machine),
+                                                          line_bytes=machine.line_bytes)),
             widen_partial_blocks)
 
 
@@ -120,8 +125,8 @@ def _run(manager: PassManager[IR], ir: IR, stages: dict[str, str] | None, stage:
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
                         stages: dict[str, str] | None = None,
                         initialized: set[str] | None = None, usage: Usage = Usage(),
-                        tiles: frozenset[str] = frozenset()) -> LoopKernel:
-    """Model, schedule, tile and lower ``d`` for concrete ``sizes``.
+                        tiles: frozenset[str] = frozenset(), machine: Machine = DEFAULT_MACHINE) -> LoopKernel:
+    """Model, schedule, tile and lower ``d`` for concrete ``sizes`` on ``machine``.
 
     ``stages`` (if given) receives the text of the isl schedule tree and the loop IR.
     Accesses not proven inside their tensors are refused or checked at run time
@@ -137,7 +142,7 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
         stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, options)
     return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized, written_whole(d),
-                                                    usage, tiles), stages)
+                                                    usage, tiles, machine), stages)
 
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

@@ -9,10 +9,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
+import os
 import platform
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -20,6 +22,7 @@ import llvmlite.binding as llvm
 
 from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.loops import LoopKernel
+from polyfuse.ir.machine import GENERIC_AARCH64, GENERIC_X86, MACHINES, Machine
 from polyfuse.targets.diagnostics import caught_stderr, quiet_remarks
 from polyfuse.targets.llvm_dot import ISAS, Isa, inline_dot_products
 from polyfuse.targets.llvm_kernel import PARALLEL_FOR, emit_module
@@ -158,6 +161,52 @@ def vector_registers(target: Target) -> int:
 
 
 @functools.cache
+def machine(target: Target) -> Machine:
+    """The machine model of ``target`` (:mod:`polyfuse.ir.machine`): this processor's,
+    read from Linux, where the target is code for it; else its named CPU's from
+    :data:`~polyfuse.ir.machine.MACHINES` (a typical core of the architecture for a CPU
+    the table lacks), with the vectors its features give."""
+    x86 = target.backend.triple.startswith("x86_64")
+    if _host_features(target) is not None:
+        base = _host_machine(x86)
+    else:
+        base = MACHINES.get(target.cpu) or (GENERIC_X86 if x86 else GENERIC_AARCH64)
+    return replace(base, vector_bits=vector_bits(target), vector_registers=vector_registers(target))
+
+
+CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def _host_machine(x86: bool) -> Machine:
+    """This processor: its caches from sysfs (a typical core's where Linux does not say),
+    its FMA units from the table's entry for its CPU, the cores this process may run on."""
+    _initialize()
+    cpu = llvm.get_host_cpu_name()
+    known = MACHINES.get(cpu) or (GENERIC_X86 if x86 else GENERIC_AARCH64)
+    found: dict[tuple[int, str], tuple[int, int, int]] = {}
+    for index in sorted(CACHES.glob("index*")):
+        try:
+            level, kind = int((index / "level").read_text()), (index / "type").read_text().strip()
+            size = _bytes((index / "size").read_text().strip())
+            ways = int((index / "ways_of_associativity").read_text())
+            line = int((index / "coherency_line_size").read_text())
+        except (OSError, ValueError):
+            continue
+        found[(level, kind)] = (size, ways, line)
+    l1 = found.get((1, "Data")) or (known.l1d_bytes, known.l1d_ways, known.line_bytes)
+    l2 = found.get((2, "Unified")) or (known.l2_bytes, 0, 0)
+    l3 = found.get((3, "Unified")) or (known.l3_bytes, 0, 0)
+    return Machine(f"host {cpu}", known.vector_bits, known.vector_registers, known.fma_units, l1[2] or 64,
+                   l1[0], l1[1] or known.l1d_ways, l2[0], l3[0], len(os.sched_getaffinity(0)))
+
+
+def _bytes(text: str) -> int:
+    """A sysfs cache size ("32K", "1024K", "32M") in bytes."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text.rstrip("KkMmGg")) * scale
+
+
+@functools.cache
 def native_dots(target: Target) -> Mapping[str, Isa]:
     """The dot-product builtins the target has instructions for, and which (the first
     of :data:`ISAS` whose feature it has): ``dot4`` with AVX512-VNNI, or NEON's I8MM or
@@ -222,10 +271,11 @@ class JitKernel:
 
 @functools.cache
 def target_description(target: Target) -> str:
-    """What the generated code depends on besides the kernel: triple, CPU, features."""
+    """What the generated code depends on besides the kernel: triple, CPU, features, and
+    the machine model the schedule was chosen for."""
     tm = target_machine(target)
     cpu, features = _cpu_and_features(target)
-    return f"{tm.triple} {cpu} {features}"
+    return f"{tm.triple} {cpu} {features} {machine(target)}"
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from polyfuse.scheduler.loop_nest import LoopNest, NamedOptions
 from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
+from polyfuse.ir.machine import DEFAULT_MACHINE
 from tests.scheduler.avx512 import avx512_loops
 
 MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
@@ -67,7 +68,7 @@ def test_the_heaviest_statement_is_the_nest():
 @pytest.mark.unit
 def test_the_heuristics_write_their_choices_on_the_named_members():
     d, mm = nest(MM, "mm", MM_SIZES)
-    named = mm.to_named(default_options(d, MM_SIZES, 512))
+    named = mm.to_named(default_options(d, MM_SIZES, DEFAULT_MACHINE))
     # cache tiles 60 rows of m (whole 6-row blocks) by 64 columns of n (384 columns: 256
     # would make one whole tile and a half one for the threads, 128 three tiles, an odd
     # number); k's 256 steps, not much more than the 128-step tile, stay whole; 6 x 64
@@ -77,7 +78,7 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     assert named.register_tile == (("m", 6), ("n", 64), ("k", 0))
     assert named.point_order == ("k", "m", "n")   # reduction outermost, n vectorized innermost
     d, conv = nest(CONV, "conv", CONV_SIZES)
-    named = conv.to_named(default_options(d, CONV_SIZES, 512))
+    named = conv.to_named(default_options(d, CONV_SIZES, DEFAULT_MACHINE))
     # one tile of columns covers the 28 outputs of a row (too few to split over threads);
     # the 64 output channels (far apart in the weights, sliding no window) jam 6 at a time
     assert dict(named.tile_sizes)["w"] == 28 and dict(named.register_tile)["m"] == 6
@@ -99,7 +100,7 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
 def test_few_columns_split_the_rows_over_the_threads_in_blocks_of_whole_vectors(rows, k, cols, tile, block):
     sizes = {"M": rows, "K": k, "N": cols}
     d, mm = nest(MM, "mm", sizes)
-    options = mm.to_named(default_options(d, sizes, 512))
+    options = mm.to_named(default_options(d, sizes, DEFAULT_MACHINE))
     assert (dict(options.tile_sizes)["m"], dict(options.register_tile)["n"]) == (tile, block)
     rng = np.random.default_rng(rows + cols)
     a = rng.standard_normal((rows, k)).astype(np.float32)
@@ -124,7 +125,7 @@ def test_columns_of_an_odd_count_of_half_vectors_take_full_vectors_and_a_partial
     # vectors, up to the block's count, then a partial block (a TC convolution over
     # NCHW maps 56 wide: 1.34x; 56, 40, 88 or 104 columns of a product: 1.08-1.2x)
     d, loop_nest = nest(src, entry, sizes)
-    options = default_options(d, sizes, 512)
+    options = default_options(d, sizes, DEFAULT_MACHINE)
     vec = "n" if entry == "mm" else "w"
     assert (dict(loop_nest.to_named(options).register_tile)[vec], options.vector_width) == (block, width)
     rng = np.random.default_rng(sum(sizes.values()))
@@ -153,7 +154,7 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
                                     (2500, 128, 1024, "(2, 1024, 64) B_packed")]:
         sizes = {"M": 1100, "K": depth, "N": 1024}
         d, mm = nest(MM, "mm", sizes)
-        tiles = dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)
+        tiles = dict(mm.to_named(default_options(d, sizes, DEFAULT_MACHINE)).tile_sizes)
         assert (tiles["k"], tiles["n"]) == (steps, cols)
         a = rng.standard_normal((1100, depth)).astype(np.float32)
         b = rng.standard_normal((depth, 1024)).astype(np.float32)
@@ -163,7 +164,7 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
     # depth: wider tiles of shallower panels instead (512 columns of 256 steps)
     sizes = {"M": 1100, "K": 1500, "N": 1024}
     d, tn = nest(TN, "tn", sizes)
-    tiles = dict(tn.to_named(default_options(d, sizes, 512)).tile_sizes)
+    tiles = dict(tn.to_named(default_options(d, sizes, DEFAULT_MACHINE)).tile_sizes)
     assert (tiles["k"], tiles["n"]) == (256, 512)
     a = rng.standard_normal((1500, 1100)).astype(np.float32)
     b = rng.standard_normal((1500, 1024)).astype(np.float32)
@@ -174,7 +175,7 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
     # reduction's box of B (4000 steps of 64 columns: 1 MiB) would outgrow 768 KiB
     small = dict(MM_SIZES, M=64, K=4000)
     d, mm = nest(MM, "mm", small)
-    assert dict(mm.to_named(default_options(d, small, 512)).tile_sizes)["k"] == 128
+    assert dict(mm.to_named(default_options(d, small, DEFAULT_MACHINE)).tile_sizes)["k"] == 128
 
 
 @pytest.mark.parametrize("depth, steps, cols", [
@@ -186,7 +187,7 @@ def test_a_product_whose_output_outgrows_the_cache_takes_deep_reduction_panels()
 def test_a_reduction_whose_whole_box_fits_l2_stays_untiled(depth, steps, cols):
     sizes = {"M": 100, "K": depth, "N": 512}
     d, mm = nest(MM, "mm", sizes)
-    tiles = dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)
+    tiles = dict(mm.to_named(default_options(d, sizes, DEFAULT_MACHINE)).tile_sizes)
     assert (tiles["k"], tiles["n"]) == (steps, cols)
     rng = np.random.default_rng(depth)
     a = rng.standard_normal((100, depth)).astype(np.float32)
@@ -202,7 +203,7 @@ def test_columns_split_evenly_over_the_threads_in_tiles_a_little_wider_than_a_ca
     for cols, tile in [(768, 384), (640, 320), (600, 64)]:
         sizes = {"M": 197, "K": 3072, "N": cols}
         d, mm = nest(MM, "mm", sizes)
-        assert dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)["n"] == tile
+        assert dict(mm.to_named(default_options(d, sizes, DEFAULT_MACHINE)).tile_sizes)["n"] == tile
     a = rng.standard_normal((197, 3072)).astype(np.float32)
     b = rng.standard_normal((3072, 768)).astype(np.float32)
     np.testing.assert_allclose(pf.define(MM, target="host").mm(a, b), a @ b, rtol=1e-3, atol=5e-3)
@@ -218,7 +219,7 @@ def test_columns_split_evenly_over_the_threads_in_tiles_a_little_wider_than_a_ca
 def test_column_tiles_keep_both_threads_busy_to_the_end(cols, tile):
     sizes = {"M": 256, "K": 256, "N": cols}
     d, mm = nest(MM, "mm", sizes)
-    assert dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)["n"] == tile
+    assert dict(mm.to_named(default_options(d, sizes, DEFAULT_MACHINE)).tile_sizes)["n"] == tile
     rng = np.random.default_rng(cols)
     a = rng.standard_normal((256, 256)).astype(np.float32)
     b = rng.standard_normal((256, cols)).astype(np.float32)
@@ -229,7 +230,7 @@ def test_column_tiles_keep_both_threads_busy_to_the_end(cols, tile):
 def test_rows_far_apart_jam_six_where_six_divide_them_or_they_are_many(rows, jammed):
     sizes = {"M": rows, "K": 300, "N": 200}
     d, mm = nest(MM, "mm", sizes)
-    options = mm.to_named(default_options(d, sizes, 512))
+    options = mm.to_named(default_options(d, sizes, DEFAULT_MACHINE))
     # 6 rows of 4 vectors (24 accumulators) where 6 divides the rows or there are 48 or
     # more (the partial last block jammed by its own rows); 4 of 4 for fewer
     assert dict(options.register_tile)["m"] == jammed
@@ -251,7 +252,7 @@ def test_near_rows_that_slide_no_window_jam_six_where_six_divide_them_or_they_ar
     # 8 of 2 vectors (as for a window's rows), or 4 of 4 where 8 does not divide them
     sizes = {"M": rows, "K": 300, "N": 512}
     d, tn = nest(TN, "tn", sizes)
-    registers = dict(tn.to_named(default_options(d, sizes, 512)).register_tile)
+    registers = dict(tn.to_named(default_options(d, sizes, DEFAULT_MACHINE)).register_tile)
     assert (registers["m"], registers["n"]) == block
     rng = np.random.default_rng(rows)
     a = rng.standard_normal((300, rows)).astype(np.float32)
@@ -271,7 +272,7 @@ def test_few_rows_take_column_tiles_of_one_register_block(src, entry, sizes, blo
     # column tiles of one register block (7 x 2 vectors for the convolution's window, 6 x
     # 4 for the matmul's far rows), column tiles outermost; the depth panels stay as usual
     d, n = nest(src, entry, sizes)
-    named = n.to_named(default_options(d, sizes, 512))
+    named = n.to_named(default_options(d, sizes, DEFAULT_MACHINE))
     vec = n.outputs[-1]
     assert dict(named.tile_sizes)[vec] == block == dict(named.register_tile)[vec]
     assert named.tile_order[0] == vec
@@ -290,7 +291,7 @@ def test_few_rows_take_column_tiles_of_one_register_block(src, entry, sizes, blo
     if entry == "conv":   # columns that no whole number of blocks covers keep wider tiles
         wider = dict(sizes, M=200)
         d, n = nest(src, entry, wider)
-        assert dict(n.to_named(default_options(d, wider, 512)).tile_sizes)[vec] == 64
+        assert dict(n.to_named(default_options(d, wider, DEFAULT_MACHINE)).tile_sizes)[vec] == 64
 
 
 GLOBAL_POOL = ("def pool(float(N,H,W,C) X) -> (Y) { Y(n,c) +=! X(n,h,w,c) }")
@@ -305,7 +306,7 @@ def test_a_sum_over_whole_rows_vectorizes_the_output_index_inside_the_reduction(
     import numpy as np
     import polyfuse as pf
     d, pool = nest(GLOBAL_POOL, "pool", sizes)
-    o = default_options(d, sizes, 512)
+    o = default_options(d, sizes, DEFAULT_MACHINE)
     named = pool.to_named(o)
     assert named.point_order == ("n", "h", "w", "c") and o.vector_width == 16
     chunk = dict(named.tile_sizes)["c"]
@@ -332,10 +333,10 @@ def test_reductions_reading_each_element_once_run_their_rows_plainly():
     import polyfuse as pf
     sizes = {"B": 12, "R": 197, "C": 197}
     d, sm = nest(SOFTMAX, "softmax", sizes)
-    o = default_options(d, sizes, 512)
+    o = default_options(d, sizes, DEFAULT_MACHINE)
     assert not o.tile_sizes and not o.register_tile and o.unroll_jam <= 1, o
     d, mm = nest(MM, "mm", {"M": 197, "K": 197, "N": 192})
-    assert default_options(d, {"M": 197, "K": 197, "N": 192}, 512).register_tile
+    assert default_options(d, {"M": 197, "K": 197, "N": 192}, DEFAULT_MACHINE).register_tile
     x = np.random.default_rng(0).standard_normal((12, 197, 197)).astype(np.float32)
     spec = pf.define(SOFTMAX, target="host").softmax.specialize(x)
     assert "let acc" in spec.stages["loops"] and "acc(" not in spec.stages["loops"]
@@ -354,7 +355,7 @@ def test_a_matrix_vector_product_vectorizes_its_outputs_in_register_sized_tiles(
     import numpy as np
     import polyfuse as pf
     d, mv = nest(MATVEC, "mv", sizes)
-    named = mv.to_named(default_options(d, sizes, 512))
+    named = mv.to_named(default_options(d, sizes, DEFAULT_MACHINE))
     assert named.point_order == ("c", "m") and dict(named.tile_sizes)["m"] <= 128
     rng = np.random.default_rng(0)
     z = rng.standard_normal(sizes["C"]).astype(np.float32)
@@ -369,7 +370,7 @@ def test_rows_too_few_to_pack_the_panels_read_the_operand_along_its_rows(rows, t
     # 1.3x), where 49 rows (packed panels) stream one register block's panel per tile
     sizes = {"M": rows, "K": 4096, "N": 1024}
     d, mm = nest(MM, "mm", sizes)
-    assert dict(mm.to_named(default_options(d, sizes, 512)).tile_sizes)["n"] == tile
+    assert dict(mm.to_named(default_options(d, sizes, DEFAULT_MACHINE)).tile_sizes)["n"] == tile
     rng = np.random.default_rng(rows)
     a = rng.standard_normal((rows, 4096)).astype(np.float32)
     b = rng.standard_normal((4096, 1024)).astype(np.float32)
@@ -390,7 +391,7 @@ def test_a_gate_broadcast_over_a_map_is_scheduled_apart_from_it():
     import polyfuse as pf
     sizes = {"C": 40, "D": 8, "H": 6, "V": 5}
     d, _ = nest(SQUEEZE_EXCITE, "se", sizes)
-    assert default_options(d, sizes, 512).fusion is Fusion.MIN
+    assert default_options(d, sizes, DEFAULT_MACHINE).fusion is Fusion.MIN
     rng = np.random.default_rng(0)
     w, z = rng.standard_normal((40, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
     x = rng.standard_normal((6, 5, 40)).astype(np.float32)
@@ -411,7 +412,7 @@ def test_the_space_is_built_on_the_same_nest():
     assert space.nest == LoopNest.of(task.definition, task.sizes)
     w = space.nest.members.index("w")
     assert max(space.candidates[f"tile_sizes.{w}"]) == 28 == space.nest.extent_of()["w"]
-    assert space.heuristic == default_options(task.definition, task.sizes, 512)
+    assert space.heuristic == default_options(task.definition, task.sizes, DEFAULT_MACHINE)
 
 
 @pytest.mark.unit

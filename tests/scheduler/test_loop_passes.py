@@ -23,6 +23,7 @@ from polyfuse.scheduler.loop_passes import (LoopPassManager, drop_dead_stores, f
                                              promote_register_blocks, unroll_and_jam)
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition, schedule_gpu_definition
+from polyfuse.ir.machine import DEFAULT_MACHINE
 
 RNG = np.random.default_rng(7)
 A = RNG.standard_normal((4, 3)).astype(np.float32)
@@ -618,9 +619,9 @@ def test_a_small_product_takes_register_blocks_and_keeps_its_epilogue():
     from polyfuse.scheduler.heuristics import default_options
     src = ("def f(float(4,16) A, float(16,24) B, float(24) D) -> (Y, T) {\n"
            "  T(m, n) +=! A(m, k) * B(k, n)\n  Y(m, n) = max(T(m, n) + D(n), 0.0)\n}")
-    assert default_options(parse_definition(src), {}, 512).register_tile
+    assert default_options(parse_definition(src), {}, DEFAULT_MACHINE).register_tile
     dot = "def g(float(4,16) A, float(24,16) B) -> (T) { T(m, n) +=! A(m, k) * B(n, k) }"
-    assert not default_options(parse_definition(dot), {}, 512).register_tile   # dot products
+    assert not default_options(parse_definition(dot), {}, DEFAULT_MACHINE).register_tile   # dot products
     a, b = RNG.standard_normal((4, 16)).astype(np.float32), RNG.standard_normal((16, 24)).astype(np.float32)
     d = RNG.standard_normal(24).astype(np.float32)
     spec = pf.define(src, target="host").f.specialize(a, b, d)

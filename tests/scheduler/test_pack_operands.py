@@ -16,8 +16,10 @@ from polyfuse.ir.loops_interpreter import interpret_kernel
 from polyfuse.scheduler.loop_passes import pack_operands
 from polyfuse.scheduler.heuristics import PACK_MIN_REUSE
 from polyfuse.scheduler.loop_passes import widen_partial_blocks
-from polyfuse.scheduler.loop_passes.pack_operands import PACK_BYTES
 from polyfuse.scheduler.options import MappingOptions
+
+BOX_BYTES = 768 << 10   # one packed box at most, as the pipeline gives an L2 of 2 MiB
+PACKING = {"min_reuse": PACK_MIN_REUSE, "box_bytes": BOX_BYTES, "line_bytes": 64}
 from tests.scheduler.avx512 import avx512_loops
 from tests.arm_tools import needs_arm_tools
 
@@ -64,7 +66,7 @@ B = RNG.standard_normal((16, 24)).astype(np.float32)
 
 @pytest.mark.unit
 def test_a_vector_operand_reused_by_row_blocks_is_packed_into_contiguous_panels():
-    out = pack_operands(parse_kernel(MICRO), min_reuse=PACK_MIN_REUSE)
+    out = pack_operands(parse_kernel(MICRO), **PACKING)
     assert str(out) == PACKED
     assert parse_kernel(PACKED) == out
     assert out.buffer("B_packed").role is BufferRole.LOCAL
@@ -91,7 +93,7 @@ PREPACKED = """kernel mm(in float32(8, 16) A, in float32(16, 24) B, in panel flo
 
 @pytest.mark.unit
 def test_a_constant_operand_is_packed_before_the_kernel_runs():
-    out = pack_operands(parse_kernel(MICRO), frozenset({"B"}), min_reuse=PACK_MIN_REUSE)
+    out = pack_operands(parse_kernel(MICRO), frozenset({"B"}), **PACKING)
     assert str(out) == PREPACKED
     assert parse_kernel(PREPACKED) == out
     assert [b.name for b in out.parameters] == ["A", "B", "B_prepacked", "C"]
@@ -108,7 +110,7 @@ def test_a_prepacked_operand_holds_every_box_its_enclosing_tile_loops_visit():
         .replace("C(c0 + 1, c1 + c3)", "C(c0 + 1, t + c1 + c3)")
     lines = text.splitlines()
     text = "\n".join([lines[0], "  parallel for t in 0:48 step 24 {", *("  " + ln for ln in lines[1:-1]), "  }", "}"])
-    out = pack_operands(parse_kernel(text), frozenset({"B"}), min_reuse=PACK_MIN_REUSE)
+    out = pack_operands(parse_kernel(text), frozenset({"B"}), **PACKING)
     packed = out.buffer("B_prepacked")
     assert packed.shape == (2, 3, 16, 8) and str(packed.packing) == "pack B(p2, 24*p0 + 8*p1 + p3)"
     assert "A(c0, c2) * B_prepacked(t / 24, c1 / 8, c2, c3)" in str(out)
@@ -136,14 +138,14 @@ PACKED_T = """kernel mm(in float32(8, 16) A, in float32(24, 16) Bt, out float32(
 
 @pytest.mark.unit
 def test_a_transposed_vector_operand_is_copied_into_the_same_panels():
-    out = pack_operands(parse_kernel(MICRO_T), min_reuse=PACK_MIN_REUSE)
+    out = pack_operands(parse_kernel(MICRO_T), **PACKING)
     assert str(out).startswith(PACKED_T)
     assert "A(c0, c2) * Bt_packed(c1 / 8, c2, c3)" in str(out)
     assert parse_kernel(str(out)) == out
     got = interpret_kernel(out, {"A": A, "Bt": np.ascontiguousarray(B.T)})
     np.testing.assert_allclose(got["C"], A @ B, rtol=1e-5, atol=1e-5)
     # a constant one is packed transposed before the kernel runs
-    pre = pack_operands(parse_kernel(MICRO_T), frozenset({"Bt"}), min_reuse=PACK_MIN_REUSE)
+    pre = pack_operands(parse_kernel(MICRO_T), frozenset({"Bt"}), **PACKING)
     packed = pre.buffer("Bt_prepacked")
     assert packed.shape == (3, 16, 8) and str(packed.packing) == "pack Bt(8*p0 + p2, p1)"
     bt = np.ascontiguousarray(B.T)
@@ -217,7 +219,7 @@ def test_jammed_rows_of_a_transposed_operand_are_copied_into_panels_of_their_row
     rng = np.random.default_rng(11)
     at = rng.standard_normal((16, 32)).astype(np.float32)
     b = rng.standard_normal((16, 32)).astype(np.float32)
-    out = pack_operands(parse_kernel(BROADCAST_T), min_reuse=PACK_MIN_REUSE)
+    out = pack_operands(parse_kernel(BROADCAST_T), **PACKING)
     text = str(out)
     assert "local panel float32(4, 16, 2) At_packed" in text, text
     assert "At_packed(At_packed_0, At_packed_1, At_packed_2) = At(At_packed_1, At_packed_0 * 2 + At_packed_2)" in text
@@ -225,12 +227,12 @@ def test_jammed_rows_of_a_transposed_operand_are_copied_into_panels_of_their_row
     assert parse_kernel(text) == out
     np.testing.assert_allclose(interpret_kernel(out, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5, atol=1e-5)
     # a constant one is packed so before the kernel runs
-    pre = pack_operands(parse_kernel(BROADCAST_T), frozenset({"At"}), min_reuse=PACK_MIN_REUSE)
+    pre = pack_operands(parse_kernel(BROADCAST_T), frozenset({"At"}), **PACKING)
     assert str(pre.buffer("At_prepacked").packing) == "pack At(p1, 2*p0 + p2)"
     np.testing.assert_allclose(interpret_kernel(pre, {"At": at, "B": b})["C"], at[:, :8].T @ b, rtol=1e-5, atol=1e-5)
     # rows 8 floats apart (32 bytes) share lines: the reads stay as they are
     narrow = BROADCAST_T.replace("(16, 32) At", "(16, 8) At")
-    assert "At_packed" not in str(pack_operands(parse_kernel(narrow), min_reuse=PACK_MIN_REUSE))
+    assert "At_packed" not in str(pack_operands(parse_kernel(narrow), **PACKING))
 
 
 @pytest.mark.unit
@@ -246,18 +248,18 @@ def test_what_the_pass_cannot_copy_exactly_or_would_not_reuse_stays(change):
     if new.startswith("        if"):
         text = text.replace("        }\n      }\n    }\n  }\n}", "        }\n        }\n      }\n    }\n  }\n}")
     kernel = parse_kernel(text)
-    assert pack_operands(kernel, min_reuse=PACK_MIN_REUSE) == kernel
+    assert pack_operands(kernel, **PACKING) == kernel
     # nor is a constant B: its reads are guarded, strided or moving with loops of varying bounds
-    assert "B_prepacked" not in str(pack_operands(kernel, frozenset({"B"}), min_reuse=PACK_MIN_REUSE))
+    assert "B_prepacked" not in str(pack_operands(kernel, frozenset({"B"}), **PACKING))
 
 
 @pytest.mark.unit
 def test_a_box_past_the_budget_is_not_packed():
-    rows = PACK_BYTES // (4 * 24) + 1   # the 24-wide box of B, taller than the budget
+    rows = BOX_BYTES // (4 * 24) + 1   # the 24-wide box of B, taller than the budget
     text = MICRO.replace("(16, 24) B", f"({rows}, 24) B").replace("(8, 16) A", f"(8, {rows}) A") \
         .replace("for c2 in 0:16", f"for c2 in 0:{rows}")
     kernel = parse_kernel(text)
-    assert pack_operands(kernel, min_reuse=PACK_MIN_REUSE) == kernel
+    assert pack_operands(kernel, **PACKING) == kernel
 
 
 MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
@@ -424,7 +426,7 @@ def test_a_partial_register_block_reads_a_zero_padded_last_panel_in_whole_vector
     rng = np.random.default_rng(21)
     a = rng.standard_normal((8, 16)).astype(np.float32)
     b = rng.standard_normal((16, 22)).astype(np.float32)
-    out = widen_partial_blocks(pack_operands(parse_kernel(EDGE), min_reuse=PACK_MIN_REUSE))
+    out = widen_partial_blocks(pack_operands(parse_kernel(EDGE), **PACKING))
     text = str(out)
     # one copy: two whole panels of 8 columns and a last one of 6, its lanes 6:8 zeroed
     assert "local panel float32(3, 16, 8) B_packed" in text and EDGE_COPY in text, text
@@ -437,7 +439,7 @@ def test_a_partial_register_block_reads_a_zero_padded_last_panel_in_whole_vector
     assert parse_kernel(text) == out
     np.testing.assert_allclose(interpret_kernel(out, {"A": a, "B": b})["C"], a @ b, rtol=1e-5, atol=1e-5)
     # a constant B: its boxes packed before the kernel runs, the lanes past column 22 zero
-    pre = widen_partial_blocks(pack_operands(parse_kernel(EDGE), frozenset({"B"}), min_reuse=PACK_MIN_REUSE))
+    pre = widen_partial_blocks(pack_operands(parse_kernel(EDGE), frozenset({"B"}), **PACKING))
     packed = pre.buffer("B_prepacked")
     assert packed.shape == (3, 16, 8) and str(packed.packing) == "pack B(p1, 8*p0 + p2) padded"
     assert parse_kernel(str(pre)) == pre and "local float32(2, 8) acc2" in str(pre)
@@ -454,7 +456,7 @@ def test_an_accumulator_a_loop_cannot_widen_stays_as_wide_as_its_block():
     # neither that loop nor the accumulator's other loops widen
     text = EDGE.replace("acc2(0, c3) = acc2(0, c3) + A(c0, c2) * B(c2, c1 + c3)",
                         "acc2(0, c3) = acc2(0, c3) + A(c0, c2) * B(c2, c1 + c3) + C(c0, c1 + c3) * 0.0")
-    out = str(widen_partial_blocks(pack_operands(parse_kernel(text), min_reuse=PACK_MIN_REUSE)))
+    out = str(widen_partial_blocks(pack_operands(parse_kernel(text), **PACKING)))
     assert "local float32(2, 8) acc, local float32(2, 6) acc2" in out
     assert "for c3 in 0:8 vectorize(4)" not in out[out.index("for c1 in 16:22"):]
 

@@ -7,7 +7,7 @@ import pytest
 from polyfuse.frontends.tc import parse
 from polyfuse.scheduler.heuristics import _fit_registers, default_options
 from polyfuse.targets import Target
-from polyfuse.targets.cpu import vector_bits, vector_registers
+from polyfuse.targets.cpu import machine, vector_registers
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +35,6 @@ def test_named_targets_have_their_registers(target, registers):
 def test_a_matmul_block_takes_the_columns_its_registers_hold(target, columns):
     d = parse(MM).definitions[0]
     t = Target.parse(target)
-    options = default_options(d, {"M": 1024, "K": 1024, "N": 1024}, vector_bits(t), vector_registers(t))
+    options = default_options(d, {"M": 1024, "K": 1024, "N": 1024}, machine(t))
     rows, cols, _ = options.register_tile
     assert (rows, cols) == (6, columns)

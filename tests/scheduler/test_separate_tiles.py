@@ -12,6 +12,7 @@ from polyfuse.ir.loops_interpreter import interpret_kernel
 from polyfuse.ir.comprehension import Literal
 from polyfuse.scheduler.loop_passes import separate_full_tiles
 from polyfuse.scheduler.options import MappingOptions
+from polyfuse.ir.machine import DEFAULT_MACHINE
 
 RNG = np.random.default_rng(11)
 
@@ -116,7 +117,7 @@ def test_matmul_1040_full_tiles_are_constant():
     d = parse_definition("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
     sizes = {"M": 1040, "N": 1040, "K": 1040}
     stages: dict[str, str] = {}
-    kernel = schedule_definition(d, sizes, default_options(d, sizes, 512), stages)
+    kernel = schedule_definition(d, sizes, default_options(d, sizes, DEFAULT_MACHINE), stages)
     inner = [s for s in walk_stmts(kernel.body) if isinstance(s, For) and s.vector > 1]
     assert len(inner) > 1
     assert isinstance(inner[0].hi, Literal) and inner[0].hi.value == 64   # the first: a full tile

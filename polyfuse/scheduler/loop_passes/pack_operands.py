@@ -32,8 +32,8 @@ A read is packed at the outermost loop (the nest's top) where
   also count on);
 * the copy is laid out otherwise than the source (a box of whole rows read as one
   panel is already contiguous);
-* the box takes at most :data:`PACK_BYTES`, and a kernel's packed buffers together at most
-  :data:`LOCAL_BYTES`; another nest's copy of the tensor with panels as wide and at least
+* the box takes at most ``box_bytes`` (the pipeline gives three eighths of the machine's
+  L2), and a kernel's packed buffers together at most :data:`LOCAL_BYTES`; another nest's copy of the tensor with panels as wide and at least
   as large (the full tile's, in the other branch of a partial tile's guard; the whole
   reduction panels', before the last, shorter one) is filled again instead.
 
@@ -66,14 +66,11 @@ from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, 
                                walk_scoped)
 from polyfuse.ir.types import DType
 
-# one packed box at most: L2-resident, as large as the box of a whole reduction the
-# heuristics keep untiled (their WHOLE_BYTES: 768 x 256 floats of a transformer's
-# product, which a smaller limit left to a copy per register block and row tile, much
-# slower: benchmarks/LOG.md)
-PACK_BYTES = 768 << 10
+# (one packed box at most, box_bytes: L2-resident, as large as the box of a whole
+# reduction the heuristics keep untiled, their whole_bytes, which a smaller limit left to a
+# copy per register block and row tile, much slower: benchmarks/LOG.md)
 LOCAL_BYTES = 768 << 10    # all packed boxes of a kernel together (they live on the stack)
 PREPACK_GROWTH = 2         # a prepacked operand takes at most this many times its own size
-LINE_BYTES = 64            # a broadcast operand is packed when each reduction step reads a new line
 
 _I64 = DType.INT64
 
@@ -90,11 +87,12 @@ class _Site:
     dim: int                             # the index the vector loop moves (the last, unless transposed)
 
 
-def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset(), *, min_reuse: int) -> LoopKernel:
+def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset(), *, min_reuse: int,
+                  box_bytes: int, line_bytes: int) -> LoopKernel:
     """Pack the vector-read operands of ``kernel``'s micro-kernels into local buffers; those
     named in ``constants`` (inputs whose values every call shares) into packed inputs. A
     copy is made where its elements are read at least ``min_reuse`` times."""
-    packer = _Packer(kernel, constants, min_reuse)
+    packer = _Packer(kernel, constants, min_reuse, box_bytes, line_bytes)
     body = packer.body(kernel.body, Scope())
     if not packer.buffers:
         return kernel
@@ -107,8 +105,11 @@ def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset(), *
 
 
 class _Packer(LoopRewriter):
-    def __init__(self, kernel: LoopKernel, constants: frozenset[str], min_reuse: int) -> None:
+    def __init__(self, kernel: LoopKernel, constants: frozenset[str], min_reuse: int, box_bytes: int,
+                 line_bytes: int) -> None:
         self.min_reuse = min_reuse
+        self.box_bytes = box_bytes      # one packed box at most
+        self.line_bytes = line_bytes
         self.inputs = {b.name: b for b in kernel.buffers if b.role is BufferRole.IN and b.shape}
         self.constants = constants
         self.taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
@@ -167,7 +168,7 @@ class _Packer(LoopRewriter):
             nr = -(-max(s.vector.trips for s in sites) // width) * width  # type: ignore[union-attr]
             element = {id(s): IndexVar(s.vector.var) for s in sites}  # type: ignore[union-attr]
         else:
-            found = _jammed(sites, source)
+            found = _jammed(sites, source, self.line_bytes)
             if found is None:
                 return None
             pd, nr, element = found
@@ -212,7 +213,7 @@ class _Packer(LoopRewriter):
             # partial tile's, a whole reduction panel and the last, shorter one): one
             # buffer serves them all, each nest filling it before it runs
             lead = []
-        elif size <= min(PACK_BYTES, self.budget):
+        elif size <= min(self.box_bytes, self.budget):
             self.budget -= size
             name = self.fresh(f"{tensor}_packed")
             self.buffers.append(Buffer(name, source.dtype, box, BufferRole.LOCAL, panel=True))
@@ -403,7 +404,7 @@ def _without(form: Affine, element: Expr) -> Affine:
 
 
 
-def _jammed(sites: list[_Site], source: Buffer) -> tuple[int, int, dict[int, Expr]] | None:
+def _jammed(sites: list[_Site], source: Buffer, line_bytes: int) -> tuple[int, int, dict[int, Expr]] | None:
     """Broadcast reads of the jammed rows of a register block, ``A(k, m + j)`` for
     ``j`` in ``0:mr`` (a transposed ``A`` of ``Aᵀ·B``), as one panel dimension: the
     index where the reads differ, by the offsets ``0 .. mr-1`` only; ``mr``; and each
@@ -425,7 +426,7 @@ def _jammed(sites: list[_Site], source: Buffer) -> tuple[int, int, dict[int, Exp
     if not inner or inner[-1].var in forms[0][pd]:
         return None
     step = sum(f.get(inner[-1].var, 0) * stride for f, stride in zip(forms[0], source.strides)) * inner[-1].step
-    if abs(step) * np.dtype(source.dtype.numpy).itemsize < LINE_BYTES:
+    if abs(step) * np.dtype(source.dtype.numpy).itemsize < line_bytes:
         return None
     return pd, mr, {id(s): Literal(o - base, _I64) for s, o in zip(sites, offsets)}
 
