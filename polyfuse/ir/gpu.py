@@ -12,11 +12,17 @@ the statements below:
 * :class:`SingleThread`: statements run by thread (0, 0, 0) of the block only;
 * :class:`CopyToShared`: every thread of the block copies part of a box of a global
   buffer into a shared-memory tile (zeros outside the buffer);
-* :class:`Barrier`: ``__syncthreads()``.
+* :class:`Barrier`: ``__syncthreads()``;
+* :class:`Threads`: every thread of the block runs the body, each with its own values of
+  the statement's variables (its corner of a register tile) and its own
+  :class:`Registers` arrays, which live through the body.
 
 Everything outside thread loops and single-thread statements is *uniform*: every
-thread of a block runs it alike, which is where barriers may stand. A read of a
-shared tile is a ``Read`` of the tile's name, indexed within the tile.
+thread of a block runs it alike, which is where barriers may stand. In a
+:class:`Threads` body the loops and conditions that do not depend on its variables are
+uniform too (copies and barriers may stand there, so the thread's registers live across
+them); the rest of the body is the thread's own. A read of a shared tile or of
+registers is a ``Read`` of its name, indexed within it.
 
 ``str(kernel)`` prints it, e.g.::
 
@@ -34,8 +40,10 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from polyfuse.ir.comprehension import Expr, ScalarDecl, map_expr
-from polyfuse.ir.loops import Buffer, Stmt, format_body, format_loop_expr, map_body_exprs, walk_stmts
+from polyfuse.errors import IRVerificationError
+from polyfuse.ir.comprehension import Expr, IndexVar, Literal, ScalarDecl, map_expr
+from polyfuse.ir.loops import (Buffer, For, Stmt, format_body, format_loop_expr, map_body_exprs, stmt_bodies,
+                               stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
 
 ExprMap = Callable[[Expr], Expr]
@@ -134,12 +142,15 @@ class Barrier(Stmt):
 
 @dataclass(frozen=True, slots=True)
 class SharedTile:
-    """A block's copy of a box of ``buffer``, in the buffer's storage type."""
+    """A block's copy of a box of ``buffer``, in the buffer's storage type; each row
+    (the last dimension) is followed by ``pad`` unused elements (against bank conflicts
+    where threads read down a column, or to keep rows 16-byte aligned for 128-bit reads)."""
 
     name: str
     buffer: str
     dtype: DType
     shape: tuple[int, ...]
+    pad: int = 0
 
     @property
     def elements(self) -> int:
@@ -147,12 +158,11 @@ class SharedTile:
 
     @property
     def strides(self) -> tuple[int, ...]:
-        """Row-major element strides; an even last extent is padded by one, so threads
-        reading down a column (``B(n, k)`` along ``n``) hit different memory banks."""
+        """Row-major element strides, rows ``pad`` elements longer than the last extent."""
         out, step = [], 1
         for k, extent in enumerate(reversed(self.shape)):
             out.append(step)
-            step *= extent + (1 if k == 0 and len(self.shape) > 1 and extent % 2 == 0 else 0)
+            step *= extent + (self.pad if k == 0 and len(self.shape) > 1 else 0)
         return tuple(reversed(out))
 
     @property
@@ -165,7 +175,70 @@ class SharedTile:
         return self.size * self.dtype.numpy.itemsize
 
     def __str__(self) -> str:
+        pad = f" pad {self.pad}" if self.pad else ""
+        return f"{self.name} {self.dtype}({', '.join(map(str, self.shape))}){pad}"
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRange:
+    """One variable of a :class:`Threads`: the thread at ``t`` along ``axis`` has
+    ``var = lo + t * step``, for ``t`` in ``[0, threads)``; ``lo`` is uniform."""
+
+    var: str
+    lo: Expr
+    step: int
+    threads: int
+    axis: int
+
+    def __str__(self) -> str:
+        span = self.step * self.threads
+        lo = format_loop_expr(self.lo)
+        hi = str(int(self.lo.value) + span) if isinstance(self.lo, Literal) else f"{lo} + {span}"
+        return f"{self.var} in {lo}:{hi} step {self.step} on {AXES[self.axis]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Registers:
+    """An array each thread keeps for itself (in registers, its indices being constants
+    once the loops over it are unrolled), in compute precision."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+
+    def __str__(self) -> str:
         return f"{self.name} {self.dtype}({', '.join(map(str, self.shape))})"
+
+
+@dataclass(frozen=True, slots=True)
+class Threads(Stmt):
+    """Every thread of the block runs ``body`` with its own value of each range's
+    variable, and its own ``registers``: a register-tiled contraction, where a thread
+    owns a micro-tile of outputs and keeps their accumulators through the whole
+    reduction, the shared-memory copies and barriers of each step inside. The block has
+    exactly ``threads`` threads along each range's axis and one along the others (no
+    thread idles, none repeats another's work). Loops and conditions of the body that do
+    not depend on the ranges' variables are uniform."""
+
+    ranges: tuple[ThreadRange, ...]
+    registers: tuple[Registers, ...]
+    body: tuple[Stmt, ...]
+
+    @property
+    def vars(self) -> frozenset[str]:
+        return frozenset(r.var for r in self.ranges)
+
+    def map_exprs(self, fn: ExprMap) -> Threads:
+        ranges = tuple(replace(r, lo=map_expr(r.lo, fn)) for r in self.ranges)
+        return replace(self, ranges=ranges, body=map_body_exprs(self.body, fn))
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return tuple(r.lo for r in self.ranges)
+
+    def format_lines(self, indent: str) -> list[str]:
+        registers = f" registers {', '.join(map(str, self.registers))}" if self.registers else ""
+        head = f"{indent}threads {', '.join(map(str, self.ranges))}{registers} {{"
+        return [head, *format_body(self.body, indent + "  "), f"{indent}}}"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +302,48 @@ class GpuKernel:
         params = [str(b) for b in self.buffers] + [f"{s.dtype} {s.name}" for s in self.scalars]
         launches = [("  " + line) for launch in self.launches for line in str(launch).splitlines()]
         return "\n".join([f"gpu kernel {self.name}({', '.join(params)}) {{", *launches, "}"])
+
+
+def verify_gpu_kernel(kernel: GpuKernel) -> None:
+    """Raise an IRVerificationError where a launch breaks the rules above: a barrier or
+    copy that not every thread of the block reaches alike (inside a thread loop, a
+    single-thread statement, or a loop or condition of a :class:`Threads` body that
+    depends on the thread's variables), a :class:`Threads` whose ranges do not match the
+    block's shape, or one nested in another thread region."""
+    for launch in kernel.launches:
+        _verify_body(launch, launch.body, frozenset(), None)
+
+
+def _verify_body(launch: Launch, body: tuple[Stmt, ...], private: frozenset[str], region: str | None) -> None:
+    """``private``: the variables that differ between threads here; ``region``: what
+    makes this code one thread's (None where it is uniform)."""
+    where = f"launch {launch.name}"
+    for s in body:
+        if isinstance(s, (Barrier, CopyToShared)) and (region or private & _vars_of(s)):
+            raise IRVerificationError(f"{where}: {s.format_lines('')[0]} in {region or 'code'} "
+                                      "that not every thread of the block reaches alike")
+        if isinstance(s, Threads):
+            if region is not None or private:
+                raise IRVerificationError(f"{where}: threads region inside {region or 'another'}")
+            shape = [1, 1, 1]
+            for r in s.ranges:
+                shape[r.axis] = r.threads
+            if tuple(shape) != launch.block:
+                raise IRVerificationError(f"{where}: threads region of {'x'.join(map(str, shape))} "
+                                          f"threads in a block of {'x'.join(map(str, launch.block))}")
+            _verify_body(launch, s.body, s.vars, None)
+        elif isinstance(s, (ThreadFor, SingleThread)):
+            _verify_body(launch, s.body, private, region or type(s).__name__)
+        else:
+            depends = bool(private & _vars_of(s))
+            inner = private | {s.var} if depends and isinstance(s, For) else private
+            for part in stmt_bodies(s):
+                _verify_body(launch, part, inner, region or ("a thread's own code" if depends else None))
+
+
+def _vars_of(s: Stmt) -> frozenset[str]:
+    """The index variables the expressions of ``s`` itself use."""
+    return frozenset(e.name for e in stmt_nodes(s) if isinstance(e, IndexVar))
 
 
 def walk_gpu(body: tuple[Stmt, ...]) -> Iterator[Stmt]:

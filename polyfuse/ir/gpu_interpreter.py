@@ -4,7 +4,7 @@ The oracle for the GPU mapping on machines without a GPU. Each thread is a Pytho
 generator that runs the launch body element by element (with the loop-IR
 interpreter's expression semantics) and pauses at each barrier; the threads of a block
 run one after another, in a random order, from one barrier to the next, and blocks run
-in a random order. Shared tiles start as NaN (or a sentinel for integers), every access
+in a random order. Shared tiles and registers start as NaN (or a sentinel for integers), every access
 is bounds-checked, and a thread that finishes while others wait at a barrier is an
 error, so a missing barrier, a copy that misses part of a box or a read outside a tile
 shows up as a wrong answer or an error.
@@ -19,8 +19,8 @@ import numpy as np
 
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.comprehension import Expr, Read
-from polyfuse.ir.gpu import (Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, SharedTile,
-                             SingleThread, ThreadFor)
+from polyfuse.ir.gpu import (Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers, SharedTile,
+                             SingleThread, ThreadFor, Threads, verify_gpu_kernel)
 from polyfuse.ir.loops import Buffer, For, If, Stmt, Store
 from polyfuse.ir.loops_interpreter import _Interpreter
 
@@ -77,6 +77,11 @@ class _Thread(_Interpreter):
             elif isinstance(s, SingleThread):
                 if self.flat == 0:
                     yield from self.steps(s.body)
+            elif isinstance(s, Threads):
+                for t in s.ranges:
+                    self.env[t.var] = int(self.eval(t.lo)) + self.thread[t.axis] * t.step
+                self.buffers.update((a.name, _poisoned(a)) for a in s.registers)
+                yield from self.steps(s.body)
             elif isinstance(s, CopyToShared):
                 self.copy(s)
             else:
@@ -95,7 +100,7 @@ class _Thread(_Interpreter):
             tile[local] = source[where] if inside else 0
 
 
-def _poisoned(tile: SharedTile | Buffer) -> np.ndarray:
+def _poisoned(tile: SharedTile | Registers | Buffer) -> np.ndarray:
     """An array no kernel should read before writing: NaN, or the largest integer."""
     dtype = tile.dtype.numpy
     fill = np.nan if tile.dtype.is_float else (True if tile.dtype.is_bool else np.iinfo(dtype).max)
@@ -106,7 +111,8 @@ def _run_block(kernel: GpuKernel, launch: Launch, block: int, buffers: dict[str,
                scalars: Mapping[str, object], rng: np.random.Generator) -> None:
     memory = dict(buffers) | {t.name: _poisoned(t) for t in launch.shared}
     bx, by, bz = launch.block
-    threads = [_Thread(kernel, memory, scalars, launch, block, (x, y, z)).steps(launch.body)
+    # each thread's own view of memory: the same arrays, and registers of its own
+    threads = [_Thread(kernel, dict(memory), scalars, launch, block, (x, y, z)).steps(launch.body)
                for z, y, x in itertools.product(range(bz), range(by), range(bx))]
     active = list(range(len(threads)))
     while active:
@@ -128,6 +134,7 @@ def interpret_gpu_kernel(kernel: GpuKernel, args: Mapping[str, object], zeroed: 
     """Run ``kernel`` on input arrays and scalars by name. The outputs in ``zeroed``
     start zero-filled (as the runtime fills them), the others poisoned, so an element
     the kernel fails to write shows."""
+    verify_gpu_kernel(kernel)
     rng = np.random.default_rng(seed)
     buffers = {b.name: np.array(args[b.name]) if b.name in args else
                np.zeros(b.shape, b.dtype.numpy) if b.name in zeroed else _poisoned(b)

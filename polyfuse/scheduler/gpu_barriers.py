@@ -11,15 +11,23 @@ barrier at the end of its body when the units after its last barrier conflict wi
 those before its first (the next iteration's copy overwrites a tile the region reads).
 Across iterations of the block loops only shared tiles can conflict: the block loops
 are coincident, so their iterations share no global data.
+
+A :class:`~polyfuse.ir.gpu.Threads` region is walked into: its uniform loops and
+conditions that hold copies are walked like those outside (a contraction's reduction
+loop gets a barrier after its copies and one at the end of its body), its other
+statements are units of their own. There a thread owns an element when some index is
+``its variable + micro-tile offset + block constant``, the offset (a constant loop's
+variable times its step) within the thread's step, so two threads never share it; its
+registers are its own and never conflict.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from polyfuse.ir.comprehension import Expr, Literal, Read
-from polyfuse.ir.gpu import Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, SingleThread, ThreadFor
-from polyfuse.ir.loops import For, If, LoopRewriter, Scope, Stmt, Store, stmt_nodes, walk_stmts
+from polyfuse.ir.comprehension import Expr, IndexVar, Literal, Read
+from polyfuse.ir.gpu import Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, SingleThread, ThreadFor, Threads
+from polyfuse.ir.loops import For, If, LoopRewriter, Scope, Stmt, Store, constant_trips, stmt_nodes, walk_stmts
 from polyfuse.ir.affine import affine, variables
 
 Owner = tuple | None  # which thread touches an element, when that is known
@@ -54,16 +62,33 @@ class _Placer(LoopRewriter):
         self.block_vars = {r.var for s in walk_stmts(launch.body) if isinstance(s, BlockLoops)
                            for r in s.loops}
         self.pending: set[_Access] = set()
+        self.region: Threads | None = None      # the register tile walked in, if any
+        self.micro: dict[str, tuple[int, int]] = {}  # its loops with constant bounds: first, last value
 
     def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
-        return self.repeated(s, scope)
+        return self.leaf(s, scope) if self.own(s) else self.repeated(s, scope)
 
     def nested(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
-        """Block loops repeat what they hold; a thread region or single-thread statements
-        are one unit."""
+        """Block loops repeat what they hold; a register tile is walked into; a thread
+        region or single-thread statements are one unit."""
+        if isinstance(s, Threads):
+            self.region, self.micro = s, _constant_loops(s.body)
+            body = self.body(s.body, scope)
+            self.region = None
+            return replace(s, body=body)
         return self.repeated(s, scope) if isinstance(s, BlockLoops) else self.leaf(s, scope)
 
+    def own(self, s: Stmt) -> bool:
+        """Whether ``s``, in a register tile, is a unit: the thread's own code (depending
+        on its variables) or uniform code without copies."""
+        if self.region is None:
+            return False
+        private = any(isinstance(e, IndexVar) and e.name in self.region.vars for e in stmt_nodes(s))
+        return private or not any(isinstance(x, CopyToShared) for x in walk_stmts((s,)))
+
     def branch(self, s: If, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        if self.own(s):
+            return self.leaf(s, scope)
         before = self.pending
         then = self.body(s.then, scope.under_guard())
         after_then, self.pending = self.pending, before
@@ -110,7 +135,7 @@ class _Placer(LoopRewriter):
     def accesses(self, body: tuple[Stmt, ...]) -> set[_Access]:
         """What the units of ``body`` read and write."""
         out: set[_Access] = set()
-        for s in walk_stmts(body, into=lambda s: not isinstance(s, (ThreadFor, SingleThread))):
+        for s in walk_stmts(body, into=lambda s: not isinstance(s, (ThreadFor, SingleThread, Threads))):
             if isinstance(s, CopyToShared):
                 out |= {_Access(s.tile, True, None), _Access(s.buffer, False, None)}
             elif isinstance(s, SingleThread):
@@ -118,7 +143,45 @@ class _Placer(LoopRewriter):
             elif isinstance(s, ThreadFor):
                 axes = {t.axis: t for t in walk_stmts((s,)) if isinstance(t, ThreadFor)}
                 out |= _touched((s,), lambda idx: self.owner(idx, axes))
+            elif isinstance(s, Threads):
+                outer, micro = self.region, self.micro
+                self.region, self.micro = s, _constant_loops(s.body)
+                out |= self.accesses(s.body)
+                self.region, self.micro = outer, micro
+            elif self.region is not None:
+                out |= self.own_accesses(s, self.region)
         return out
+
+    def own_accesses(self, s: Stmt, region: Threads) -> set[_Access]:
+        """What a statement of a register tile reads and writes itself (not the statements
+        in its body), its registers left out."""
+        private = {r.name for r in region.registers}
+        out = {_Access(r.tensor, False, self.tile_owner(r.indices, region))
+               for r in stmt_nodes(s) if isinstance(r, Read) and r.tensor not in private}
+        if isinstance(s, Store) and s.buffer not in private:
+            out.add(_Access(s.buffer, True, self.tile_owner(s.indices, region)))
+        return out
+
+    def tile_owner(self, indices: tuple[Expr, ...], region: Threads) -> Owner:
+        """Per range of the register tile: the index position that is ``its variable +
+        offset within its step + block constant``, and that constant; None when some
+        range has none."""
+        parts = []
+        for r in region.ranges:
+            found = None
+            for position, index in enumerate(indices):
+                f = affine(index)
+                if f is None or f.get(r.var) != 1:
+                    continue
+                rest = {v: c for v, c in f.items() if v != r.var and v not in self.micro}
+                ends = [c * end for v, c in f.items() if v in self.micro for end in self.micro[v]]
+                if variables(rest) <= self.block_vars and all(0 <= x < r.step for x in ends):
+                    found = (r.axis, position, tuple(sorted(rest.items())))
+                    break
+            if found is None:
+                return None
+            parts.append(found)
+        return tuple(parts)
 
     def owner(self, indices: tuple[Expr, ...], axes: dict[int, ThreadFor]) -> Owner:
         """Per thread axis: the index position that is ``thread variable + block
@@ -138,6 +201,16 @@ class _Placer(LoopRewriter):
                 return None
             parts.append(found)
         return tuple(parts)
+
+
+def _constant_loops(body: tuple[Stmt, ...]) -> dict[str, tuple[int, int]]:
+    """The first and last value of each loop of ``body`` with constant bounds."""
+    out = {}
+    for f in walk_stmts(body):
+        if isinstance(f, For) and (trips := constant_trips(f)):
+            first = int(f.lo.value)  # type: ignore[attr-defined]
+            out[f.var] = (first, first + (trips - 1) * f.step)
+    return out
 
 
 def _touched(body: tuple[Stmt, ...], owner) -> set[_Access]:  # type: ignore[no-untyped-def]

@@ -3,9 +3,15 @@
 The heaviest statement's output indices become the thread axes: the last one x (a
 row of 32 or 256 threads reading neighbouring elements), the one before it y, and
 every earlier one a tile of one element, so it runs on blocks only. A contraction
-(a reduction at least ``MIN_DEPTH`` deep: matmul, convolution) gets 32 x 32 output
-tiles on 32 x 8 threads (four outputs per thread) and its deepest reduction is tiled
-by 32, which bounds the boxes of its operands that shared memory holds. Kernels with
+(a reduction at least ``MIN_DEPTH`` deep: matmul, convolution) with two output indices
+or more gets output tiles of up to ``BLOCK_TILE`` x ``BLOCK_TILE`` (halved while the
+grid would have fewer than ``MIN_BLOCKS`` blocks, down to ``MIN_TILE``) and fewer threads
+than outputs: up to ``THREAD_TILE`` outputs along each axis, a divisor of the tile's
+extent that leaves at least ``MIN_THREADS`` threads along it, which each thread keeps in
+registers through the whole reduction (a register tile, gpu_registers.py); one output
+index gives one row of ``TILE_X_ALONE`` threads. Its deepest
+reduction is tiled by 32, which bounds the boxes of its operands that shared memory
+holds (two 128 x 32 float tiles: 35 KiB of the 48). Kernels with
 reductions keep each statement in its own loop nest, so a reduction does not hold the
 elementwise statements of a fused nest to one thread per row.
 
@@ -32,6 +38,10 @@ CONTRACTION_UNROLL = 4
 TREE_MIN_REDUCTION = 256
 TREE_MAX_OUTPUTS = 8192   # a few outputs per SM of a large GPU
 TREE_BLOCK = 256
+BLOCK_TILE, MIN_TILE = 128, 32
+THREAD_TILE, MIN_THREADS = 8, 8
+MIN_BLOCKS = 264          # two blocks per multiprocessor of a 132-SM GPU
+MAX_BLOCK_THREADS = 1024
 
 
 def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
@@ -48,6 +58,13 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
         tiles[lhs[-1]] = TILE_X if len(lhs) > 1 else TILE_X_ALONE
     if len(lhs) > 1:
         tiles[lhs[-2]] = TILE_Y_CONTRACTION if contraction else TILE_Y
+    registers: dict[str, object] = {}
+    if contraction and len(lhs) > 1:
+        tiles |= _block_tile(lhs, extents)
+        spans = [min(tiles[i], extents[i]) for i in (lhs[-1], lhs[-2])]
+        micro = tuple(_thread_tile(n) for n in spans)
+        block = tuple(n // m for n, m in zip(spans, micro))
+        registers = {"block": block} if math.prod(block) <= MAX_BLOCK_THREADS else {}
     if contraction:
         deepest = max(red, key=lambda i: extents[i])
         if extents[deepest] > REDUCTION_TILE:
@@ -55,4 +72,29 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
     return MappingOptions(
         fusion=Fusion.MIN if nest.reduces else Fusion.MAX, reorder_reductions=contraction,
         tile_sizes=nest.per_member(tiles), parallel=0,
-        unroll=CONTRACTION_UNROLL if contraction else 1)
+        unroll=CONTRACTION_UNROLL if contraction else 1, **registers)  # type: ignore[arg-type]
+
+
+def _block_tile(lhs: tuple[str, ...], extents: dict[str, int]) -> dict[str, int]:
+    """Tiles of the last two output indices: ``BLOCK_TILE``, or the largest power of two
+    within a shorter extent (a span of 37 gets tiles of 32, which micro-tiles divide),
+    the one with the longer span halved while the grid has fewer than ``MIN_BLOCKS``
+    blocks and halving shortens a span without going under ``MIN_TILE``."""
+    tiles = {i: min(BLOCK_TILE, 1 << (extents[i].bit_length() - 1)) if extents[i] >= MIN_TILE else BLOCK_TILE
+             for i in (lhs[-2], lhs[-1])}
+
+    def blocks() -> int:
+        return math.prod(-(-extents[i] // tiles.get(i, 1)) for i in lhs)
+    while blocks() < MIN_BLOCKS:
+        shorter = [i for i in tiles if tiles[i] // 2 >= MIN_TILE and extents[i] > tiles[i] // 2]
+        if not shorter:
+            break
+        longer = max(shorter, key=lambda i: min(tiles[i], extents[i]))
+        tiles[longer] //= 2
+    return tiles
+
+
+def _thread_tile(span: int) -> int:
+    """Outputs per thread along an axis of ``span`` outputs: the largest divisor of it up
+    to ``THREAD_TILE`` that leaves ``MIN_THREADS`` threads (1 for a short span)."""
+    return max((d for d in range(1, THREAD_TILE + 1) if span % d == 0 and span // d >= MIN_THREADS), default=1)

@@ -15,7 +15,12 @@ one block. In a launch:
   nested deeper, run serially in each thread;
 * statements outside every region run on one thread of the block, and a region that
   uses fewer thread axes than the block has runs on the threads at 0 along the others
-  (else each of them would run it again: a race where it accumulates).
+  (else each of them would run it again: a race where it accumulates);
+* with ``use_private_memory``, a contraction's region whose tile has more points than
+  the block threads along an axis, or which the reduction's tile loops enclose, becomes
+  with them a :class:`~polyfuse.ir.gpu.Threads` (gpu_registers.py): each thread keeps a
+  micro-tile of outputs in registers through the whole reduction; the block's shape is
+  then the first such region's (a later one of another shape stays a thread region).
 
 Reductions run sequentially in each thread (their loops are never coincident), or,
 with ``block_reduction``, across the block's threads along x (gpu_reduction.py): then a
@@ -29,10 +34,12 @@ import math
 from dataclasses import dataclass, replace
 from itertools import takewhile
 
-from polyfuse.ir.comprehension import Literal
-from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, SingleThread, ThreadFor, walk_gpu
-from polyfuse.ir.loops import For, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, map_loops, perfect_nest, walk_stmts
+from polyfuse.ir.comprehension import IndexVar, Literal
+from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, SingleThread, ThreadFor, Threads, walk_gpu
+from polyfuse.ir.loops import (For, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, map_loops, perfect_nest,
+                               stmt_nodes, walk_stmts)
 from polyfuse.ir.affine import max_trips
+from polyfuse.scheduler.gpu_registers import tile_registers
 from polyfuse.scheduler.gpu_reduction import (Reduction, TreeNames, expand_trees, holds_reduction,
                                               match_reduction, spread)
 from polyfuse.scheduler.options import MappingOptions
@@ -104,11 +111,14 @@ def _launch(body: tuple[Stmt, ...], options: MappingOptions, limits: DeviceLimit
     trips = math.prod(r.trips for r in loops)
     if trips == 0:
         return None
-    mapped = _Uniform(_Trees(options, limits) if options.block_reduction else None).body(inner, Scope())
+    uniform = _Uniform(_Trees(options, limits) if options.block_reduction else None,
+                       _Registers(options.block, limits, taken) if options.use_private_memory else None)
+    mapped = uniform.body(inner, Scope())
     if loops:
         mapped = (BlockLoops(tuple(loops), mapped),)
     grid = min(trips, options.grid or trips, limits.max_grid)
-    block = _block_shape(mapped, options, limits)
+    block = uniform.registers.block if uniform.registers and uniform.registers.block else \
+        _block_shape(mapped, options, limits)
     mapped, partials = expand_trees(mapped, block[0], TreeNames(taken))
     return Launch("", _idle_axes(mapped, block), grid, block, partials)
 
@@ -130,12 +140,42 @@ def _has_thread_loop(s: Stmt) -> bool:
     return any(isinstance(x, For) and x.kind is LoopKind.THREAD for x in walk_stmts((s,)))
 
 
+class _Registers:
+    """Register tiles of one launch: the first fixes the block's shape, later ones must
+    have it."""
+
+    def __init__(self, asked: tuple[int, ...], limits: DeviceLimits, taken: set[str]) -> None:
+        self.asked = asked
+        self.limits = limits
+        self.taken = taken
+        self.block: tuple[int, int, int] | None = None
+
+    def take(self, s: For) -> Threads | None:
+        tiled = tile_registers(s, lambda axes: self.asked or DEFAULT_BLOCK[axes], self.limits.max_block,
+                               self.limits.max_threads, set(self.taken))
+        if tiled is None:
+            return None
+        shape = [1, 1, 1]
+        for r in tiled.ranges:
+            shape[r.axis] = r.threads
+        if self.block not in (None, tuple(shape)):
+            return None
+        self.block = (shape[0], shape[1], shape[2])
+        self.taken |= {v.name for r in walk_gpu((tiled,)) for v in _index_vars(r)}
+        return tiled
+
+
+def _index_vars(s: Stmt) -> list[IndexVar]:
+    return [e for e in stmt_nodes(s) if isinstance(e, IndexVar)]
+
+
 class _Uniform(LoopRewriter):
     """Maps the part of a block's body that every thread runs alike; ``trees`` takes the
-    reductions to spread over the threads."""
+    reductions to spread over the threads, ``registers`` the contractions to tile."""
 
-    def __init__(self, trees: _Trees | None) -> None:
+    def __init__(self, trees: _Trees | None, registers: _Registers | None = None) -> None:
         self.trees = trees
+        self.registers = registers
 
     def body(self, stmts: tuple[Stmt, ...], scope: Scope) -> tuple[Stmt, ...]:
         """Runs of statements without thread loops or reductions on one thread, a reduction
@@ -168,6 +208,9 @@ class _Uniform(LoopRewriter):
         return tuple(out)
 
     def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+        tiled = self.registers.take(s) if self.registers and not self.reduces(s) else None
+        if tiled is not None:
+            return tiled
         if s.kind is LoopKind.THREAD and not self.reduces(s):
             return _region(s)
         return replace(s, kind=LoopKind.SERIAL, body=self.body(s.body, scope.inside(s)))

@@ -3,21 +3,31 @@
 Every launch takes every buffer (inputs as ``const T* __restrict__``, so loads go
 through the read-only cache) and then the scalars. Block loops become a grid-stride
 loop over the product of their trip counts; thread loops start at the thread's index
-and stride by the block's size; a shared tile is a static ``__shared__`` array filled
-by all threads of the block, with zeros outside the buffer.
+and stride by the block's size; a shared tile is a static ``__shared__`` array (16-byte
+aligned, so rows the promotion aligned are read 128 bits at a time) filled by all
+threads of the block, with zeros outside the buffer: each thread copies the same
+number of elements, a loop ptxas unrolls where it is short. A register tile
+(:class:`~polyfuse.ir.gpu.Threads`) is a block of C that sets the thread's variables
+and declares its registers as local arrays, indexed by constants once the micro-tile's
+loops (``#pragma unroll``) are unrolled.
 """
 
 from __future__ import annotations
 
-from polyfuse.errors import CodegenError
+import math
 from dataclasses import replace
 
+from polyfuse.errors import CodegenError
+
 from polyfuse.ir.comprehension import Literal, Read
-from polyfuse.ir.gpu import (AXES, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
-                             SharedTile, SingleThread, ThreadFor, walk_gpu)
+from polyfuse.ir.gpu import (AXES, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers,
+                             SharedTile, SingleThread, ThreadFor, Threads, walk_gpu)
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store
 from polyfuse.targets.cuda_expr import (ExprEmitter, c_name, helpers_for, register_type,
                                         storage_type, to_register, to_storage)
+
+
+COPY_UNROLL = 32  # a copy's steps per thread unrolled whole up to this many
 
 
 def emit_cuda(kernel: GpuKernel) -> str:
@@ -37,6 +47,7 @@ class _LaunchWriter:
         self.launch = launch
         self.lines: list[str] = []
         self.exprs = ExprEmitter(self.load)
+        self.registers: dict[str, Registers] = {}   # those of the register tile being written
 
     def function(self) -> str:
         k, launch = self.kernel, self.launch
@@ -47,11 +58,10 @@ class _LaunchWriter:
                 f"{launch.name}({', '.join(params)}) {{")
         self.lines = [head]
         for tile in launch.shared:
-            self.lines.append(f"  __shared__ {storage_type(tile.dtype)} {tile.name}[{tile.size}];")
+            self.lines.append(f"  __shared__ __align__(16) {storage_type(tile.dtype)} {tile.name}[{tile.size}];")
         if launch.shared:  # the copies spread a box over every thread of the block
             self.lines += ["  const long long pf_tid = threadIdx.x + (long long)blockDim.x * "
-                           "(threadIdx.y + (long long)blockDim.y * threadIdx.z);",
-                           "  const long long pf_threads = (long long)blockDim.x * blockDim.y * blockDim.z;"]
+                           "(threadIdx.y + (long long)blockDim.y * threadIdx.z);"]
         locals_: dict[str, str] = {}
         for s in walk_gpu(launch.body):
             if isinstance(s, Assign):
@@ -88,6 +98,8 @@ class _LaunchWriter:
             self.block(s.body, indent)
         elif isinstance(s, BlockLoops):
             self.block_loops(s, indent)
+        elif isinstance(s, Threads):
+            self.threads(s, indent)
         elif isinstance(s, If):
             add(f"{indent}if ({e(s.cond)}) {{")
             self.body(s.then, indent + "  ")
@@ -102,6 +114,8 @@ class _LaunchWriter:
             add(f"{indent}__syncthreads();")
         elif isinstance(s, CopyToShared):
             self.copy(s, indent)
+        elif isinstance(s, Store) and s.buffer in self.registers:
+            add(f"{indent}{self.address(Read(s.buffer, s.indices, s.value.dtype))} = {e(s.value)};")
         elif isinstance(s, Store):
             tile = self.launch.tile(s.buffer)
             dt = tile.dtype if tile is not None else self.kernel.buffer(s.buffer).dtype
@@ -130,13 +144,33 @@ class _LaunchWriter:
                 add(f"{inner}pf_rest /= {r.trips}LL;")
         self.block(s.body, indent)
 
+    def threads(self, s: Threads, indent: str) -> None:
+        add, inner = self.lines.append, indent + "  "
+        add(f"{indent}{{")
+        for r in s.ranges:
+            start = "" if isinstance(r.lo, Literal) and r.lo.value == 0 else f"{self.exprs.emit(r.lo)} + "
+            add(f"{inner}const long long {c_name(r.var)} = {start}(long long)threadIdx.{AXES[r.axis]} * {r.step}LL;")
+        for a in s.registers:
+            add(f"{inner}{register_type(a.dtype)} {c_name(a.name)}[{math.prod(a.shape)}];")
+        outer = self.registers
+        self.registers = outer | {a.name: a for a in s.registers}
+        self.block(s.body, indent)
+        self.registers = outer
+
     def copy(self, s: CopyToShared, indent: str) -> None:
         """Every thread copies elements ``tid, tid + threads, ...`` of the box (row-major,
-        so neighbouring threads read neighbouring elements of the buffer)."""
+        so neighbouring threads read neighbouring elements of the buffer), the same
+        number of steps each (the last guarded where the threads do not divide the box)."""
         tile = self.tile(s.tile)
         buf = self.kernel.buffer(s.buffer)
         add, inner = self.lines.append, indent + "  "
-        add(f"{indent}for (long long pf_i = pf_tid; pf_i < {tile.elements}LL; pf_i += pf_threads) {{")
+        threads = self.launch.threads
+        steps = -(-tile.elements // threads)
+        add(f"{indent}#pragma unroll" + ("" if steps <= COPY_UNROLL else " 4"))
+        add(f"{indent}for (long long pf_k = 0; pf_k < {steps}LL; pf_k += 1) {{")
+        add(f"{inner}const long long pf_i = pf_tid + pf_k * {threads}LL;")
+        if tile.elements % threads:
+            add(f"{inner}if (pf_i >= {tile.elements}LL) break;")
         add(f"{inner}long long pf_rest = pf_i;")
         rank = len(tile.shape)
         for d in reversed(range(rank)):
@@ -164,6 +198,11 @@ class _LaunchWriter:
     def address(self, access: Read) -> str:
         """The element ``access`` names (a read, or a store's target)."""
         name, indices = access.tensor, access.indices
+        registers = self.registers.get(name)
+        if registers is not None:
+            steps = tuple(math.prod(registers.shape[k + 1:]) for k in range(len(registers.shape)))
+            flat = _flat([f"({self.exprs.emit(i)})" for i in indices], steps)
+            return f"{c_name(name)}[{flat or '0'}]"
         tile = self.launch.tile(name)
         shape = tile.shape if tile is not None else self.kernel.buffer(name).shape
         strides = tile.strides if tile is not None else self.kernel.buffer(name).strides
@@ -176,6 +215,8 @@ class _LaunchWriter:
         return f"{c_name(name)}[{' + '.join(terms) or '0'}]"
 
     def load(self, r: Read) -> str:
+        if r.tensor in self.registers:
+            return self.address(r)
         tile = self.launch.tile(r.tensor)
         dt = tile.dtype if tile is not None else self.kernel.buffer(r.tensor).dtype
         return to_register(self.address(r), dt)

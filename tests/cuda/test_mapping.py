@@ -90,26 +90,44 @@ def mm_kernel(options: MappingOptions | None = None, sizes=(128, 96, 64)) -> Gpu
     return schedule_gpu_definition(d, sizes, options or default_gpu_options(d, sizes), DeviceLimits())
 
 
-@pytest.mark.parametrize("budget", [0, 16384, 8448, 8447, 4224, 4096, 100])
-def test_promoted_tiles_stay_within_the_shared_memory_budget(budget):
-    kernel = mm_kernel(MappingOptions(tile_sizes=(32, 32, 32), reorder_reductions=True,
-                                      fusion=Fusion.MIN, shared_memory_bytes=budget))
+@pytest.mark.parametrize("registers", [False, True], ids=["thread-region", "register-tile"])
+@pytest.mark.parametrize("budget", [0, 16384, 9216, 8448, 8447, 4608, 4224, 4096, 100])
+def test_promoted_tiles_stay_within_the_shared_memory_budget(budget, registers):
+    kernel = mm_kernel(MappingOptions(tile_sizes=(32, 32, 32), reorder_reductions=True, fusion=Fusion.MIN,
+                                      shared_memory_bytes=budget, use_private_memory=registers))
     launch = kernel.launches[0]
     limit = budget or DeviceLimits().shared_bytes
     assert launch.shared_bytes <= limit
-    # each 32 x 32 float tile takes 32 x 33 x 4 bytes (rows padded against bank conflicts)
-    assert len(launch.shared) == min(2, limit // (32 * 33 * 4))
-    assert all(t.shape == (32, 32) and t.bytes == 32 * 33 * 4 for t in launch.shared)
+    # each 32 x 32 float tile takes 32 x 33 x 4 bytes (rows padded against bank conflicts),
+    # or 32 x 36 x 4 in a register tile (rows 16-byte aligned, for 128-bit reads)
+    row = 36 if registers else 33
+    assert len(launch.shared) == min(2, limit // (32 * row * 4))
+    assert all(t.shape == (32, 32) and t.bytes == 32 * row * 4 for t in launch.shared)
 
 
 def test_barriers_guard_a_reused_tile_on_both_sides():
-    kernel = mm_kernel()
+    kernel = mm_kernel(MappingOptions(tile_sizes=(32, 32, 32), reorder_reductions=True, fusion=Fusion.MIN,
+                                      use_private_memory=False))
     text = str(kernel)
     loop = text[text.index("for c2 in 0:96 step 32"):]
     # the copies, a barrier before the region reads them, a barrier before the next copy
     assert loop.index("copy A_s") < loop.index("barrier") < loop.index("thread.y for")
     assert loop.count("barrier") == 2
-    assert loop.rindex("barrier") > loop.index("C(c0 + c3, c1 + c4) = acc1")
+    assert loop.rindex("barrier") > loop.index("C(c0 + c3, c1 + c4) = C(c0 + c3, c1 + c4) + A_s0")
+
+
+def test_a_register_tile_copies_and_syncs_inside_its_reduction_loop():
+    kernel = mm_kernel(MappingOptions(tile_sizes=(128, 128, 32), reorder_reductions=True, fusion=Fusion.MIN,
+                                      block=(16, 16)), sizes=(256, 1024, 256))
+    text = str(kernel)
+    region = text[text.index("threads c3 in 0:128 step 8 on y, c4 in 0:128 step 8 on x registers acc1 float32(8, 8)"):]
+    loop = region[region.index("for c2 in 0:1024 step 32"):]
+    # the copies of each step, a barrier, the products, a barrier before the next copies;
+    # the accumulators are loaded before the loop and stored after it, once
+    assert loop.index("copy A_s") < loop.index("barrier") < loop.index("acc1(c3r, c4r) = acc1(c3r, c4r) + A_s")
+    assert loop[:loop.index("\n        }")].count("barrier") == 2
+    assert region.index("acc1(c3r, c4r) = C(") < region.index("for c2") < region.index(") = acc1(c3r, c4r)")
+    assert kernel.launches[0].block == (16, 16, 1) and kernel.launches[0].grid == 4
 
 
 def test_no_barrier_where_each_thread_keeps_its_own_elements():
@@ -147,7 +165,7 @@ def test_loop_ir_with_block_and_thread_loops_prints_and_parses_back():
     from polyfuse.frontends.loop_ir import parse_kernel
     from polyfuse.ir.loops import LoopKernel
     d = pf.define(MM).mm.definition
-    sizes = {"M": 64, "K": 40, "N": 48}
+    sizes = {"M": 640, "K": 40, "N": 480}
     stages: dict[str, str] = {}
     schedule_gpu_definition(d, sizes, default_gpu_options(d, sizes), DeviceLimits(), stages)
     text = stages["loops"]

@@ -80,3 +80,33 @@ def test_an_elementwise_kernel_loads_and_stores_without_products():
     assert Mix.count(mix.instructions, "FADD") >= 1 and Mix.count(mix.instructions, "FFMA") == 0
     assert Mix.count(mix.instructions, "LDG") >= 2 and Mix.count(mix.instructions, "STG") >= 1
     assert Mix.count(mix.instructions, "LDS") == 0
+
+
+@pytest.fixture(scope="module")
+def float32_matmul_4096():
+    mm = pf.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+                   target="cuda").mm
+    big = np.zeros((4096, 4096), np.float32)
+    spec = mm.specialize(big, big)
+    (used,) = resources(spec.stages["ptxas"]).values()
+    (mix,) = instruction_mix(spec.stages["sass"]).values()
+    return used, mix
+
+
+@needs_nvdisasm
+def test_a_float32_matmul_does_many_ffma_per_shared_load(float32_matmul_4096):
+    """Issue 37: each thread keeps an 8 x 8 tile of accumulators in registers through the
+    whole reduction, so one shared load (128 bits: four floats of a row) serves a row or
+    column of it. One thread per output did 4 FFMA to 8 LDS."""
+    _, mix = float32_matmul_4096
+    ffma, lds = Mix.count(mix.inner_loop, "FFMA"), Mix.count(mix.inner_loop, "LDS")
+    assert lds and ffma / lds >= 8, mix.inner_loop
+    assert mix.inner_loop["LDS.128"] >= lds // 2
+
+
+@needs_nvdisasm
+def test_a_float32_matmul_keeps_its_accumulators_without_spills(float32_matmul_4096):
+    used, mix = float32_matmul_4096
+    assert used.spill_stores == used.spill_loads == 0 and used.stack_bytes == 0
+    assert Mix.count(mix.instructions, "LDL") == Mix.count(mix.instructions, "STL") == 0
+    assert 64 < used.registers <= 255 and used.registers * 256 <= 65536   # 64 accumulators, 256 threads
