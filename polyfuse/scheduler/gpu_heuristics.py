@@ -77,11 +77,11 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
 
 def _block_tile(lhs: tuple[str, ...], extents: dict[str, int]) -> dict[str, int]:
     """Tiles of the last two output indices: ``BLOCK_TILE``, or the largest power of two
-    within a shorter extent (a span of 37 gets tiles of 32, which micro-tiles divide),
+    within a shorter extent (a span of 37 gets tiles of 32, which micro-tiles divide; a
+    span under ``MIN_TILE`` is one tile),
     the one with the longer span halved while the grid has fewer than ``MIN_BLOCKS``
     blocks and halving shortens a span without going under ``MIN_TILE``."""
-    tiles = {i: min(BLOCK_TILE, 1 << (extents[i].bit_length() - 1)) if extents[i] >= MIN_TILE else BLOCK_TILE
-             for i in (lhs[-2], lhs[-1])}
+    tiles = {i: min(BLOCK_TILE, max(MIN_TILE, 1 << (extents[i].bit_length() - 1))) for i in (lhs[-2], lhs[-1])}
 
     def blocks() -> int:
         return math.prod(-(-extents[i] // tiles.get(i, 1)) for i in lhs)
