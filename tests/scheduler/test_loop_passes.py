@@ -185,8 +185,8 @@ def test_gpu_kernels_keep_the_loops_and_the_gpu_kernel_after_each_pass():
         assert stages["gpu"] == stages["gpu:place_barriers"]
     assert "copy A_s0 <- A(c0, c2)" not in stages["gpu:map_to_gpu"]
     before, after = stages["gpu:promote_to_shared"], stages["gpu:place_barriers"]
-    assert "copy A_s0 <- A(c0, c2)\n        copy B_s1 <- B(c2, c1)\n        thread.y" in before
-    assert "copy B_s1 <- B(c2, c1)\n        barrier\n        thread.y" in after
+    assert "copy A_s0 <- A(c0, c2)\n          copy B_s1 <- B(c2, c1)\n          for c5" in before
+    assert "copy B_s1 <- B(c2, c1)\n          barrier\n          for c5" in after
 
 
 @pytest.mark.unit
