@@ -1,5 +1,5 @@
 """The default mapping options, chosen from the kernel's shape and the machine model
-(:mod:`polyfuse.ir.machine`: vectors, registers, L2).
+(:mod:`polyfuse.ir.machine`: vectors, registers).
 
 Two kinds of kernels:
 
@@ -70,33 +70,43 @@ def _slides(reads: list[Read], outputs: set[str], summed: set[str]) -> bool:
     return any(index_names(x) & outputs and index_names(x) & summed for r in reads for x in r.indices)
 
 
+# The boxes below stay constants, not fractions of the machine's L2: measured on an
+# AVX-512 machine with a 2 MiB L2 (where they were tuned) and on Zen 3 with 512 KiB, whose
+# 32 MiB L3 serves them well; a quarter and three eighths of a 512 KiB L2 made ResNet-50
+# slower there (benchmarks/LOG.md). A cache model that predicts both is still to come.
+SWEPT_BYTES = 512 << 10   # output a reduction panel sweeps, past which panels go deeper
+DEEP_BYTES = 512 << 10     # a deep panel's packed box of the vector operand
+WHOLE_BYTES = 768 << 10    # a reduction's whole box of the vector operand that stays untiled
+
+
 def swept_bytes(m: Machine) -> int:
     """Output a reduction panel sweeps (each panel loads and stores it once more), past
-    which panels go deeper: a quarter of L2."""
-    return m.l2_bytes // 4
+    which panels go deeper."""
+    return SWEPT_BYTES
 
 
 def deep_bytes(m: Machine) -> int:
-    """A deep panel's packed box of the vector operand, L2-resident beside the rows and
-    outputs streaming past it: a quarter of L2."""
-    return m.l2_bytes // 4
+    """A deep panel's packed box of the vector operand, cache-resident beside the rows
+    and outputs streaming past it."""
+    return DEEP_BYTES
 
 
 def whole_bytes(m: Machine) -> int:
     """A reduction's whole box of the vector operand that stays untiled (one pass over the
-    output instead of one per panel): three eighths of L2."""
-    return 3 * m.l2_bytes // 8
+    output instead of one per panel); pack_operands' largest box too."""
+    return WHOLE_BYTES
 
 
 def row_vectors(m: Machine) -> int:
-    """Accumulator vectors of a row sum's tile: a quarter of the vector registers."""
-    return max(1, m.vector_registers // 4)
+    """Accumulator vectors of a row sum's tile: 8, or half the vector registers where
+    there are fewer than 16."""
+    return max(1, min(8, m.vector_registers // 2))
 
 
 def default_options(d: Definition, sizes: dict[str, int], machine: Machine) -> MappingOptions:
     """The options of ``d`` at ``sizes`` for ``machine`` (:mod:`polyfuse.ir.machine`): its
-    vectors, its vector registers (a register block's accumulators and operands fit in
-    them) and its L2 (the boxes of packed operands and swept outputs)."""
+    vectors and its vector registers (a register block's accumulators and operands fit
+    in them)."""
     vector_bits = machine.vector_bits
     width = max(1, vector_bits // element_bits(d))
     nest = LoopNest.of(d, sizes)
