@@ -35,15 +35,6 @@ class Machine:
     l3_bytes: int              # last-level cache, shared (0: none)
     cores: int                 # cores the runtime's threads run on (the host's), or typical
 
-    def lanes(self, element_bytes: int) -> int:
-        """Elements of ``element_bytes`` in a vector."""
-        return max(1, self.vector_bits // (8 * element_bytes))
-
-    @property
-    def l1d_set_span(self) -> int:
-        """Bytes apart that map to the same L1 set (size / ways)."""
-        return self.l1d_bytes // self.l1d_ways
-
     def __str__(self) -> str:
         l3 = f", L3 {self.l3_bytes // MiB} MiB" if self.l3_bytes else ""
         return (f"{self.name}: {self.vector_bits}-bit vectors x {self.vector_registers} registers, "

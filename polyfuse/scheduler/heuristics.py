@@ -72,29 +72,12 @@ def _slides(reads: list[Read], outputs: set[str], summed: set[str]) -> bool:
 
 # The boxes below stay constants, not fractions of the machine's L2: measured on an
 # AVX-512 machine with a 2 MiB L2 (where they were tuned) and on Zen 3 with 512 KiB, whose
-# 32 MiB L3 serves them well; a quarter and three eighths of a 512 KiB L2 made ResNet-50
-# slower there (benchmarks/LOG.md). A cache model that predicts both is still to come.
+# 32 MiB L3 serves them well; a quarter and three eighths of a 512 KiB L2 gained nothing
+# there (benchmarks/LOG.md). A cache model that predicts both is still to come.
 SWEPT_BYTES = 512 << 10   # output a reduction panel sweeps, past which panels go deeper
 DEEP_BYTES = 512 << 10     # a deep panel's packed box of the vector operand
 WHOLE_BYTES = 768 << 10    # a reduction's whole box of the vector operand that stays untiled
-
-
-def swept_bytes(m: Machine) -> int:
-    """Output a reduction panel sweeps (each panel loads and stores it once more), past
-    which panels go deeper."""
-    return SWEPT_BYTES
-
-
-def deep_bytes(m: Machine) -> int:
-    """A deep panel's packed box of the vector operand, cache-resident beside the rows
-    and outputs streaming past it."""
-    return DEEP_BYTES
-
-
-def whole_bytes(m: Machine) -> int:
-    """A reduction's whole box of the vector operand that stays untiled (one pass over the
-    output instead of one per panel); pack_operands' largest box too."""
-    return WHOLE_BYTES
+                           # (pack_operands' largest box too)
 
 
 def row_vectors(m: Machine) -> int:
@@ -294,19 +277,18 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
         # (a whole reduction not much deeper than a panel stays untiled, unless its box
         # would outgrow a deep panel's; below that, one whose box L2 holds whole)
         total = math.prod(extents[i] for i in red)
-        if swept > swept_bytes(machine):
+        if swept > SWEPT_BYTES:
             in_place = all(depth in index_names(r.indices[-1]) for r in reads if r not in vec_reads)
-            deep = deep_bytes(machine)
-            cols = _deep_columns(cols, extents[vec], total, block, in_place, element_bytes, deep)
-            steps = most = deep // (cols * element_bytes)
+            cols = _deep_columns(cols, extents[vec], total, block, in_place, element_bytes)
+            steps = most = DEEP_BYTES // (cols * element_bytes)
         else:
             # a product's whole reduction (no window slides) whose box of the vector operand
-            # fits whole_bytes stays untiled: one pass over the output instead of one per
+            # fits WHOLE_BYTES stays untiled: one pass over the output instead of one per
             # panel (BERT's and ViT-B/16's 768-deep products over 256-column tiles,
             # ResNet-50's 1x1 convolutions). A 3x3 convolution keeps its panels of a few
             # channels, which L1 holds for every row of the window, as it would not hold
             # a whole reduction (4608 steps on ResNet-50's 7x7 maps; benchmarks/LOG.md)
-            whole = 0 if _slides(reads, set(lhs), set(red)) else whole_bytes(machine)
+            whole = 0 if _slides(reads, set(lhs), set(red)) else WHOLE_BYTES
             if not rows_first:
                 cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
             steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
@@ -386,11 +368,11 @@ def _makespan(columns: int, cols: int, width: int) -> int:
 
 
 def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: bool,
-                  element_bytes: int, deep: int) -> int:
-    """The column tile of a deep panel (a box of ``deep`` bytes of the vector operand)
+                  element_bytes: int) -> int:
+    """The column tile of a deep panel (a box of :data:`DEEP_BYTES` of the vector operand)
     over ``columns`` columns and a reduction of ``total`` steps, register blocks of
     ``block`` columns; ``cols`` where the panel holds the whole reduction."""
-    if deep // (cols * element_bytes) >= total:
+    if DEEP_BYTES // (cols * element_bytes) >= total:
         return cols
     if in_place:
         # the broadcast operand read in place along its rows (A(m, k), not packed):
@@ -400,7 +382,7 @@ def _deep_columns(cols: int, columns: int, total: int, block: int, in_place: boo
         # on a 1024 SGEMM). A packed broadcast operand (A(k, m) of Aᵀ·B) would grow with
         # the depth, and ran slower so (benchmarks/LOG.md)
         narrow = next((b * block for b in range(DEEP_BLOCKS, 0, -1)
-                       if deep // (b * block * element_bytes) >= total), DEEP_BLOCKS * block)
+                       if DEEP_BYTES // (b * block * element_bytes) >= total), DEEP_BLOCKS * block)
         return narrow if cols > narrow and columns % narrow == 0 else cols
     # the broadcast operand packed (A(k, m) of Aᵀ·B): each copy of its rows serves one
     # column tile, so wider tiles of shallower panels copy it fewer times (Aᵀ·B 1024 and

@@ -19,7 +19,7 @@ from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
-from polyfuse.scheduler.heuristics import PACK_MIN_REUSE, whole_bytes
+from polyfuse.scheduler.heuristics import PACK_MIN_REUSE, WHOLE_BYTES
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead_stores, fuse_epilogues,
                                             pack_operands, promote_accumulators, promote_register_blocks,
                                             separate_full_tiles, unroll_and_jam, use_matrix_tiles,
@@ -67,7 +67,7 @@ def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(
             Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)),
             Pass("drop_dead_stores", lambda k: drop_dead_stores(k, usage.discarded)),
             Pass("pack_operands", lambda k: pack_operands(k, usage.constants, min_reuse=PACK_MIN_REUSE,
-                                                          box_bytes=whole_bytes(machine),
+                                                          box_bytes=WHOLE_BYTES,
                                                           line_bytes=machine.line_bytes)),
             widen_partial_blocks)
 

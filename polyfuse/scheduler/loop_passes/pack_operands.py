@@ -32,10 +32,11 @@ A read is packed at the outermost loop (the nest's top) where
   also count on);
 * the copy is laid out otherwise than the source (a box of whole rows read as one
   panel is already contiguous);
-* the box takes at most ``box_bytes`` (the pipeline gives three eighths of the machine's
-  L2), and a kernel's packed buffers together at most :data:`LOCAL_BYTES`; another nest's copy of the tensor with panels as wide and at least
-  as large (the full tile's, in the other branch of a partial tile's guard; the whole
-  reduction panels', before the last, shorter one) is filled again instead.
+* the box takes at most ``box_bytes`` (the pipeline gives the heuristics' WHOLE_BYTES),
+  and a kernel's packed buffers together at most :data:`LOCAL_BYTES`; another nest's
+  copy of the tensor with panels as wide and at least as large (the full tile's, in the
+  other branch of a partial tile's guard; the whole reduction panels', before the last,
+  shorter one) is filled again instead.
 
 A box that is not whole panels (1000 columns in panels of 64) ends in a partial panel
 whose lanes past the box are zeros; the buffers made here are marked ``panel`` so that
@@ -67,7 +68,7 @@ from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, 
 from polyfuse.ir.types import DType
 
 # (one packed box at most, box_bytes: L2-resident, as large as the box of a whole
-# reduction the heuristics keep untiled, their whole_bytes, which a smaller limit left to a
+# reduction the heuristics keep untiled, their WHOLE_BYTES, which a smaller limit left to a
 # copy per register block and row tile, much slower: benchmarks/LOG.md)
 LOCAL_BYTES = 768 << 10    # all packed boxes of a kernel together (they live on the stack)
 PREPACK_GROWTH = 2         # a prepacked operand takes at most this many times its own size
