@@ -57,7 +57,7 @@ import numpy as np
 from polyfuse.autotune.task import Task
 from polyfuse.ir.machine import DEFAULT_MACHINE, Machine
 from polyfuse.scheduler.gpu_heuristics import default_gpu_options
-from polyfuse.scheduler.heuristics import default_options, element_bits
+from polyfuse.scheduler.heuristics import default_options, divisor_at_most, element_bits
 from polyfuse.scheduler.loop_nest import LoopNest, Shape
 from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.targets import Device, Target
@@ -228,7 +228,7 @@ class SearchSpace:
         o = self.canonical(fixed)
         if o.register_tile:
             tiles = self.nest.shape(o).tiles
-            o = replace(o, register_tile=tuple(_divisor_at_most(math.gcd(t, e), r) if r else 0
+            o = replace(o, register_tile=tuple(divisor_at_most(math.gcd(t, e), r) if r else 0
                                                for r, t, e in zip(o.register_tile, tiles, ext)))
             o = self.canonical(o)
         shape = self.nest.shape(o)
@@ -239,7 +239,7 @@ class SearchSpace:
             unroll //= 2
         jam = shape.jammed
         rows = o.register_tile[jam] if jam is not None and o.register_tile else 0
-        unroll_jam = _divisor_at_most(rows, min(o.unroll_jam, MAX_JAM)) if rows else 1
+        unroll_jam = divisor_at_most(rows, min(o.unroll_jam, MAX_JAM)) if rows else 1
         return replace(o, vector_width=width, unroll=max(unroll, 1), unroll_jam=unroll_jam,
                        fix_sizes=o.fix_sizes and 1 not in ext)
 
@@ -406,11 +406,6 @@ def _with(orders: tuple[tuple[int, ...], ...], extra: tuple[int, ...], n: int) -
     if len(extra) != n or extra == tuple(range(n)) or extra in orders:
         return orders
     return tuple(sorted(orders + (extra,)))
-
-
-def _divisor_at_most(value: int, limit: int) -> int:
-    """The largest divisor of ``value`` that is at most ``limit`` (at least 1)."""
-    return max(d for d in range(1, max(limit, 1) + 1) if value % d == 0)
 
 
 def _pick(values: tuple[Any, ...], rng: np.random.Generator) -> Any:

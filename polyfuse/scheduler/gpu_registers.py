@@ -51,11 +51,13 @@ from dataclasses import dataclass, replace
 from itertools import takewhile
 
 from polyfuse.ir.affine import affine, max_trips, to_expr
-from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, LocalRef, Read, map_expr, walk
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Expr, IndexVar, Literal, LocalRef, Read, index_names,
+                                       map_expr, walk)
 from polyfuse.ir.gpu import Registers, ThreadRange, Threads
 from polyfuse.ir.loops import (Assign, For, If, LoopKind, Stmt, Store, fresh_name, perfect_nest, rewrite,
                                stmt_nodes)
 from polyfuse.ir.types import DType
+from polyfuse.scheduler.heuristics import divisor_at_most
 
 MAX_AXES = 3
 MAX_MICRO = 8   # points per thread along an axis (8 x 8 accumulators fit the registers)
@@ -129,22 +131,13 @@ def _axes(chain: list[For], asked: tuple[int, ...], taken: set[str]) -> list[_Ax
     variables = {f.var for f in chain}
     for axis, loop in zip(reversed(range(len(chain))), chain):
         trips = max_trips(loop.lo, loop.hi, loop.step)
-        if not trips or _uses(loop.lo, variables) or _uses(loop.hi, variables):
+        if not trips or index_names(loop.lo) & variables or index_names(loop.hi) & variables:
             return None
         threads = asked[axis] if axis < len(asked) else 1
-        micro = largest_divisor(trips, min(MAX_MICRO, -(-trips // threads)))
+        micro = divisor_at_most(trips, min(MAX_MICRO, -(-trips // threads)))
         inner = fresh_name(f"{loop.var}r", taken) if micro > 1 else ""
         out.append(_Axis(loop, axis, micro, trips // micro, inner))
     return out
-
-
-def largest_divisor(n: int, at_most: int) -> int:
-    """The largest divisor of ``n`` no greater than ``at_most`` (at least 1)."""
-    return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
-
-
-def _uses(e: Expr, variables: set[str]) -> bool:
-    return any(isinstance(x, IndexVar) and x.name in variables for x in walk(e))
 
 
 def _nest(body: tuple[Stmt, ...], tiles: set[str], points: set[str]) -> _Nest | None:
@@ -166,7 +159,8 @@ def _nest(body: tuple[Stmt, ...], tiles: set[str], points: set[str]) -> _Nest | 
         return None
     target: dict[str, Store] = {}
     for st in stores:
-        if not (isinstance(st.value, LocalRef) and st.value.name in accs) or any(_uses(i, tiles) for i in st.indices):
+        if not (isinstance(st.value, LocalRef) and st.value.name in accs) or \
+                any(index_names(i) & tiles for i in st.indices):
             return None
         target[st.value.name] = st
     outputs = {st.buffer for st in stores}
@@ -194,7 +188,8 @@ def _summing(body: tuple[Stmt, ...], accs: set[str], outputs: set[str], points: 
         if any(isinstance(r, Read) and r.tensor in outputs for r in stmt_nodes(s)):
             return False
         if isinstance(s, For):
-            if _uses(s.lo, points) or _uses(s.hi, points) or not _summing(s.body, accs, outputs, points):
+            if index_names(s.lo) & points or index_names(s.hi) & points or \
+                    not _summing(s.body, accs, outputs, points):
                 return False
         elif not (isinstance(s, Assign) and s.var in accs):
             return False

@@ -305,7 +305,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
         if rows_first:
             tile_order = others[:1] + [vec] + red + others[1:]
             if first is not None:   # a few of its rows per tile, in an even number of tiles
-                tiles[first] = _divisor_at_most(extents[first], 2 * CACHE_ROWS // max(1, extents[jam]),
+                tiles[first] = divisor_at_most(extents[first], 2 * CACHE_ROWS // max(1, extents[jam]),
                                                 PARALLEL_TILES)
                 registers[first] = 1
         outer = [i for i in others if i != jam and tile_order[0] != i]
@@ -313,7 +313,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
             # a tile holds several rows of the index outside the jammed one (a few rows
             # of a 7 or 14 wide map), so a panel serves about CACHE_ROWS rows; each
             # row is its own register block, outside the reduction
-            tiles[outer[-1]] = _divisor_at_most(extents[outer[-1]],
+            tiles[outer[-1]] = divisor_at_most(extents[outer[-1]],
                                                 2 * CACHE_ROWS // max(1, extents[jam]))
             registers[outer[-1]] = 1
     else:  # dot products: vectorize the reduction, jam an output index
@@ -447,7 +447,7 @@ def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int,
     return 1 << (max(1, steps // rest).bit_length() - 1)
 
 
-def _divisor_at_most(extent: int, most: int, parts: int = 1) -> int:
+def divisor_at_most(extent: int, most: int, parts: int = 1) -> int:
     """The largest divisor of ``extent`` no larger than ``most`` that cuts it into a
     multiple of ``parts`` tiles (at least 1)."""
     fits = [d for d in range(1, max(1, min(extent, most)) + 1)
