@@ -277,7 +277,7 @@ class SearchSpace:
 
 _SCALAR_FIELDS = tuple(f for f in MappingOptions.__dataclass_fields__.values()
                        if f.name not in ("tile_sizes", "register_tile", "tile_order", "point_order"))
-_GLOBAL_FEATURES = ("fusion_max", "fusion_preserve", "fusion_min", "intra_min", "parallel",
+_GLOBAL_FEATURES = (*(f"fusion_{f.name.lower()}" for f in Fusion), "intra_min", "parallel",
                     "log_vector_width", "log_unroll", "log_unroll_jam", "reorder_reductions", "fix_sizes",
                     "log_register_block", "log_tile_footprint", "log_tiles", "vector_tail",
                     "innermost_contiguous", "log_work", "statements", "log_block_threads",
@@ -296,7 +296,7 @@ def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
     inner = shape.innermost
     trip = shape.trips[inner] if inner is not None else 1
     tiles = math.prod(-(-e // t) for e, t in zip(nest.extents, shape.tiles))
-    out += [float(o.fusion is f) for f in (Fusion.MAX, Fusion.PRESERVE, Fusion.MIN)]
+    out += [float(o.fusion is f) for f in Fusion]
     out += [float(o.intra_tile_fusion is Fusion.MIN), float(o.parallel), math.log2(o.vector_width),
             math.log2(o.unroll), math.log2(o.unroll_jam), float(o.reorder_reductions), float(o.fix_sizes),
             math.log2(math.prod(shape.trips)), math.log2(math.prod(shape.tiles)), math.log2(tiles),
@@ -320,7 +320,7 @@ def target_machine_model(target: Target) -> Machine:
 def _candidates(nest: LoopNest, widths: tuple[int, ...], heuristic: MappingOptions) -> dict[str, tuple[Any, ...]]:
     n = len(nest.members)
     c: dict[str, tuple[Any, ...]] = {
-        "fusion": (Fusion.MAX, Fusion.PRESERVE, Fusion.MIN),
+        "fusion": _fusions(nest),
         "intra_tile_fusion": (Fusion.MAX, Fusion.MIN) if nest.statements > 1 else (Fusion.MAX,),
         "parallel": (0, 1),
         "vector_width": (1,) + tuple(sorted(widths)),
@@ -340,6 +340,11 @@ def _candidates(nest: LoopNest, widths: tuple[int, ...], heuristic: MappingOptio
     return dict(sorted(c.items()))
 
 
+def _fusions(nest: LoopNest) -> tuple[Fusion, ...]:
+    """isl's strategies, and row pipelines where statements reduce rows."""
+    return (Fusion.MAX, Fusion.PRESERVE, Fusion.MIN) + ((Fusion.ROWS,) if nest.reduces and nest.statements > 1 else ())
+
+
 # the GPU fields, which CPU code ignores
 _ONE_VALUE_ON_CPUS: dict[str, tuple[Any, ...]] = {
     "block": ((),), "grid": (0,), "use_shared_memory": (True,), "use_private_memory": (True,),
@@ -349,7 +354,7 @@ _ONE_VALUE_ON_CPUS: dict[str, tuple[Any, ...]] = {
 def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tuple[Any, ...]]:
     n = len(nest.members)
     c: dict[str, tuple[Any, ...]] = {
-        "fusion": (Fusion.MAX, Fusion.PRESERVE, Fusion.MIN),
+        "fusion": _fusions(nest),
         "intra_tile_fusion": (Fusion.MAX,),
         "parallel": (heuristic.parallel,),
         "vector_width": (1,),

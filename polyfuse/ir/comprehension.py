@@ -329,6 +329,13 @@ class Module:
 
 # --- traversal -----------------------------------------------------------------------
 
+def combine(op: ReduceOp, a: Expr, b: Expr, dtype: DType) -> Expr:
+    """``a op b`` for a reduction's ``op`` (+, *, max or min)."""
+    if op in (ReduceOp.ADD, ReduceOp.MUL):
+        return Binary(BinaryOp.ADD if op is ReduceOp.ADD else BinaryOp.MUL, a, b, dtype)
+    return Call(op.value, (a, b), dtype)
+
+
 def children(e: Expr) -> tuple[Expr, ...]:
     match e:
         case Read(indices=ix):

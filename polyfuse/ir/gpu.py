@@ -13,6 +13,7 @@ the statements below:
 * :class:`CopyToShared`: every thread of the block copies part of a box of a global
   buffer into a shared-memory tile (zeros outside the buffer);
 * :class:`Barrier`: ``__syncthreads()``;
+* :class:`WarpReduce`: a local combined over neighbouring threads of a warp by shuffles;
 * :class:`Threads`: every thread of the block runs the body, each with its own values of
   the statement's variables (its corner of a register tile) and its own
   :class:`Registers` arrays, which live through the body.
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from polyfuse.errors import IRVerificationError
-from polyfuse.ir.comprehension import Expr, IndexVar, Literal, ScalarDecl, map_expr
+from polyfuse.ir.comprehension import Expr, IndexVar, Literal, ReduceOp, ScalarDecl, map_expr
 from polyfuse.ir.loops import (Buffer, For, Stmt, format_body, format_loop_expr, map_body_exprs, stmt_bodies,
                                stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
@@ -138,6 +139,31 @@ class Barrier(Stmt):
 
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}barrier"]
+
+
+@dataclass(frozen=True, slots=True)
+class WarpReduce(Stmt):
+    """Every thread's local ``var`` becomes ``op`` (+, *, max or min) over the ``lanes``
+    threads of its group: the threads at ``x`` whose ``x // lanes`` is its own (``lanes`` a
+    power of two up to 32 that divides the block's x). A butterfly of warp shuffles
+    (``__shfl_xor_sync`` at offsets ``lanes / 2, ..., 1``: at each, a thread combines its
+    value with that of the thread whose x differs in that bit), so every thread of the
+    group ends with the same value, through no memory and no barrier. Every thread of the
+    block reaches it alike, as a barrier."""
+
+    var: str
+    dtype: DType
+    op: ReduceOp
+    lanes: int
+
+    def map_exprs(self, fn: ExprMap) -> WarpReduce:
+        return self
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return ()
+
+    def format_lines(self, indent: str) -> list[str]:
+        return [f"{indent}warp reduce {self.op.value} {self.var} over {self.lanes} lanes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,8 +331,8 @@ class GpuKernel:
 
 
 def verify_gpu_kernel(kernel: GpuKernel) -> None:
-    """Raise an IRVerificationError where a launch breaks the rules above: a barrier or
-    copy that not every thread of the block reaches alike (inside a thread loop, a
+    """Raise an IRVerificationError where a launch breaks the rules above: a barrier,
+    copy or warp reduction that not every thread of the block reaches alike (inside a thread loop, a
     single-thread statement, or a loop or condition of a :class:`Threads` body that
     depends on the thread's variables), a :class:`Threads` whose ranges do not match the
     block's shape, or one nested in another thread region."""
@@ -319,7 +345,10 @@ def _verify_body(launch: Launch, body: tuple[Stmt, ...], private: frozenset[str]
     makes this code one thread's (None where it is uniform)."""
     where = f"launch {launch.name}"
     for s in body:
-        if isinstance(s, (Barrier, CopyToShared)) and (region or private & _vars_of(s)):
+        if isinstance(s, WarpReduce) and (s.lanes not in (1, 2, 4, 8, 16, 32) or launch.block[0] % s.lanes):
+            raise IRVerificationError(f"{where}: {s.format_lines('')[0]}: lanes must be a power of two up to "
+                                      f"32 that divides the block's {launch.block[0]} threads along x")
+        if isinstance(s, (Barrier, CopyToShared, WarpReduce)) and (region or private & _vars_of(s)):
             raise IRVerificationError(f"{where}: {s.format_lines('')[0]} in {region or 'code'} "
                                       "that not every thread of the block reaches alike")
         if isinstance(s, Threads):

@@ -4,7 +4,8 @@ The oracle for the GPU mapping on machines without a GPU. Each thread is a Pytho
 generator that runs the launch body element by element (with the loop-IR
 interpreter's expression semantics) and pauses at each barrier; the threads of a block
 run one after another, in a random order, from one barrier to the next, and blocks run
-in a random order. Shared tiles and registers start as NaN (or a sentinel for integers), every access
+in a random order. A warp reduction is a meeting point too: each thread leaves its
+value there and pauses, and takes its group's butterfly once all have. Shared tiles and registers start as NaN (or a sentinel for integers), every access
 is bounds-checked, and a thread that finishes while others wait at a barrier is an
 error, so a missing barrier, a copy that misses part of a box or a read outside a tile
 shows up as a wrong answer or an error.
@@ -13,27 +14,31 @@ shows up as a wrong answer or an error.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 from collections.abc import Iterator, Mapping
 
 import numpy as np
 
 from polyfuse.errors import IRVerificationError
-from polyfuse.ir.comprehension import Expr, Read
+from polyfuse.ir.comprehension import Expr, Literal, Read, combine
 from polyfuse.ir.gpu import (Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers, SharedTile,
-                             SingleThread, ThreadFor, Threads, verify_gpu_kernel)
+                             SingleThread, ThreadFor, Threads, WarpReduce, verify_gpu_kernel)
 from polyfuse.ir.loops import Buffer, For, If, Stmt, Store
 from polyfuse.ir.loops_interpreter import _Interpreter
 
 
 class _Thread(_Interpreter):
     def __init__(self, kernel: GpuKernel, buffers: dict[str, np.ndarray], scalars: Mapping[str, object],
-                 launch: Launch, block: int, thread: tuple[int, int, int]) -> None:
+                 launch: Launch, block: int, thread: tuple[int, int, int],
+                 exchange: dict[tuple[int, int], Any]) -> None:
         super().__init__(kernel, buffers, scalars)  # type: ignore[arg-type]
         self.launch = launch
         self.block = block
         self.thread = thread
         bx, by, _ = launch.block
         self.flat = thread[0] + bx * (thread[1] + by * thread[2])
+        self.exchange = exchange   # (warp reduction, thread) -> value, shared by the block
+        self.meetings = 0          # warp reductions this thread has reached
 
     def index(self, name: str, indices: tuple[Expr, ...]) -> tuple[int, ...]:
         return self.inside(name, tuple(int(self.eval(i)) for i in indices))
@@ -84,10 +89,32 @@ class _Thread(_Interpreter):
                 yield from self.steps(s.body)
             elif isinstance(s, CopyToShared):
                 self.copy(s)
+            elif isinstance(s, WarpReduce):
+                meeting, self.meetings = self.meetings, self.meetings + 1
+                self.exchange[meeting, self.flat] = self.env[s.var]
+                yield
+                self.env[s.var] = self.butterfly(s, meeting)
             else:
                 if isinstance(s, Store) and s.buffer in self.buffers:
                     self.index(s.buffer, s.indices)
                 self.run((s,))
+
+    def butterfly(self, s: WarpReduce, meeting: int) -> Any:
+        """This thread's value after the shuffles of ``s``: at each offset, every lane of the
+        group combines its value with that of the lane the offset's bit apart (worked out
+        once per group, by the first of its threads to resume)."""
+        lane = self.thread[0] % s.lanes
+        first = self.flat - lane
+        values = self.exchange.get((meeting, -1 - first))
+        if values is None:
+            values = [self.exchange[meeting, first + k] for k in range(s.lanes)]
+            offset = s.lanes // 2
+            while offset:
+                values = [self.eval(combine(s.op, Literal(values[k], s.dtype), Literal(values[k ^ offset], s.dtype),
+                                            s.dtype)) for k in range(s.lanes)]
+                offset //= 2
+            self.exchange[meeting, -1 - first] = values
+        return values[lane]
 
     def copy(self, s: CopyToShared) -> None:
         tile = self.buffers[s.tile]
@@ -112,7 +139,8 @@ def _run_block(kernel: GpuKernel, launch: Launch, block: int, buffers: dict[str,
     memory = dict(buffers) | {t.name: _poisoned(t) for t in launch.shared}
     bx, by, bz = launch.block
     # each thread's own view of memory: the same arrays, and registers of its own
-    threads = [_Thread(kernel, dict(memory), scalars, launch, block, (x, y, z)).steps(launch.body)
+    exchange: dict[tuple[int, int], Any] = {}
+    threads = [_Thread(kernel, dict(memory), scalars, launch, block, (x, y, z), exchange).steps(launch.body)
                for z, y, x in itertools.product(range(bz), range(by), range(bx))]
     active = list(range(len(threads)))
     while active:

@@ -15,7 +15,7 @@ import islpy as isl
 
 from polyfuse.errors import ScheduleError
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read,
-                                       ReduceOp, Select, SizeVar, map_expr, walk)
+                                       ReduceOp, Select, SizeVar, combine, map_expr, walk)
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
                                Stmt, Store, fold_stmts, map_kernel_exprs, map_loops, rewrite, walk_stmts,
@@ -175,7 +175,7 @@ class _Lowering:
         value = map_expr(st.rhs, substitute)
         if st.op is not ReduceOp.ASSIGN:
             old = Read(st.tensor, lhs, dtype)
-            value = _combine(st.op, old, value, dtype)
+            value = combine(st.op, old, value, dtype)
         return Store(st.tensor, lhs, value)
 
 
@@ -223,14 +223,6 @@ _GPU_MARKS = {GPU_BLOCK_MARK: LoopKind.BLOCK, GPU_THREAD_MARK: LoopKind.THREAD}
 def _set_kind(body: tuple[Stmt, ...], names: set[str], kind: LoopKind) -> tuple[Stmt, ...]:
     """Give every loop over one of ``names`` the kind ``kind``."""
     return map_loops(body, lambda s: replace(s, kind=kind) if s.var in names else s)
-
-
-def _combine(op: ReduceOp, old: Expr, value: Expr, dtype: DType) -> Expr:
-    if op is ReduceOp.ADD:
-        return Binary(BinaryOp.ADD, old, value, dtype)
-    if op is ReduceOp.MUL:
-        return Binary(BinaryOp.MUL, old, value, dtype)
-    return Call(op.value, (old, value), dtype)  # max / min
 
 
 def _annotate_innermost(body: tuple[Stmt, ...], options: MappingOptions) -> tuple[Stmt, ...]:

@@ -1,7 +1,9 @@
 """Barrier placement: ``__syncthreads()`` where threads of a block hand data to each other.
 
 The uniform part of a launch is a sequence of *units*: thread regions, single-thread
-statements and shared-memory copies, inside uniform loops and conditionals. Walking it
+statements, shared-memory copies and the statements every thread runs alike (reading
+every thread's partial total after a warp reduction), inside uniform loops and
+conditionals. Walking it
 in order, a barrier goes before a unit that touches a buffer (or shared tile) that a
 unit since the last barrier touched, one of them writing it, unless both accesses are
 *owned* by the same thread: every thread axis of the region indexes the element as
@@ -148,18 +150,22 @@ class _Placer(LoopRewriter):
                 self.region, self.micro = s, _constant_loops(s.body)
                 out |= self.accesses(s.body)
                 self.region, self.micro = outer, micro
-            elif self.region is not None:
+            else:
                 out |= self.own_accesses(s, self.region)
         return out
 
-    def own_accesses(self, s: Stmt, region: Threads) -> set[_Access]:
-        """What a statement of a register tile reads and writes itself (not the statements
-        in its body), its registers left out."""
-        private = {r.name for r in region.registers}
-        out = {_Access(r.tensor, False, self.tile_owner(r.indices, region))
+    def own_accesses(self, s: Stmt, region: Threads | None) -> set[_Access]:
+        """What a statement of a register tile, or of uniform code (every thread alike,
+        no owner), reads and writes itself (not the statements in its body), the tile's
+        registers left out."""
+        private = {r.name for r in region.registers} if region is not None else set()
+
+        def owner(indices: tuple[Expr, ...]) -> Owner:
+            return self.tile_owner(indices, region) if region is not None else None
+        out = {_Access(r.tensor, False, owner(r.indices))
                for r in stmt_nodes(s) if isinstance(r, Read) and r.tensor not in private}
         if isinstance(s, Store) and s.buffer not in private:
-            out.add(_Access(s.buffer, True, self.tile_owner(s.indices, region)))
+            out.add(_Access(s.buffer, True, owner(s.indices)))
         return out
 
     def tile_owner(self, indices: tuple[Expr, ...], region: Threads) -> Owner:

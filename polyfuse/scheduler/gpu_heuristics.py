@@ -15,19 +15,25 @@ holds (two 128 x 32 float tiles: 35 KiB of the 48). Kernels with
 reductions keep each statement in its own loop nest, so a reduction does not hold the
 elementwise statements of a fused nest to one thread per row.
 
-A long reduction into few outputs (a row sum, softmax's max and sum, layernorm's
-moments: at least ``TREE_MIN_REDUCTION`` steps into at most ``TREE_MAX_OUTPUTS``
-elements) would leave the GPU nearly idle with one thread per output, and those threads
-would read rows far apart. Such a kernel gets one output element per block, untiled
-reductions, ``TREE_BLOCK`` threads along x and ``block_reduction``: the block's threads
-share each reduction (neighbours read neighbouring elements) and combine it in a tree.
+A row reduction (a row sum, softmax's max and sum, layernorm's moments: a reduction of
+at least ``ROW_MIN_REDUCTION`` steps over the contiguous end of an input it reads
+whole, each element once) would, with one thread per output, read rows far apart.
+Such a kernel gets one row per block and ``block_reduction``: the block's threads share
+each reduction (neighbours read neighbouring elements) and combine it with warp
+shuffles (gpu_reduction.py); a quarter as many threads as the row has elements, a
+power of two from ``ROW_MIN_BLOCK`` (one warp) to ``ROW_MAX_BLOCK``. Its statements run
+as one row pipeline (``Fusion.ROWS``): softmax's max, exponentials, sum and quotients of
+a row in one launch, one after another. Any other long reduction into few outputs (at
+least ``TREE_MIN_REDUCTION`` steps into at most ``TREE_MAX_OUTPUTS`` elements, as a
+matrix product of very few outputs) gets the same block-wide reduction, one output per
+block, its statements in their own nests.
 """
 
 from __future__ import annotations
 
 import math
 
-from polyfuse.ir.comprehension import Definition
+from polyfuse.ir.comprehension import Definition, Read, index_names, walk
 from polyfuse.scheduler.heuristics import MIN_DEPTH
 from polyfuse.scheduler.loop_nest import LoopNest
 from polyfuse.scheduler.options import Fusion, MappingOptions
@@ -38,6 +44,9 @@ CONTRACTION_UNROLL = 4
 TREE_MIN_REDUCTION = 256
 TREE_MAX_OUTPUTS = 8192   # a few outputs per SM of a large GPU
 TREE_BLOCK = 256
+ROW_MIN_REDUCTION = 64
+ROW_MIN_BLOCK, ROW_MAX_BLOCK = 32, 512
+ROW_STEPS = 4             # elements of a row per thread, at least
 BLOCK_TILE, MIN_TILE = 128, 32
 THREAD_TILE, MIN_THREADS = 8, 8
 MIN_BLOCKS = 264          # two blocks per multiprocessor of a 132-SM GPU
@@ -49,6 +58,10 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
     lhs, red = nest.outputs, nest.reduction_members
     extents = nest.extent_of()
     depth = math.prod(extents[i] for i in red) if red else 0
+    if depth >= ROW_MIN_REDUCTION and _streams_rows(nest):
+        threads = min(ROW_MAX_BLOCK, max(ROW_MIN_BLOCK, 1 << ((depth // ROW_STEPS).bit_length() - 1)))
+        return MappingOptions(fusion=Fusion.ROWS, tile_sizes=nest.per_member({i: 1 for i in lhs}),
+                              parallel=0, block=(threads,), block_reduction=True)
     if depth >= TREE_MIN_REDUCTION and math.prod(extents[i] for i in lhs) <= TREE_MAX_OUTPUTS:
         return MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=nest.per_member({i: 1 for i in lhs}),
                               parallel=0, block=(TREE_BLOCK,), block_reduction=True)
@@ -73,6 +86,17 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
         fusion=Fusion.MIN if nest.reduces else Fusion.MAX, reorder_reductions=contraction,
         tile_sizes=nest.per_member(tiles), parallel=0,
         unroll=CONTRACTION_UNROLL if contraction else 1, **registers)  # type: ignore[arg-type]
+
+
+def _streams_rows(nest: LoopNest) -> bool:
+    """Whether the nest's statement reduces over the contiguous end of an input it reads
+    at every index (each element once: a row reduction, not a contraction)."""
+    red = nest.reduction_members
+    if not red:
+        return False
+    members = set(nest.members)
+    return any(isinstance(r, Read) and r.indices and members <= index_names(r)
+               and red[-1] in index_names(r.indices[-1]) for r in walk(nest.statement.rhs))
 
 
 def _block_tile(lhs: tuple[str, ...], extents: dict[str, int]) -> dict[str, int]:

@@ -41,7 +41,7 @@ from polyfuse.ir.loops import (For, LoopKernel, LoopKind, LoopRewriter, Scope, S
 from polyfuse.ir.affine import max_trips
 from polyfuse.scheduler.gpu_registers import tile_registers
 from polyfuse.scheduler.gpu_reduction import (Reduction, TreeNames, expand_trees, holds_reduction,
-                                              match_reduction, spread)
+                                              match_reduction, partial_slots, spread)
 from polyfuse.scheduler.options import MappingOptions
 
 # threads per block by the number of thread axes a launch uses, when the options give none
@@ -98,7 +98,7 @@ class _Trees:
 
     def take(self, stmts: tuple[Stmt, ...]) -> Reduction | None:
         r = match_reduction(stmts)
-        need = 0 if r is None else self.width * r.partial_dtype.numpy.itemsize
+        need = 0 if r is None else partial_slots(self.width) * r.partial_dtype.numpy.itemsize
         if r is None or need > self.budget:
             return None
         self.budget -= need

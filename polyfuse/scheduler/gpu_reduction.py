@@ -1,4 +1,4 @@
-"""Reductions across the threads of a block: strided partials, then a tree in shared memory.
+"""Reductions across the threads of a block: strided partials, then warp shuffles.
 
 A statement's reduction in register form (after ``promote_accumulators``) reads::
 
@@ -9,15 +9,21 @@ A statement's reduction in register form (after ``promote_accumulators``) reads:
 With ``block_reduction`` on, the mapping spreads it over the block's threads along x
 (:func:`spread`): every thread starts from the identity and accumulates iterations
 ``k = lo + t, lo + t + blockDim.x, ...``; after the block shape is known,
-:func:`expand_trees` adds the combination: each thread stores its partial to a shared
-array of ``blockDim.x`` elements (in the compute type: float32 for 16-bit floats,
-64-bit for integers, as the registers hold them), the slots past the largest power of
-two fold onto the first ones, halving strides combine the rest, and one thread combines
-the result with ``out(i)``'s value before the statement (so ``+=`` keeps it and ``+=!``
-starts from the identity its initialization stored) and writes it. Every step is an
-ordinary thread region: thread ``t`` writes slot ``t`` and reads slot ``t + stride``,
-which another thread wrote, so barrier placement puts ``__syncthreads()`` between the
-steps and nowhere inside one.
+:func:`expand_trees` adds the combination, in the compute type (float32 for 16-bit
+floats, 64-bit for integers, as the registers hold them):
+
+* up to 32 threads along x, a power of two: one warp reduction (shuffles, no memory);
+* a multiple of 32: a warp reduction in each warp, each warp's total to a shared slot,
+  and every thread combining the slots in order;
+* any other width: each thread's partial to a shared slot of its own, the slots past
+  the largest power of two folded onto the first ones, halving strides combining the
+  rest, and every thread reading slot 0.
+
+Then one thread combines the total with ``out(i)``'s value before the statement (so
+``+=`` keeps it and ``+=!`` starts from the identity its initialization stored) and
+writes it. The stores to slots are ordinary thread regions and the reads of them
+uniform statements, so barrier placement puts ``__syncthreads()`` between them and
+nowhere else; a warp reduction needs none.
 """
 
 from __future__ import annotations
@@ -25,22 +31,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, LocalRef, Read, ReduceOp,
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, LocalRef, Read, ReduceOp, combine,
                                        walk)
 from polyfuse.ir.comprehension_interpreter import identity
-from polyfuse.ir.gpu import SharedTile, SingleThread, ThreadFor
-from polyfuse.ir.loops import (Assign, For, LoopRewriter, Scope, Stmt, Store, perfect_nest, stmt_bodies,
+from polyfuse.ir.gpu import SharedTile, SingleThread, ThreadFor, WarpReduce
+from polyfuse.ir.loops import (Assign, For, If, LoopRewriter, Scope, Stmt, Store, perfect_nest, stmt_bodies,
                                walk_stmts)
 from polyfuse.ir.types import DType
 
 LANE = "pf_t"  # the tree's loop variable: iteration t runs on thread t
-
-
-def combine(op: ReduceOp, a: Expr, b: Expr, dtype: DType) -> Expr:
-    """``a op b`` for a reduction's ``op`` (+, *, max or min)."""
-    if op in (ReduceOp.ADD, ReduceOp.MUL):
-        return Binary(BinaryOp.ADD if op is ReduceOp.ADD else BinaryOp.MUL, a, b, dtype)
-    return Call(op.value, (a, b), dtype)
+WARP = 32      # threads of a warp, which shuffles combine without memory
 
 
 def start(op: ReduceOp, dtype: DType) -> Literal:
@@ -155,6 +155,14 @@ class TreeNames:
         return f"{buffer}_r{k}"
 
 
+def partial_slots(width: int) -> int:
+    """Shared slots a tree over ``width`` threads takes: none for one warp's shuffles (a
+    power of two up to 32), one per warp after shuffles in each, else one per thread."""
+    if width <= WARP and width & (width - 1) == 0:
+        return 0
+    return width // WARP if width % WARP == 0 else width
+
+
 def expand_trees(body: tuple[Stmt, ...], width: int,
                  names: TreeNames) -> tuple[tuple[Stmt, ...], tuple[SharedTile, ...]]:
     """``body`` with every tree slot replaced by its tree over ``width`` threads, and the
@@ -166,15 +174,40 @@ def expand_trees(body: tuple[Stmt, ...], width: int,
             if not isinstance(s, TreeSlot):
                 return s
             r = s.reduction
-            tile = SharedTile(names.fresh(r.store.buffer), r.store.buffer, r.partial_dtype, (width,))
+            slots = partial_slots(width)
+            if not slots:
+                return (WarpReduce(r.acc.name, r.partial_dtype, r.op, width), _write(r))
+            tile = SharedTile(names.fresh(r.store.buffer), r.store.buffer, r.partial_dtype, (slots,))
             tiles.append(tile)
-            return tuple(_tree(r, tile, width))
+            return (*(_warps(r, tile, width) if width % WARP == 0 else _tree(r, tile, width)), _write(r))
 
     return Expand().body(body, Scope()), tuple(tiles)
 
 
+def _write(r: Reduction) -> SingleThread:
+    """One thread combines the output's value before the statement with the total."""
+    return SingleThread((Assign(r.acc.name, combine(r.op, r.load.value, r.acc, r.acc.dtype)), r.store))
+
+
+def _warps(r: Reduction, tile: SharedTile, width: int) -> list[Stmt]:
+    """Shuffles in each warp, each warp's first lane's total to ``tile``, and every thread
+    combining the warps' totals (in order, so all threads agree)."""
+    lane = IndexVar(LANE)
+    first = Binary(BinaryOp.EQ, Binary(BinaryOp.MOD, lane, Literal(WARP, DType.INT64), DType.INT64),
+                   Literal(0, DType.INT64), DType.BOOL)
+    warp = Binary(BinaryOp.DIV, lane, Literal(WARP, DType.INT64), DType.INT64)
+    w = IndexVar(f"{LANE}w")
+    total = combine(r.op, r.acc, Read(tile.name, (w,), tile.dtype), r.acc.dtype)
+    return [WarpReduce(r.acc.name, tile.dtype, r.op, WARP),
+            ThreadFor(LANE, Literal(0, DType.INT64), Literal(width, DType.INT64), 0,
+                      (If(first, (Store(tile.name, (warp,), r.acc),)),)),
+            Assign(r.acc.name, start(r.op, r.acc.dtype)),
+            For(w.name, Literal(0, DType.INT64), Literal(width // WARP, DType.INT64), (Assign(r.acc.name, total),))]
+
+
 def _tree(r: Reduction, tile: SharedTile, width: int) -> list[Stmt]:
-    """Partials to ``tile``, a fold onto a power of two, halving steps, one thread's write."""
+    """Partials to ``tile``, a fold onto a power of two, halving steps, and every thread
+    taking the total."""
     lane = IndexVar(LANE)
     dtype = tile.dtype
 
@@ -196,7 +229,5 @@ def _tree(r: Reduction, tile: SharedTile, width: int) -> list[Stmt]:
     while stride:
         out.append(step(stride, stride))
         stride //= 2
-    total = combine(r.op, r.acc, Read(tile.name, (Literal(0, DType.INT64),), dtype), r.acc.dtype)
-    out.append(SingleThread((r.load, Assign(r.acc.name, total), r.store)))
+    out.append(Assign(r.acc.name, Read(tile.name, (Literal(0, DType.INT64),), dtype)))
     return out
-

@@ -33,6 +33,9 @@ class Fusion(enum.Enum):
     MAX = "max"                    # isl's default: fuse whatever the dependences allow
     PRESERVE = "preserve_coincident"  # fuse only where outer loops stay parallel
     MIN = "min"                    # every strongly connected component in its own nest
+    ROWS = "rows"                  # one nest over the outer indices every statement shares
+                                   # and no dependence crosses (a row pipeline such as
+                                   # softmax), each statement's own loops inside it
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import logging
 import islpy as isl
 
 from polyfuse.scheduler.loop_nest import band_order
-from polyfuse.scheduler.model import Model
+from polyfuse.scheduler.model import Model, StatementInfo
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 logger = logging.getLogger("polyfuse.scheduler")
@@ -36,10 +36,102 @@ def compute_schedule(model: Model, options: MappingOptions,
     validity = model.relaxed if options.reorder_reductions else model.exact
     constraints = (isl.ScheduleConstraints.on_domain(model.domain).set_context(context)
                    .set_validity(validity).set_proximity(validity).set_coincidence(deps))
-    schedule = _solve(constraints, model.ctx, options.fusion)
+    rows = row_schedule(model, validity) if options.fusion is Fusion.ROWS else None
+    schedule = rows or _solve(constraints, model.ctx, Fusion.PRESERVE if options.fusion is Fusion.ROWS
+                              else options.fusion)
     for path in reversed(_outer_band_paths(schedule.get_root(), ())):
         schedule = _transform_band(_node_at(schedule, path), options, validity, gpu).get_schedule()
+    if rows is not None and gpu:
+        schedule = _mark_inner_threads(schedule.get_root()).get_schedule()
     return schedule
+
+
+def row_schedule(model: Model, validity: isl.UnionMap) -> isl.Schedule | None:
+    """The statements in one nest over the longest prefix of left-hand side indices they
+    all have, over the same rows, and no dependence crosses (distinct rows never touch
+    the same data),
+    then in program order, each in its own nest of its other indices in order: softmax's
+    max, exponentials, sum and quotients per row. None where no such prefix exists, or
+    one statement (nothing to fuse)."""
+    infos = sorted(model.statements.values(), key=lambda i: 2 * i.index + (0 if i.init else 1))
+    if len(infos) < 2:
+        return None
+    prefix = min(len(i.statement.indices) for i in infos)
+    while prefix and not _rows_apart(model, infos, prefix):
+        prefix -= 1
+    if not prefix or not validity.is_subset(_lex_order(model, infos, prefix)):
+        return None
+    space = model.param_space()
+
+    def band(parts: list[str]) -> isl.MultiUnionPwAff:
+        return isl.MultiUnionPwAff.from_union_map(isl.UnionMap.read_from_str(model.ctx, f"{space} -> {{ {'; '.join(parts)} }}"))
+
+    node = isl.Schedule.from_domain(model.domain).get_root().child(0)
+    node = node.insert_partial_schedule(band([_dims(i, range(prefix)) for i in infos])).band_set_permutable(1)
+    for j in range(prefix):
+        node = node.band_member_set_coincident(j, 1)
+    filters = isl.UnionSetList.alloc(model.ctx, len(infos))
+    for i in infos:
+        filters = filters.add(model.domain.intersect(isl.UnionSet.read_from_str(
+            model.ctx, f"{space} -> {{ {i.name}[{', '.join(f't{j}' for j in range(len(i.iterators)))}] }}")))
+    node = node.child(0).insert_sequence(filters)
+    for k, i in enumerate(infos):
+        rest = range(prefix, len(i.iterators))
+        if rest:
+            inner = node.child(k).child(0).insert_partial_schedule(band([_dims(i, rest)]))
+            for j in range(len(rest)):
+                inner = inner.band_member_set_coincident(j, int(not member_carries_dependence(model, inner, j)))
+            node = inner.parent().parent()
+    return node.get_schedule()
+
+
+def _dims(info: StatementInfo, dims: range) -> str:
+    tup = ", ".join(f"t{j}" for j in range(len(info.iterators)))
+    return f"{info.name}[{tup}] -> [{', '.join(f't{j}' for j in dims)}]"
+
+
+def _rows_apart(model: Model, infos: list[StatementInfo], prefix: int) -> bool:
+    """Whether the first ``prefix`` indices of every statement range over the same rows
+    and every dependence stays within one row."""
+    maps = [isl.UnionMap.read_from_str(model.ctx, f"{model.param_space()} -> {{ {_dims(i, range(prefix))} }}")
+            for i in infos]
+    rows = [isl.Set.from_union_set(model.domain.apply(m)).gist_params(model.context()) for m in maps]
+    if any(not r.is_equal(rows[0]) for r in rows[1:]):
+        return False
+    together = maps[0]
+    for m in maps[1:]:
+        together = together.union(m)
+    deps = model.dependences.apply_domain(together).apply_range(together)
+    return deps.is_subset(deps.domain().identity())
+
+
+def _lex_order(model: Model, infos: list[StatementInfo], prefix: int) -> isl.UnionMap:
+    """Pairs of instances in the order :func:`row_schedule` runs them."""
+    depth = max(len(i.iterators) for i in infos)
+    parts = []
+    for position, i in enumerate(infos):
+        tup = ", ".join(f"t{j}" for j in range(len(i.iterators)))
+        time = [f"t{j}" for j in range(prefix)] + [str(position)] + \
+            [f"t{j}" for j in range(prefix, len(i.iterators))] + ["0"] * (depth - len(i.iterators))
+        parts.append(f"{i.name}[{tup}] -> [{', '.join(time)}]")
+    smap = isl.UnionMap.read_from_str(model.ctx, f"{model.param_space()} -> {{ {'; '.join(parts)} }}")
+    return smap.lex_lt_union_map(smap)
+
+
+def _mark_inner_threads(node: isl.ScheduleNode, marked: bool = False, split: bool = False) -> isl.ScheduleNode:
+    """Mark the coincident members (the innermost three) of every band below a sequence
+    below a GPU mark for threads: a row pipeline's per-statement nests. Returns the node
+    at the same position."""
+    kind = node.get_type()
+    if kind == isl.schedule_node_type.band and marked and split:
+        members = _coincident(node)
+        return _mark_members(node, GPU_THREAD_MARK, members[-3:]).parent() if members else node
+    if kind == isl.schedule_node_type.mark:
+        marked = marked or node.mark_get_id().get_name().startswith((GPU_BLOCK_MARK, GPU_THREAD_MARK))
+    split = split or (marked and kind == isl.schedule_node_type.sequence)
+    for k in range(node.n_children()):
+        node = _mark_inner_threads(node.child(k), marked, split).parent()
+    return node
 
 
 # isl operations one fusing schedule may take. Fixed sizes can make isl's solver blow up

@@ -9,7 +9,8 @@ threads of the block, with zeros outside the buffer: each thread copies the same
 number of elements, a loop ptxas unrolls where it is short. A register tile
 (:class:`~polyfuse.ir.gpu.Threads`) is a block of C that sets the thread's variables
 and declares its registers as local arrays, indexed by constants once the micro-tile's
-loops (``#pragma unroll``) are unrolled.
+loops (``#pragma unroll``) are unrolled. A warp reduction is a loop of
+``__shfl_xor_sync`` over its offsets, unrolled.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from dataclasses import replace
 
 from polyfuse.errors import CodegenError
 
-from polyfuse.ir.comprehension import Literal, Read
+from polyfuse.ir.comprehension import Literal, LocalRef, Read, combine
 from polyfuse.ir.gpu import (AXES, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers,
-                             SharedTile, SingleThread, ThreadFor, Threads, walk_gpu)
+                             SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, walk_gpu)
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store
 from polyfuse.targets.cuda_expr import (ExprEmitter, c_name, helpers_for, register_type,
                                         storage_type, to_register, to_storage)
@@ -114,6 +115,8 @@ class _LaunchWriter:
             add(f"{indent}__syncthreads();")
         elif isinstance(s, CopyToShared):
             self.copy(s, indent)
+        elif isinstance(s, WarpReduce):
+            self.warp_reduce(s, indent)
         elif isinstance(s, Store) and s.buffer in self.registers:
             add(f"{indent}{self.address(Read(s.buffer, s.indices, s.value.dtype))} = {e(s.value)};")
         elif isinstance(s, Store):
@@ -156,6 +159,20 @@ class _LaunchWriter:
         self.registers = outer | {a.name: a for a in s.registers}
         self.block(s.body, indent)
         self.registers = outer
+
+    def warp_reduce(self, s: WarpReduce, indent: str) -> None:
+        """The butterfly: at offsets ``lanes / 2, ..., 1`` each thread combines its value
+        with the one of the lane that offset apart (every lane of the warp takes part)."""
+        add, partner = self.lines.append, LocalRef("pf_shfl", s.dtype)
+        threads = self.launch.threads
+        mask = "0xffffffffu" if threads >= 32 else f"{(1 << threads) - 1:#x}u"
+        value = self.exprs.emit(combine(s.op, LocalRef(s.var, s.dtype), partner, s.dtype))
+        add(f"{indent}#pragma unroll")
+        add(f"{indent}for (int pf_o = {s.lanes // 2}; pf_o > 0; pf_o >>= 1) {{")
+        add(f"{indent}  const {register_type(s.dtype)} {self.exprs.emit(partner)} = "
+            f"__shfl_xor_sync({mask}, {c_name(s.var)}, pf_o);")
+        add(f"{indent}  {c_name(s.var)} = {value};")
+        add(f"{indent}}}")
 
     def copy(self, s: CopyToShared, indent: str) -> None:
         """Every thread copies elements ``tid, tid + threads, ...`` of the box (row-major,

@@ -5,7 +5,7 @@ memory is host memory, copies are ``memmove``, and a launch runs the kernel's CU
 text itself, compiled by the host's C++ compiler with a small header that gives it
 CUDA's built-ins: each block of the grid in turn, each thread of the block a
 ``std::thread``, ``__shared__`` arrays one per block, ``__syncthreads()`` a
-``std::barrier`` of the block's threads. It checks what the interpreter of the GPU IR
+``std::barrier`` of the block's threads, a warp shuffle an exchange between two of them. It checks what the interpreter of the GPU IR
 cannot: the CUDA C text (types, indexing, helper functions), the launch shapes and the
 runtime's argument passing, zeroing and copies, through the same ``CudaExecutable``
 calls a GPU would see.
@@ -46,6 +46,18 @@ static thread_local std::barrier<>* pf_block_barrier;
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 static inline void __syncthreads() { pf_block_barrier->arrive_and_wait(); }
+// a warp shuffle: every thread of the block reaches it alike (the GPU IR's rule), so each
+// leaves its value in the block's slot, all meet, each reads its partner's, all meet again
+static unsigned long long pf_shuffle_slots[1024];
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int offset) {
+  static_assert(sizeof(T) <= sizeof(unsigned long long));
+  unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  std::memcpy(&pf_shuffle_slots[tid], &v, sizeof(T));
+  pf_block_barrier->arrive_and_wait();
+  T r; std::memcpy(&r, &pf_shuffle_slots[tid ^ offset], sizeof(T));
+  pf_block_barrier->arrive_and_wait();
+  return r;
+}
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }

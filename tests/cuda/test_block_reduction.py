@@ -1,14 +1,15 @@
 """Reductions across a block's threads (block_reduction): the heuristic picks them for
-long reductions into few outputs, the GPU IR holds the shared partials, the tree and its
-barriers, and the result equals the numpy oracle thread by thread (GPU IR interpreter),
-as CUDA C on the CPU emulator, and NVRTC and ptxas accept the code."""
+row reductions (softmax, layernorm: one launch each, a row per block) and long
+reductions into few outputs; the GPU IR holds the warp shuffles, the shared slots
+and their barriers, and the result equals the numpy oracle thread by thread (GPU IR
+interpreter), as CUDA C on the CPU emulator, and NVRTC and ptxas accept the code."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import polyfuse as pf
-from polyfuse.ir.gpu import Barrier, ThreadFor, walk_gpu
+from polyfuse.ir.gpu import WarpReduce, walk_gpu
 from polyfuse.ir.gpu_interpreter import interpret_gpu_kernel
 from polyfuse.ir.loops import ERROR_BUFFER
 from polyfuse.runtime.arguments import bind_arguments
@@ -69,13 +70,17 @@ CASES = [
 ]
 
 # explicit options: blocks that are no power of two, fewer blocks than rows, several rows
-# and statements in one launch
+# and statements in one launch; row pipelines over one warp, three warps and 100 threads
 OPTIONS = {
     "heuristic": None,
     "block-100-grid-2": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(1, 0), block=(100,), grid=2,
                                        block_reduction=True),
     "block-37-rows-fused": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(4, 0), block=(37, 3),
                                           block_reduction=True),
+    "rows-warp": MappingOptions(fusion=Fusion.ROWS, tile_sizes=(1, 0), block=(32,), block_reduction=True),
+    "rows-96-grid-2": MappingOptions(fusion=Fusion.ROWS, tile_sizes=(1, 0), block=(96,), grid=2,
+                                     block_reduction=True),
+    "rows-100": MappingOptions(fusion=Fusion.ROWS, tile_sizes=(1, 0), block=(100,), block_reduction=True),
 }
 
 
@@ -95,33 +100,37 @@ def _gpu_kernel(source, entry, args, options):
 def test_the_heuristic_reduces_long_rows_across_the_block(source, entry, make, oracle):
     d = pf.define(source)[entry].definition
     options = default_gpu_options(d, bind_arguments(d, _inputs(make)).sizes)
-    assert options.block_reduction and options.block == (256,)
+    width = options.block[0]
+    assert options.block_reduction and len(options.block) == 1 and width & (width - 1) == 0
     kernel, _, _ = _gpu_kernel(source, entry, _inputs(make), None)
-    widths = [t.shape[0] for launch in kernel.launches for t in launch.shared if t.name.endswith("_r0")]
-    assert 256 in widths
     for launch in kernel.launches:
-        for tile in launch.shared:
-            width = launch.block[0]
-            assert tile.shape == (width,)
-            steps = [int(s.hi.value) for s in walk_gpu(launch.body) if isinstance(s, ThreadFor)
-                     and s.var == "pf_t" and tile.name in str(s)]
-            # the partials, the slots past a power of two folded (6 = 4 + 2), then halving
-            # strides (128, 64, ..., 1 for 256), each after a barrier
-            power = 1 << (width.bit_length() - 1)
-            fold = [width - power] if width > power else []
-            assert steps == [width] + fold + [1 << k for k in reversed(range(power.bit_length() - 1))]
-            text = str(launch)
-            assert text.count("barrier") >= len(steps)
-            if width == 256:
-                assert f"{tile.name}(pf_t + 128)" in text and f"{tile.name}(pf_t + 1)" in text
+        warps = [s for s in walk_gpu(launch.body) if isinstance(s, WarpReduce)]
+        text = str(launch)
+        x = launch.block[0]
+        if x % 32 and x & (x - 1):  # (maxmin's 6 rows per column) a tree in shared memory
+            continue
+        assert warps
+        if x <= 32:   # one warp: shuffles, no memory, no barrier
+            assert all(w.lanes == launch.block[0] for w in warps) and not launch.shared
+        else:                       # shuffles in each warp, the warps' totals through shared slots
+            assert all(w.lanes == 32 for w in warps)
+            assert all(t.shape == (launch.block[0] // 32,) for t in launch.shared)
+            assert text.count("barrier") >= len(launch.shared)
+    if entry in ("softmax", "layernorm"):  # the row pipeline runs in one launch
+        assert options.fusion is Fusion.ROWS and len(kernel.launches) == 1
 
 
 @pytest.mark.unit
 def test_a_short_reduction_into_many_outputs_stays_in_each_thread():
     d = pf.define(ROWSUM.format(t="float")).rowsum.definition
     assert not default_gpu_options(d, {"M": 4096, "K": 8}).block_reduction
-    assert not default_gpu_options(d, {"M": 100000, "K": 1000}).block_reduction
-    assert default_gpu_options(d, {"M": 8, "K": 4096}).block_reduction
+    rows = default_gpu_options(d, {"M": 100000, "K": 1000})
+    assert rows.block_reduction and rows.block == (128,) and rows.fusion is Fusion.ROWS
+    assert default_gpu_options(d, {"M": 8, "K": 4096}).block == (512,)
+    assert default_gpu_options(d, {"M": 8, "K": 64}).block == (32,)
+    # a sum down many columns: each thread its column (neighbours read neighbours)
+    columns = pf.define("def colsum(float(M,K) X) -> (S) { S(k) +=! X(m,k) }").colsum.definition
+    assert not default_gpu_options(columns, {"M": 100000, "K": 10000}).block_reduction
 
 
 @pytest.mark.unit
@@ -134,17 +143,31 @@ def test_a_block_of_no_power_of_two_folds_its_top_threads_first():
     # 100 partials: 36 fold onto the first 64, then 32, 16, ..., 1
     assert "thread.x for pf_t in 0:36 {" in text and "S_r0(pf_t + 64)" in text
     assert "S_r0(pf_t + 32)" in text and "S_r0(pf_t + 1)" in text
-    # after the last step and a barrier, one thread adds the total to S's value
+    # after the last step and a barrier, every thread takes the total, one adds it to S's value
     tail = text[text.index("S_r0(pf_t + 1)"):]
-    assert tail.index("barrier") < tail.index("single thread") < tail.index("let acc1 = acc1 + S_r0(0)")
+    assert tail.index("barrier") < tail.index("let acc1 = S_r0(0)") < tail.index("single thread") \
+        < tail.index("let acc1 = S(c0) + acc1")
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("budget, shared", [(1000, 0), (1024, 1024)])
-def test_partials_count_against_the_shared_memory_budget(budget, shared):
-    """256 float partials take 1024 bytes; where they do not fit the sum stays sequential."""
+def test_ninety_six_threads_shuffle_in_three_warps():
     args = (_uniform(np.random.default_rng(0), (3, 1000)),)
-    options = MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(1, 0), block=(256,), block_reduction=True,
+    kernel, _, _ = _gpu_kernel(PROGRAMS_BY_NAME["softmax"].source, "softmax", args, OPTIONS["rows-96-grid-2"])
+    (launch,) = kernel.launches
+    assert launch.block == (96, 1, 1) and [t.shape for t in launch.shared] == [(3,), (3,)]
+    text = str(launch)
+    assert "warp reduce max acc1 over 32 lanes" in text and "warp reduce + acc2 over 32 lanes" in text
+    # each warp's first lane writes its slot; after a barrier every thread combines the three
+    tail = text[text.index("warp reduce max"):]
+    assert tail.index("if pf_t % 32 == 0") < tail.index("barrier") < tail.index("for pf_tw in 0:3")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("budget, shared", [(396, 0), (400, 400)])
+def test_partials_count_against_the_shared_memory_budget(budget, shared):
+    """100 float partials take 400 bytes; where they do not fit the sum stays sequential."""
+    args = (_uniform(np.random.default_rng(0), (3, 1000)),)
+    options = MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(1, 0), block=(100,), block_reduction=True,
                              shared_memory_bytes=budget)
     kernel, _, _ = _gpu_kernel(ROWSUM.format(t="float"), "rowsum", args, options)
     assert kernel.launches[0].shared_bytes == shared
@@ -158,7 +181,7 @@ def test_trees_fit_a_small_device():
     bound = bind_arguments(d, args)
     kernel = schedule_gpu_definition(d, bound.sizes, default_gpu_options(d, bound.sizes), small)
     launch = kernel.launches[0]
-    assert launch.block == (16, 1, 1) and launch.grid == 5 and launch.shared_bytes == 16 * 4
+    assert launch.block == (16, 1, 1) and launch.grid == 5 and not launch.shared   # one warp's shuffles
     got = interpret_gpu_kernel(kernel, dict(bound.values), zero_filled_outputs(d, bound.sizes))
     assert_close(got["S"], _rowsum(f32)(*args)[0], "rowsum on a small device")
 
@@ -174,8 +197,8 @@ def test_block_reduction_round_trips_through_json():
 def test_the_tree_matches_the_oracle_thread_by_thread(source, entry, make, oracle, opt):
     args = _inputs(make)
     kernel, bound, d = _gpu_kernel(source, entry, args, OPTIONS[opt])
-    assert any(launch.shared for launch in kernel.launches)
-    assert any(isinstance(s, Barrier) for launch in kernel.launches for s in walk_gpu(launch.body))
+    assert any(launch.shared or any(isinstance(s, WarpReduce) for s in walk_gpu(launch.body))
+               for launch in kernel.launches)
     values = dict(bound.values)
     if any(b.name == ERROR_BUFFER for b in kernel.buffers):
         values[ERROR_BUFFER] = np.zeros(1, np.int64)
@@ -184,14 +207,14 @@ def test_the_tree_matches_the_oracle_thread_by_thread(source, entry, make, oracl
         assert_close(got[t.name], w, f"{entry} output {k} ({opt})")
 
 
-@pytest.mark.parametrize("opt", ["heuristic", "block-100-grid-2"])
+@pytest.mark.parametrize("opt", ["heuristic", "block-100-grid-2", "rows-96-grid-2"])
 @pytest.mark.parametrize("source, entry, make, oracle", CASES)
 def test_the_tree_in_cuda_c_runs_right_on_the_emulator(source, entry, make, oracle, opt, emulated):  # noqa: F811
     args = _inputs(make)
     kernel = pf.define(source, target="cuda", options=OPTIONS[opt])[entry]
     got = as_tuple(kernel(*args))
     cuda = kernel.specialize(*args).stages["cuda"]
-    assert "__shared__" in cuda and "__syncthreads();" in cuda
+    assert ("__shfl_xor_sync" in cuda) is (opt != "block-100-grid-2")
     for k, (g, w) in enumerate(zip(got, as_tuple(oracle(*args)))):
         assert_close(g, w, f"{entry} output {k} ({opt})")
 
@@ -199,6 +222,5 @@ def test_the_tree_in_cuda_c_runs_right_on_the_emulator(source, entry, make, orac
 @pytest.mark.parametrize("source, entry, make, oracle", CASES)
 def test_the_tree_compiles_with_nvrtc_and_ptxas(source, entry, make, oracle, tmp_path):
     spec = pf.define(source, target="cuda")[entry].specialize(*_inputs(make))
-    assert "_r0[256];" in spec.stages["cuda"] and ".shared" in spec.stages["ptx"]
-    assert "bar.sync" in spec.stages["ptx"] or "barrier.sync" in spec.stages["ptx"]
+    assert "shfl.sync.bfly" in spec.stages["ptx"]
     assert_ptxas_accepts(spec.stages["ptx"], tmp_path)

@@ -110,3 +110,41 @@ def test_a_float32_matmul_keeps_its_accumulators_without_spills(float32_matmul_4
     assert used.spill_stores == used.spill_loads == 0 and used.stack_bytes == 0
     assert Mix.count(mix.instructions, "LDL") == Mix.count(mix.instructions, "STL") == 0
     assert 64 < used.registers <= 255 and used.registers * 256 <= 65536   # 64 accumulators, 256 threads
+
+
+ROW_PIPELINES = {
+    "softmax": """def softmax(float(N,D) X) -> (Y, mx, sm) {
+        mx(n) max=! X(n,d)
+        Y(n,d) = exp(X(n,d) - mx(n))
+        sm(n) +=! Y(n,d)
+        Y(n,d) = Y(n,d) / sm(n)
+    }""",
+    "log_softmax": """def log_softmax(float(N,D) X) -> (Y, mx, sm) {
+        mx(n) max=! X(n,d)
+        sm(n) +=! exp(X(n,d) - mx(n))
+        Y(n,d) = X(n,d) - mx(n) - log(sm(n))
+    }""",
+    "layernorm": """def layernorm(float(N,D) X, float(D) g, float(D) b) -> (Y, mean, var) {
+        mean(n) +=! X(n,d) / float(D)
+        var(n) +=! (X(n,d) - mean(n)) * (X(n,d) - mean(n)) / float(D)
+        Y(n,d) = (X(n,d) - mean(n)) * rsqrt(var(n) + 1e-5) * g(d) + b(d)
+    }""",
+    "rmsnorm": """def rmsnorm(float(N,D) X, float(D) g) -> (Y, ms) {
+        ms(n) +=! X(n,d) * X(n,d) / float(D)
+        Y(n,d) = X(n,d) * rsqrt(ms(n) + 1e-6) * g(d)
+    }""",
+}
+
+
+@needs_nvdisasm
+@pytest.mark.parametrize("name", ROW_PIPELINES)
+def test_a_row_pipeline_is_one_launch_that_shuffles(name):
+    """Issue 37: softmax, log-softmax, layernorm and RMSNorm over 16384 rows of 1024 run
+    as one launch, a row per block, its reductions combined by warp shuffles (SHFL)
+    where it took five launches and trees in shared memory."""
+    kernel = getattr(pf.define(ROW_PIPELINES[name], target="cuda"), name)
+    x = np.zeros((16384, 1024), np.float32)
+    spec = kernel.specialize(x, *[np.zeros(1024, np.float32)] * (len(kernel.definition.inputs) - 1))
+    (mix,) = instruction_mix(spec.stages["sass"]).values()
+    assert Mix.count(mix.instructions, "SHFL") >= 5 * (name != "rmsnorm" and 2 or 1)
+    assert Mix.count(mix.instructions, "LDL") == Mix.count(mix.instructions, "STL") == 0

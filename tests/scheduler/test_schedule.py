@@ -16,7 +16,7 @@ from polyfuse.scheduler.model import build_model
 from polyfuse.scheduler.options import Fusion, MappingOptions
 from polyfuse.scheduler.pipeline import schedule_definition
 from polyfuse.scheduler.schedule import (compute_schedule, member_carries_dependence,
-                                         parallel_marks_are_legal)
+                                         parallel_marks_are_legal, row_schedule)
 from tests.tc_programs import PROGRAMS
 
 pytestmark = pytest.mark.unit
@@ -28,6 +28,8 @@ OPTIONS = {
     "preserve-tiled": MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=(4, 4), tile_order=(1, 0)),
     "intra-tile-min": MappingOptions(tile_sizes=(2, 3), intra_tile_fusion=Fusion.MIN),
     "serial": MappingOptions(parallel=0),
+    "rows": MappingOptions(fusion=Fusion.ROWS),
+    "rows-tiled": MappingOptions(fusion=Fusion.ROWS, tile_sizes=(2, 0), vector_width=4),
     "micro-kernel": MappingOptions(tile_sizes=(8, 8, 8), register_tile=(4, 4, 0), point_order=(2, 0, 1),
                                    unroll_jam=2, reorder_reductions=True),
 }
@@ -140,3 +142,59 @@ def test_a_schedule_out_of_isl_operations_fuses_less(monkeypatch):
     model = build_model(d)
     compute_schedule(model, MappingOptions(fusion=Fusion.MIN))
     assert model.ctx.get_max_operations() == 0
+
+
+LAYERNORM = """def layernorm(float(B, N, D) X) -> (Y, mean, var) {
+  mean(b, n) +=! X(b, n, d) / float(D)
+  var(b, n) +=! (X(b, n, d) - mean(b, n)) * (X(b, n, d) - mean(b, n)) / float(D)
+  Y(b, n, d) = (X(b, n, d) - mean(b, n)) * rsqrt(var(b, n) + 1e-5)
+}"""
+
+
+@pytest.mark.parametrize("source, rows", [(SOFTMAX, 1), (LAYERNORM, 2)], ids=["softmax", "layernorm"])
+def test_a_row_pipeline_runs_every_statement_of_a_row_in_one_nest(source, rows):
+    """Fusion.ROWS: one loop nest over the rows (every left-hand side's leading indices,
+    parallel), each statement's own loops inside it, in program order."""
+    d = parse_definition(source)
+    model = build_model(d)
+    schedule = row_schedule(model, model.exact)
+    assert schedule is not None
+    outer = _outer_band(schedule)
+    assert outer.band_n_member() == rows and all(outer.band_member_get_coincident(j) for j in range(rows))
+    assert outer.child(0).get_type() == isl.schedule_node_type.sequence
+    sizes = dict(zip(d.sizes, (3, 5, 7)))
+    kernel = schedule_definition(d, sizes, MappingOptions(fusion=Fusion.ROWS))
+    assert len(kernel.body) == 1 and isinstance(kernel.body[0], For)
+    nest = kernel.body[0]
+    for _ in range(rows - 1):
+        (nest,) = nest.body
+    assert sum(isinstance(s, For) for s in nest.body) == len(d.statements)
+    rng = np.random.default_rng(1)
+    args = {"I" if "I(" in source else "X": rng.uniform(-2, 2, [sizes[n] for n in d.sizes]).astype(np.float32)}
+    bound = bind_arguments(d, tuple(args.values()))
+    want = interpret(d, bound.values, bound.sizes)
+    got = interpret_kernel(kernel, bound.values)
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("source", [
+    # rows of different extents: the row maxima of A and its column minima
+    "def maxmin(float(M,N) A) -> (R, C) { R(i) max=! A(i,j)\n C(j) min=! A(i,j) }",
+    # a row that reads another row's total
+    "def f(float(N,D) X) -> (S, T) { S(n) +=! X(n,d)\n T(n,d) = X(n,d) / S(N - 1 - n) }",
+    # one statement: nothing to fuse
+    "def rowsum(float(N,D) X) -> (S) { S(n) +=! X(n,d) }",
+], ids=["different-rows", "across-rows", "one-statement"])
+def test_no_row_pipeline_where_rows_are_not_apart(source):
+    d = parse_definition(source)
+    model = build_model(d)
+    assert row_schedule(model, model.exact) is None
+    sizes = dict.fromkeys(d.sizes, 6)
+    kernel = schedule_definition(d, sizes, MappingOptions(fusion=Fusion.ROWS))  # falls back to PRESERVE
+    args = tuple(np.random.default_rng(2).uniform(1, 2, [6, 6]).astype(np.float32) for _ in d.inputs)
+    bound = bind_arguments(d, args)
+    want = interpret(d, bound.values, bound.sizes)
+    got = interpret_kernel(kernel, bound.values)
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-5, err_msg=name)
