@@ -6,7 +6,8 @@
 Per kernel: its launches, the most registers and static shared memory a launch uses,
 spilled bytes, and the instructions of the busiest launch's innermost loop: FFMA, LDS
 (shared loads; ``.128`` ones counted apart), FFMA per LDS, and global loads (LDG) of
-which 128 bits wide. A register-tiled matmul reads 128-bit words from shared memory and
+which 128 bits wide; over all launches, asynchronous copies to shared memory (LDGSTS,
+cp.async) and warp shuffles (SHFL). A register-tiled matmul reads 128-bit words from shared memory and
 does eight or more FFMA per LDS; one thread per output element does about one half.
 """
 
@@ -29,7 +30,7 @@ def main() -> None:
     from tests.tc_programs import PROGRAMS_BY_NAME
 
     header = ["kernel", "launches", "registers", "smem B", "spills B", "loop FFMA", "loop LDS (.128)",
-              "FFMA:LDS", "LDG (.128)"]
+              "FFMA:LDS", "LDG (.128)", "LDGSTS", "SHFL"]
     rows = []
     for case in _cases():
         program = PROGRAMS_BY_NAME[case.program]
@@ -44,7 +45,8 @@ def main() -> None:
                      str(max(r.shared_bytes for r in used.values())),
                      str(sum(r.spill_stores + r.spill_loads for r in used.values())),
                      str(ffma), f"{lds} ({loop['LDS.128']})", f"{ffma / lds:.2f}" if lds else "-",
-                     f"{Mix.count(every, 'LDG')} ({Mix.count(every, 'LDG.E.128')})"])
+                     f"{Mix.count(every, 'LDG')} ({Mix.count(every, 'LDG.E.128')})",
+                     *(str(sum(Mix.count(m.instructions, op) for m in mixes.values())) for op in ("LDGSTS", "SHFL"))])
         print(" | ".join(rows[-1]), flush=True)
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
     print()

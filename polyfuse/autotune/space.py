@@ -281,7 +281,7 @@ _GLOBAL_FEATURES = (*(f"fusion_{f.name.lower()}" for f in Fusion), "intra_min", 
                     "log_vector_width", "log_unroll", "log_unroll_jam", "reorder_reductions", "fix_sizes",
                     "log_register_block", "log_tile_footprint", "log_tiles", "vector_tail",
                     "innermost_contiguous", "log_work", "statements", "log_block_threads",
-                    "shared_memory", "private_memory")
+                    "shared_memory", "private_memory", "stages")
 
 
 def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
@@ -302,7 +302,7 @@ def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
             math.log2(math.prod(shape.trips)), math.log2(math.prod(shape.tiles)), math.log2(tiles),
             float(trip % o.vector_width != 0), nest.contiguous[inner] if inner is not None else 0.0,
             math.log2(nest.work), float(nest.statements), math.log2(math.prod(o.block)),
-            float(o.use_shared_memory), float(o.use_private_memory)]
+            float(o.use_shared_memory), float(o.use_private_memory), float(o.stages)]
     return out
 
 
@@ -348,7 +348,7 @@ def _fusions(nest: LoopNest) -> tuple[Fusion, ...]:
 # the GPU fields, which CPU code ignores
 _ONE_VALUE_ON_CPUS: dict[str, tuple[Any, ...]] = {
     "block": ((),), "grid": (0,), "use_shared_memory": (True,), "use_private_memory": (True,),
-    "shared_memory_bytes": (0,), "block_reduction": (False,)}
+    "shared_memory_bytes": (0,), "block_reduction": (False,), "stages": (1,)}
 
 
 def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tuple[Any, ...]]:
@@ -369,6 +369,7 @@ def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tupl
         "use_private_memory": (False, True),
         "shared_memory_bytes": (0,),
         "block_reduction": (False, True) if nest.reduces else (False,),
+        "stages": tuple(sorted({1, 2, 3, heuristic.stages})) if nest.reduces else (1,),
     }
     tiles = nest.fit(heuristic.tile_sizes)
     for j, e in enumerate(nest.extents):

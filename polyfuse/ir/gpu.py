@@ -11,7 +11,9 @@ the statements below:
   ``t`` runs iterations ``t, t + blockDim, ...``);
 * :class:`SingleThread`: statements run by thread (0, 0, 0) of the block only;
 * :class:`CopyToShared`: every thread of the block copies part of a box of a global
-  buffer into a shared-memory tile (zeros outside the buffer);
+  buffer into a shared-memory tile (zeros outside the buffer), at once or
+  asynchronously (``cp.async``: :class:`AsyncCommit` closes a group of such copies,
+  :class:`AsyncWait` waits until at most so many groups are in flight);
 * :class:`Barrier`: ``__syncthreads()``;
 * :class:`WarpReduce`: a local combined over neighbouring threads of a warp by shuffles;
 * :class:`Threads`: every thread of the block runs the body, each with its own values of
@@ -170,13 +172,17 @@ class WarpReduce(Stmt):
 class SharedTile:
     """A block's copy of a box of ``buffer``, in the buffer's storage type; each row
     (the last dimension) is followed by ``pad`` unused elements (against bank conflicts
-    where threads read down a column, or to keep rows 16-byte aligned for 128-bit reads)."""
+    where threads read down a column, or to keep rows 16-byte aligned for 128-bit reads).
+    With ``stages`` > 1 it holds that many boxes one after another (a pipeline's
+    buffers: copies of the next steps land in one while the block reads another); its
+    reads and copies then name the stage first."""
 
     name: str
     buffer: str
     dtype: DType
     shape: tuple[int, ...]
     pad: int = 0
+    stages: int = 1
 
     @property
     def elements(self) -> int:
@@ -192,9 +198,14 @@ class SharedTile:
         return tuple(reversed(out))
 
     @property
-    def size(self) -> int:
-        """Elements allocated, padding included."""
+    def stage_size(self) -> int:
+        """Elements of one stage, padding included."""
         return self.shape[0] * self.strides[0] if self.shape else 1
+
+    @property
+    def size(self) -> int:
+        """Elements allocated, every stage and padding included."""
+        return self.stages * self.stage_size
 
     @property
     def bytes(self) -> int:
@@ -202,7 +213,8 @@ class SharedTile:
 
     def __str__(self) -> str:
         pad = f" pad {self.pad}" if self.pad else ""
-        return f"{self.name} {self.dtype}({', '.join(map(str, self.shape))}){pad}"
+        stages = f" x{self.stages}" if self.stages > 1 else ""
+        return f"{self.name} {self.dtype}({', '.join(map(str, self.shape))}){pad}{stages}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,21 +281,61 @@ class Threads(Stmt):
 
 @dataclass(frozen=True, slots=True)
 class CopyToShared(Stmt):
-    """Tile element ``t`` becomes ``buffer(offsets + t)``, or 0 outside the buffer."""
+    """Tile element ``t`` (of stage ``stage`` of a staged tile) becomes
+    ``buffer(offsets + t)``, or 0 outside the buffer. An ``asynchronous`` copy only starts
+    then (``cp.async``, sm_80 and later): its elements arrive once an :class:`AsyncWait`
+    after the :class:`AsyncCommit` that closes its group has returned, and a barrier
+    after that shows them to the other threads."""
 
     tile: str
     buffer: str
     offsets: tuple[Expr, ...]
+    stage: Expr | None = None
+    asynchronous: bool = False
 
     def map_exprs(self, fn: ExprMap) -> CopyToShared:
-        return replace(self, offsets=tuple(map_expr(o, fn) for o in self.offsets))
+        stage = map_expr(self.stage, fn) if self.stage is not None else None
+        return replace(self, offsets=tuple(map_expr(o, fn) for o in self.offsets), stage=stage)
 
     def exprs(self) -> tuple[Expr, ...]:
-        return self.offsets
+        return self.offsets + ((self.stage,) if self.stage is not None else ())
 
     def format_lines(self, indent: str) -> list[str]:
-        return [f"{indent}copy {self.tile} <- {self.buffer}"
+        stage = f"[{format_loop_expr(self.stage)}]" if self.stage is not None else ""
+        kind = "copy async" if self.asynchronous else "copy"
+        return [f"{indent}{kind} {self.tile}{stage} <- {self.buffer}"
                 f"({', '.join(format_loop_expr(o) for o in self.offsets)})"]
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncCommit(Stmt):
+    """Close the group of the asynchronous copies this thread started since the last one."""
+
+    def map_exprs(self, fn: ExprMap) -> AsyncCommit:
+        return self
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return ()
+
+    def format_lines(self, indent: str) -> list[str]:
+        return [f"{indent}commit copies"]
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncWait(Stmt):
+    """Wait until at most ``pending`` of this thread's closed groups of asynchronous
+    copies are still in flight (the older ones have landed)."""
+
+    pending: int
+
+    def map_exprs(self, fn: ExprMap) -> AsyncWait:
+        return self
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return ()
+
+    def format_lines(self, indent: str) -> list[str]:
+        return [f"{indent}wait copies ({self.pending} in flight)"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +400,8 @@ def _verify_body(launch: Launch, body: tuple[Stmt, ...], private: frozenset[str]
         if isinstance(s, WarpReduce) and (s.lanes not in (1, 2, 4, 8, 16, 32) or launch.block[0] % s.lanes):
             raise IRVerificationError(f"{where}: {s.format_lines('')[0]}: lanes must be a power of two up to "
                                       f"32 that divides the block's {launch.block[0]} threads along x")
-        if isinstance(s, (Barrier, CopyToShared, WarpReduce)) and (region or private & _vars_of(s)):
+        if isinstance(s, (Barrier, CopyToShared, WarpReduce, AsyncCommit, AsyncWait)) \
+                and (region or private & _vars_of(s)):
             raise IRVerificationError(f"{where}: {s.format_lines('')[0]} in {region or 'code'} "
                                       "that not every thread of the block reaches alike")
         if isinstance(s, Threads):

@@ -5,7 +5,9 @@ generator that runs the launch body element by element (with the loop-IR
 interpreter's expression semantics) and pauses at each barrier; the threads of a block
 run one after another, in a random order, from one barrier to the next, and blocks run
 in a random order. A warp reduction is a meeting point too: each thread leaves its
-value there and pauses, and takes its group's butterfly once all have. Shared tiles and registers start as NaN (or a sentinel for integers), every access
+value there and pauses, and takes its group's butterfly once all have. An asynchronous
+copy reads its elements when it starts and writes them only when a wait lets its
+group land, so a read before that sees the tile's old contents. Shared tiles and registers start as NaN (or a sentinel for integers), every access
 is bounds-checked, and a thread that finishes while others wait at a barrier is an
 error, so a missing barrier, a copy that misses part of a box or a read outside a tile
 shows up as a wrong answer or an error.
@@ -21,8 +23,8 @@ import numpy as np
 
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.comprehension import Expr, Literal, Read, combine
-from polyfuse.ir.gpu import (Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers, SharedTile,
-                             SingleThread, ThreadFor, Threads, WarpReduce, verify_gpu_kernel)
+from polyfuse.ir.gpu import (AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers,
+                             SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, verify_gpu_kernel)
 from polyfuse.ir.loops import Buffer, For, If, Stmt, Store
 from polyfuse.ir.loops_interpreter import _Interpreter
 
@@ -39,6 +41,8 @@ class _Thread(_Interpreter):
         self.flat = thread[0] + bx * (thread[1] + by * thread[2])
         self.exchange = exchange   # (warp reduction, thread) -> value, shared by the block
         self.meetings = 0          # warp reductions this thread has reached
+        self.open: list[tuple[np.ndarray, tuple[int, ...], object]] = []   # copies started, not committed
+        self.groups: list[list[tuple[np.ndarray, tuple[int, ...], object]]] = []  # committed, not landed
 
     def index(self, name: str, indices: tuple[Expr, ...]) -> tuple[int, ...]:
         return self.inside(name, tuple(int(self.eval(i)) for i in indices))
@@ -89,6 +93,13 @@ class _Thread(_Interpreter):
                 yield from self.steps(s.body)
             elif isinstance(s, CopyToShared):
                 self.copy(s)
+            elif isinstance(s, AsyncCommit):
+                self.groups.append(self.open)
+                self.open = []
+            elif isinstance(s, AsyncWait):
+                while len(self.groups) > s.pending:
+                    for tile, where, landed in self.groups.pop(0):
+                        tile[where] = landed
             elif isinstance(s, WarpReduce):
                 meeting, self.meetings = self.meetings, self.meetings + 1
                 self.exchange[meeting, self.flat] = self.env[s.var]
@@ -118,20 +129,32 @@ class _Thread(_Interpreter):
 
     def copy(self, s: CopyToShared) -> None:
         tile = self.buffers[s.tile]
+        if s.stage is not None:
+            stage = int(self.eval(s.stage))
+            if not 0 <= stage < tile.shape[0]:
+                raise IRVerificationError(f"launch {self.launch.name}: copy to stage {stage} of {s.tile}, "
+                                          f"which has {tile.shape[0]}")
+            tile = tile[stage]
         source = self.buffers[s.buffer]
         offsets = [int(self.eval(o)) for o in s.offsets]
         for flat in range(self.flat, tile.size, self.launch.threads):
-            local = np.unravel_index(flat, tile.shape)
-            where = tuple(o + int(k) for o, k in zip(offsets, local))
+            local = tuple(int(k) for k in np.unravel_index(flat, tile.shape))
+            where = tuple(o + k for o, k in zip(offsets, local))
             inside = all(0 <= w < n for w, n in zip(where, source.shape))
-            tile[local] = source[where] if inside else 0
+            value: Any = source[where] if inside else 0
+            if s.asynchronous:
+                self.open.append((tile, local, value))
+            else:
+                tile[local] = value
 
 
 def _poisoned(tile: SharedTile | Registers | Buffer) -> np.ndarray:
-    """An array no kernel should read before writing: NaN, or the largest integer."""
+    """An array no kernel should read before writing: NaN, or the largest integer (a
+    staged tile: one per stage, the stage first)."""
     dtype = tile.dtype.numpy
     fill = np.nan if tile.dtype.is_float else (True if tile.dtype.is_bool else np.iinfo(dtype).max)
-    return np.full(tile.shape, fill, dtype)
+    stages = (tile.stages,) if isinstance(tile, SharedTile) and tile.stages > 1 else ()
+    return np.full(stages + tile.shape, fill, dtype)
 
 
 def _run_block(kernel: GpuKernel, launch: Launch, block: int, buffers: dict[str, np.ndarray],

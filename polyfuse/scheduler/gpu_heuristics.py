@@ -9,9 +9,11 @@ grid would have fewer than ``MIN_BLOCKS`` blocks, down to ``MIN_TILE``) and fewe
 than outputs: up to ``THREAD_TILE`` outputs along each axis, a divisor of the tile's
 extent that leaves at least ``MIN_THREADS`` threads along it, which each thread keeps in
 registers through the whole reduction (a register tile, gpu_registers.py); one output
-index gives one row of ``TILE_X_ALONE`` threads. Its deepest
-reduction is tiled by 32, which bounds the boxes of its operands that shared memory
-holds (two 128 x 32 float tiles: 35 KiB of the 48). Kernels with
+index gives one row of ``TILE_X_ALONE`` threads. Its deepest reduction is tiled by
+``REDUCTION_TILE`` (32), which bounds the boxes of its operands that shared memory holds
+(two 128 x 32 float tiles: 35 KiB of the 48); a register-tiled one by
+``PIPELINED_REDUCTION_TILE`` (16) with ``STAGES`` (2) buffers per tile, so the copies of
+the next step run during this step's products (gpu_pipeline.py) in the same 37 KiB. Kernels with
 reductions keep each statement in its own loop nest, so a reduction does not hold the
 elementwise statements of a fused nest to one thread per row.
 
@@ -40,6 +42,7 @@ from polyfuse.scheduler.options import Fusion, MappingOptions
 
 TILE_X, TILE_X_ALONE, TILE_Y, TILE_Y_CONTRACTION = 32, 256, 8, 32
 REDUCTION_TILE = 32
+PIPELINED_REDUCTION_TILE, STAGES = 16, 2
 CONTRACTION_UNROLL = 4
 TREE_MIN_REDUCTION = 256
 TREE_MAX_OUTPUTS = 8192   # a few outputs per SM of a large GPU
@@ -80,8 +83,11 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
         registers = {"block": block} if math.prod(block) <= MAX_BLOCK_THREADS else {}
     if contraction:
         deepest = max(red, key=lambda i: extents[i])
-        if extents[deepest] > REDUCTION_TILE:
-            tiles[deepest] = REDUCTION_TILE
+        depth_tile = PIPELINED_REDUCTION_TILE if registers else REDUCTION_TILE
+        if extents[deepest] > depth_tile:
+            tiles[deepest] = depth_tile
+        if registers:
+            registers["stages"] = STAGES
     return MappingOptions(
         fusion=Fusion.MIN if nest.reduces else Fusion.MAX, reorder_reductions=contraction,
         tile_sizes=nest.per_member(tiles), parallel=0,

@@ -60,7 +60,9 @@ class MappingOptions:
     use_private_memory: bool = True    # GPU: keep accumulators in registers
     shared_memory_bytes: int = 0       # GPU shared memory per block; 0 = the device's
     block_reduction: bool = False      # GPU: reduce over the block's threads along x (a strided
-                                       # partial per thread, then a tree in shared memory)
+                                       # partial per thread, then warp shuffles)
+    stages: int = 1                    # GPU: buffers per shared tile of a reduction loop; 2-4
+                                       # copy the next steps' tiles (cp.async) during this one's
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -105,6 +107,7 @@ _RANGES: dict[str, tuple[int, int, str]] = {
     "num_threads": (0, THREADS_MAX, "0: the runtime's default"),
     "block": (1, 1024, "threads"), "grid": (0, INT_MAX, "0: one block per tile"),
     "shared_memory_bytes": (0, INT_MAX, "0: the device's"),
+    "stages": (1, 8, "1: copies not pipelined"),
 }
 
 

@@ -18,6 +18,7 @@ from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
+from polyfuse.scheduler.gpu_pipeline import pipeline_copies
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
 from polyfuse.scheduler.heuristics import PACK_MIN_REUSE, WHOLE_BYTES
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead_stores, fuse_epilogues,
@@ -95,7 +96,10 @@ def gpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
 def gpu_passes(options: MappingOptions, limits: DeviceLimits) -> tuple[GpuPass, ...]:
     """The passes of a GPU kernel after it is mapped onto launches."""
     shared = Pass("promote_to_shared", lambda g: promote_to_shared(g, shared_budget(options, limits)))
-    return ((shared,) if options.use_shared_memory else ()) + (place_barriers,)
+    pipeline = Pass("pipeline_copies",
+                    lambda g: pipeline_copies(g, options.stages, shared_budget(options, limits), limits.arch))
+    return ((shared,) if options.use_shared_memory else ()) + (place_barriers,) + \
+        ((pipeline,) if options.use_shared_memory and options.stages > 1 else ())
 
 
 class GpuPassManager(PassManager[GpuKernel]):

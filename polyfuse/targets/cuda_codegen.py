@@ -10,7 +10,9 @@ number of elements, a loop ptxas unrolls where it is short. A register tile
 (:class:`~polyfuse.ir.gpu.Threads`) is a block of C that sets the thread's variables
 and declares its registers as local arrays, indexed by constants once the micro-tile's
 loops (``#pragma unroll``) are unrolled. A warp reduction is a loop of
-``__shfl_xor_sync`` over its offsets, unrolled.
+``__shfl_xor_sync`` over its offsets, unrolled. An asynchronous copy is ``cp.async``
+per element (4 or 8 bytes, src-size 0 outside the buffer, so the tile gets zeros),
+with ``cp.async.commit_group`` and ``cp.async.wait_group`` around it.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from dataclasses import replace
 from polyfuse.errors import CodegenError
 
 from polyfuse.ir.comprehension import Literal, LocalRef, Read, combine
-from polyfuse.ir.gpu import (AXES, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers,
-                             SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, walk_gpu)
+from polyfuse.ir.gpu import (AXES, AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
+                             Registers, SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, walk_gpu)
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store
 from polyfuse.targets.cuda_expr import (ExprEmitter, c_name, helpers_for, register_type,
                                         storage_type, to_register, to_storage)
 
 
 COPY_UNROLL = 32  # a copy's steps per thread unrolled whole up to this many
+ASYNC_COPY_UNROLL = 16  # ... of an asynchronous one, whose addresses live beside the products
 
 
 def emit_cuda(kernel: GpuKernel) -> str:
@@ -117,6 +120,10 @@ class _LaunchWriter:
             self.copy(s, indent)
         elif isinstance(s, WarpReduce):
             self.warp_reduce(s, indent)
+        elif isinstance(s, AsyncCommit):
+            add(f"{indent}pf_cp_async_commit();")
+        elif isinstance(s, AsyncWait):
+            add(f"{indent}pf_cp_async_wait({s.pending});")
         elif isinstance(s, Store) and s.buffer in self.registers:
             add(f"{indent}{self.address(Read(s.buffer, s.indices, s.value.dtype))} = {e(s.value)};")
         elif isinstance(s, Store):
@@ -183,7 +190,8 @@ class _LaunchWriter:
         add, inner = self.lines.append, indent + "  "
         threads = self.launch.threads
         steps = -(-tile.elements // threads)
-        add(f"{indent}#pragma unroll" + ("" if steps <= COPY_UNROLL else " 4"))
+        whole = steps <= (ASYNC_COPY_UNROLL if s.asynchronous else COPY_UNROLL)
+        add(f"{indent}#pragma unroll" + ("" if whole else " 4"))
         add(f"{indent}for (long long pf_k = 0; pf_k < {steps}LL; pf_k += 1) {{")
         add(f"{inner}const long long pf_i = pf_tid + pf_k * {threads}LL;")
         if tile.elements % threads:
@@ -201,8 +209,16 @@ class _LaunchWriter:
         inside = " && ".join(f"pf_g{d} >= 0 && pf_g{d} < {n}LL" for d, n in enumerate(buf.shape))
         source = _flat([f"pf_g{d}" for d in range(rank)], buf.strides)
         target = _flat([f"pf_l{d}" for d in range(rank)], tile.strides)
-        zero_value = f"({storage_type(tile.dtype)})0"
-        add(f"{inner}{tile.name}[{target}] = ({inside}) ? {c_name(buf.name)}[{source}] : {zero_value};")
+        if s.stage is not None:
+            target = f"({self.exprs.emit(s.stage)}) * {tile.stage_size}LL + {target}"
+        if s.asynchronous:
+            size = tile.dtype.numpy.itemsize
+            add(f"{inner}const bool pf_in = {inside};")
+            add(f"{inner}pf_cp_async{size}(&{tile.name}[{target}], pf_in ? &{c_name(buf.name)}[{source}] : "
+                f"{c_name(buf.name)}, pf_in);")
+        else:
+            zero_value = f"({storage_type(tile.dtype)})0"
+            add(f"{inner}{tile.name}[{target}] = ({inside}) ? {c_name(buf.name)}[{source}] : {zero_value};")
         add(f"{indent}}}")
 
     # --- memory ---
@@ -224,6 +240,9 @@ class _LaunchWriter:
         shape = tile.shape if tile is not None else self.kernel.buffer(name).shape
         strides = tile.strides if tile is not None else self.kernel.buffer(name).strides
         terms = []
+        if tile is not None and tile.stages > 1:   # the stage first
+            terms.append(f"({self.exprs.emit(indices[0])}) * {tile.stage_size}LL")
+            indices = indices[1:]
         for dim, (index, stride, extent) in enumerate(zip(indices, strides, shape)):
             term = self.exprs.emit(index)
             if access.is_checked(dim):

@@ -83,6 +83,34 @@ HELPERS: dict[str, str] = {
   return x >> ((unsigned long long)y < (unsigned long long)bits ? y : bits - 1); }""",
     "pf_ushr": """__device__ __forceinline__ long long pf_ushr(long long x, long long y, long long bits) {
   return (unsigned long long)y < (unsigned long long)bits ? (long long)((unsigned long long)x >> y) : 0; }""",
+    # asynchronous copies global -> shared (cp.async, sm_80 on; src-size 0 fills zeros);
+    # elsewhere (the host's compilers) plain copies, which land at once
+    "pf_cp_async4": """__device__ __forceinline__ void pf_cp_async4(void* dst, const void* src, bool inside) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::
+               "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(inside ? 4 : 0));
+#else
+  unsigned v = 0; if (inside) memcpy(&v, src, 4); memcpy(dst, &v, 4);
+#endif
+}""",
+    "pf_cp_async8": """__device__ __forceinline__ void pf_cp_async8(void* dst, const void* src, bool inside) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::
+               "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(inside ? 8 : 0));
+#else
+  unsigned long long v = 0; if (inside) memcpy(&v, src, 8); memcpy(dst, &v, 8);
+#endif
+}""",
+    "pf_cp_async_commit": """#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define pf_cp_async_commit() asm volatile("cp.async.commit_group;" ::: "memory")
+#else
+#define pf_cp_async_commit()
+#endif""",
+    "pf_cp_async_wait": """#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define pf_cp_async_wait(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
+#else
+#define pf_cp_async_wait(n)
+#endif""",
     "pf_checked": """__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
   if ((unsigned long long)i >= (unsigned long long)n) { *error = 1; return 0; }
   return i; }""",

@@ -43,7 +43,7 @@ class Resources:
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, \d+ bytes cumulative stack size)?(?:, (\d+) bytes smem)?")
 
 
 def resources(report: str) -> dict[str, Resources]:
@@ -111,6 +111,9 @@ _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-
 _BRANCH = re.compile(r"\bBRA\b[^;]*?(\.L_x_\d+)")
 
 
+_PRODUCTS = {"FFMA", "DFMA", "HFMA2", "HMMA", "HGMMA"}
+
+
 def instruction_mix(sass: str) -> dict[str, Mix]:
     """Each function's :class:`Mix` in the SASS text of :func:`disassemble`."""
     # per function, in order: its labels (at their positions among the instructions) and
@@ -136,7 +139,9 @@ def instruction_mix(sass: str) -> dict[str, Mix]:
 def _mix(name: str, code: list[tuple[str, str | None]], labels: dict[str, int]) -> Mix:
     loops = [Counter(op for op, _ in code[labels[target]:k + 1]) for k, (_, target) in enumerate(code)
              if target is not None and labels.get(target, k + 1) <= k]   # branches back
-    # the shortest loop that does work (not the branch to itself that ends every function)
+    # the shortest loop that does products (else work: not the branch to itself that ends
+    # every function), so a loop of copies beside the products is not taken for them
     working = [body for body in loops if sum(body.values()) > body["BRA"]]
-    inner = min(working, key=lambda body: sum(body.values())) if working else Counter()
+    products = [body for body in working if any(op.split(".")[0] in _PRODUCTS for op in body)]
+    inner = min(products or working, key=lambda body: sum(body.values())) if working else Counter()
     return Mix(name, Counter(op for op, _ in code), inner)

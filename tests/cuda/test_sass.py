@@ -22,7 +22,11 @@ ptxas info    : Used 255 registers, used 1 barriers, 8448 bytes smem
 ptxas info    : Compiling entry function 'k_1' for 'sm_90'
 ptxas info    : Function properties for k_1
 ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
-ptxas info    : Used 12 registers"""
+ptxas info    : Used 12 registers
+ptxas info    : Compiling entry function 'k_2' for 'sm_90'
+ptxas info    : Function properties for k_2
+ptxas         .     8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8 bytes cumulative stack size, 12416 bytes smem"""
 
 SASS = """\
         .section        .text.k_0,"ax",@progbits
@@ -46,7 +50,8 @@ SASS = """\
 
 @pytest.mark.unit
 def test_the_resource_report_is_read_per_function():
-    assert resources(REPORT) == {"k_0": Resources(255, 8448, 1, 16, 8, 4), "k_1": Resources(12)}
+    assert resources(REPORT) == {"k_0": Resources(255, 8448, 1, 16, 8, 4), "k_1": Resources(12),
+                                 "k_2": Resources(255, 12416, 1, 8, 8, 8)}
 
 
 @pytest.mark.unit
@@ -102,6 +107,15 @@ def test_a_float32_matmul_does_many_ffma_per_shared_load(float32_matmul_4096):
     ffma, lds = Mix.count(mix.inner_loop, "FFMA"), Mix.count(mix.inner_loop, "LDS")
     assert lds and ffma / lds >= 8, mix.inner_loop
     assert mix.inner_loop["LDS.128"] >= lds // 2
+
+
+@needs_nvdisasm
+def test_a_float32_matmul_copies_its_tiles_asynchronously(float32_matmul_4096):
+    """Issue 37: two stages of shared tiles, the next step's filled by cp.async (LDGSTS)
+    during this step's products."""
+    _, mix = float32_matmul_4096
+    assert Mix.count(mix.instructions, "LDGSTS") >= 8
+    assert Mix.count(mix.inner_loop, "LDGSTS") == 0   # not among the products
 
 
 @needs_nvdisasm

@@ -86,8 +86,9 @@ def test_the_heuristics_write_their_choices_on_the_named_members():
     # reduction keeps its panels even where L2 would hold the whole box, 63 KiB here)
     assert dict(named.tile_sizes)["c"] == 8
     assert named.point_order == ("c", "kh", "kw", "n", "h", "m", "w")
+    # on the GPU: 32 x 32 outputs per block, register tiles, 16 channels per pipelined step
     assert dict(conv.to_named(default_gpu_options(d, CONV_SIZES)).tile_sizes) == {
-        "n": 1, "m": 1, "h": 32, "w": 32, "c": 32, "kh": 0, "kw": 0}
+        "n": 1, "m": 1, "h": 32, "w": 32, "c": 16, "kh": 0, "kw": 0}
     d, rowsum = nest(ROWSUM, "rowsum", {"N": 64, "D": 1000})
     assert rowsum.to_named(default_gpu_options(d, {"N": 64, "D": 1000})).tile_sizes == (("n", 1), ("d", 0))
 

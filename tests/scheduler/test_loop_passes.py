@@ -180,13 +180,15 @@ def test_gpu_kernels_keep_the_loops_and_the_gpu_kernel_after_each_pass():
         assert [s for s in stages if s.startswith("loops")] == ["loops:lower_schedule", *passes, "loops"]
         assert ("let acc1" in stages["loops"]) is private
         shared = ["gpu:promote_to_shared"] if private else []
-        gpu = ["gpu:map_to_gpu", *shared, "gpu:place_barriers", "gpu"]
+        pipelined = ["gpu:pipeline_copies"] if private else []
+        gpu = ["gpu:map_to_gpu", *shared, "gpu:place_barriers", *pipelined, "gpu"]
         assert [s for s in stages if s.startswith("gpu")] == gpu
-        assert stages["gpu"] == stages["gpu:place_barriers"]
+        assert stages["gpu"] == stages[gpu[-2]]
     assert "copy A_s0 <- A(c0, c2)" not in stages["gpu:map_to_gpu"]
     before, after = stages["gpu:promote_to_shared"], stages["gpu:place_barriers"]
     assert "copy A_s0 <- A(c0, c2)\n          copy B_s1 <- B(c2, c1)\n          for c5" in before
     assert "copy B_s1 <- B(c2, c1)\n          barrier\n          for c5" in after
+    assert "copy async B_s1[(c2 / 16 + 1) % 2] <- B(c2 + 16, c1)" in stages["gpu:pipeline_copies"]
 
 
 @pytest.mark.unit
