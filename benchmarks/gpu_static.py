@@ -30,7 +30,7 @@ def main() -> None:
     from tests.tc_programs import PROGRAMS_BY_NAME
 
     header = ["kernel", "launches", "registers", "smem B", "spills B", "loop FFMA", "loop LDS (.128)",
-              "FFMA:LDS", "LDG (.128)", "LDGSTS", "SHFL"]
+              "FFMA:LDS", "LDG (.128)", "LDGSTS (.128)", "SHFL"]
     rows = []
     for case in _cases():
         program = PROGRAMS_BY_NAME[case.program]
@@ -38,6 +38,9 @@ def main() -> None:
         spec = kernel.specialize(*(np.zeros(s, np.float32) for s in case.shapes), *case.scalars)
         used = resources(spec.stages["ptxas"])
         mixes = instruction_mix(spec.stages["sass"])
+
+        def total(op: str) -> int:
+            return sum(Mix.count(m.instructions, op) for m in mixes.values())
         busiest = max(mixes.values(), key=lambda m: Mix.count(m.inner_loop, "FFMA") + sum(m.inner_loop.values()))
         loop, every = busiest.inner_loop, busiest.instructions
         ffma, lds = Mix.count(loop, "FFMA"), Mix.count(loop, "LDS")
@@ -46,7 +49,8 @@ def main() -> None:
                      str(sum(r.spill_stores + r.spill_loads for r in used.values())),
                      str(ffma), f"{lds} ({loop['LDS.128']})", f"{ffma / lds:.2f}" if lds else "-",
                      f"{Mix.count(every, 'LDG')} ({Mix.count(every, 'LDG.E.128')})",
-                     *(str(sum(Mix.count(m.instructions, op) for m in mixes.values())) for op in ("LDGSTS", "SHFL"))])
+                     f"{total('LDGSTS')} ({sum(n for m in mixes.values() for op, n in m.instructions.items() if op.startswith('LDGSTS') and '.128' in op)})",
+                     str(total("SHFL"))])
         print(" | ".join(rows[-1]), flush=True)
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
     print()

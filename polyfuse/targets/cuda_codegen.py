@@ -11,8 +11,9 @@ number of elements, a loop ptxas unrolls where it is short. A register tile
 and declares its registers as local arrays, indexed by constants once the micro-tile's
 loops (``#pragma unroll``) are unrolled. A warp reduction is a loop of
 ``__shfl_xor_sync`` over its offsets, unrolled. An asynchronous copy is ``cp.async``
-per element (4 or 8 bytes, src-size 0 outside the buffer, so the tile gets zeros),
-with ``cp.async.commit_group`` and ``cp.async.wait_group`` around it.
+per element (4 or 8 bytes, src-size 0 outside the buffer, so the tile gets zeros), or
+per 16 bytes where rows and offsets fall on 16-byte words (checked at run time for the
+buffer's address), with ``cp.async.commit_group`` and ``cp.async.wait_group`` around it.
 """
 
 from __future__ import annotations
@@ -184,25 +185,46 @@ class _LaunchWriter:
     def copy(self, s: CopyToShared, indent: str) -> None:
         """Every thread copies elements ``tid, tid + threads, ...`` of the box (row-major,
         so neighbouring threads read neighbouring elements of the buffer), the same
-        number of steps each (the last guarded where the threads do not divide the box)."""
+        number of steps each (the last guarded where the threads do not divide the box).
+        An asynchronous copy whose rows are whole 16-byte words in the tile and, where the
+        buffer's address and the box's offset allow (a uniform test at run time), in the
+        buffer, copies 16 bytes at a time (a word past the buffer's end in part: the rest
+        zeros)."""
         tile = self.tile(s.tile)
         buf = self.kernel.buffer(s.buffer)
+        vector = _vector(s, tile, buf)
+        if vector == 1:
+            self.copy_steps(s, tile, buf, 1, indent)
+            return
+        add, offset = self.lines.append, self.exprs.emit(s.offsets[-1])
+        add(f"{indent}if ((((unsigned long long){c_name(buf.name)}) & 15ULL) == 0ULL && ({offset}) >= 0LL "
+            f"&& ({offset}) % {vector}LL == 0LL) {{")
+        self.copy_steps(s, tile, buf, vector, indent + "  ")
+        add(f"{indent}}} else {{")
+        self.copy_steps(s, tile, buf, 1, indent + "  ")
+        add(f"{indent}}}")
+
+    def copy_steps(self, s: CopyToShared, tile: SharedTile, buf: Buffer, vector: int, indent: str) -> None:
+        """The loop of a copy ``vector`` elements at a time."""
         add, inner = self.lines.append, indent + "  "
         threads = self.launch.threads
-        steps = -(-tile.elements // threads)
+        shape = tile.shape[:-1] + (tile.shape[-1] // vector,)
+        pieces = math.prod(shape)
+        steps = -(-pieces // threads)
         whole = steps <= (ASYNC_COPY_UNROLL if s.asynchronous else COPY_UNROLL)
         add(f"{indent}#pragma unroll" + ("" if whole else " 4"))
         add(f"{indent}for (long long pf_k = 0; pf_k < {steps}LL; pf_k += 1) {{")
         add(f"{inner}const long long pf_i = pf_tid + pf_k * {threads}LL;")
-        if tile.elements % threads:
-            add(f"{inner}if (pf_i >= {tile.elements}LL) break;")
+        if pieces % threads:
+            add(f"{inner}if (pf_i >= {pieces}LL) break;")
         add(f"{inner}long long pf_rest = pf_i;")
         rank = len(tile.shape)
         for d in reversed(range(rank)):
-            extent = f" % {tile.shape[d]}LL" if d else ""
-            add(f"{inner}const long long pf_l{d} = pf_rest{extent};")
+            extent = f" % {shape[d]}LL" if d else ""
+            scale = f" * {vector}LL" if d == rank - 1 and vector > 1 else ""
+            add(f"{inner}const long long pf_l{d} = pf_rest{extent}{scale};")
             if d:
-                add(f"{inner}pf_rest /= {tile.shape[d]}LL;")
+                add(f"{inner}pf_rest /= {shape[d]}LL;")
             zero = isinstance(s.offsets[d], Literal) and s.offsets[d].value == 0
             offset = "" if zero else f"{self.exprs.emit(s.offsets[d])} + "
             add(f"{inner}const long long pf_g{d} = {offset}pf_l{d};")
@@ -211,8 +233,14 @@ class _LaunchWriter:
         target = _flat([f"pf_l{d}" for d in range(rank)], tile.strides)
         if s.stage is not None:
             target = f"({self.exprs.emit(s.stage)}) * {tile.stage_size}LL + {target}"
-        if s.asynchronous:
-            size = tile.dtype.numpy.itemsize
+        size = tile.dtype.numpy.itemsize
+        if vector > 1:   # the elements of the word inside the buffer: a prefix (the offset is >= 0)
+            rows = " && ".join(f"pf_g{d} >= 0 && pf_g{d} < {n}LL" for d, n in enumerate(buf.shape[:-1])) or "true"
+            add(f"{inner}const long long pf_d = {buf.shape[-1]}LL - pf_g{rank - 1};")
+            add(f"{inner}const long long pf_n = !({rows}) || pf_d < 0LL ? 0LL : pf_d > {vector}LL ? {vector}LL : pf_d;")
+            add(f"{inner}pf_cp_async16(&{tile.name}[{target}], pf_n > 0 ? &{c_name(buf.name)}[{source}] : "
+                f"{c_name(buf.name)}, (int)(pf_n * {size}));")
+        elif s.asynchronous:
             add(f"{inner}const bool pf_in = {inside};")
             add(f"{inner}pf_cp_async{size}(&{tile.name}[{target}], pf_in ? &{c_name(buf.name)}[{source}] : "
                 f"{c_name(buf.name)}, pf_in);")
@@ -256,6 +284,20 @@ class _LaunchWriter:
         tile = self.launch.tile(r.tensor)
         dt = tile.dtype if tile is not None else self.kernel.buffer(r.tensor).dtype
         return to_register(self.address(r), dt)
+
+
+def _vector(s: CopyToShared, tile: SharedTile, buf: Buffer) -> int:
+    """Elements an asynchronous copy may move 16 bytes at a time: where each row of the
+    box is whole words in the tile (rows, stages and the tile itself start on 16-byte
+    boundaries) and would be in the buffer at an offset that is a whole number of words
+    (its rows contiguous, each starting on a word); else 1."""
+    size = tile.dtype.numpy.itemsize
+    vector = 16 // size
+    if not s.asynchronous or size not in (4, 8) or tile.shape[-1] % vector or tile.stage_size % vector:
+        return 1
+    if any(t % vector for t in tile.strides[:-1]) or buf.strides[-1] != 1 or any(t % vector for t in buf.strides[:-1]):
+        return 1
+    return vector
 
 
 def _param(b: Buffer) -> str:

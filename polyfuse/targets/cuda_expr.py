@@ -101,6 +101,15 @@ HELPERS: dict[str, str] = {
   unsigned long long v = 0; if (inside) memcpy(&v, src, 8); memcpy(dst, &v, 8);
 #endif
 }""",
+    "pf_cp_async16": """__device__ __forceinline__ void pf_cp_async16(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::
+               "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes));
+#else  // as cp.async, which faults off 16-byte words: there, a wrong answer (NaN)
+  if (((unsigned long long)src | (unsigned long long)dst) & 15ULL) { memset(dst, 0xFF, 16); return; }
+  memset(dst, 0, 16); memcpy(dst, src, bytes);
+#endif
+}""",
     "pf_cp_async_commit": """#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define pf_cp_async_commit() asm volatile("cp.async.commit_group;" ::: "memory")
 #else

@@ -205,10 +205,15 @@ class EmulatedDevice:
         self.libraries.append(library)
         return library, {n: getattr(library, f"pf_launch_{n}") for n in names}
 
+    # where allocations start past a 256-byte boundary (cuMemAlloc's: 0); a test may shift
+    # them to see the code that does not assume aligned buffers
+    misalign = 0
+
     def allocate(self, nbytes: int) -> int:
-        buffer = np.full(max(1, nbytes), 0xA5, np.uint8)    # not zero: unwritten bytes show
-        self.memory[buffer.ctypes.data] = buffer
-        return buffer.ctypes.data
+        buffer = np.full(max(1, nbytes) + 512, 0xA5, np.uint8)    # not zero: unwritten bytes show
+        pointer = buffer.ctypes.data + (-buffer.ctypes.data) % 256 + self.misalign
+        self.memory[pointer] = buffer
+        return pointer
 
     def free(self, pointer: int) -> None:
         del self.memory[pointer]

@@ -105,6 +105,7 @@ def test_ptxas_assembles_the_asynchronous_copies(tmp_path):
 
 EMULATED = {
     "mm 67x45x53": (MM, [(67, 45), (45, 53)], lambda a, b: a @ b),
+    "mm 67x44x52": (MM, [(67, 44), (44, 52)], lambda a, b: a @ b),   # rows of whole 16-byte words
     "conv 2x5x13x11 3x3": (CONV, [(2, 5, 13, 11), (7, 5, 3, 3)], None),
 }
 
@@ -119,4 +120,18 @@ def test_pipelined_copies_run_right_as_cuda_c(case, stages, emulated):  # noqa: 
     want = next(iter(pf.define(source)))(*args) if oracle is None else \
         oracle(*(a.astype(np.float64) for a in args)).astype(np.float32)
     np.testing.assert_allclose(kernel(*args), want, rtol=1e-4, atol=1e-4)
-    assert "pf_cp_async4(" in kernel.specialize(*args).stages["cuda"]
+    cuda = kernel.specialize(*args).stages["cuda"]
+    assert "pf_cp_async4(" in cuda
+    # 16 bytes at a time where the rows of both tiles are whole words (a uniform test of
+    # the buffer's address and the box's offset picks that path at run time)
+    assert ("pf_cp_async16(" in cuda) == (case == "mm 67x44x52")
+
+
+def test_a_buffer_off_its_16_byte_words_takes_the_element_copies(emulated):  # noqa: F811
+    """The 16-byte copies test the buffer's address at run time: buffers 4 bytes past a
+    word (as a view into another tensor may start) take the element copies, right."""
+    emulated.misalign = 4
+    args = _inputs([(67, 44), (44, 52)])
+    kernel = pf.define(MM, target="cuda", options=replace(SMALL, stages=2)).mm
+    np.testing.assert_allclose(kernel(*args), args[0].astype(np.float64) @ args[1], rtol=1e-4, atol=1e-4)
+    assert "pf_cp_async16(" in kernel.specialize(*args).stages["cuda"]

@@ -116,6 +116,9 @@ def test_a_float32_matmul_copies_its_tiles_asynchronously(float32_matmul_4096):
     _, mix = float32_matmul_4096
     assert Mix.count(mix.instructions, "LDGSTS") >= 8
     assert Mix.count(mix.inner_loop, "LDGSTS") == 0   # not among the products
+    # whole rows of 16-byte words: 128-bit copies (the 32-bit ones: where the buffer's
+    # address or the box's offset is not on a word, tested at run time)
+    assert sum(n for op, n in mix.instructions.items() if op.startswith("LDGSTS") and ".128" in op) >= 4
 
 
 @needs_nvdisasm
