@@ -101,12 +101,13 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
 def _compile(d: Definition, sizes: dict[str, int], options: MappingOptions,
              limits: DeviceLimits, key: str) -> CudaExecutable:
     stages = {"options": repr(options)}
+    initialized: set[str] = set()
     with cache.SCHEDULING:
-        kernel = schedule_gpu_definition(d, sizes, options, limits, stages)
+        kernel = schedule_gpu_definition(d, sizes, options, limits, stages, initialized)
     with cache.CODEGEN:
         binary = compile_gpu_kernel(kernel, limits.arch)
     binary.stages.update(stages)
-    layout = CudaLayout.of(kernel, zero_filled_outputs(d, sizes))
+    layout = CudaLayout.of(kernel, zero_filled_outputs(d, sizes) - initialized)
     cache.store(key, binary.cubin, layout, binary.stages)
     return CudaExecutable(binary, layout)
 

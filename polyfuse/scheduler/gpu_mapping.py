@@ -34,9 +34,9 @@ import math
 from dataclasses import dataclass, replace
 from itertools import takewhile
 
-from polyfuse.ir.comprehension import IndexVar, Literal
+from polyfuse.ir.comprehension import IndexVar, Literal, Read
 from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, SingleThread, ThreadFor, Threads, walk_gpu
-from polyfuse.ir.loops import (For, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, map_loops, perfect_nest,
+from polyfuse.ir.loops import (For, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, Store, map_loops, perfect_nest,
                                stmt_nodes, walk_stmts)
 from polyfuse.ir.affine import max_trips
 from polyfuse.scheduler.gpu_registers import tile_registers
@@ -59,13 +59,31 @@ class DeviceLimits:
     shared_bytes: int = 48 * 1024   # static shared memory per block
 
 
-def map_to_gpu(kernel: LoopKernel, options: MappingOptions, limits: DeviceLimits) -> GpuKernel:
-    """The launches that run ``kernel``; a launch with no work is left out."""
+def map_to_gpu(kernel: LoopKernel, options: MappingOptions, limits: DeviceLimits,
+               zeroed: frozenset[str] = frozenset(), initialized: set[str] | None = None) -> GpuKernel:
+    """The launches that run ``kernel``; a launch with no work is left out. ``zeroed``:
+    outputs that start as zeros (the runtime fills them) and one statement writes, whose
+    register tiles may start at zero instead of loading them; those that no launch then
+    reads before the one that stores them go into ``initialized`` (the runtime need not
+    fill them)."""
     taken = {b.name for b in kernel.buffers} | {s.name for s in kernel.scalars}
-    launches = [_launch(group, options, limits, taken) for group in _launch_groups(kernel.body)]
+    launches = [_launch(group, options, limits, taken, zeroed) for group in _launch_groups(kernel.body)]
     named = tuple(replace(launch, name=f"{kernel.name}_{k}")
                   for k, launch in enumerate(x for x in launches if x is not None))
+    if initialized is not None:
+        initialized |= {name for name in zeroed if _stored_before_read(named, name)}
     return GpuKernel(kernel.name, kernel.buffers, kernel.scalars, named)
+
+
+def _stored_before_read(launches: tuple[Launch, ...], name: str) -> bool:
+    """Whether some launch stores ``name`` and neither it nor one before it reads it."""
+    for launch in launches:
+        stmts = list(walk_gpu(launch.body))
+        if any(isinstance(e, Read) and e.tensor == name for s in stmts for e in stmt_nodes(s)):
+            return False
+        if any(isinstance(s, Store) and s.buffer == name for s in stmts):
+            return True
+    return False
 
 
 def _launch_groups(body: tuple[Stmt, ...]) -> list[tuple[Stmt, ...]]:
@@ -106,13 +124,13 @@ class _Trees:
 
 
 def _launch(body: tuple[Stmt, ...], options: MappingOptions, limits: DeviceLimits,
-            taken: set[str]) -> Launch | None:
+            taken: set[str], zeroed: frozenset[str]) -> Launch | None:
     loops, inner = _block_chain(body)
     trips = math.prod(r.trips for r in loops)
     if trips == 0:
         return None
     uniform = _Uniform(_Trees(options, limits) if options.block_reduction else None,
-                       _Registers(options.block, limits, taken) if options.use_private_memory else None)
+                       _Registers(options.block, limits, taken, zeroed) if options.use_private_memory else None)
     mapped = uniform.body(inner, Scope())
     if loops:
         mapped = (BlockLoops(tuple(loops), mapped),)
@@ -144,15 +162,19 @@ class _Registers:
     """Register tiles of one launch: the first fixes the block's shape, later ones must
     have it."""
 
-    def __init__(self, asked: tuple[int, ...], limits: DeviceLimits, taken: set[str]) -> None:
+    def __init__(self, asked: tuple[int, ...], limits: DeviceLimits, taken: set[str],
+                 zeroed: frozenset[str] = frozenset()) -> None:
         self.asked = asked
         self.limits = limits
         self.taken = taken
+        self.zeroed = zeroed
         self.block: tuple[int, int, int] | None = None
 
-    def take(self, s: For) -> Threads | None:
+    def take(self, s: For, scope: Scope) -> Threads | None:
+        """``s`` as a register tile (inside the loops of ``scope``), or None."""
         tiled = tile_registers(s, lambda axes: self.asked or DEFAULT_BLOCK[axes], self.limits.max_block,
-                               self.limits.max_threads, set(self.taken))
+                               self.limits.max_threads, set(self.taken), self.zeroed,
+                               frozenset(f.var for f in scope.loops))
         if tiled is None:
             return None
         shape = [1, 1, 1]
@@ -208,7 +230,7 @@ class _Uniform(LoopRewriter):
         return tuple(out)
 
     def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
-        tiled = self.registers.take(s) if self.registers and not self.reduces(s) else None
+        tiled = self.registers.take(s, scope) if self.registers and not self.reduces(s) else None
         if tiled is not None:
             return tiled
         if s.kind is LoopKind.THREAD and not self.reduces(s):

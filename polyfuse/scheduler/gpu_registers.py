@@ -95,14 +95,18 @@ class _Nest:
 
 
 def tile_registers(s: For, asked: Callable[[int], tuple[int, ...]], max_block: tuple[int, int, int],
-                   max_threads: int, taken: set[str]) -> Threads | None:
+                   max_threads: int, taken: set[str], zeroed: frozenset[str] = frozenset(),
+                   outside: frozenset[str] = frozenset()) -> Threads | None:
     """``s`` (the reduction's tile loops around a thread region, or the region itself)
     as a :class:`Threads`, or None where the pattern (see the module doc) does not hold,
     nothing would be kept in registers, or the threads would not fit ``max_block`` and
     ``max_threads``. ``asked(axes)``: the threads per block the options ask for along x,
     y, z in a region of that many axes; a thread keeps the points of the region's extent
     beyond those (the largest divisor of the extent up to ``MAX_MICRO`` that leaves at
-    least as many threads as asked). ``taken``: names in use; the new ones are added."""
+    least as many threads as asked). ``taken``: names in use; the new ones are added.
+    ``zeroed``: outputs that start as zeros and that one statement writes; an accumulator
+    of one, indexed by every loop around ``s`` (``outside``: their variables; so the
+    region sums whole reductions), starts at zero instead of loading them."""
     outer: list[For] = []
     while s.kind is not LoopKind.THREAD and len(s.body) == 1 and isinstance(s.body[0], For):
         outer.append(s)
@@ -121,7 +125,9 @@ def tile_registers(s: For, asked: Callable[[int], tuple[int, ...]], max_block: t
         shape[a.axis] = a.threads
     if any(n > m for n, m in zip(shape, max_block)) or shape[0] * shape[1] * shape[2] > max_threads:
         return None
-    return _build(outer, axes, nest, taken)
+    return _build(outer, axes, nest, taken, frozenset(
+        a.var for a in nest.inits if isinstance(a.value, Read) and a.value.tensor in zeroed
+        and outside <= set().union(*map(index_names, a.value.indices))))
 
 
 def _axes(chain: list[For], asked: tuple[int, ...], taken: set[str]) -> list[_Axis] | None:
@@ -199,7 +205,8 @@ def _summing(body: tuple[Stmt, ...], accs: set[str], outputs: set[str], points: 
 class _Builder:
     """Rewrites a point's statements for the thread that owns a micro-tile of points."""
 
-    def __init__(self, axes: list[_Axis], inits: tuple[Assign, ...]) -> None:
+    def __init__(self, axes: list[_Axis], inits: tuple[Assign, ...], from_zero: frozenset[str]) -> None:
+        self.from_zero = from_zero   # accumulators that start at zero, not from their output
         self.axes = axes
         self.micro = [a for a in axes if a.micro > 1]
         self.index = tuple(IndexVar(a.inner) for a in self.micro) or (Literal(0, DType.INT64),)
@@ -238,9 +245,13 @@ class _Builder:
         return Store(acc, self.index, self.expr(value))
 
     def inits(self, inits: tuple[Assign, ...]) -> tuple[Stmt, ...]:
-        zero = tuple(self.set(a.var, Literal(0.0 if a.value.dtype.is_float else 0, a.value.dtype.compute))
-                     for a in inits)
-        return self.loops(self.guarded(tuple(self.set(a.var, a.value) for a in inits), zero))
+        def zero(a: Assign) -> Store:
+            return self.set(a.var, Literal(0.0 if a.value.dtype.is_float else 0, a.value.dtype.compute))
+        loaded = tuple(a for a in inits if a.var not in self.from_zero)
+        started = tuple(zero(a) for a in inits if a.var in self.from_zero)
+        guarded = self.guarded(tuple(self.set(a.var, a.value) for a in loaded), tuple(map(zero, loaded))) \
+            if loaded else ()
+        return self.loops((*started, *guarded))
 
     def middle(self, body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
         """Loops stay (uniform now); each run of accumulator updates goes in micro loops,
@@ -274,8 +285,9 @@ def _tidy(e: Expr) -> Expr:
     return e if form is None else to_expr(form)
 
 
-def _build(outer: list[For], axes: list[_Axis], nest: _Nest, taken: set[str]) -> Threads:
-    b = _Builder(axes, nest.inits)
+def _build(outer: list[For], axes: list[_Axis], nest: _Nest, taken: set[str],
+           from_zero: frozenset[str]) -> Threads:
+    b = _Builder(axes, nest.inits, from_zero)
     body: tuple[Stmt, ...] = b.middle(nest.middle)
     for loop in reversed(outer):
         body = (replace(loop, kind=LoopKind.SERIAL, body=body),)

@@ -150,12 +150,15 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
 
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
-                            limits: DeviceLimits, stages: dict[str, str] | None = None) -> GpuKernel:
+                            limits: DeviceLimits, stages: dict[str, str] | None = None,
+                            initialized: set[str] | None = None) -> GpuKernel:
     """Model, schedule with block and thread marks, lower, keep accumulators in registers,
     map onto launches, promote reused input boxes to shared memory, place barriers.
 
     ``stages`` (if given) receives the schedule tree, the loop IR and the GPU kernel, each
-    after every pass (``gpu:map_to_gpu``, ``gpu:<pass name>``, ``gpu``).
+    after every pass (``gpu:map_to_gpu``, ``gpu:<pass name>``, ``gpu``). ``initialized``
+    (if given) receives the outputs the kernel starts at zero itself, which the runtime
+    then need not fill.
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes, gpu=True)
@@ -165,4 +168,4 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
     kernel = run_loop_passes(kernel, gpu_loop_passes(options), stages)
     manager = GpuPassManager(gpu_passes(options, limits), keep=stages is not None,
                              input_name="map_to_gpu")
-    return _run(manager, map_to_gpu(kernel, options, limits), stages, "gpu")
+    return _run(manager, map_to_gpu(kernel, options, limits, zero_started(d), initialized), stages, "gpu")

@@ -123,3 +123,22 @@ def test_a_register_tile_runs_right_as_cuda_c(case, emulated):  # noqa: F811
     assert emulated.launches
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert ("float acc1[" in kernel.specialize(*args).stages["cuda"]) == (case not in UNTILED)
+
+
+@pytest.mark.unit
+def test_a_sum_from_zero_starts_its_registers_at_zero_and_the_runtime_fills_nothing():
+    """``+=!`` into an output the runtime would zero: the register tile starts at zero
+    (no load of the zeros), so the runtime need not fill C at all; ``+=`` adds to the
+    caller's C, which the tile loads."""
+    d = next(iter(pf.define(MM))).definition
+    sizes = {"M": 19, "K": 21, "N": 13}
+    initialized: set[str] = set()
+    kernel = schedule_gpu_definition(d, sizes, SMALL, DeviceLimits(), initialized=initialized)
+    assert initialized == {"C"} and "= C(" not in str(kernel)
+    args = _inputs([(19, 21), (21, 13)])
+    got = interpret_gpu_kernel(kernel, {"A": args[0], "B": args[1]}, zeroed=set(), seed=2)["C"]   # C poisoned
+    np.testing.assert_allclose(got, args[0].astype(np.float64) @ args[1], rtol=1e-4, atol=1e-4)
+    adding = next(iter(pf.define(MM.replace("+=!", "+=")))).definition
+    initialized = set()
+    kernel = schedule_gpu_definition(adding, sizes, SMALL, DeviceLimits(), initialized=initialized)
+    assert not initialized and "acc1(c3r, c4r) = C(" in str(kernel)
