@@ -152,6 +152,12 @@ def small_mlp():
 def fresh_median(run, feeds: list[dict]) -> float:
     """Median seconds of ``run`` over ``feeds`` (one warm-up call on the first), after a
     pause that lets the previous runtime's spinning thread pool go to sleep."""
+    return statistics.median(fresh_times(run, feeds))
+
+
+def fresh_times(run, feeds: list[dict]) -> list[float]:
+    """Seconds of each call of ``run`` on ``feeds[1:]``, after a pause and one warm-up call
+    on ``feeds[0]``."""
     time.sleep(PAUSE)
     run(feeds[0])
     times = []
@@ -159,7 +165,7 @@ def fresh_median(run, feeds: list[dict]) -> float:
         t = time.perf_counter()
         run(feed)
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return times
 
 
 PAUSE = 0.5   # seconds between one runtime's block of calls and the next's

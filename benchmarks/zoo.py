@@ -22,10 +22,11 @@ kernel in memory; compile s includes the first run, where kernels are built; one
 compile serves every thread count), OpenVINO
 is compiled for each thread count (float32 precision hint, latency mode; compile s is
 ``read_model`` and ``compile_model``), onnxruntime gets ``intra_op_num_threads`` = N,
-one inter-op thread, sequential execution. Each runtime is timed in its own block after
-a pause (:func:`models.fresh_median`: spinning pools slow whoever runs next on few
-cores), a new input for every call, as the median of ``--repeat`` calls after one
-warm-up. polyfuse and OpenVINO outputs are checked against onnxruntime's: err is
+one inter-op thread, sequential execution. The runtimes are timed in turn, ``ROUNDS``
+short blocks each (this host's speed drifts over seconds, benchmarks/LOG.md), each
+block after a pause and a warm-up call (:func:`models.fresh_times`: spinning pools slow
+whoever runs next on few cores), a new input for every call; a runtime's time is the
+median of its ``--repeat`` calls. polyfuse and OpenVINO outputs are checked against onnxruntime's: err is
 max|got - want| / max|want| over the outputs, and a value outside rtol 1e-3, atol
 1e-3 max|want| is marked MISMATCH. ratio = the faster of onnxruntime and OpenVINO /
 polyfuse (> 1: polyfuse faster). A runtime that fails shows its error's class in its
@@ -38,6 +39,7 @@ import argparse
 import datetime
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(ROOT))   # polyfuse and tests/ from this checkout
 # benchmarks/ is on sys.path here; real_models takes it off (it shadows a package of
 # transformers), so models goes first
-from models import fresh_median  # noqa: E402
+from models import fresh_times  # noqa: E402
 from real_models import LastHidden, export, first_line, reinit  # noqa: E402
 
 import torch  # noqa: E402 - after real_models, which sets torch's OpenMP wait policy
@@ -207,6 +209,7 @@ class Row:
 
 
 RUNTIMES = ("ort", "ov", "pf")
+ROUNDS = 4    # blocks of calls per runtime, in turn
 FAILURES: list[str] = []   # "model runtime: Class: message", printed under the tables
 
 
@@ -323,8 +326,11 @@ def bench(name: str, entry: Entry, threads: list[int], repeat: int, cache: Path,
 
 
 def measure(name: str, threads: int, row: Row, runs: dict[str, Runner | str], feeds: list[dict]) -> None:
-    """Check each runtime against onnxruntime on the first feed, then time it in a block of its own."""
+    """Check each runtime against onnxruntime on the first feed, then time the runtimes
+    in turn, ``ROUNDS`` short blocks each (this host's speed drifts over seconds:
+    benchmarks/LOG.md), each runtime's time the median of all its calls."""
     want = None
+    times: dict[str, list[float]] = {}
     for runtime in RUNTIMES:
         run = runs[runtime]
         if isinstance(run, str):
@@ -336,9 +342,20 @@ def measure(name: str, threads: int, row: Row, runs: dict[str, Runner | str], fe
                 want = got
             elif want is not None:
                 row.err[runtime] = error(got, want)
-            row.ms[runtime] = fresh_median(run, feeds) * 1e3
+            times[runtime] = []
         except Exception as e:  # noqa: BLE001
             row.ms[runtime] = failed(name, f"{runtime} {threads}T run", e)
+    per_block = max(1, (len(feeds) - 1) // ROUNDS)
+    for k in range(ROUNDS):
+        block = feeds[k * per_block:(k + 1) * per_block + 1]
+        for runtime in list(times):
+            try:
+                times[runtime] += fresh_times(runs[runtime], block)  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001
+                row.ms[runtime] = failed(name, f"{runtime} {threads}T run", e)
+                del times[runtime]
+    for runtime, samples in times.items():
+        row.ms[runtime] = statistics.median(samples) * 1e3
     print(f"{name} {threads}T: " + ", ".join(f"{k} {cell(v)}" for k, v in row.ms.items())
           + "".join(f", {k} err {cell(v, 1)}" for k, v in row.err.items()), file=sys.stderr, flush=True)
 
