@@ -17,8 +17,10 @@ from polyfuse.ir.passes import IR, Pass, PassManager
 from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
+from polyfuse.scheduler.gpu_epilogues import fuse_epilogues as fuse_gpu_epilogues
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_pipeline import pipeline_copies
+from polyfuse.scheduler.gpu_reciprocals import hoist_reciprocals
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
 from polyfuse.scheduler.heuristics import PACK_MIN_REUSE, WHOLE_BYTES
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead_stores, fuse_epilogues,
@@ -98,7 +100,8 @@ def gpu_passes(options: MappingOptions, limits: DeviceLimits) -> tuple[GpuPass, 
     shared = Pass("promote_to_shared", lambda g: promote_to_shared(g, shared_budget(options, limits)))
     pipeline = Pass("pipeline_copies",
                     lambda g: pipeline_copies(g, options.stages, shared_budget(options, limits), limits.arch))
-    return ((shared,) if options.use_shared_memory else ()) + (place_barriers,) + \
+    return (fuse_gpu_epilogues,) + ((shared,) if options.use_shared_memory else ()) + \
+        (hoist_reciprocals, place_barriers) + \
         ((pipeline,) if options.use_shared_memory and options.stages > 1 else ())
 
 

@@ -4,6 +4,8 @@ reductions into few outputs; the GPU IR holds the warp shuffles, the shared slot
 and their barriers, and the result equals the numpy oracle thread by thread (GPU IR
 interpreter), as CUDA C on the CPU emulator, and NVRTC and ptxas accept the code."""
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -224,3 +226,21 @@ def test_the_tree_compiles_with_nvrtc_and_ptxas(source, entry, make, oracle, tmp
     spec = pf.define(source, target="cuda")[entry].specialize(*_inputs(make))
     assert "shfl.sync.bfly" in spec.stages["ptx"]
     assert_ptxas_accepts(spec.stages["ptx"], tmp_path)
+
+
+@pytest.mark.unit
+def test_a_row_divides_once_and_multiplies_each_element():
+    """Softmax's quotients by the row's sum: one reciprocal per row (after the barrier
+    that publishes the sum), a product per element; a divisor that changes along the
+    loop stays a division."""
+    kernel, _, _ = _gpu_kernel(PROGRAMS_BY_NAME["softmax"].source, "softmax",
+                               (_uniform(np.random.default_rng(0), (3, 1000)),), None)
+    text = str(kernel)
+    assert text.count("let pf_rcp0 = 1.0 / expSum(c0)") == 1 and "O(c0, c2) * pf_rcp0" in text
+    assert text.index("barrier\n      let pf_rcp0") < text.index("O(c0, c2) * pf_rcp0")
+    ratio = "def ratio(float(M,K) X) -> (Y, Z) { Y(m,k) = X(m,k) / X(m,0)\n Z(m,k) = X(m,0) / X(m,k) }"
+    kernel, _, _ = _gpu_kernel(ratio, "ratio", (_uniform(np.random.default_rng(0), (3, 1000)),), None)
+    text = str(kernel)
+    row = re.search(r"let pf_rcp0 = 1\.0 / X\((c\d), 0\)", text)   # each thread its row's
+    assert row and text.count("pf_rcp") == 2 and "* pf_rcp0" in text
+    assert f"X({row.group(1)}, 0) / X({row.group(1)}, c" in text
