@@ -8,7 +8,8 @@ preceded by ``let pf_rcp = 1 / d`` and the quotients become ``x * pf_rcp``: one 
 per row and a multiply per element. The quotient may then differ from the division's
 by an ulp or two (and it is infinite where ``1 / d`` overflows, ``|d| < 2^-126``), as
 with CUDA's ``-prec-div=false``. A divisor that reads memory under a condition inside
-the loop stays (it might read outside its buffer where the condition is false).
+the loop stays (it might read outside its buffer where the condition is false); one
+that reads memory outside any is read before the loop only where the loop runs.
 
 The ``let`` goes where the loop stands: in uniform code every thread computes it (the
 barriers, placed after this pass, order it after the store of ``d``), in a thread's own
@@ -23,6 +24,7 @@ from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal,
 from polyfuse.ir.gpu import GpuKernel, ThreadFor
 from polyfuse.ir.loops import (Assign, For, If, LoopRewriter, Scope, Stmt, Store, map_body_exprs, stmt_nodes,
                                walk_stmts)
+from polyfuse.ir.types import DType
 
 
 def hoist_reciprocals(kernel: GpuKernel) -> GpuKernel:
@@ -68,6 +70,9 @@ class _Hoister(LoopRewriter):
             return [], s
         lets: list[Stmt] = [Assign(name, Binary(BinaryOp.DIV, Literal(1.0, d.dtype), d, d.dtype))
                             for d, name in divisors.items()]
+        reads = any(isinstance(r, Read) for d in divisors for r in walk(d))
+        if reads and not (isinstance(s.lo, Literal) and isinstance(s.hi, Literal) and s.lo.value < s.hi.value):
+            lets = [If(Binary(BinaryOp.LT, s.lo, s.hi, DType.BOOL), tuple(lets))]   # read where the loop would
 
         def product(e: Expr) -> Expr:
             if isinstance(e, Binary) and e.op is BinaryOp.DIV and e.rhs in divisors:
