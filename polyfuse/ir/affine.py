@@ -90,6 +90,13 @@ def to_expr(a: Affine) -> Expr:
     return out
 
 
+def normal_form(e: Expr) -> Expr:
+    """An affine expression in its normal form (``c0 + c3 + c3r``, constants folded);
+    any other as it is."""
+    form = affine(e)
+    return e if form is None else to_expr(form)
+
+
 def bounds(e: Expr, upper: bool) -> list[Affine]:
     """Affine forms each at least (``upper``) or at most ``e``, for every value of the
     variables: an argument of ``min`` bounds it from above, of ``max`` from below."""

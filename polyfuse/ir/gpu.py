@@ -131,20 +131,26 @@ class SingleThread(Stmt):
         return [f"{indent}single thread {{", *format_body(self.body, indent + "  "), f"{indent}}}"]
 
 
-@dataclass(frozen=True, slots=True)
-class Barrier(Stmt):
-    def map_exprs(self, fn: ExprMap) -> Barrier:
+class _Exprless(Stmt):
+    """A statement that holds no expression: mapping them leaves it as it is."""
+
+    __slots__ = ()
+
+    def map_exprs(self, fn: ExprMap) -> Stmt:
         return self
 
     def exprs(self) -> tuple[Expr, ...]:
         return ()
 
+
+@dataclass(frozen=True, slots=True)
+class Barrier(_Exprless):
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}barrier"]
 
 
 @dataclass(frozen=True, slots=True)
-class WarpReduce(Stmt):
+class WarpReduce(_Exprless):
     """Every thread's local ``var`` becomes ``op`` (+, *, max or min) over the ``lanes``
     threads of its group: the threads at ``x`` whose ``x // lanes`` is its own (``lanes`` a
     power of two up to 32 that divides the block's x). A butterfly of warp shuffles
@@ -157,12 +163,6 @@ class WarpReduce(Stmt):
     dtype: DType
     op: ReduceOp
     lanes: int
-
-    def map_exprs(self, fn: ExprMap) -> WarpReduce:
-        return self
-
-    def exprs(self) -> tuple[Expr, ...]:
-        return ()
 
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}warp reduce {self.op.value} {self.var} over {self.lanes} lanes"]
@@ -308,31 +308,19 @@ class CopyToShared(Stmt):
 
 
 @dataclass(frozen=True, slots=True)
-class AsyncCommit(Stmt):
+class AsyncCommit(_Exprless):
     """Close the group of the asynchronous copies this thread started since the last one."""
-
-    def map_exprs(self, fn: ExprMap) -> AsyncCommit:
-        return self
-
-    def exprs(self) -> tuple[Expr, ...]:
-        return ()
 
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}commit copies"]
 
 
 @dataclass(frozen=True, slots=True)
-class AsyncWait(Stmt):
+class AsyncWait(_Exprless):
     """Wait until at most ``pending`` of this thread's closed groups of asynchronous
     copies are still in flight (the older ones have landed)."""
 
     pending: int
-
-    def map_exprs(self, fn: ExprMap) -> AsyncWait:
-        return self
-
-    def exprs(self) -> tuple[Expr, ...]:
-        return ()
 
     def format_lines(self, indent: str) -> list[str]:
         return [f"{indent}wait copies ({self.pending} in flight)"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from polyfuse.ir.affine import affine, combine, to_expr
+from polyfuse.ir.affine import affine, combine, normal_form, to_expr
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
 from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, ThreadFor, Threads
 from polyfuse.ir.loops import For, If, Stmt, Store, rewrite, walk_stmts
@@ -121,7 +121,7 @@ def _apply(tail: Stmt, stores: dict[str, Store], loops: list[ThreadFor], epilogu
         new = replace(stores[target], value=value)
         return _replace_store(tail, stores[target], (new,))
     anchor = next(iter(stores.values()))
-    indices = tuple(_tidy(map_expr(i, at_point)) for i in epilogue.indices)
+    indices = tuple(normal_form(map_expr(i, at_point)) for i in epilogue.indices)
     return _replace_store(tail, anchor, (anchor, Store(target, indices, value)))
 
 
@@ -153,6 +153,7 @@ def _point_map(indices: tuple[Expr, ...], loops: list[ThreadFor], stores: dict[s
     if len(anchor.indices) != len(indices) or any(s.indices != anchor.indices for s in stores.values()):
         return None
     spans = {r.var: r.step * r.threads for r in region.ranges}
+    own = _region_vars(region)
     out: dict[str, Expr] = {}
     for loop in loops:
         positions = [k for k, i in enumerate(indices) if (f := affine(i)) is not None and f.get(loop.var) == 1]
@@ -164,7 +165,7 @@ def _point_map(indices: tuple[Expr, ...], loops: list[ThreadFor], stores: dict[s
             return None
         base = {v: c for v, c in e.items() if v != loop.var}
         point = combine(t, base, -1)   # the tile's index less the same base
-        if any(v not in _region_vars(region) for v in point if v):
+        if any(v not in own for v in point if v):
             return None
         key = str(to_expr(point))
         bound = guard.get(key)
@@ -176,23 +177,12 @@ def _point_map(indices: tuple[Expr, ...], loops: list[ThreadFor], stores: dict[s
             if len(ranged) != 1 or not (isinstance(loop.hi, Literal) and loop.hi.value == spans[ranged[0]]):
                 return None
         out[loop.var] = to_expr(point)
-    if any(v in _vars(i) for i in indices for v in _vars(i) if v not in out and v in {f.var for f in loops}):
-        return None
     return out
 
 
 def _region_vars(region: Threads) -> set[str]:
     """The tile's own variables: its ranges' and its micro loops'."""
     return {r.var for r in region.ranges} | {s.var for s in walk_stmts(region.body) if isinstance(s, For)}
-
-
-def _vars(e: Expr) -> set[str]:
-    return {x.name for x in walk(e) if isinstance(x, IndexVar)}
-
-
-def _tidy(e: Expr) -> Expr:
-    form = affine(e)
-    return e if form is None else to_expr(form)
 
 
 def _replace_store(tail: Stmt, old: Store, new: tuple[Stmt, ...]) -> Stmt:

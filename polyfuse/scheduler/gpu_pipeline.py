@@ -34,7 +34,7 @@ import re
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read
-from polyfuse.ir.affine import affine, combine, to_expr
+from polyfuse.ir.affine import affine, combine, normal_form, to_expr
 from polyfuse.ir.gpu import AsyncCommit, AsyncWait, Barrier, CopyToShared, GpuKernel, Launch, SharedTile
 from polyfuse.ir.loops import For, If, LoopKind, LoopRewriter, Scope, Stmt, map_body_exprs, stmt_nodes, walk_stmts
 from polyfuse.ir.types import DType
@@ -114,8 +114,7 @@ def _int(value: int) -> Literal:
 
 def _add(a: Expr, b: int) -> Expr:
     """``a + b``, folded where ``a`` is affine."""
-    form = affine(a)
-    return to_expr(combine(form, {"": b})) if form is not None else Binary(BinaryOp.ADD, a, _int(b), DType.INT64)
+    return normal_form(Binary(BinaryOp.ADD, a, _int(b), DType.INT64))
 
 
 def _guarded(a: Expr, hi: Expr, then: tuple[Stmt, ...]) -> tuple[Stmt, ...]:

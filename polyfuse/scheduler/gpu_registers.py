@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import takewhile
 
-from polyfuse.ir.affine import affine, max_trips, to_expr
+from polyfuse.ir.affine import max_trips, normal_form, to_expr
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Expr, IndexVar, Literal, LocalRef, Read, index_names,
                                        map_expr, walk)
 from polyfuse.ir.gpu import Registers, ThreadRange, Threads
@@ -225,7 +225,7 @@ class _Builder:
             if isinstance(e, LocalRef) and e.name in self.registers:
                 return Read(e.name, self.index, self.registers[e.name].dtype)
             if isinstance(e, Read):
-                return replace(e, indices=tuple(_tidy(i) for i in e.indices))
+                return replace(e, indices=tuple(normal_form(i) for i in e.indices))
             return e
         self.substitute = substitute
 
@@ -274,15 +274,9 @@ class _Builder:
         return tuple(out)
 
     def stores(self, stores: tuple[Store, ...]) -> tuple[Stmt, ...]:
-        tidy = tuple(Store(st.buffer, tuple(_tidy(self.expr(i)) for i in st.indices), self.expr(st.value))
+        tidy = tuple(Store(st.buffer, tuple(normal_form(self.expr(i)) for i in st.indices), self.expr(st.value))
                      for st in stores)
         return self.loops(self.guarded(tidy))
-
-
-def _tidy(e: Expr) -> Expr:
-    """An affine index in its normal form (``c0 + c3 + c3r``)."""
-    form = affine(e)
-    return e if form is None else to_expr(form)
 
 
 def _build(outer: list[For], axes: list[_Axis], nest: _Nest, taken: set[str],
