@@ -25,9 +25,13 @@ from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.targets import Target
 
 
+SIZES = ("specialized", "symbolic")
+
+
 def define(source: str, *, target: str | Target = "reference",
            options: MappingOptions | None = None,
-           tuning_records: str | os.PathLike | Records | None = None) -> KernelModule:
+           tuning_records: str | os.PathLike | Records | None = None,
+           sizes: str = "specialized") -> KernelModule:
     """Compile the TC definitions in ``source`` for ``target``.
 
     Returns a module whose definitions are attributes: ``define(src).mm(A, B)``.
@@ -35,14 +39,21 @@ def define(source: str, *, target: str | Target = "reference",
     ``"host"`` (this machine's CPU). ``options`` fixes the schedule of native targets;
     else ``tuning_records`` (a file ``polyfuse tune`` wrote) gives the best tuned options
     for each shape (or those of the nearest tuned shapes), else a heuristic chooses.
+    ``sizes``: ``"specialized"`` compiles a kernel for each set of sizes it is called
+    at; ``"symbolic"`` (CPU targets) compiles one kernel, at the first call, whose sizes
+    are parameters: later calls at other sizes run it without compiling (with the first
+    call's options; see :attr:`~polyfuse.runtime.kernel.Kernel.symbolic_sizes`).
     """
     if not isinstance(source, str):
         raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
+    if sizes not in SIZES:
+        raise ArgumentError(f"sizes must be one of {', '.join(map(repr, SIZES))}, got {sizes!r}")
     tgt, options = _checked(target, options, "define()")
     module = parse(source)
     records = Records.open(tuning_records)
     tuning = None if records is None else Tuning(records)
-    return KernelModule({d.name: Kernel(d, tgt, source, options, tuning) for d in module.definitions})
+    return KernelModule({d.name: Kernel(d, tgt, source, options, tuning, symbolic=sizes == "symbolic")
+                         for d in module.definitions})
 
 
 PRECISIONS = ("float32", "bf16", "int8")

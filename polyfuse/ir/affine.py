@@ -11,9 +11,11 @@ of a form over such loops.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Unary, UnaryOp
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, ScalarRef, Unary, UnaryOp
 from polyfuse.ir.loops import For, constant_trips
 from polyfuse.ir.types import DType
 
@@ -24,36 +26,70 @@ _MAX_FORMS = 16  # bounds tried per expression (min/max nest this deep in practi
 
 def affine(e: Expr) -> Affine | None:
     """The affine form of an integer expression, or None when it is not affine."""
+    return _form(e, _index_atom, "")
+
+
+def linear(e: Expr) -> dict[Expr, int] | None:
+    """``e`` as integer coefficients of its atoms: loop variables, int scalars (a symbolic
+    kernel's sizes) and floor divisions by a constant; the key :data:`ONE` holds the
+    constant. None where ``e`` is not such a sum."""
+    return _form(e, _size_atom, ONE)
+
+
+ONE = Literal(1, DType.INT64)
+K = TypeVar("K", str, Expr)
+
+
+def _index_atom(e: Expr) -> str | None:
+    return e.name if isinstance(e, IndexVar) else None
+
+
+def _size_atom(e: Expr) -> Expr | None:
+    match e:
+        case IndexVar() | ScalarRef() if e.dtype.is_int:
+            return e
+        case Call(fn="floordiv", args=(_, Literal(value=d))) if isinstance(d, int) and d > 0:
+            return e
+    return None
+
+
+def _form(e: Expr, atom: Callable[[Expr], K | None], one: K) -> dict[K, int] | None:
+    """``e`` as integer coefficients of the keys ``atom`` gives its leaves (``one``: the
+    constant's), or None where it is not such a sum."""
     match e:
         case Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
-            return {"": v} if v else {}
-        case IndexVar(name=n):
-            return {n: 1}
+            return {one: v} if v else {}
         case Unary(op=UnaryOp.NEG, operand=a):
-            f = affine(a)
-            return None if f is None else scale(f, -1)
+            f = _form(a, atom, one)
+            return None if f is None else {k: -c for k, c in f.items()}
         case Binary(op=BinaryOp.ADD | BinaryOp.SUB, lhs=a, rhs=b):
-            fa, fb = affine(a), affine(b)
+            fa, fb = _form(a, atom, one), _form(b, atom, one)
             if fa is None or fb is None:
                 return None
-            return combine(fa, fb, 1 if e.op is BinaryOp.ADD else -1)
+            return linear_sum(fa, fb, 1 if e.op is BinaryOp.ADD else -1)
         case Binary(op=BinaryOp.MUL, lhs=a, rhs=b):
-            fa, fb = affine(a), affine(b)
+            fa, fb = _form(a, atom, one), _form(b, atom, one)
             if fa is None or fb is None:
                 return None
-            if set(fa) <= {""}:
-                return scale(fb, fa.get("", 0))
-            if set(fb) <= {""}:
-                return scale(fa, fb.get("", 0))
-    return None
+            if set(fa) <= {one}:
+                return {k: c * fa.get(one, 0) for k, c in fb.items() if c * fa.get(one, 0)}
+            if set(fb) <= {one}:
+                return {k: c * fb.get(one, 0) for k, c in fa.items() if c * fb.get(one, 0)}
+    key = atom(e)
+    return None if key is None else {key: 1}
+
+
+def linear_sum(a: dict[K, int], b: dict[K, int], k: int = 1) -> dict[K, int]:
+    """``a + k * b`` of two linear forms."""
+    out = dict(a)
+    for x, c in b.items():
+        out[x] = out.get(x, 0) + k * c
+    return {x: c for x, c in out.items() if c}
 
 
 def combine(a: Affine, b: Affine, k: int = 1) -> Affine:
     """``a + k * b``."""
-    out = dict(a)
-    for var, c in b.items():
-        out[var] = out.get(var, 0) + k * c
-    return {v: c for v, c in out.items() if c}
+    return linear_sum(a, b, k)
 
 
 def scale(a: Affine, k: int) -> Affine:

@@ -25,7 +25,7 @@ from polyfuse.errors import IRVerificationError
 from polyfuse.ir.comprehension import Expr, Literal, Read, combine
 from polyfuse.ir.gpu import (AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers,
                              SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, verify_gpu_kernel)
-from polyfuse.ir.loops import Buffer, For, If, Stmt, Store
+from polyfuse.ir.loops import Buffer, For, If, Stmt, Store, numbers
 from polyfuse.ir.loops_interpreter import _Interpreter
 
 
@@ -154,7 +154,7 @@ def _poisoned(tile: SharedTile | Registers | Buffer) -> np.ndarray:
     dtype = tile.dtype.numpy
     fill = np.nan if tile.dtype.is_float else (True if tile.dtype.is_bool else np.iinfo(dtype).max)
     stages = (tile.stages,) if isinstance(tile, SharedTile) and tile.stages > 1 else ()
-    return np.full(stages + tile.shape, fill, dtype)
+    return np.full(stages + numbers(tile.shape), fill, dtype)
 
 
 def _run_block(kernel: GpuKernel, launch: Launch, block: int, buffers: dict[str, np.ndarray],
@@ -188,7 +188,7 @@ def interpret_gpu_kernel(kernel: GpuKernel, args: Mapping[str, object], zeroed: 
     verify_gpu_kernel(kernel)
     rng = np.random.default_rng(seed)
     buffers = {b.name: np.array(args[b.name]) if b.name in args else
-               np.zeros(b.shape, b.dtype.numpy) if b.name in zeroed else _poisoned(b)
+               np.zeros(numbers(b.shape), b.dtype.numpy) if b.name in zeroed else _poisoned(b)
                for b in kernel.buffers}
     scalars = {s.name: args[s.name] for s in kernel.scalars}
     with np.errstate(all="ignore"):

@@ -27,7 +27,7 @@ never overflows; int64 literals print bare.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar, overload
 
@@ -36,7 +36,8 @@ import numpy as np
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal, Read, ScalarDecl,
-                                       Select, Unary, UnaryOp, format_expr, map_expr, walk)
+                                       ScalarRef, Select, SizeVar, Unary, UnaryOp, format_expr, map_expr, walk)
+from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 
 
@@ -113,27 +114,122 @@ class Packing:
         return f"pack {self.source}({', '.join(terms)})" + (" padded" if self.padded else "")
 
 
+Extent = int | Expr
+"""An extent of a buffer: a number, or in a kernel compiled for symbolic sizes an int64
+expression of its sizes (:class:`ScalarRef` of the kernel's int64 scalars named after
+them)."""
+
+
+def product(a: Extent, b: Extent) -> Extent:
+    """``a * b`` folded where both are numbers (or one is 1)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if isinstance(a, int) and a == 1:
+        return b
+    if isinstance(b, int) and b == 1:
+        return a
+    x = Literal(a, DType.INT64) if isinstance(a, int) else a
+    y = Literal(b, DType.INT64) if isinstance(b, int) else b
+    return Binary(BinaryOp.MUL, x, y, DType.INT64)
+
+
+def shape_at(shape: tuple[Extent, ...], sizes: Mapping[str, object]) -> tuple[int, ...]:
+    """``shape`` for the values of the sizes its extents name (a symbolic kernel's)."""
+    def size(e: Expr) -> Expr:
+        return SizeVar(e.name) if isinstance(e, ScalarRef) else e
+    return tuple(n if isinstance(n, int) else evaluate_int(map_expr(n, size), sizes)  # type: ignore[arg-type]
+                 for n in shape)
+
+
+def numbers(shape: tuple[Extent, ...]) -> tuple[int, ...]:
+    """A shape whose extents are all numbers, as such (what IRs without symbolic sizes,
+    the GPU's, and packed buffers have)."""
+    if not all(isinstance(n, int) for n in shape):
+        raise IRVerificationError(f"a shape of numbers expected, got ({', '.join(map(str, shape))})")
+    return shape  # type: ignore[return-value]
+
+
+def extent_tokens(e: Expr) -> tuple[str, ...]:
+    """An extent's expression as text tokens in postfix order (what a saved kernel's
+    layout keeps of a symbolic extent; :func:`extent_from_tokens` reads them back)."""
+    match e:
+        case Literal(value=v, dtype=dt):
+            return (f"#{int(v)}:{dt.value}",)
+        case ScalarRef(name=n, dtype=dt):
+            return (f"${n}:{dt.value}",)
+        case Cast(operand=a, dtype=dt):
+            return (*extent_tokens(a), f"cast:{dt.value}")
+        case Unary(op=op, operand=a, dtype=dt):
+            return (*extent_tokens(a), f"unary:{op.value}:{dt.value}")
+        case Binary(op=op, lhs=a, rhs=b, dtype=dt):
+            return (*extent_tokens(a), *extent_tokens(b), f"binary:{op.value}:{dt.value}")
+        case Call(fn=fn, args=args, dtype=dt):
+            return (*(t for a in args for t in extent_tokens(a)), f"call:{fn}:{len(args)}:{dt.value}")
+    raise IRVerificationError(f"an extent that cannot be saved: {format_loop_expr(e)}")
+
+
+def extent_from_tokens(tokens: tuple[str, ...]) -> Expr:
+    """The expression :func:`extent_tokens` wrote."""
+    stack: list[Expr] = []
+    for t in tokens:
+        head, _, rest = t.partition(":")
+        parts = rest.split(":")
+        if head.startswith("#"):
+            stack.append(Literal(int(head[1:]), DType(rest)))
+        elif head.startswith("$"):
+            stack.append(ScalarRef(head[1:], DType(rest)))
+        elif head == "cast":
+            stack.append(Cast(DType(rest), stack.pop()))
+        elif head == "unary":
+            stack.append(Unary(UnaryOp(parts[0]), stack.pop(), DType(parts[1])))
+        elif head == "binary":
+            b, a = stack.pop(), stack.pop()
+            stack.append(Binary(BinaryOp(parts[0]), a, b, DType(parts[1])))
+        elif head == "call":
+            n = int(parts[1])
+            args = tuple(stack[len(stack) - n:])
+            del stack[len(stack) - n:]
+            stack.append(Call(parts[0], args, DType(parts[2])))
+        else:
+            raise IRVerificationError(f"an extent token polyfuse does not know: {t!r}")
+    if len(stack) != 1:
+        raise IRVerificationError(f"extent tokens {tokens} do not make one expression")
+    return stack[0]
+
+
+def extent_expr(n: Extent) -> Expr:
+    """An extent as an int64 expression."""
+    return Literal(n, DType.INT64) if isinstance(n, int) else n
+
+
 @dataclass(frozen=True, slots=True)
 class Buffer:
     name: str
     dtype: DType
-    shape: tuple[int, ...]
+    shape: tuple[Extent, ...]   # numbers, or expressions of the sizes (a symbolic kernel's)
     role: BufferRole
     alignment: int = 64
     packing: Packing | None = None     # an input made from another before the kernel runs
     panel: bool = False   # packed panels (operand packing's copies): whole vectors wide, zero past the operand's edge
 
     @property
-    def strides(self) -> tuple[int, ...]:
-        """Row-major element strides."""
-        out, step = [], 1
+    def fixed(self) -> bool:
+        """Whether every extent is a number (not an expression of a kernel's sizes)."""
+        return all(isinstance(n, int) for n in self.shape)
+
+    @property
+    def strides(self) -> tuple[Extent, ...]:
+        """Row-major element strides (expressions of the sizes where extents are)."""
+        out: list[Extent] = []
+        step: Extent = 1
         for extent in reversed(self.shape):
             out.append(step)
-            step *= extent
+            step = product(step, extent)
         return tuple(reversed(out))
 
     def __str__(self) -> str:
-        text = f"{self.role.value}{' panel' if self.panel else ''} {self.dtype}({', '.join(map(str, self.shape))}) {self.name}"
+        extents = ", ".join(str(n) if isinstance(n, int) else format_loop_expr(n) for n in self.shape)
+        text = f"{self.role.value}{' panel' if self.panel else ''} {self.dtype}({extents}) {self.name}"
         return f"{text} = {self.packing}" if self.packing is not None else text
 
 

@@ -17,7 +17,7 @@ from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal,
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.comprehension_interpreter import FUNCTIONS
-from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, Stmt, Store, TileProduct
+from polyfuse.ir.loops import ERROR_BUFFER, Assign, For, If, LoopKernel, Stmt, Store, TileProduct, shape_at
 from polyfuse.ir.types import DType, float_to_int, reinterpret
 
 _ARITH = {BinaryOp.ADD: lambda a, b: a + b, BinaryOp.SUB: lambda a, b: a - b,
@@ -171,12 +171,13 @@ def interpret_kernel(kernel: LoopKernel, args: Mapping[str, object]) -> dict[str
     inputs not given are made from their sources."""
     buffers: dict[str, np.ndarray] = {}
     for b in kernel.buffers:
+        shape = shape_at(b.shape, args)   # (a symbolic kernel's sizes are scalars of args)
         if b.name in args:
             buffers[b.name] = np.asarray(args[b.name])
         elif b.packing is not None:
-            buffers[b.name] = b.packing.apply(np.asarray(args[b.packing.source]), b.shape)
+            buffers[b.name] = b.packing.apply(np.asarray(args[b.packing.source]), shape)
         else:
-            buffers[b.name] = np.zeros(b.shape, b.dtype.numpy)
+            buffers[b.name] = np.zeros(shape, b.dtype.numpy)
     scalars = {s.name: args[s.name] for s in kernel.scalars}
     with np.errstate(all="ignore"):
         _Interpreter(kernel, buffers, scalars).run(kernel.body)

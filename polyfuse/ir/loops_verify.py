@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.comprehension import Expr, IndexVar, LocalRef, Read, ScalarRef, walk
-from polyfuse.ir.loops import Assign, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, TileProduct
+from polyfuse.ir.loops import Assign, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, TileProduct, numbers
 
 
 def verify_kernel(k: LoopKernel) -> None:
@@ -26,7 +26,9 @@ def verify_kernel(k: LoopKernel) -> None:
             raise fail(f"packed buffer {b} must be an input packed from an unpacked input of its type")
         if len(p.offsets) != len(source.shape) or any(len(row) != len(b.shape) for row in p.coefs):
             raise fail(f"packed buffer {b}: its packing does not match the ranks of {source} and itself")
-        if not p.padded and not p.inside(b.shape, source.shape):
+        if not (b.fixed and source.fixed):
+            raise fail(f"packed buffer {b}: a packing needs extents that are numbers, not sizes of the call")
+        if not p.padded and not p.inside(numbers(b.shape), numbers(source.shape)):
             raise fail(f"packed buffer {b} reads {source} outside its bounds")
 
     def check_expr(e: Expr, loops: set[str], locals_: set[str]) -> None:

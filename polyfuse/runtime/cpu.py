@@ -25,7 +25,7 @@ from polyfuse.runtime.program import Layout
 from polyfuse.scheduler.heuristics import default_options
 from polyfuse.scheduler.model import zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
-from polyfuse.scheduler.pipeline import Usage, schedule_definition
+from polyfuse.scheduler.pipeline import Usage, schedule_definition, symbolic_signature
 from polyfuse.targets import Target
 from polyfuse.targets.cpu import (JitKernel, assembly, compile_kernel, compile_object, emit_llvm, load_object,
                                   machine, missing_features, native_tiles, runs_natively, target_description)
@@ -57,8 +57,9 @@ class CpuExecutable:
         layout = self.layout
         # aligned, and reused from freed outputs of the same size (no page faults)
         given = layout.given_outputs(values)
-        outs = {n: native.empty_aligned(s, dt, 64, z) if n not in given else _aligned(given[n])
-                for n, s, dt, z in self._outputs}
+        shapes = layout.output_shapes(values) if layout.extents else None
+        outs = {n: native.empty_aligned(s if shapes is None else shapes[k], dt, 64, z)
+                if n not in given else _aligned(given[n]) for k, (n, s, dt, z) in enumerate(self._outputs)}
         args: list[object] = list(layout.arguments(values))
         args += outs.values()
         error = np.zeros(1, np.int64)
@@ -87,21 +88,26 @@ def _aligned(array: np.ndarray) -> np.ndarray:
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,
           options: MappingOptions | None, stages: dict[str, str],
-          usage: Usage = Usage()) -> Any:
+          usage: Usage = Usage(), symbolic: frozenset[str] = frozenset()) -> Any:
     """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled;
     a :class:`CpuExecutable`, or a :class:`~polyfuse.runtime.cross.CrossExecutable`
     for code this process cannot run. ``usage``: what the caller promises (weights that
-    the kernel may read packed ahead of time, outputs it need not store)."""
+    the kernel may read packed ahead of time, outputs it need not store). Sizes named in
+    ``symbolic`` are the kernel's int64 scalars (the caller passes them with the arrays):
+    one kernel serves every value of them with the same
+    :func:`~polyfuse.scheduler.pipeline.symbolic_signature` (and ``options``, which the
+    caller then fixes: the heuristic's choice depends on the sizes)."""
     sizes = dict(sizes)
     with cache.SCHEDULING:
         options = options or default_options(d, sizes, machine(target))
-    key = cache.kernel_key(str(d), repr(sorted(sizes.items())), str(target),
+        shape = symbolic_signature(d, sizes, symbolic) if symbolic else repr(sorted(sizes.items()))
+    key = cache.kernel_key(str(d), shape, str(target),
                            target_description(target), repr(options), usage.key(),
                            repr(sorted(native_tiles(target))))
     exe = cache.fetch(
         key, _COMPILED, STATS, Layout,
         lambda obj, layout, stages: executable(obj, layout, stages, target),
-        lambda: _compile(d, sizes, target, options, key, usage))
+        lambda: _compile(d, sizes, target, options, key, usage, symbolic))
     stages.update(exe.stages)
     if "asm" not in stages and "llvm_opt" in stages and hasattr(stages, "later"):
         stages.later("asm", lambda: _assembly(stages["llvm_opt"], target))
@@ -126,7 +132,7 @@ def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Targe
 
 
 def _compile(d: Definition, sizes: dict[str, int], target: Target, options: MappingOptions,
-             key: str, usage: Usage) -> Any:
+             key: str, usage: Usage, symbolic: frozenset[str] = frozenset()) -> Any:
     """Schedule ``d`` and write its LLVM IR (under :data:`cache.SCHEDULING`), then make
     its machine code (under :data:`cache.CODEGEN`): another thread may schedule the next
     kernel meanwhile."""
@@ -134,7 +140,7 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
     initialized: set[str] = set()
     with cache.SCHEDULING:
         kernel = schedule_definition(d, sizes, options, stages, initialized, usage, native_tiles(target),
-                                     machine(target))
+                                     machine(target), symbolic)
         layout = Layout.of(kernel, zero_filled_outputs(d, sizes) - initialized - (usage.discarded - touched(kernel)))
         text = emit_llvm(kernel, target, options.num_threads)
     if runs_natively(target):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -29,7 +29,7 @@ from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.sizes import bind_sizes
 from polyfuse.runtime import outputs as given_outputs
 from polyfuse.runtime.arguments import BoundArguments, bind_arguments, check_scalars
-from polyfuse.scheduler.model import initial_outputs, skipped_inits
+from polyfuse.scheduler.model import SYMBOLIC_MAX, initial_outputs, skipped_inits
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.scheduler.pipeline import Usage
@@ -214,11 +214,14 @@ class Kernel:
 
     def __init__(self, definition: Definition, target: Target, source: str,
                  options: MappingOptions | None = None, tuning: Tuning | None = None,
-                 usage: Usage = Usage()) -> None:
+                 usage: Usage = Usage(), symbolic: bool = False) -> None:
         """``usage``: what the caller promises (:class:`~polyfuse.scheduler.pipeline.Usage`):
         parameters whose values every call shares (a model's weights), which CPU kernels
-        may read from copies packed ahead of time, and outputs it never reads."""
+        may read from copies packed ahead of time, and outputs it never reads.
+        ``symbolic``: compile once for every size (see :meth:`symbolic_sizes`)."""
         check_target(target)
+        self.symbolic = symbolic
+        self._symbolic_options: MappingOptions | None = None   # a symbolic kernel's, from its first call
         self.usage = usage
         self.definition = definition
         self.target = target
@@ -287,6 +290,20 @@ class Kernel:
                 self._cache.popitem(last=False)
         return kernel
 
+    @property
+    def symbolic_sizes(self) -> frozenset[str]:
+        """The sizes a compiled kernel of this definition leaves unknown: with
+        ``symbolic``, on a CPU target, every size of the definition (not one named like a
+        parameter, whose value the kernel takes under that name). A call at new values
+        of them binds the sizes and checks the accesses (milliseconds) and runs the code
+        compiled at the first call, unless those checks differ (an access proven inside
+        its tensor at one size but not at another): such sizes get a kernel of their
+        own, compiled once. A size of 0 or above
+        :data:`~polyfuse.scheduler.model.SYMBOLIC_MAX` gets a specialized kernel."""
+        if not self.symbolic or self.target.backend.codegen is not Codegen.LLVM:
+            return frozenset()
+        return frozenset(self.definition.sizes) - set(self._names)
+
     def _build(self, sizes: dict[str, int], options: MappingOptions | None) -> SpecializedKernel:
         specialized = bind_sizes(self.definition, sizes)
         for t in specialized.outputs:
@@ -300,11 +317,33 @@ class Kernel:
         stages = Stages({"source": self.source, "comprehension": str(self.definition),
                          "specialized": str(specialized)})
         try:
-            run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages,
-                                             self.usage)
+            symbolic = self.symbolic_sizes
+            if symbolic and all(1 <= sizes[n] <= SYMBOLIC_MAX for n in symbolic):
+                run = self._build_symbolic(sizes, options, stages, symbolic)
+            else:
+                run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages,
+                                                 self.usage)
         except AccessRangeError as e:
             raise e.with_source(self.source) from None
         return SpecializedKernel(specialized, dict(sizes), self.target, stages, run, self.definition)
+
+
+    def _build_symbolic(self, sizes: dict[str, int], options: MappingOptions | None, stages: dict[str, str],
+                        symbolic: frozenset[str]) -> Executable:
+        """The kernel for the ``symbolic`` sizes, with the options of the first call (the
+        heuristic's for its sizes, unless given or tuned), bound to ``sizes``."""
+        from polyfuse.runtime import cpu
+        from polyfuse.scheduler.heuristics import default_options
+        from polyfuse.targets.cpu import machine
+        with self._cache_lock:
+            if self._symbolic_options is None:
+                self._symbolic_options = replace(
+                    options or default_options(self.definition, sizes, machine(self.target), symbolic=True),
+                    fix_sizes=False)
+            chosen = self._symbolic_options
+        exe = cpu.build(self.definition, sizes, self.target, chosen, stages, self.usage, symbolic)
+        bound = {n: sizes[n] for n in symbolic}
+        return lambda values: exe({**values, **bound})
 
 
 class KernelModule:

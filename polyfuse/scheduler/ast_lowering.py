@@ -14,8 +14,8 @@ from dataclasses import replace
 import islpy as isl
 
 from polyfuse.errors import ScheduleError
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read,
-                                       ReduceOp, Select, SizeVar, combine, map_expr, walk)
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal, Read, ReduceOp,
+                                       ScalarDecl, ScalarRef, Select, SizeVar, combine, map_expr, walk)
 from polyfuse.ir.comprehension_interpreter import identity
 from polyfuse.ir.loops import (ERROR_BUFFER, Buffer, BufferRole, For, If, LoopKernel, LoopKind,
                                Stmt, Store, fold_stmts, map_kernel_exprs, map_loops, rewrite, walk_stmts,
@@ -75,11 +75,16 @@ _OPS = {
 
 class _Lowering:
     def __init__(self, model: Model, schedule: isl.Schedule, sizes: dict[str, int],
-                 options: MappingOptions) -> None:
+                 options: MappingOptions, symbolic: frozenset[str] = frozenset()) -> None:
         self.model = model
         self.schedule = schedule
         self.sizes = sizes
         self.options = options
+        self.symbolic = symbolic
+
+    def size(self, name: str) -> Expr:
+        """A size: its value, or in a kernel for symbolic sizes the scalar that holds it."""
+        return ScalarRef(name, _I64) if name in self.symbolic else _int(self.sizes[name])
 
     def expr(self, e: isl.AstExpr) -> Expr:
         kind = e.get_type()
@@ -87,8 +92,8 @@ class _Lowering:
             return _int(int(e.get_val().to_python()))
         if kind == isl.ast_expr_type.id:
             name = e.get_id().get_name()
-            if name.startswith("s_") and name[2:] in self.sizes:
-                return _int(self.sizes[name[2:]])
+            if name.startswith("s_") and (name[2:] in self.sizes or name[2:] in self.symbolic):
+                return self.size(name[2:])
             return IndexVar(name)
         op = e.get_op_type()
         args = [self.expr(e.get_op_arg(k)) for k in range(e.get_op_n_arg())]
@@ -165,6 +170,8 @@ class _Lowering:
             if isinstance(e, IndexVar):
                 return values[e.name]
             if isinstance(e, SizeVar):
+                if e.name in self.symbolic:   # typed as the definition typed it
+                    return Cast(DType.INT32, ScalarRef(e.name, _I64))
                 return Literal(self.sizes[e.name], DType.INT32)
             return e
 
@@ -231,17 +238,30 @@ def _annotate_innermost(body: tuple[Stmt, ...], options: MappingOptions) -> tupl
 
 
 def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
-                   options: MappingOptions) -> LoopKernel:
-    """The loop kernel that runs ``schedule`` for the given sizes."""
-    build = isl.AstBuild.from_context(model.context(sizes))
+                   options: MappingOptions, symbolic: frozenset[str] = frozenset()) -> LoopKernel:
+    """The loop kernel that runs ``schedule`` for the given sizes. Sizes named in
+    ``symbolic`` stay unknown: the kernel takes each as an int64 scalar of its name
+    (after the definition's own scalars), and its loop bounds and buffer extents are
+    expressions of them, so it runs at any value of those sizes."""
+    fixed = {n: v for n, v in sizes.items() if n not in symbolic}
+    build = isl.AstBuild.from_context(model.context(fixed, symbolic))
     ast = build.node_from_schedule(schedule)
-    lowering = _Lowering(model, schedule, sizes, options)
+    lowering = _Lowering(model, schedule, fixed, options, symbolic)
     body = _annotate_innermost(tuple(lowering.node(ast)), options)
     d = model.definition
     buffers = tuple(
-        Buffer(t.name, t.dtype, tuple(evaluate_int(s, sizes) for s in t.shape), role)
+        Buffer(t.name, t.dtype, tuple(_extent(s, fixed, symbolic) for s in t.shape), role)
         for ts, role in ((d.inputs, BufferRole.IN), (d.outputs, BufferRole.OUT)) for t in ts)
     if any(r.is_checked(k) for st in d.statements for r in walk(st.rhs) if isinstance(r, Read)
            for k in range(len(r.indices))):
         buffers += (Buffer(ERROR_BUFFER, DType.INT64, (1,), BufferRole.INOUT),)
-    return map_kernel_exprs(LoopKernel(d.name, buffers, d.scalars, body), widen_ints)
+    scalars = d.scalars + tuple(ScalarDecl(n, _I64) for n in sorted(symbolic))
+    return map_kernel_exprs(LoopKernel(d.name, buffers, scalars, body), widen_ints)
+
+
+def _extent(e: Expr, fixed: dict[str, int], symbolic: frozenset[str]) -> int | Expr:
+    """A tensor's extent: its value, or an int64 expression of the ``symbolic`` sizes."""
+    if not {n.name for n in walk(e) if isinstance(n, SizeVar)} & symbolic:
+        return evaluate_int(e, fixed)
+    return widen_ints(map_expr(e, lambda x: ScalarRef(x.name, _I64) if isinstance(x, SizeVar) and x.name in symbolic
+                               else _int(fixed[x.name]) if isinstance(x, SizeVar) else x))

@@ -86,10 +86,12 @@ def row_vectors(m: Machine) -> int:
     return max(1, min(8, m.vector_registers // 2))
 
 
-def default_options(d: Definition, sizes: dict[str, int], machine: Machine) -> MappingOptions:
+def default_options(d: Definition, sizes: dict[str, int], machine: Machine,
+                    symbolic: bool = False) -> MappingOptions:
     """The options of ``d`` at ``sizes`` for ``machine`` (:mod:`polyfuse.ir.machine`): its
     vectors and its vector registers (a register block's accumulators and operands fit
-    in them)."""
+    in them). ``symbolic``: for a kernel that serves every size (its reduction is always
+    tiled, so that full tiles have constant bounds and their panels can be packed)."""
     vector_bits = machine.vector_bits
     width = max(1, vector_bits // element_bits(d))
     nest = LoopNest.of(d, sizes)
@@ -100,7 +102,7 @@ def default_options(d: Definition, sizes: dict[str, int], machine: Machine) -> M
         return _row_reduction(nest, width, row_vectors(machine))
     if nest.work < CONTRACTION_MIN and _gathers(nest):
         return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
-                            machine)
+                            machine, symbolic)
     if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2 or not _reuses(nest):
         rest = sum(work(s, sizes) for s in d.statements if s is not st)
         if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
@@ -110,7 +112,7 @@ def default_options(d: Definition, sizes: dict[str, int], machine: Machine) -> M
             return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
         return MappingOptions(vector_width=width, unroll=2)
     return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
-                        machine)
+                        machine, symbolic)
 
 
 def _reuses(nest: LoopNest) -> bool:
@@ -203,7 +205,8 @@ def _row_reduction(nest: LoopNest, width: int, most_vectors: int) -> MappingOpti
                           unroll=2 if chunk >= 2 * width else 1)
 
 
-def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machine) -> MappingOptions:
+def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machine,
+                 symbolic: bool = False) -> MappingOptions:
     vector_registers = machine.vector_registers
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     extents = nest.extent_of()
@@ -292,7 +295,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
             if not rows_first:
                 cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
             steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
-        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most)}
+        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most, symbolic)}
         if rows_first and first is None and extents[jam] <= SPLIT_ROWS * CACHE_ROWS:
             # the threads' rows are the jammed index's alone (a matmul's, its columns too few
             # for tiles): whole register blocks of them, in a tile per thread
@@ -436,13 +439,15 @@ def _transposed(reads: list[Read], vec: str) -> bool:
     return bool(along) and all(u == [{vec}] and vec not in index_names(r.indices[-1]) for u, r in along)
 
 
-def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int, most: int) -> int:
+def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int, most: int,
+                symbolic: bool = False) -> int:
     """The tile of the reduction index ``depth``: about ``steps`` reduction steps with the
     other reduction indices untiled (a 3x3 convolution's window), a power of two; 0
     (untiled) when the whole reduction takes at most ``most`` steps (a 7x7 stem over 3
-    channels)."""
+    channels); always about ``steps`` for a ``symbolic`` kernel, whose depth may be any
+    (the last, partial tile reads its operands in place)."""
     rest = math.prod(extents[i] for i in red if i != depth)
-    if rest * extents[depth] <= most:
+    if rest * extents[depth] <= most and not symbolic:
         return 0
     return 1 << (max(1, steps // rest).bit_length() - 1)
 

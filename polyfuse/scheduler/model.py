@@ -104,10 +104,18 @@ class Model:
     def param_space(self) -> str:
         return "[" + ", ".join(f"s_{p}" for p in self.params) + "]"
 
-    def context(self, sizes: dict[str, int] | None = None) -> isl.Set:
-        """Every size >= 1, or fixed to ``sizes``."""
-        cons = [f"s_{p} = {sizes[p]}" if sizes else f"s_{p} >= 1" for p in self.params]
+    def context(self, sizes: dict[str, int] | None = None, symbolic: frozenset[str] = frozenset()) -> isl.Set:
+        """Every size >= 1, or fixed to ``sizes`` but for those in ``symbolic``, which
+        range over 1 to :data:`SYMBOLIC_MAX`."""
+        cons = [f"s_{p} = {sizes[p]}" if sizes and p not in symbolic else
+                f"1 <= s_{p} <= {SYMBOLIC_MAX}" if p in symbolic else f"s_{p} >= 1" for p in self.params]
         return isl.Set.read_from_str(self.ctx, f"{self.param_space()} -> {{ : {' and '.join(cons) or '1 = 1'} }}")
+
+
+SYMBOLIC_MAX = (1 << 30) - 1
+"""The largest value a kernel compiled for symbolic sizes takes a size to have (a tile
+of 1 << 30, the schedule's "not tiled", then covers a whole dimension); calls outside
+1 to SYMBOLIC_MAX get a kernel specialized to their sizes."""
 
 
 def skipped_inits(d: Definition) -> set[int]:

@@ -27,9 +27,10 @@ from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead
                                             pack_operands, promote_accumulators, promote_register_blocks,
                                             separate_full_tiles, unroll_and_jam, use_matrix_tiles,
                                             widen_partial_blocks)
-from polyfuse.scheduler.model import build_model, covers, skipped_inits
+from polyfuse.scheduler.model import build_model, covers, skipped_inits, zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
+from polyfuse.scheduler.symbolic_facts import Facts
 
 GpuPass = Callable[[GpuKernel], GpuKernel]
 
@@ -64,7 +65,8 @@ def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(
     :func:`~polyfuse.scheduler.loop_passes.use_matrix_tiles` puts on them; ``machine``
     sizes the packed boxes and says what a cache line is)."""
     matrix = (Pass("use_matrix_tiles", lambda k: use_matrix_tiles(k, tiles, usage.constants)),) if tiles else ()
-    return (separate_full_tiles, *matrix, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
+    separate = Pass("separate_full_tiles", lambda k: separate_full_tiles(k, Facts()))
+    return (separate, *matrix, Pass("unroll_and_jam", lambda k: unroll_and_jam(k, options.unroll_jam)),
             promote_accumulators,
             Pass("promote_register_blocks", lambda k: promote_register_blocks(k, zeroed, initialized)),
             Pass("fuse_epilogues", lambda k: fuse_epilogues(k, whole)),
@@ -129,11 +131,24 @@ def _run(manager: PassManager[IR], ir: IR, stages: dict[str, str] | None, stage:
     return ir
 
 
+def symbolic_signature(d: Definition, sizes: dict[str, int], symbolic: frozenset[str]) -> str:
+    """What a kernel of ``d`` compiled for the ``symbolic`` sizes depends on at ``sizes``:
+    the other sizes' values, the reads :func:`~polyfuse.scheduler.bounds.check_accesses`
+    leaves to run-time checks, and the outputs the runtime must zero. Two sizes with the
+    same signature run the same code (the symbolic sizes from 1 to
+    :data:`~polyfuse.scheduler.model.SYMBOLIC_MAX`)."""
+    return repr((sorted((n, v) for n, v in sizes.items() if n not in symbolic), sorted(symbolic),
+                 str(check_accesses(d, sizes)), sorted(zero_filled_outputs(d, sizes))))
+
+
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
                         stages: dict[str, str] | None = None,
                         initialized: set[str] | None = None, usage: Usage = Usage(),
-                        tiles: frozenset[str] = frozenset(), machine: Machine = DEFAULT_MACHINE) -> LoopKernel:
-    """Model, schedule, tile and lower ``d`` for concrete ``sizes`` on ``machine``.
+                        tiles: frozenset[str] = frozenset(), machine: Machine = DEFAULT_MACHINE,
+                        symbolic: frozenset[str] = frozenset()) -> LoopKernel:
+    """Model, schedule, tile and lower ``d`` for concrete ``sizes`` on ``machine``; sizes
+    named in ``symbolic`` stay parameters of the kernel (it runs at any of their values
+    for which :func:`symbolic_signature` is the same).
 
     ``stages`` (if given) receives the text of the isl schedule tree and the loop IR.
     Accesses not proven inside their tensors are refused or checked at run time
@@ -147,7 +162,7 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
     schedule = compute_schedule(model, options, sizes)
     if stages is not None:
         stages["schedule"] = str(schedule)
-    kernel = lower_schedule(model, schedule, sizes, options)
+    kernel = lower_schedule(model, schedule, sizes, options, symbolic)
     return run_loop_passes(kernel, cpu_loop_passes(options, zero_started(d), initialized, written_whole(d),
                                                     usage, tiles, machine), stages)
 

@@ -7,7 +7,7 @@ import logging
 import islpy as isl
 
 from polyfuse.scheduler.loop_nest import band_order
-from polyfuse.scheduler.model import Model, StatementInfo
+from polyfuse.scheduler.model import SYMBOLIC_MAX, Model, StatementInfo
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
 logger = logging.getLogger("polyfuse.scheduler")
@@ -184,7 +184,7 @@ def _outer_band_paths(node: isl.ScheduleNode, path: tuple[int, ...]) -> list[tup
 def _tile(band: isl.ScheduleNode, sizes: tuple[int, ...]) -> isl.ScheduleNode:
     """Tile a permutable band; returns the tile band, whose child is the point band."""
     n = band.band_n_member()
-    big = 1 << 30  # size 0, "do not tile" this member: one tile covers it
+    big = SYMBOLIC_MAX + 1  # size 0, "do not tile" this member: one tile covers it
     mv = isl.MultiVal.zero(band.band_get_space())
     for j in range(n):
         t = sizes[j] if j < len(sizes) else 0

@@ -35,7 +35,7 @@ from llvmlite import ir
 
 from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
-                               TileProduct, map_body_exprs, stmt_nodes, walk_stmts)
+                               TileProduct, extent_expr, map_body_exprs, stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
 from polyfuse.targets.llvm_dot import Isa, declare_variants
 from polyfuse.targets.llvm_expr import (F16, F32, F64, I1, I8, I64, ExprEmitter, bf16_to_f32,
@@ -179,15 +179,17 @@ class KernelEmitter:
         for dim, (idx, stride, extent) in enumerate(zip(indices, buf.strides, buf.shape)):
             term = emitter.emit(idx, b)
             if access.is_checked(dim):
-                term = self.checked_index(term, extent, scope, b)
-            offset = b.add(offset, term if stride == 1 else b.mul(term, ir.Constant(I64, stride)))
+                term = self.checked_index(term, emitter.emit(extent_expr(extent), b), scope, b)
+            if stride != 1:
+                term = b.mul(term, emitter.emit(extent_expr(stride), b))
+            offset = b.add(offset, term)
         return b.gep(scope.buffers[buffer], [offset], inbounds=inbounds)
 
-    def checked_index(self, index: ir.Value, extent: int, scope: _Scope,
+    def checked_index(self, index: ir.Value, extent: ir.Value, scope: _Scope,
                       b: ir.IRBuilder) -> ir.Value:
         """An index read from a tensor or not proven in bounds: outside [0, extent) it
         flags the error buffer."""
-        bad = b.icmp_unsigned(">=", index, ir.Constant(I64, extent))
+        bad = b.icmp_unsigned(">=", index, extent)
         with b.if_then(bad, likely=False):
             b.store(ir.Constant(I64, 1), scope.buffers[ERROR_BUFFER])
         return b.select(bad, ir.Constant(I64, 0), index)

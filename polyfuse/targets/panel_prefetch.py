@@ -131,6 +131,8 @@ def _panel_bytes(read: Read, loops: list[ConstantLoop], kernel: LoopKernel) -> i
         form = affine(index)
         if form is None:
             return None
+        if not isinstance(stride, int):   # (a symbolic kernel's: the reach is unknown)
+            return None
         lo, hi = span({v: c for v, c in form.items() if v in moving}, tuple(loops))
         reach += (hi - lo) * stride
     return (reach + 1) * np.dtype(buf.dtype.numpy).itemsize

@@ -153,7 +153,7 @@ def _fuse(first: Stmt, seconds: list[Stmt], kernel: LoopKernel, whole: frozenset
     dtype = kernel.buffer(source).dtype
     if dtype.compute is not dtype or kernel.buffer(target).role is BufferRole.LOCAL:
         return None  # a 16-bit T is rounded before the epilogue reads it; acc is not
-    if kernel.buffer(target).shape != kernel.buffer(source).shape or (
+    if not kernel.buffer(target).fixed or kernel.buffer(target).shape != kernel.buffer(source).shape or (
             not split and _trips(second) * len(stores) != math.prod(kernel.buffer(target).shape)):
         return None  # the epilogue writes every element of Y, as the blocks store every one of T
     template = _template(stores[0], source)

@@ -147,7 +147,8 @@ def _on_tiles(nest: list[For], store: Store, ctx: _Context) -> tuple[Stmt, ...] 
     builtin, acc, a, b = operands
     forms = [[affine(i) for i in r.indices] for r in (acc, a, b)]
     if any(f is None for fs in forms for f in fs) or any(r.is_checked(d) for r in (acc, a, b)
-                                                           for d in range(len(r.indices))):
+                                                           for d in range(len(r.indices))) \
+            or not all(kernel.buffer(r.tensor).fixed for r in (acc, a, b)):
         return None
     strides = [kernel.buffer(r.tensor).strides for r in (acc, a, b)]
     loops = [constant_loop(lp) for lp in nest]

@@ -60,7 +60,7 @@ import math
 import numpy as np
 from dataclasses import dataclass, replace
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, walk
+from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, ScalarRef, index_names, walk
 from polyfuse.ir.affine import Affine, ConstantLoop, affine, constant_loop, span, to_expr
 from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, LoopRewriter, Packing,
                                Scope, Stmt, Store, TileProduct, fresh_name, map_body_exprs,
@@ -142,7 +142,9 @@ class _Packer(LoopRewriter):
             return tops, []
         copies: list[Stmt] = []
         for tensor in sorted(sites):
-            tiles = _tiles(sites[tensor], enclosing) if tensor in self.constants else None
+            # (an input of a symbolic kernel, whose extents are the call's, is packed per call)
+            tiles = _tiles(sites[tensor], enclosing) if tensor in self.constants and self.inputs[tensor].fixed \
+                else None
             packed = self.pack(tops, tensor, sites[tensor], tiles)
             if packed is not None:
                 tops, copy = packed
@@ -327,41 +329,61 @@ def _packing(tensor: str, site: _Site, tiles: list[ConstantLoop], lows: list[int
 
 def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_Site]] | None:
     """The reads of input tensors in the nests under ``tops`` that a packed copy could
-    serve, by tensor; tensors with any other read are left out; None when a nest's top
-    loop has no constant bounds."""
+    serve, by tensor; tensors with any other read are left out. A loop whose bounds are
+    not constant (a symbolic kernel's tiles of a size) may hold a read that its variable
+    does not move (the box is the same on each of its iterations, taken to be many); None
+    when a nest's top loop has neither constant bounds nor other loops in it."""
     found: dict[str, list[_Site]] = {}
     rejected: set[str] = set()
 
-    def reads_in(exprs: tuple[Expr, ...], path: tuple[ConstantLoop, ...], guarded: bool) -> None:
+    def reads_in(exprs: tuple[Expr, ...], path: tuple[ConstantLoop, ...], guarded: bool,
+                 opaque: set[str]) -> None:
         for e in exprs:
             for r in walk(e):
                 if isinstance(r, Read) and r.tensor in inputs:
-                    site = None if guarded else _site(r, path)
+                    site = None if guarded or any(index_names(i) & opaque for i in r.indices) else _site(r, path)
                     if site is None:
                         rejected.add(r.tensor)
                     else:
                         found.setdefault(r.tensor, []).append(site)
 
-    if any(constant_loop(top) is None for top in tops):
+    if any(constant_loop(top) is None and not _opaque_bounds(top) for top in tops):
         return None
     for s, scope in walk_scoped(tops):
-        path = tuple(map(constant_loop, scope.loops))   # type: ignore[arg-type]
+        path = tuple(constant_loop(lp) or (_opaque(lp) if _opaque_bounds(lp) else None)  # type: ignore[arg-type]
+                     for lp in scope.loops)
+        opaque = {lp.var for lp in scope.loops if constant_loop(lp) is None}   # type: ignore[arg-type, attr-defined]
         if None in path or any(lp.kind is not LoopKind.SERIAL for lp in scope.loops):  # type: ignore[attr-defined]
             continue   # inside a loop whose tensors are all left out
         if isinstance(s, For):
-            if constant_loop(s) is None or s.kind is not LoopKind.SERIAL:
+            if s.kind is not LoopKind.SERIAL or (constant_loop(s) is None and not _opaque_bounds(s)):
                 rejected.update(_tensors_in((s,)))
             else:
-                reads_in((s.lo, s.hi), path, True)   # type: ignore[arg-type]
+                reads_in((s.lo, s.hi), path, True, opaque)   # type: ignore[arg-type]
         elif isinstance(s, If):
-            reads_in((s.cond,), path, scope.guarded)   # type: ignore[arg-type]
+            reads_in((s.cond,), path, scope.guarded, opaque)   # type: ignore[arg-type]
         elif isinstance(s, Store):
-            reads_in((*s.indices, s.value), path, scope.guarded)   # type: ignore[arg-type]
+            reads_in((*s.indices, s.value), path, scope.guarded, opaque)   # type: ignore[arg-type]
         elif isinstance(s, Assign):
-            reads_in((s.value,), path, scope.guarded)   # type: ignore[arg-type]
+            reads_in((s.value,), path, scope.guarded, opaque)   # type: ignore[arg-type]
         elif isinstance(s, TileProduct):   # its operands are where the tiles read them
             rejected.update(_tensors_in((s,)))
     return {t: s for t, s in found.items() if t not in rejected}
+
+
+UNKNOWN_TRIPS = 1 << 16   # the iterations a loop of a symbolic size's tiles is taken to run
+
+
+def _opaque_bounds(s: For) -> bool:
+    """Whether ``s``'s bounds read the sizes of a symbolic kernel (and no memory)."""
+    nodes = [n for e in (s.lo, s.hi) for n in walk(e)]
+    return any(isinstance(n, ScalarRef) and n.dtype.is_int for n in nodes) and not any(isinstance(n, Read) for n in nodes)
+
+
+def _opaque(lp: For) -> ConstantLoop:
+    """A loop without constant bounds as the reads it holds see it (they may not use its
+    variable): many iterations."""
+    return ConstantLoop(lp.var, 0, UNKNOWN_TRIPS, lp.step, lp.vector)
 
 
 def _site(r: Read, path: tuple[ConstantLoop, ...]) -> _Site | None:
@@ -411,7 +433,9 @@ def _jammed(sites: list[_Site], source: Buffer, line_bytes: int) -> tuple[int, i
     index where the reads differ, by the offsets ``0 .. mr-1`` only; ``mr``; and each
     read's offset. None unless the innermost reduction loop steps through the source a
     cache line or more at a time (a row apart: its reads would fall on a new line, and a
-    new page, every step; reads along a row stay as they are)."""
+    new page, every step; reads along a row stay as they are), or the rows lie a number
+    of elements apart that only the call knows (a symbolic kernel's source: each row
+    would take its own address register, where the packed rows lie side by side)."""
     forms = [s.inner for s in sites]
     differ = [d for d in range(len(forms[0])) if any(f[d] != forms[0][d] for f in forms)]
     if len(differ) != 1:
@@ -426,6 +450,10 @@ def _jammed(sites: list[_Site], source: Buffer, line_bytes: int) -> tuple[int, i
     inner = [lp for lp in sites[0].path if lp.vector <= 1 and lp.trips > 1 and any(lp.var in f for f in forms[0])]
     if not inner or inner[-1].var in forms[0][pd]:
         return None
+    if not source.fixed:
+        apart = source.strides[pd]
+        return (pd, mr, {id(s): Literal(o - base, _I64) for s, o in zip(sites, offsets)}) \
+            if not isinstance(apart, int) else None
     step = sum(f.get(inner[-1].var, 0) * stride for f, stride in zip(forms[0], source.strides)) * inner[-1].step
     if abs(step) * np.dtype(source.dtype.numpy).itemsize < line_bytes:
         return None

@@ -158,13 +158,15 @@ def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[St
     stores = loops[-1].body
     if not stores or not all(isinstance(s, Store) for s in stores):
         return None
-    if any(lp.kind is not LoopKind.SERIAL or constant_trips(lp) is None for lp in loops):
+    if any(lp.kind is not LoopKind.SERIAL for lp in loops):
         return None
     used = {n.name for s in stores for i in s.indices for n in walk(i) if isinstance(n, IndexVar)}
     inner = [k for k, lp in enumerate(loops) if lp.var in used]
     if not inner or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
         return None  # the reduction must run outside every loop the block's elements use
-    reduction, block = loops[:inner[0]], loops[inner[0]:]
+    reduction, block = loops[:inner[0]], loops[inner[0]:]   # (a reduction of a symbolic size may)
+    if any(constant_trips(lp) is None for lp in block):
+        return None
     if any(_trips(lp) > 1 and (lp.lo.value != 0 or lp.step != 1) for lp in block):  # type: ignore[attr-defined]
         return None
     buffer = {b.name: b for b in kernel.buffers}

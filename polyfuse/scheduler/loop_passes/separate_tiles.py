@@ -15,36 +15,58 @@ their sizes) and at most :data:`MAX_COPIES` copies of a loop body are made. A pa
 loop keeps all its iterations on the thread pool: its body chooses between the two
 versions (``if v < cut``), since two parallel loops would run one after the other, the
 shorter leaving threads idle.
+
+In a kernel compiled for symbolic sizes the bounds read the sizes (``for c0 in 0:N step
+256``, ``min(255, N - c0 - 1)``): there what the loops around a statement imply is a set
+of affine constraints, and :class:`~polyfuse.ir.cuts.Knowledge` the scheduler gives
+(isl's) decides each ``min`` and ``max``, and :mod:`polyfuse.ir.cuts` finds the cut as an
+expression of the sizes (``256 * floordiv(N, 256)``), the
+first tile whose ``min`` may take the other side.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, map_expr, walk
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, ScalarRef, index_names,
+                                       map_expr, walk)
 from polyfuse.ir.loops import (For, If, Interval, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, interval,
                                loop_range, walk_stmts)
 from polyfuse.ir.types import DType
+from polyfuse.ir.cuts import Knowledge, NotAffine, aligned, prefix_cut, smallest
+
+_I64 = DType.INT64
 
 MAX_COPIES = 16     # copies of one loop body at most (each split doubles what it holds)
 
 
 
-def separate_full_tiles(kernel: LoopKernel) -> LoopKernel:
-    """Split the tile loops of ``kernel`` so that full tiles have constant bounds."""
-    return _Separate()(kernel)
+def separate_full_tiles(kernel: LoopKernel, knowledge: Knowledge | None = None) -> LoopKernel:
+    """Split the tile loops of ``kernel`` so that full tiles have constant bounds.
+    ``knowledge``: what holds at the kernel's top (the scheduler's
+    :class:`~polyfuse.scheduler.symbolic_facts.Facts`), with which bounds that read sizes
+    are decided and split; without it they stay as they are."""
+    symbolic = knowledge is not None and any(
+        isinstance(n, ScalarRef) for s in walk_stmts(kernel.body) if isinstance(s, For)
+        for e in (s.lo, s.hi) for n in walk(e))
+    return _Separate(knowledge if symbolic else None)(kernel)
 
 
 class _Separate(LoopRewriter):
-    def __init__(self) -> None:
+    def __init__(self, knowledge: Knowledge | None) -> None:
         self.budget = MAX_COPIES    # the copies of the body being walked that splits may make
+        self.symbolic = knowledge is not None   # bounds read sizes (a kernel for symbolic sizes)
+        self.facts: Knowledge = knowledge  # type: ignore[assignment]   # what holds where the walk is
 
     def loop(self, loop: For, scope: Scope) -> tuple[Stmt, ...]:
         env = scope.env
+        if self.symbolic:
+            loop = replace(loop, lo=self.facts.decide(loop.lo), hi=self.facts.decide(loop.hi))
         lo, hi = simplify(loop.lo, env), simplify(loop.hi, env)
         loop = replace(loop, lo=lo, hi=hi)
         if not (isinstance(lo, Literal) and isinstance(hi, Literal)) or lo.value >= hi.value:
-            return (replace(loop, body=self.body(loop.body, scope.inside(loop))),)
+            split = self._symbolic(loop, scope) if self.symbolic else None
+            return split or (replace(loop, body=self._inside(loop, scope, loop.body)),)
         first, count = int(lo.value), _trips(int(lo.value), int(hi.value), loop.step)
         undecided = _undecided(loop, env)
         k = _full_prefix(loop, env, undecided, count) if undecided else count
@@ -63,7 +85,55 @@ class _Separate(LoopRewriter):
         most ``budget`` copies."""
         outer, self.budget = self.budget, budget
         try:
-            return self.body(loop.body, scope.inside(loop).knowing(_values(lo, hi, loop.step)))
+            part = replace(loop, lo=_int(lo), hi=_int(hi))
+            return self._inside(part, scope, loop.body, scope.inside(loop).knowing(_values(lo, hi, loop.step)))
+        finally:
+            self.budget = outer
+
+    def _inside(self, loop: For, scope: Scope, body: tuple[Stmt, ...], inner: Scope | None = None,
+                facts: Knowledge | None = None) -> tuple[Stmt, ...]:
+        """``body`` rewritten as the body of ``loop`` (``facts``: what holds there, if more
+        than its bounds say)."""
+        if not self.symbolic:
+            return self.body(body, inner or scope.inside(loop))
+        outer = self.facts
+        self.facts = facts or outer.inside(loop)
+        try:
+            return self.body(body, inner or scope.inside(loop))
+        finally:
+            self.facts = outer
+
+    def _symbolic(self, loop: For, scope: Scope) -> tuple[Stmt, ...] | None:
+        """``loop``, whose bounds read sizes, split where the ``min`` and ``max`` in the
+        bounds of the loops it holds are decided before the cut (full tiles) and not
+        after (the last, partial one); None where no cut is found."""
+        facts = self.facts.inside(loop)
+        calls = [c for inner in walk_stmts(loop.body) if isinstance(inner, For) for e in (inner.lo, inner.hi)
+                 for c in walk(e) if isinstance(c, Call) and c.fn in ("min", "max") and len(c.args) == 2
+                 and loop.var in index_names(c) and index_names(c) <= facts.variables]
+        cuts = [cut for c in calls if facts.decide(c) == c for cut in [prefix_cut(c, loop.var)] if cut is not None]
+        if not cuts or self.budget <= 1:
+            return None
+        try:
+            at = aligned(loop.lo, loop.step, smallest(cuts))
+        except NotAffine:
+            return None
+        at = self.facts.decide(Call("max", (loop.lo, Call("min", (loop.hi, at), _I64)), _I64))
+        if self.facts.always(at, "<=", loop.lo) or self.facts.always(loop.hi, "<=", at):
+            return None
+        budget, outer = self.budget // 2, self.budget
+        self.budget = budget
+        try:
+            if loop.kind is LoopKind.PARALLEL:   # one loop, all its iterations on the threads
+                full = self._inside(loop, scope, loop.body, facts=facts.below(loop.var, at))
+                self.budget = budget
+                rest = self._inside(loop, scope, loop.body, facts=facts.at_least(loop.var, at))
+                below = Binary(BinaryOp.LT, IndexVar(loop.var), at, DType.BOOL)
+                return (replace(loop, body=(If(below, full, rest),)),)
+            first, second = replace(loop, hi=at), replace(loop, lo=at)
+            full = self._inside(first, scope, loop.body)
+            self.budget = budget
+            return (replace(first, body=full), replace(second, body=self._inside(second, scope, loop.body)))
         finally:
             self.budget = outer
 

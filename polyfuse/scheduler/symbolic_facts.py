@@ -1,0 +1,148 @@
+"""Loop bounds of a kernel compiled for symbolic sizes, reasoned about with isl.
+
+Where sizes are numbers, a loop's range is an interval and a ``min`` in a bound is
+decided by comparing intervals (:func:`polyfuse.ir.loops.interval`). In a kernel whose
+sizes are its scalars (``for c3 in 0:min(255, N - c0 - 1) + 1`` inside ``for c0 in 0:N
+step 256``), what is known is a set of affine constraints over the sizes and the loop
+variables: the bounds of the loops around a statement, the stride of each, and the
+conditions of the splits around it. :class:`Facts` holds them as an isl set and decides
+a ``min`` or ``max`` when one side holds for every point of the set (isl's emptiness
+test); the loop passes get it as a :class:`~polyfuse.ir.cuts.Knowledge`, and
+:func:`~polyfuse.ir.cuts.prefix_cut` says where a loop must be split for a ``min``
+inside it to be decided before the cut (the full tiles; :mod:`polyfuse.ir.cuts`).
+
+Expressions isl cannot model (a product of variables, a truncating division, a value
+read from memory) are not affine here: whatever holds them stays undecided.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, ScalarRef, Unary, UnaryOp,
+                                       walk)
+from polyfuse.ir.cuts import NotAffine
+from polyfuse.ir.loops import For
+
+
+def isl_text(e: Expr) -> str:
+    """``e`` in isl's syntax: loop variables ``v_<name>``, sizes ``p_<name>``; raises
+    :class:`NotAffine` for what isl cannot model."""
+    match e:
+        case Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        case IndexVar(name=n):
+            return f"v_{n}"
+        case ScalarRef(name=n) if e.dtype.is_int:
+            return f"p_{n}"
+        case Unary(op=UnaryOp.NEG, operand=a):
+            return f"(-{isl_text(a)})"
+        case Binary(op=BinaryOp.ADD | BinaryOp.SUB, lhs=a, rhs=b):
+            return f"({isl_text(a)} {e.op.value} {isl_text(b)})"
+        case Binary(op=BinaryOp.MUL, lhs=a, rhs=b):
+            if isinstance(a, Literal) or isinstance(b, Literal):
+                return f"({isl_text(a)} * {isl_text(b)})"
+        case Call(fn="min" | "max", args=(a, b)):
+            return f"{e.fn}({isl_text(a)}, {isl_text(b)})"
+        case Call(fn="floordiv", args=(a, Literal(value=d))) if isinstance(d, int) and d > 0:
+            return f"floor(({isl_text(a)}) / {d})"
+    raise NotAffine(str(e))
+
+
+def _names(e: Expr) -> tuple[set[str], set[str]]:
+    """The loop variables and the int scalars ``e`` reads."""
+    return ({n.name for n in walk(e) if isinstance(n, IndexVar)},
+            {n.name for n in walk(e) if isinstance(n, ScalarRef) and n.dtype.is_int})
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Affine constraints known to hold (isl syntax), over loop variables and sizes."""
+
+    constraints: tuple[str, ...] = ()
+    variables: frozenset[str] = frozenset()
+    sizes: frozenset[str] = frozenset()
+
+    def adding(self, *exprs: Expr, constraint: str) -> Facts:
+        """These facts and ``constraint`` (isl text over ``exprs``' names)."""
+        vs, ps = set(self.variables), set(self.sizes)
+        for e in exprs:
+            v, p = _names(e)
+            vs |= v
+            ps |= p
+        return Facts(self.constraints + (constraint,), frozenset(vs), frozenset(ps))
+
+    def inside(self, loop: For) -> Facts:
+        """These facts in ``loop``'s body: its bounds and its stride (unchanged where a
+        bound is not affine: that bound is simply not known)."""
+        v = IndexVar(loop.var)
+        out = self.with_variable(loop.var)
+        try:
+            lo = isl_text(loop.lo)
+            out = out.adding(loop.lo, constraint=f"v_{loop.var} >= {lo}")
+            if loop.step > 1:
+                out = out.adding(loop.lo, constraint=f"exists (e: v_{loop.var} = {lo} + {loop.step} * e)")
+        except NotAffine:
+            pass
+        try:
+            out = out.adding(loop.hi, v, constraint=f"v_{loop.var} < {isl_text(loop.hi)}")
+        except NotAffine:
+            pass
+        return out
+
+    def with_variable(self, var: str) -> Facts:
+        return Facts(self.constraints, self.variables | {var}, self.sizes)
+
+    def below(self, var: str, cut: Expr) -> Facts:
+        """These facts where ``var < cut``."""
+        return self.adding(cut, IndexVar(var), constraint=f"v_{var} < {isl_text(cut)}")
+
+    def at_least(self, var: str, cut: Expr) -> Facts:
+        return self.adding(cut, IndexVar(var), constraint=f"v_{var} >= {isl_text(cut)}")
+
+    def _set(self, extra: str, exprs: tuple[Expr, ...]) -> isl.Set | None:
+        vs, ps = set(self.variables), set(self.sizes)
+        for e in exprs:
+            v, p = _names(e)
+            if v - self.variables:
+                return None   # reads a variable nothing is known of
+            ps |= p
+        params = ", ".join(f"p_{n}" for n in sorted(ps))
+        cons = " and ".join((*self.constraints, extra, *(f"p_{n} >= 1" for n in sorted(ps))))
+        tup = ", ".join(f"v_{n}" for n in sorted(vs))
+        return isl.Set.read_from_str(_CTX, f"[{params}] -> {{ [{tup}] : {cons} }}")
+
+    def always(self, a: Expr, op: str, b: Expr) -> bool:
+        """Whether ``a op b`` (``<=`` or ``<``) holds at every point of these facts."""
+        try:
+            negated = {"<=": ">", "<": ">="}[op]
+            s = self._set(f"{isl_text(a)} {negated} {isl_text(b)}", (a, b))
+        except NotAffine:
+            return False
+        return s is not None and s.is_empty()
+
+    def decide(self, e: Expr) -> Expr:
+        """``e`` with every two-argument ``min`` and ``max`` that one side always wins
+        here replaced by that side (innermost first)."""
+        if not any(isinstance(n, Call) and n.fn in ("min", "max") for n in walk(e)):
+            return e
+        match e:
+            case Call(fn="min" | "max", args=(a, b)):
+                a, b = self.decide(a), self.decide(b)
+                if self.always(a, "<=", b):
+                    return a if e.fn == "min" else b
+                if self.always(b, "<=", a):
+                    return b if e.fn == "min" else a
+                return Call(e.fn, (a, b), e.dtype)
+            case Binary(lhs=a, rhs=b):
+                return Binary(e.op, self.decide(a), self.decide(b), e.dtype)
+            case Unary(operand=a):
+                return Unary(e.op, self.decide(a), e.dtype)
+            case Call(args=args):
+                return Call(e.fn, tuple(self.decide(x) for x in args), e.dtype)
+        return e
+
+
+_CTX = isl.Context()

@@ -1,0 +1,149 @@
+"""Kernels compiled once for symbolic sizes (``define(..., sizes="symbolic")``): one
+compiled kernel serves every size, checked against numpy at sizes no tile divides."""
+
+import numpy as np
+import pytest
+
+import polyfuse as pf
+from polyfuse.errors import ArgumentError
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, IndexVar, Literal, ScalarRef
+from polyfuse.ir.loops import For
+from polyfuse.ir.types import DType
+from polyfuse.runtime import cpu
+from polyfuse.ir.cuts import aligned, prefix_cut
+from polyfuse.scheduler.symbolic_facts import Facts
+
+MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+CONV = """def conv(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
+  O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * Wt(f,c,kh,kw)
+}"""
+SOFTMAX = """def softmax(float(N,D) X) -> (Y, mx, e, s) {
+  mx(n) max=! X(n,d)
+  e(n,d) = exp(X(n,d) - mx(n))
+  s(n) +=! e(n,d)
+  Y(n,d) = e(n,d) / s(n)
+}"""
+
+
+def _builds() -> int:
+    """Kernels compiled or loaded from the disk cache so far in this process."""
+    return cpu.STATS["compiled"] + cpu.STATS["disk"]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _conv(i: np.ndarray, w: np.ndarray) -> np.ndarray:
+    n, c, h, wd = i.shape
+    f, _, kh, kw = w.shape
+    out = np.zeros((n, f, h - kh + 1, wd - kw + 1), np.float64)
+    for a in range(kh):
+        for b in range(kw):
+            out += np.einsum("nchw,fc->nfhw", i[:, :, a:a + h - kh + 1, b:b + wd - kw + 1], w[:, :, a, b])
+    return out
+
+
+def _sizes(rng: np.random.Generator, count: int, dims: int, high: int) -> list[tuple[int, ...]]:
+    picks = [tuple(int(x) for x in rng.integers(1, high, dims)) for _ in range(count - 2)]
+    return [(1,) * dims, (high,) * dims, *picks]
+
+
+def test_one_matmul_kernel_serves_twenty_sizes():
+    rng = np.random.default_rng(0)
+    k = pf.define(MM, target="host", sizes="symbolic").mm
+    before = _builds()
+    for m, kk, n in _sizes(rng, 20, 3, 300):
+        a = rng.standard_normal((m, kk)).astype(np.float32)
+        b = rng.standard_normal((kk, n)).astype(np.float32)
+        np.testing.assert_allclose(k(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3 * np.sqrt(kk))
+    assert _builds() - before == 1
+
+
+def test_one_conv_kernel_serves_twenty_sizes():
+    rng = np.random.default_rng(1)
+    k = pf.define(CONV, target="host", sizes="symbolic").conv
+    before = _builds()
+    for _ in range(20):
+        n, c, f = (int(x) for x in rng.integers(1, 6, 3))
+        kh, kw = (int(x) for x in rng.integers(1, 4, 2))
+        h, w = kh + int(rng.integers(0, 20)), kw + int(rng.integers(0, 20))
+        i = rng.standard_normal((n, c, h, w)).astype(np.float32)
+        wt = rng.standard_normal((f, c, kh, kw)).astype(np.float32)
+        np.testing.assert_allclose(k(i, wt), _conv(i, wt), rtol=1e-4, atol=1e-4)
+    assert _builds() - before == 1
+
+
+def test_one_softmax_kernel_serves_twenty_sizes():
+    rng = np.random.default_rng(2)
+    k = pf.define(SOFTMAX, target="host", sizes="symbolic").softmax
+    before = _builds()
+    for n, d in _sizes(rng, 20, 2, 700):
+        x = (4 * rng.standard_normal((n, d))).astype(np.float32)
+        np.testing.assert_allclose(k(x)[0], _softmax(x.astype(np.float64)), rtol=1e-5, atol=1e-7)
+    assert _builds() - before == 1
+
+
+def test_full_tiles_of_a_symbolic_kernel_have_constant_bounds():
+    """The tile loops split where the partial tile starts (a floor division of the size),
+    so the register block inside a full tile runs constant, vectorized loops."""
+    k = pf.define(MM, target="host", sizes="symbolic").mm
+    a, b = np.ones((100, 70), np.float32), np.ones((70, 90), np.float32)
+    loops = k.specialize(a, b).stages["loops"]
+    assert "int64 M, int64 N" in loops and "floordiv(" in loops
+    assert any(line.strip().startswith("acc") for line in loops.splitlines())   # accumulators in registers
+
+
+def test_a_size_of_zero_gets_a_kernel_of_its_own():
+    k = pf.define(MM, target="host", sizes="symbolic").mm
+    a, b = np.ones((3, 0), np.float32), np.ones((0, 5), np.float32)
+    np.testing.assert_array_equal(k(a, b), np.zeros((3, 5), np.float32))
+    assert "int64 M" not in k.specialize(a, b).stages["loops"]
+
+
+def test_sizes_must_be_known():
+    with pytest.raises(ArgumentError, match="sizes must be one of"):
+        pf.define(MM, target="host", sizes="dynamic")
+
+
+@pytest.mark.unit
+def test_facts_decide_the_min_of_a_full_tile():
+    """Inside ``for c0 in 0:256 * floordiv(N, 256) step 256``, ``min(255, N - c0 - 1)`` is
+    255; where c0 runs to N it is not decided."""
+    i64 = DType.INT64
+    n, c0 = ScalarRef("N", i64), IndexVar("c0")
+    bound = Call("min", (Literal(255, i64), Binary(BinaryOp.SUB, Binary(BinaryOp.SUB, n, c0, i64),
+                                                   Literal(1, i64), i64)), i64)
+    cut = prefix_cut(bound, "c0")
+    at = aligned(Literal(0, i64), 256, cut)
+    assert str(at) == "int64(256) * floordiv(N, int64(256))"
+    full = Facts().inside(For("c0", Literal(0, i64), at, (), step=256))
+    assert full.decide(bound) == Literal(255, i64)
+    whole = Facts().inside(For("c0", Literal(0, i64), n, (), step=256))
+    assert whole.decide(bound) == bound
+
+
+def test_a_symbolic_kernel_comes_back_from_the_disk_cache():
+    """Its layout keeps the outputs' extents as expressions of the sizes: loaded in a
+    new process (here: with this process's kernels dropped) it sizes them per call."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((33, 17)).astype(np.float32), rng.standard_normal((17, 65)).astype(np.float32)
+    pf.define(MM, target="host", sizes="symbolic").mm(a, b)
+    cpu._COMPILED.clear()
+    disk = cpu.STATS["disk"]
+    k = pf.define(MM, target="host", sizes="symbolic").mm
+    for m, kk, n in ((33, 17, 65), (5, 40, 129)):
+        a, b = rng.standard_normal((m, kk)).astype(np.float32), rng.standard_normal((kk, n)).astype(np.float32)
+        np.testing.assert_allclose(k(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert cpu.STATS["disk"] == disk + 1
+
+
+def test_a_size_the_statements_read_is_the_call_s():
+    """``/ D`` reads the size of this call, not of the first."""
+    src = "def mean(float(N,D) X) -> (Y) { Y(n) +=! X(n,d) / D }"
+    k = pf.define(src, target="host", sizes="symbolic").mean
+    rng = np.random.default_rng(4)
+    for n, d in ((3, 5), (17, 100), (1, 1), (40, 7)):
+        x = rng.standard_normal((n, d)).astype(np.float32)
+        np.testing.assert_allclose(k(x), x.mean(axis=1), rtol=1e-5, atol=1e-6)
