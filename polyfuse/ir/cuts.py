@@ -40,8 +40,9 @@ class Knowledge(Protocol):
         """Whether ``a op b`` (``<=`` or ``<``) holds everywhere here."""
         ...
 
-    def decide(self, e: Expr) -> Expr:
-        """``e`` with each ``min`` and ``max`` that one side always wins here replaced by it."""
+    def decide(self, e: Expr, constants: bool = False) -> Expr:
+        """``e`` with each ``min`` and ``max`` that one side always wins here replaced by
+        it (with ``constants``, only where that side is a number)."""
         ...
 
 

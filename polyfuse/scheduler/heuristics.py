@@ -295,6 +295,8 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
             if not rows_first:
                 cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
             steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
+        if symbolic:   # (tiles of any number of columns: enough of them to share out evenly)
+            cols = min(cols, max(block, CACHE_COLS // PARALLEL_TILES // block * block))
         tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most, symbolic)}
         if rows_first and first is None and extents[jam] <= SPLIT_ROWS * CACHE_ROWS:
             # the threads' rows are the jammed index's alone (a matmul's, its columns too few
@@ -444,11 +446,11 @@ def _depth_tile(extents: dict[str, int], red: list[str], depth: str, steps: int,
     """The tile of the reduction index ``depth``: about ``steps`` reduction steps with the
     other reduction indices untiled (a 3x3 convolution's window), a power of two; 0
     (untiled) when the whole reduction takes at most ``most`` steps (a 7x7 stem over 3
-    channels); always about ``steps`` for a ``symbolic`` kernel, whose depth may be any
-    (the last, partial tile reads its operands in place)."""
+    channels), or for a ``symbolic`` kernel (whose depth may be any: a tile keeps the
+    bounds of its loops constant, or bounded by the tile) a tile of about ``most`` steps."""
     rest = math.prod(extents[i] for i in red if i != depth)
-    if rest * extents[depth] <= most and not symbolic:
-        return 0
+    if rest * extents[depth] <= most:
+        return 1 << (max(1, most // rest).bit_length() - 1) if symbolic else 0
     return 1 << (max(1, steps // rest).bit_length() - 1)
 
 

@@ -123,25 +123,31 @@ class Facts:
             return False
         return s is not None and s.is_empty()
 
-    def decide(self, e: Expr) -> Expr:
+    def decide(self, e: Expr, constants: bool = False) -> Expr:
         """``e`` with every two-argument ``min`` and ``max`` that one side always wins
-        here replaced by that side (innermost first)."""
+        here replaced by that side (innermost first); with ``constants``, only where that
+        side is a number (a loop bound ``min(127, K - c1 - 1)`` then keeps the tile's
+        size, which bounds the loop's trips, where the size's side wins)."""
         if not any(isinstance(n, Call) and n.fn in ("min", "max") for n in walk(e)):
             return e
         match e:
             case Call(fn="min" | "max", args=(a, b)):
-                a, b = self.decide(a), self.decide(b)
+                a, b = self.decide(a, constants), self.decide(b, constants)
                 if self.always(a, "<=", b):
-                    return a if e.fn == "min" else b
-                if self.always(b, "<=", a):
-                    return b if e.fn == "min" else a
+                    win = a if e.fn == "min" else b
+                elif self.always(b, "<=", a):
+                    win = b if e.fn == "min" else a
+                else:
+                    win = None
+                if win is not None and (not constants or isinstance(win, Literal)):
+                    return win
                 return Call(e.fn, (a, b), e.dtype)
             case Binary(lhs=a, rhs=b):
-                return Binary(e.op, self.decide(a), self.decide(b), e.dtype)
+                return Binary(e.op, self.decide(a, constants), self.decide(b, constants), e.dtype)
             case Unary(operand=a):
-                return Unary(e.op, self.decide(a), e.dtype)
+                return Unary(e.op, self.decide(a, constants), e.dtype)
             case Call(args=args):
-                return Call(e.fn, tuple(self.decide(x) for x in args), e.dtype)
+                return Call(e.fn, tuple(self.decide(x, constants) for x in args), e.dtype)
         return e
 
 

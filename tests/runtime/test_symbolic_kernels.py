@@ -1,6 +1,8 @@
 """Kernels compiled once for symbolic sizes (``define(..., sizes="symbolic")``): one
 compiled kernel serves every size, checked against numpy at sizes no tile divides."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -46,8 +48,10 @@ def _conv(i: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _sizes(rng: np.random.Generator, count: int, dims: int, high: int) -> list[tuple[int, ...]]:
+    """The largest sizes first (the options of the kernel are the first call's: a
+    contraction's then tile, pack and block), 1 next, then random ones."""
     picks = [tuple(int(x) for x in rng.integers(1, high, dims)) for _ in range(count - 2)]
-    return [(1,) * dims, (high,) * dims, *picks]
+    return [(high,) * dims, (1,) * dims, *picks]
 
 
 def test_one_matmul_kernel_serves_twenty_sizes():
@@ -87,12 +91,17 @@ def test_one_softmax_kernel_serves_twenty_sizes():
 
 def test_full_tiles_of_a_symbolic_kernel_have_constant_bounds():
     """The tile loops split where the partial tile starts (a floor division of the size),
-    so the register block inside a full tile runs constant, vectorized loops."""
+    so the register block inside a full tile runs constant, vectorized loops, on panels
+    packed as a specialized kernel's; a partial tile of the reduction packs its rows into
+    the same panels, as many as the call has (a bound that keeps the tile's size)."""
     k = pf.define(MM, target="host", sizes="symbolic").mm
-    a, b = np.ones((100, 70), np.float32), np.ones((70, 90), np.float32)
+    a, b = np.ones((300, 300), np.float32), np.ones((300, 300), np.float32)
     loops = k.specialize(a, b).stages["loops"]
     assert "int64 M, int64 N" in loops and "floordiv(" in loops
     assert any(line.strip().startswith("acc") for line in loops.splitlines())   # accumulators in registers
+    copies = [line.strip() for line in loops.splitlines() if line.strip().startswith("for B_packed")]
+    assert any(re.fullmatch(r"for B_packed_1 in 0:\d+ \{", line) for line in copies)   # a full tile's rows
+    assert any("min(" in line and "K - c" in line for line in copies)     # a partial tile's rows
 
 
 def test_a_size_of_zero_gets_a_kernel_of_its_own():

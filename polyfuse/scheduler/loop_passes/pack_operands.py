@@ -61,7 +61,7 @@ import numpy as np
 from dataclasses import dataclass, replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, ScalarRef, index_names, walk
-from polyfuse.ir.affine import Affine, ConstantLoop, affine, constant_loop, span, to_expr
+from polyfuse.ir.affine import Affine, ConstantLoop, affine, constant_loop, max_trips, span, to_expr
 from polyfuse.ir.loops import (Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, LoopRewriter, Packing,
                                Scope, Stmt, Store, TileProduct, fresh_name, map_body_exprs,
                                walk_scoped)
@@ -86,6 +86,9 @@ class _Site:
     inner: tuple[Affine, ...]     # per index: the part the nest's loops move (with constants)
     vector: ConstantLoop | None          # the vector loop moving index ``dim`` (None: a broadcast)
     dim: int                             # the index the vector loop moves (the last, unless transposed)
+    # loops of the path whose trips a tile bounds but a size decides (a symbolic kernel's
+    # partial tile: the path holds them at the tile's trips): variable -> trips this time
+    limits: tuple[tuple[str, Expr], ...] = ()
 
 
 def pack_operands(kernel: LoopKernel, constants: frozenset[str] = frozenset(), *, min_reuse: int,
@@ -185,6 +188,9 @@ class _Packer(LoopRewriter):
         if pd == rank - 1 and extents[-1] <= nr and tuple(extents[1:]) == tuple(source.shape[1:]):
             return None   # one panel of whole rows: the copy would be laid out as the source
         across = [d for d in range(rank) if d != pd]   # the box's dimensions within a panel
+        fills = _fills(sites, pd, extents)
+        if fills is None:
+            return None
         box = (-(-extents[pd] // nr), *(extents[d] for d in across), nr)
         size = math.prod(box) * np.dtype(source.dtype.numpy).itemsize
         used = {v for s in sites for form in s.inner for v in form}
@@ -238,14 +244,18 @@ class _Packer(LoopRewriter):
         tops = tuple(replace(top, body=map_body_exprs(top.body, packed_read)) for top in tops)
         if packing is not None:
             return tops, []
-        return tops, self.copy(name, source, sites[0], lows, box, extents[pd], pd, across)
+        return tops, self.copy(name, source, sites[0], lows, box, extents[pd], pd, across, fills)
 
     def copy(self, name: str, source: Buffer, site: _Site, lows: list[int],
-             shape: tuple[int, ...], extent: int, pd: int, across: list[int]) -> list[Stmt]:
+             shape: tuple[int, ...], extent: int, pd: int, across: list[int],
+             fills: dict[int, Expr] | None = None) -> list[Stmt]:
         """The loops filling the packed buffer: panel, then the box's other dims, then
         the elements of a panel row (vectorized like the micro-kernel's loop); the
         ``extent`` elements along ``pd`` fill whole panels and a last, partial one, whose
-        remaining lanes are zeroed."""
+        remaining lanes are zeroed. ``fills``: dims of the source that this call fills
+        only partly (a symbolic kernel's partial tile), with how many of the box's
+        elements along them it reads."""
+        fills = fills or {}
         nr = shape[-1]
         names = [self.fresh(f"{name}_{d}") for d in range(len(shape))]
         ivs = [IndexVar(n) for n in names]
@@ -264,7 +274,8 @@ class _Packer(LoopRewriter):
                 For(names[-1], Literal(lo, _I64), Literal(hi, _I64), (Store(name, tuple(ivs), e),), vector=vector)
                 for lo, hi, e in lanes)
             for d in reversed(range(1, len(shape) - 1)):
-                body = (For(names[d], Literal(0, _I64), Literal(shape[d], _I64), body),)
+                hi = fills.get(across[d - 1], Literal(shape[d], _I64))
+                body = (For(names[d], Literal(0, _I64), hi, body),)
             return For(names[0], Literal(panels[0], _I64), Literal(panels[1], _I64), body)
 
         whole, rest = divmod(extent, nr)
@@ -337,11 +348,12 @@ def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_
     rejected: set[str] = set()
 
     def reads_in(exprs: tuple[Expr, ...], path: tuple[ConstantLoop, ...], guarded: bool,
-                 opaque: set[str]) -> None:
+                 opaque: set[str], limits: tuple[tuple[str, Expr], ...]) -> None:
         for e in exprs:
             for r in walk(e):
                 if isinstance(r, Read) and r.tensor in inputs:
-                    site = None if guarded or any(index_names(i) & opaque for i in r.indices) else _site(r, path)
+                    site = None if guarded or any(index_names(i) & opaque for i in r.indices) \
+                        else _site(r, path, limits)
                     if site is None:
                         rejected.add(r.tensor)
                     else:
@@ -350,22 +362,25 @@ def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_
     if any(constant_loop(top) is None and not _opaque_bounds(top) for top in tops):
         return None
     for s, scope in walk_scoped(tops):
-        path = tuple(constant_loop(lp) or (_opaque(lp) if _opaque_bounds(lp) else None)  # type: ignore[arg-type]
+        path = tuple(constant_loop(lp) or _bounded(lp) or (_opaque(lp) if _opaque_bounds(lp) else None)  # type: ignore[arg-type]
                      for lp in scope.loops)
-        opaque = {lp.var for lp in scope.loops if constant_loop(lp) is None}   # type: ignore[arg-type, attr-defined]
+        limits = tuple((lp.var, _trips_expr(lp)) for lp in scope.loops   # type: ignore[attr-defined]
+                       if constant_loop(lp) is None and _bounded(lp) is not None)   # type: ignore[arg-type]
+        opaque = {lp.var for lp in scope.loops if constant_loop(lp) is None   # type: ignore[arg-type, attr-defined]
+                  and _bounded(lp) is None}   # type: ignore[arg-type]
         if None in path or any(lp.kind is not LoopKind.SERIAL for lp in scope.loops):  # type: ignore[attr-defined]
             continue   # inside a loop whose tensors are all left out
         if isinstance(s, For):
             if s.kind is not LoopKind.SERIAL or (constant_loop(s) is None and not _opaque_bounds(s)):
                 rejected.update(_tensors_in((s,)))
             else:
-                reads_in((s.lo, s.hi), path, True, opaque)   # type: ignore[arg-type]
+                reads_in((s.lo, s.hi), path, True, opaque, limits)   # type: ignore[arg-type]
         elif isinstance(s, If):
-            reads_in((s.cond,), path, scope.guarded, opaque)   # type: ignore[arg-type]
+            reads_in((s.cond,), path, scope.guarded, opaque, limits)   # type: ignore[arg-type]
         elif isinstance(s, Store):
-            reads_in((*s.indices, s.value), path, scope.guarded, opaque)   # type: ignore[arg-type]
+            reads_in((*s.indices, s.value), path, scope.guarded, opaque, limits)   # type: ignore[arg-type]
         elif isinstance(s, Assign):
-            reads_in((s.value,), path, scope.guarded, opaque)   # type: ignore[arg-type]
+            reads_in((s.value,), path, scope.guarded, opaque, limits)   # type: ignore[arg-type]
         elif isinstance(s, TileProduct):   # its operands are where the tiles read them
             rejected.update(_tensors_in((s,)))
     return {t: s for t, s in found.items() if t not in rejected}
@@ -386,7 +401,44 @@ def _opaque(lp: For) -> ConstantLoop:
     return ConstantLoop(lp.var, 0, UNKNOWN_TRIPS, lp.step, lp.vector)
 
 
-def _site(r: Read, path: tuple[ConstantLoop, ...]) -> _Site | None:
+def _fills(sites: list[_Site], pd: int, extents: list[int]) -> dict[int, Expr] | None:
+    """The dims of the source the sites' loops of partial tiles (their ``limits``) move,
+    each with how many of its box's elements this run reads: one such loop per dim, by
+    steps of 1, not along the panels (``pd``); None otherwise."""
+    limits = dict(sites[0].limits)
+    if not limits:
+        return {}
+    if any(s.limits != sites[0].limits for s in sites):
+        return None
+    out: dict[int, Expr] = {}
+    for d in range(len(extents)):
+        moving = {v for s in sites for v in s.inner[d] if v in limits}
+        if not moving:
+            continue
+        if d == pd or len(moving) != 1 or any(s.inner[d].get(v, 0) != 1 for s in sites for v in moving):
+            return None
+        (v,) = moving
+        cap = next(lp.trips for lp in sites[0].path if lp.var == v)
+        more = extents[d] - cap
+        out[d] = limits[v] if not more else Binary(BinaryOp.ADD, limits[v], Literal(more, _I64), _I64)
+    return out
+
+
+def _bounded(lp: For) -> ConstantLoop | None:
+    """A loop of a symbolic kernel's partial tile, ``for v in c:min(t, N - x) + 1``, as the
+    reads it holds see it: a constant start and, at most, the tile's trips (step 1)."""
+    if not (isinstance(lp.lo, Literal) and lp.step == 1 and _opaque_bounds(lp)):
+        return None
+    trips = max_trips(lp.lo, lp.hi, lp.step)
+    return ConstantLoop(lp.var, int(lp.lo.value), trips, lp.step, lp.vector) if trips else None
+
+
+def _trips_expr(lp: For) -> Expr:
+    """The iterations of ``lp`` (step 1, a literal start) as an expression."""
+    return lp.hi if lp.lo == Literal(0, _I64) else Binary(BinaryOp.SUB, lp.hi, lp.lo, _I64)
+
+
+def _site(r: Read, path: tuple[ConstantLoop, ...], limits: tuple[tuple[str, Expr], ...] = ()) -> _Site | None:
     if any(r.is_checked(d) for d in range(len(r.indices))):
         return None
     forms = [affine(i) for i in r.indices]
@@ -401,9 +453,9 @@ def _site(r: Read, path: tuple[ConstantLoop, ...]) -> _Site | None:
                    and inner[dim].get(lp.var) == 1
                    and all(lp.var not in f for d, f in enumerate(inner) if d != dim)]
         if vectors and vectors[-1].trips >= 2:
-            return _Site(r, path, outer, inner, vectors[-1], dim)
+            return _Site(r, path, outer, inner, vectors[-1], dim, limits)
     if any(lp.vector > 1 and all(lp.var not in f for f in inner) for lp in path):
-        return _Site(r, path, outer, inner, None, -1)   # a scalar a vector loop broadcasts
+        return _Site(r, path, outer, inner, None, -1, limits)   # a scalar a vector loop broadcasts
     return None
 
 

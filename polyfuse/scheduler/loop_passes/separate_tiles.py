@@ -60,8 +60,8 @@ class _Separate(LoopRewriter):
 
     def loop(self, loop: For, scope: Scope) -> tuple[Stmt, ...]:
         env = scope.env
-        if self.symbolic:
-            loop = replace(loop, lo=self.facts.decide(loop.lo), hi=self.facts.decide(loop.hi))
+        if self.symbolic:   # (a bound the size's side wins keeps its min: the tile bounds the trips)
+            loop = replace(loop, lo=self.facts.decide(loop.lo, True), hi=self.facts.decide(loop.hi, True))
         lo, hi = simplify(loop.lo, env), simplify(loop.hi, env)
         loop = replace(loop, lo=lo, hi=hi)
         if not (isinstance(lo, Literal) and isinstance(hi, Literal)) or lo.value >= hi.value:
