@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 import polyfuse as pf
+from polyfuse.driver import SIZES
 from polyfuse.autotune import records as db
 from polyfuse.autotune.task import Task
 from polyfuse.errors import ArgumentError, PolyfuseError
@@ -214,7 +215,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if _kind(path) == "tc":
         source, d = _tc_definition(args)
         arrays = _input_placeholders(d, shapes)
-        mod = pf.define(source, target=args.target, tuning_records=args.tuning_records)
+        mod = pf.define(source, target=args.target, tuning_records=args.tuning_records, sizes=args.sizes)
         spec = mod[d.name].specialize(*arrays)
         stages = dict(spec.stages)
         texts = {"kernels": stages.get("specialized", ""), **stages}
@@ -282,7 +283,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     feeds = _load_npz(args.inputs)
     if kind == "tc":
         source, d = _tc_definition(args)
-        kernel = pf.define(source, target=args.target, tuning_records=args.tuning_records)[d.name]
+        kernel = pf.define(source, target=args.target, tuning_records=args.tuning_records, sizes=args.sizes)[d.name]
         missing = [p.name for p in d.params if p.name not in feeds]
         if missing:
             raise CliError(f"{args.inputs} lacks {missing} (it holds {sorted(feeds)})")
@@ -427,6 +428,11 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--input-shapes", help='shapes of the inputs: "A:[1024,1024] B:[1024,1024]"')
         s.add_argument("--tuning-records", help="records of earlier tuning to compile with")
 
+    def sizes(s: argparse.ArgumentParser) -> None:
+        s.add_argument("--sizes", choices=SIZES, default="specialized",
+                       help="a TC kernel for these sizes (specialized, the default), or one whose sizes "
+                       "are parameters (symbolic: its object code serves every size; CPU targets)")
+
     t = sub.add_parser("tune", help="search for fast schedules; append every trial to -o")
     common(t)
     t.add_argument("--trials", type=int, default=64, help="candidates to measure per task (default 64)")
@@ -450,6 +456,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", action="store_true",
                    help="compile polyfuse's pthreads thread pool into the bundle (default: one thread)")
     c.add_argument("--dump", help="print one stage: a graph pass, groups, plan, kernels, loops, llvm, asm")
+    sizes(c)
     c.set_defaults(run=cmd_compile)
 
     r = sub.add_parser("run", help="run on inputs from an .npz file")
@@ -458,6 +465,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--outputs", help=".npz file to write the outputs to (else they are printed)")
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--print-time", action="store_true", help="print the median, min and max time")
+    sizes(r)
     r.set_defaults(run=cmd_run)
 
     pr = sub.add_parser("profile", help="record the range of every float tensor over calibration "

@@ -60,6 +60,22 @@ def test_compile_dumps_a_stage(tc_file, capsys, tmp_path):
     assert "define" in (tmp_path / "out" / "mm.llvm.txt").read_text()
 
 
+def test_compile_and_run_a_kernel_for_symbolic_sizes(tc_file, capsys, tmp_path):
+    """``--sizes symbolic``: the object code takes the sizes as scalars (``int64 K, M, N``
+    in the loop IR) and serves every size."""
+    assert main(["compile", str(tc_file), "--entry", "mm", "--input-shapes", "A:[32,16] B:[16,8]",
+                 "--sizes", "symbolic", "--dump", "loops", "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "kernel mm(in float32(M, K) A, in float32(K, N) B" in out and "int64 K, int64 M, int64 N" in out
+    assert (tmp_path / "out" / "mm.o").stat().st_size > 0
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((7, 5)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", A=a, B=b)
+    assert main(["run", str(tc_file), "--entry", "mm", "--inputs", str(tmp_path / "in.npz"), "--sizes", "symbolic",
+                 "--outputs", str(tmp_path / "o.npz")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["C"], a @ b, rtol=1e-5, atol=1e-6)
+
+
 def test_run_a_tc_definition(tc_file, tmp_path, capsys):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)

@@ -342,8 +342,23 @@ class Kernel:
                     fix_sizes=False)
             chosen = self._symbolic_options
         exe = cpu.build(self.definition, sizes, self.target, chosen, stages, self.usage, symbolic)
-        bound = {n: sizes[n] for n in symbolic}
-        return lambda values: exe({**values, **bound})
+        return SizesBound(exe, {n: sizes[n] for n in symbolic})
+
+
+class SizesBound:
+    """A kernel compiled for symbolic sizes, called with the sizes of one call (the
+    kernel's scalars of those names); its other attributes (``jit``, ``layout``,
+    ``stages``) are the compiled kernel's."""
+
+    def __init__(self, executable: Any, sizes: dict[str, int]) -> None:
+        self.executable = executable
+        self.sizes = sizes
+
+    def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
+        return self.executable({**values, **self.sizes})  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["executable"], name)
 
 
 class KernelModule:
