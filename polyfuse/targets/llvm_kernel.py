@@ -33,7 +33,7 @@ from types import MappingProxyType
 
 from llvmlite import ir
 
-from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef
+from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef, walk
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
                                TileProduct, extent_expr, map_body_exprs, stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
@@ -326,7 +326,7 @@ class KernelEmitter:
         """Outline the loop into a body function and hand it to the thread pool."""
         self.n_parallel += 1
         name = f"{self.kernel.name}.par{self.n_parallel}"
-        used = _free_values(s, scope)
+        used = _free_values(s, scope, self.kernel)
         bufs = [buf for buf in self.kernel.parameters if buf.name in scope.buffers]
         # the function with noalias buffers that runs iterations [begin, end) of the loop
         ptypes = [scope.buffers[x.name].type for x in bufs] + [scope.values[v].type for v in used]
@@ -456,9 +456,12 @@ def _pointer_attributes(arg: ir.Argument, buf: Buffer) -> None:
         arg.attributes.align = buf.alignment
 
 
-def _free_values(s: For, scope: _Scope) -> list[str]:
-    """Register values (enclosing iterators, scalars) the loop uses."""
+def _free_values(s: For, scope: _Scope, kernel: LoopKernel) -> list[str]:
+    """Register values (enclosing iterators, scalars) the loop uses, in its statements or
+    in the extents of the buffers they address (a symbolic kernel's sizes)."""
     names = {n.name for st in walk_stmts((s,)) for n in stmt_nodes(st) if isinstance(n, (IndexVar, ScalarRef))}
+    names |= {n.name for b in kernel.buffers for e in b.shape if not isinstance(e, int)
+              for n in walk(e) if isinstance(n, ScalarRef)}
     return [v for v in scope.values if v in names]
 
 

@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 
 import polyfuse as pf
-from polyfuse.errors import ArgumentError
+from polyfuse.errors import ArgumentError, ShapeError
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, IndexVar, Literal, ScalarRef
 from polyfuse.ir.loops import For
 from polyfuse.ir.types import DType
 from polyfuse.runtime import cpu
 from polyfuse.ir.cuts import aligned, prefix_cut
 from polyfuse.scheduler.symbolic_facts import Facts
+from tests.frontends.test_canonical_programs import _as_tuple, assert_outputs_match
+from tests.tc_programs import PROGRAMS
 
 MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 CONV = """def conv(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
@@ -156,3 +158,42 @@ def test_a_size_the_statements_read_is_the_call_s():
     for n, d in ((3, 5), (17, 100), (1, 1), (40, 7)):
         x = rng.standard_normal((n, d)).astype(np.float32)
         np.testing.assert_allclose(k(x), x.mean(axis=1), rtol=1e-5, atol=1e-6)
+
+
+def _grown(args: tuple, delta: int, rng: np.random.Generator) -> list:
+    """New arguments with every dimension of every array ``delta`` longer (sizes that
+    agree still agree; windows keep their outputs' relation), values like the old ones'."""
+    out: list = []
+    for a in args:
+        if not (isinstance(a, np.ndarray) and a.ndim):
+            out.append(a)
+            continue
+        shape = tuple(d + delta for d in a.shape)
+        if a.dtype.kind in "fV":
+            out.append(rng.uniform(-1, 1, shape).astype(a.dtype))
+        elif a.dtype.kind == "b":
+            out.append(rng.integers(0, 2, shape).astype(a.dtype))
+        else:   # (indices keep to the values the program used: inside every table)
+            lo = max(int(a.min()), -1000)
+            out.append(rng.integers(lo, max(lo, min(int(a.max()), 1000)) + 1, shape).astype(a.dtype))
+    return out
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_canonical_programs_at_sizes_the_kernel_was_not_compiled_for(program):
+    """Each canonical program's symbolic kernel, compiled at the program's sizes, at those
+    sizes (against its oracle) and at every dimension 5 longer (against the reference
+    interpreter)."""
+    k = getattr(pf.define(program.source, target="host", sizes="symbolic"), program.entry)
+    rng = np.random.default_rng(5)
+    args = program.make_inputs(rng)
+    assert_outputs_match(_as_tuple(k(*args)), program.oracle(*args), program.name)
+    grown = _grown(args, 5, rng)
+    try:
+        expected = getattr(pf.define(program.source, target="reference"), program.entry)(*grown)
+    except ShapeError:
+        pytest.skip("the program's sizes are tied to each other otherwise (a window of its input)")
+    got = _as_tuple(k(*grown))
+    for g, e in zip(got, _as_tuple(expected)):   # (sums in another order than the interpreter's)
+        tol = 1e-2 if g.dtype.itemsize <= 2 and g.dtype.kind in "fV" else 1e-4
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(e, np.float64), rtol=tol, atol=tol)
