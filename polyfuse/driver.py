@@ -40,7 +40,7 @@ def define(source: str, *, target: str | Target = "reference",
     else ``tuning_records`` (a file ``polyfuse tune`` wrote) gives the best tuned options
     for each shape (or those of the nearest tuned shapes), else a heuristic chooses.
     ``sizes``: ``"specialized"`` compiles a kernel for each set of sizes it is called
-    at; ``"symbolic"`` (CPU targets) compiles one kernel, at the first call, whose sizes
+    at; ``"symbolic"`` (CPU targets this machine runs) compiles one kernel, at the first call, whose sizes
     are parameters: later calls at other sizes run it without compiling (with the first
     call's options; see :attr:`~polyfuse.runtime.kernel.Kernel.symbolic_sizes`).
     """

@@ -293,7 +293,7 @@ class Kernel:
     @property
     def symbolic_sizes(self) -> frozenset[str]:
         """The sizes a compiled kernel of this definition leaves unknown: with
-        ``symbolic``, on a CPU target, every size of the definition (not one named like a
+        ``symbolic``, on a CPU target this machine runs, every size of the definition (not one named like a
         parameter, whose value the kernel takes under that name). A call at new values
         of them binds the sizes and checks the accesses (milliseconds) and runs the code
         compiled at the first call, unless those checks differ (an access proven inside
@@ -301,6 +301,9 @@ class Kernel:
         own, compiled once. A size of 0 or above
         :data:`~polyfuse.scheduler.model.SYMBOLIC_MAX` gets a specialized kernel."""
         if not self.symbolic or self.target.backend.codegen is not Codegen.LLVM:
+            return frozenset()
+        from polyfuse.targets.cpu import runs_natively
+        if not runs_natively(self.target):   # (code run under qemu is called at fixed shapes)
             return frozenset()
         return frozenset(self.definition.sizes) - set(self._names)
 
