@@ -2,7 +2,10 @@
 
 A :class:`Kernel` is one TC ``def`` for one target. Calling it checks the arguments,
 specializes the definition to their shapes and dtypes (cached), and runs it. A
-:class:`SpecializedKernel` keeps the text of every stage it went through.
+:class:`SpecializedKernel` keeps the text of every stage it went through. A kernel made
+with ``symbolic`` (``define(..., sizes="symbolic")``) compiles once, at its first call,
+code whose sizes are parameters; each specialization then binds the sizes to that code
+(:class:`SizesBound`, see :attr:`Kernel.symbolic_sizes`).
 
 ``kernel(*args, out=arrays)`` writes the results into the caller's arrays and returns
 them (TC's in-place form; see :mod:`polyfuse.runtime.outputs`). A definition whose
