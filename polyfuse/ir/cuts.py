@@ -50,8 +50,6 @@ class NotAffine(Exception):
     """An expression the reasoning about bounds cannot model."""
 
 
-
-
 def from_linear(f: dict[Expr, int]) -> Expr:
     """The int64 expression of a linear form (terms in text order, the constant last)."""
     out: Expr | None = None
@@ -83,7 +81,7 @@ def prefix_cut(c: Call, var: str) -> Expr | None:
     a, b = (linear(x) for x in c.args)
     if a is None or b is None:
         return None
-    d = linear_sum(b, a, -1)               # b - a = alpha * var + rest
+    d = linear_sum(b, a, -1)         # b - a = alpha * var + rest
     v = IndexVar(var)
     alpha = d.pop(v, 0)
     if not alpha:
@@ -96,10 +94,13 @@ def prefix_cut(c: Call, var: str) -> Expr | None:
 
 def _plus_one(e: Expr) -> Expr:
     f = linear(e)
-    return from_linear(linear_sum(f, {_ONE: 1}, 1)) if f is not None else Binary(BinaryOp.ADD, e, Literal(1, _I64), _I64)
+    if f is None:
+        return Binary(BinaryOp.ADD, e, Literal(1, _I64), _I64)
+    return from_linear(linear_sum(f, {_ONE: 1}))
 
 
 def smallest(cuts: list[Expr]) -> Expr:
+    """The least of ``cuts`` (nested ``min``)."""
     out = cuts[0]
     for c in cuts[1:]:
         out = Call("min", (out, c), _I64)
