@@ -18,6 +18,7 @@ read from memory) are not affine here: whatever holds them stays undecided.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import islpy as isl
 
@@ -102,17 +103,25 @@ class Facts:
     def at_least(self, var: str, cut: Expr) -> Facts:
         return self.adding(cut, IndexVar(var), constraint=f"v_{var} >= {isl_text(cut)}")
 
+    @cached_property
+    def _known(self) -> isl.Set:
+        """The facts as an isl set (read once; each question intersects it)."""
+        return self._read(self.constraints, self.sizes)
+
+    def _read(self, constraints: tuple[str, ...], sizes: frozenset[str] | set[str]) -> isl.Set:
+        params = ", ".join(f"p_{n}" for n in sorted(sizes))
+        cons = " and ".join((*constraints, *(f"p_{n} >= 1" for n in sorted(sizes)))) or "1 = 1"
+        tup = ", ".join(f"v_{n}" for n in sorted(self.variables))
+        return isl.Set.read_from_str(_CTX, f"[{params}] -> {{ [{tup}] : {cons} }}")
+
     def _set(self, extra: str, exprs: tuple[Expr, ...]) -> isl.Set | None:
-        vs, ps = set(self.variables), set(self.sizes)
+        ps: set[str] = set()
         for e in exprs:
             v, p = _names(e)
             if v - self.variables:
                 return None   # reads a variable nothing is known of
             ps |= p
-        params = ", ".join(f"p_{n}" for n in sorted(ps))
-        cons = " and ".join((*self.constraints, extra, *(f"p_{n} >= 1" for n in sorted(ps))))
-        tup = ", ".join(f"v_{n}" for n in sorted(vs))
-        return isl.Set.read_from_str(_CTX, f"[{params}] -> {{ [{tup}] : {cons} }}")
+        return self._known.intersect(self._read((extra,), ps))   # (isl aligns the sizes)
 
     def always(self, a: Expr, op: str, b: Expr) -> bool:
         """Whether ``a op b`` (``<=`` or ``<``) holds at every point of these facts."""

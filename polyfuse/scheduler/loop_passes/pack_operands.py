@@ -361,13 +361,23 @@ def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_
 
     if any(constant_loop(top) is None and not _opaque_bounds(top) for top in tops):
         return None
+    seen: dict[int, tuple[ConstantLoop | None, str]] = {}   # per loop: as the reads see it, and how
+
+    def seen_as(lp: For) -> tuple[ConstantLoop | None, str]:
+        if id(lp) not in seen:
+            constant, bounded = constant_loop(lp), None
+            if constant is None:
+                bounded = _bounded(lp)
+            seen[id(lp)] = (constant, "constant") if constant is not None else (bounded, "bounded") \
+                if bounded is not None else (_opaque(lp), "opaque") if _opaque_bounds(lp) else (None, "")
+        return seen[id(lp)]
+
     for s, scope in walk_scoped(tops):
-        path = tuple(constant_loop(lp) or _bounded(lp) or (_opaque(lp) if _opaque_bounds(lp) else None)  # type: ignore[arg-type]
-                     for lp in scope.loops)
-        limits = tuple((lp.var, _trips_expr(lp)) for lp in scope.loops   # type: ignore[attr-defined]
-                       if constant_loop(lp) is None and _bounded(lp) is not None)   # type: ignore[arg-type]
-        opaque = {lp.var for lp in scope.loops if constant_loop(lp) is None   # type: ignore[arg-type, attr-defined]
-                  and _bounded(lp) is None}   # type: ignore[arg-type]
+        views = [seen_as(lp) for lp in scope.loops]   # type: ignore[arg-type]
+        path = tuple(view for view, _ in views)
+        limits = tuple((lp.var, _trips_expr(lp)) for lp, (_, how) in zip(scope.loops, views)  # type: ignore[attr-defined, arg-type]
+                       if how == "bounded")
+        opaque = {lp.var for lp, (_, how) in zip(scope.loops, views) if how in ("opaque", "")}  # type: ignore[attr-defined]
         if None in path or any(lp.kind is not LoopKind.SERIAL for lp in scope.loops):  # type: ignore[attr-defined]
             continue   # inside a loop whose tensors are all left out
         if isinstance(s, For):
