@@ -295,7 +295,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
             if not rows_first:
                 cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
             steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
-        if symbolic:   # (tiles of any number of columns: enough of them to share out evenly)
+        if symbolic:   # (any number of columns: enough tiles to share out evenly; benchmarks/LOG.md)
             cols = min(cols, max(block, CACHE_COLS // PARALLEL_TILES // block * block))
         tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most, symbolic)}
         if rows_first and first is None and extents[jam] <= SPLIT_ROWS * CACHE_ROWS:
