@@ -61,7 +61,7 @@ def _form(e: Expr, atom: Callable[[Expr], K | None], one: K) -> dict[K, int] | N
             return {one: v} if v else {}
         case Unary(op=UnaryOp.NEG, operand=a):
             f = _form(a, atom, one)
-            return None if f is None else {k: -c for k, c in f.items()}
+            return None if f is None else scale(f, -1)
         case Binary(op=BinaryOp.ADD | BinaryOp.SUB, lhs=a, rhs=b):
             fa, fb = _form(a, atom, one), _form(b, atom, one)
             if fa is None or fb is None:
@@ -72,9 +72,9 @@ def _form(e: Expr, atom: Callable[[Expr], K | None], one: K) -> dict[K, int] | N
             if fa is None or fb is None:
                 return None
             if set(fa) <= {one}:
-                return {k: c * fa.get(one, 0) for k, c in fb.items() if c * fa.get(one, 0)}
+                return scale(fb, fa.get(one, 0))
             if set(fb) <= {one}:
-                return {k: c * fb.get(one, 0) for k, c in fa.items() if c * fb.get(one, 0)}
+                return scale(fa, fb.get(one, 0))
     key = atom(e)
     return None if key is None else {key: 1}
 
@@ -92,7 +92,7 @@ def combine(a: Affine, b: Affine, k: int = 1) -> Affine:
     return linear_sum(a, b, k)
 
 
-def scale(a: Affine, k: int) -> Affine:
+def scale(a: dict[K, int], k: int) -> dict[K, int]:
     return {v: c * k for v, c in a.items() if c * k}
 
 

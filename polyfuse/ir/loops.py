@@ -149,54 +149,6 @@ def numbers(shape: tuple[Extent, ...]) -> tuple[int, ...]:
     return shape  # type: ignore[return-value]
 
 
-def extent_tokens(e: Expr) -> tuple[str, ...]:
-    """An extent's expression as text tokens in postfix order (what a saved kernel's
-    layout keeps of a symbolic extent; :func:`extent_from_tokens` reads them back)."""
-    match e:
-        case Literal(value=v, dtype=dt):
-            return (f"#{int(v)}:{dt.value}",)
-        case ScalarRef(name=n, dtype=dt):
-            return (f"${n}:{dt.value}",)
-        case Cast(operand=a, dtype=dt):
-            return (*extent_tokens(a), f"cast:{dt.value}")
-        case Unary(op=op, operand=a, dtype=dt):
-            return (*extent_tokens(a), f"unary:{op.value}:{dt.value}")
-        case Binary(op=op, lhs=a, rhs=b, dtype=dt):
-            return (*extent_tokens(a), *extent_tokens(b), f"binary:{op.value}:{dt.value}")
-        case Call(fn=fn, args=args, dtype=dt):
-            return (*(t for a in args for t in extent_tokens(a)), f"call:{fn}:{len(args)}:{dt.value}")
-    raise IRVerificationError(f"an extent that cannot be saved: {format_loop_expr(e)}")
-
-
-def extent_from_tokens(tokens: tuple[str, ...]) -> Expr:
-    """The expression :func:`extent_tokens` wrote."""
-    stack: list[Expr] = []
-    for t in tokens:
-        head, _, rest = t.partition(":")
-        parts = rest.split(":")
-        if head.startswith("#"):
-            stack.append(Literal(int(head[1:]), DType(rest)))
-        elif head.startswith("$"):
-            stack.append(ScalarRef(head[1:], DType(rest)))
-        elif head == "cast":
-            stack.append(Cast(DType(rest), stack.pop()))
-        elif head == "unary":
-            stack.append(Unary(UnaryOp(parts[0]), stack.pop(), DType(parts[1])))
-        elif head == "binary":
-            b, a = stack.pop(), stack.pop()
-            stack.append(Binary(BinaryOp(parts[0]), a, b, DType(parts[1])))
-        elif head == "call":
-            n = int(parts[1])
-            args = tuple(stack[len(stack) - n:])
-            del stack[len(stack) - n:]
-            stack.append(Call(parts[0], args, DType(parts[2])))
-        else:
-            raise IRVerificationError(f"an extent token polyfuse does not know: {t!r}")
-    if len(stack) != 1:
-        raise IRVerificationError(f"extent tokens {tokens} do not make one expression")
-    return stack[0]
-
-
 def extent_expr(n: Extent) -> Expr:
     """An extent as an int64 expression."""
     return Literal(n, DType.INT64) if isinstance(n, int) else n

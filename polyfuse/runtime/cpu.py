@@ -10,12 +10,12 @@ compile once per machine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import BoundsError, TargetError
+from polyfuse.errors import BoundsError, IRVerificationError, TargetError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.loops import touched
 from polyfuse.ir.types import DType
@@ -49,15 +49,20 @@ class CpuExecutable:
             f"CPU lacks {'it' if len(missing) == 1 else 'them'}. Compile for target='host' to run it "
             "here (code for another CPU can still be bundled or saved)")
 
-    def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
+    def __call__(self, values: Mapping[str, object],
+                 shapes: Sequence[tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
         """The outputs; an output named in ``values`` (a checked, writable, C-contiguous
-        array: ``out=``) is updated in place from its contents, never zeroed."""
+        array: ``out=``) is updated in place from its contents, never zeroed. ``shapes``:
+        the outputs' shapes at this call, which a kernel for symbolic sizes needs (with
+        its sizes in ``values``)."""
         if self.refusal:
             raise TargetError(self.refusal)
         layout = self.layout
+        if shapes is None and layout.symbolic:
+            raise IRVerificationError(f"kernel '{layout.name}' was compiled for symbolic sizes: its caller "
+                                      "gives the outputs' shapes of each call")
         # aligned, and reused from freed outputs of the same size (no page faults)
         given = layout.given_outputs(values)
-        shapes = layout.output_shapes(values) if layout.extents else None
         outs = {n: native.empty_aligned(s if shapes is None else shapes[k], dt, 64, z)
                 if n not in given else _aligned(given[n]) for k, (n, s, dt, z) in enumerate(self._outputs)}
         args: list[object] = list(layout.arguments(values))

@@ -312,20 +312,20 @@ class Kernel:
 
     def _build(self, sizes: dict[str, int], options: MappingOptions | None) -> SpecializedKernel:
         specialized = bind_sizes(self.definition, sizes)
-        for t in specialized.outputs:
-            extents = [evaluate_int(s, {}) for s in t.shape]
+        shapes = tuple(tuple(evaluate_int(s, {}) for s in t.shape) for t in specialized.outputs)
+        for t, extents in zip(specialized.outputs, shapes):
             if any(e < 0 for e in extents):
                 raise ShapeError(
-                    f"{self.name}: output '{t.name}' would have shape {tuple(extents)} for sizes "
+                    f"{self.name}: output '{t.name}' would have shape {extents} for sizes "
                     f"{sizes}: the inputs are too small for the statement that writes it")
             # a shift by 2**62 asks for more memory than any machine has
-            check_tensor_size(f"{self.name}: output '{t.name}'", t.dtype, tuple(extents))
+            check_tensor_size(f"{self.name}: output '{t.name}'", t.dtype, extents)
         stages = Stages({"source": self.source, "comprehension": str(self.definition),
                          "specialized": str(specialized)})
         try:
             symbolic = self.symbolic_sizes
             if symbolic and all(1 <= sizes[n] <= SYMBOLIC_MAX for n in symbolic):
-                run = self._build_symbolic(sizes, options, stages, symbolic)
+                run = self._build_symbolic(sizes, shapes, options, stages, symbolic)
             else:
                 run = BUILDERS[self.target.name](self.definition, sizes, self.target, options, stages,
                                                  self.usage)
@@ -333,11 +333,12 @@ class Kernel:
             raise e.with_source(self.source) from None
         return SpecializedKernel(specialized, dict(sizes), self.target, stages, run, self.definition)
 
-
-    def _build_symbolic(self, sizes: dict[str, int], options: MappingOptions | None, stages: dict[str, str],
+    def _build_symbolic(self, sizes: dict[str, int], shapes: tuple[tuple[int, ...], ...],
+                        options: MappingOptions | None, stages: dict[str, str],
                         symbolic: frozenset[str]) -> Executable:
         """The kernel for the ``symbolic`` sizes, with the options of the first call (the
-        heuristic's for its sizes, unless given or tuned), bound to ``sizes``."""
+        heuristic's for its sizes, unless given or tuned), bound to ``sizes`` (at which
+        its outputs have ``shapes``)."""
         from polyfuse.runtime import cpu
         from polyfuse.scheduler.heuristics import default_options
         from polyfuse.targets.cpu import machine
@@ -348,20 +349,21 @@ class Kernel:
                     fix_sizes=False)
             chosen = self._symbolic_options
         exe = cpu.build(self.definition, sizes, self.target, chosen, stages, self.usage, symbolic)
-        return SizesBound(exe, {n: sizes[n] for n in symbolic})
+        return SizesBound(exe, {n: sizes[n] for n in symbolic}, shapes)
 
 
 class SizesBound:
     """A kernel compiled for symbolic sizes, called with the sizes of one call (the
-    kernel's scalars of those names); its other attributes (``jit``, ``layout``,
-    ``stages``) are the compiled kernel's."""
+    kernel's scalars of those names) and its outputs' shapes at them; its other
+    attributes (``jit``, ``layout``, ``stages``) are the compiled kernel's."""
 
-    def __init__(self, executable: Any, sizes: dict[str, int]) -> None:
+    def __init__(self, executable: Any, sizes: dict[str, int], shapes: tuple[tuple[int, ...], ...]) -> None:
         self.executable = executable
         self.sizes = sizes
+        self.shapes = shapes
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
-        return self.executable({**values, **self.sizes})  # type: ignore[no-any-return]
+        return self.executable({**values, **self.sizes}, self.shapes)  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["executable"], name)

@@ -26,8 +26,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from polyfuse.ir.comprehension import Definition, Read
-from polyfuse.ir.loops import (ERROR_BUFFER, BufferRole, LoopKernel, Packing, extent_from_tokens, extent_tokens, shape_at,
-                               stmt_nodes, walk_stmts)
+from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel, Packing, stmt_nodes, walk_stmts
 from polyfuse.ir.plan import KernelStep, Plan, aligned
 from polyfuse.ir.steps import events, leaves
 from polyfuse.ir.types import aligned_array
@@ -91,17 +90,12 @@ class Layout:
     scalars: tuple[str, ...]
     packed: tuple[tuple[str, tuple[int, ...], Packing], ...] = ()  # name, shape, packing
     unread: tuple[str, ...] = ()     # inputs the code never reads (a packed input's source)
-    # a kernel for symbolic sizes: per output, per dimension, the postfix tokens of its
-    # extent (ir.loops.extent_tokens; the outputs' shapes hold -1 there), else ()
-    extents: tuple[tuple[tuple[str, ...], ...], ...] = ()
 
-    def output_shapes(self, values: Mapping[str, Any]) -> list[tuple[int, ...]]:
-        """The outputs' shapes for a call on ``values`` (which hold a symbolic kernel's
-        sizes, as its scalars)."""
-        if not self.extents:
-            return [s for _, s, _, _ in self.outputs]
-        return [shape_at(tuple(n if not tokens else extent_from_tokens(tokens) for n, tokens in zip(s, ex)), values)
-                for (_, s, _, _), ex in zip(self.outputs, self.extents)]
+    @property
+    def symbolic(self) -> bool:
+        """Whether the kernel was compiled for symbolic sizes: an output's extent the
+        call decides is -1 here (its caller gives the shapes of each call)."""
+        return any(n < 0 for _, s, _, _ in self.outputs for n in s)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -111,8 +105,6 @@ class Layout:
     def of(kernel: LoopKernel, zeroed: set[str]) -> Layout:
         read = {e.tensor for st in walk_stmts(kernel.body) for e in stmt_nodes(st) if isinstance(e, Read)}
         outputs = [b for b in kernel.buffers if b.role is BufferRole.OUT]
-        extents = tuple(tuple(() if isinstance(n, int) else extent_tokens(n) for n in b.shape) for b in outputs) \
-            if not all(b.fixed for b in outputs) else ()
         return Layout(kernel.name,
                       tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN),
                       tuple((b.name, tuple(n if isinstance(n, int) else -1 for n in b.shape), b.dtype.value,
@@ -120,8 +112,7 @@ class Layout:
                       any(b.name == ERROR_BUFFER for b in kernel.buffers),
                       tuple(s.name for s in kernel.scalars),
                       tuple((b.name, b.shape, b.packing) for b in kernel.buffers if b.packing is not None),
-                      tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN and b.name not in read),
-                      extents)
+                      tuple(b.name for b in kernel.buffers if b.role is BufferRole.IN and b.name not in read))
 
     def arguments(self, values: Mapping[str, Any]) -> list[np.ndarray]:
         """The input arrays in order; packed inputs not in ``values`` made from their sources

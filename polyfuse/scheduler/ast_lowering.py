@@ -250,7 +250,7 @@ def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
     body = _annotate_innermost(tuple(lowering.node(ast)), options)
     d = model.definition
     buffers = tuple(
-        Buffer(t.name, t.dtype, tuple(_extent(s, fixed, symbolic) for s in t.shape), role)
+        Buffer(t.name, t.dtype, tuple(_extent(s, lowering) for s in t.shape), role)
         for ts, role in ((d.inputs, BufferRole.IN), (d.outputs, BufferRole.OUT)) for t in ts)
     if any(r.is_checked(k) for st in d.statements for r in walk(st.rhs) if isinstance(r, Read)
            for k in range(len(r.indices))):
@@ -259,9 +259,8 @@ def lower_schedule(model: Model, schedule: isl.Schedule, sizes: dict[str, int],
     return map_kernel_exprs(LoopKernel(d.name, buffers, scalars, body), widen_ints)
 
 
-def _extent(e: Expr, fixed: dict[str, int], symbolic: frozenset[str]) -> int | Expr:
-    """A tensor's extent: its value, or an int64 expression of the ``symbolic`` sizes."""
-    if not {n.name for n in walk(e) if isinstance(n, SizeVar)} & symbolic:
-        return evaluate_int(e, fixed)
-    return widen_ints(map_expr(e, lambda x: ScalarRef(x.name, _I64) if isinstance(x, SizeVar) and x.name in symbolic
-                               else _int(fixed[x.name]) if isinstance(x, SizeVar) else x))
+def _extent(e: Expr, lowering: _Lowering) -> int | Expr:
+    """A tensor's extent: its value, or an int64 expression of the symbolic sizes."""
+    if not {n.name for n in walk(e) if isinstance(n, SizeVar)} & lowering.symbolic:
+        return evaluate_int(e, lowering.sizes)
+    return widen_ints(map_expr(e, lambda x: lowering.size(x.name) if isinstance(x, SizeVar) else x))

@@ -18,7 +18,7 @@ import sympy
 
 from polyfuse.errors import ScheduleError
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition, Expr, IndexVar,
-                                       Literal, Read, ReduceOp, SizeVar, Statement, Unary,
+                                       Literal, Read, ReduceOp, ScalarRef, SizeVar, Statement, Unary,
                                        UnaryOp, walk)
 from polyfuse.ir.symbolic import evaluate_int, to_sympy
 from polyfuse.scheduler.loop_nest import loop_indices
@@ -29,11 +29,14 @@ class _NotAffine(Exception):
 
 
 def isl_expr(e: Expr, names: dict[str, str]) -> str:
-    """``e`` in isl's syntax, with indices and sizes renamed by ``names``."""
+    """``e`` in isl's syntax, with indices and sizes renamed by ``names`` (and int scalars
+    named there: a symbolic kernel's sizes)."""
     match e:
         case Literal(value=v) if e.dtype.is_int:
             return str(int(v))
         case IndexVar(name=n) | SizeVar(name=n):
+            return names[n]
+        case ScalarRef(name=n) if e.dtype.is_int and n in names:
             return names[n]
         case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
             return isl_expr(a, names)

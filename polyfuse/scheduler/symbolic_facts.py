@@ -22,34 +22,23 @@ from functools import cached_property
 
 import islpy as isl
 
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, ScalarRef, Unary, UnaryOp,
-                                       walk)
+from polyfuse.ir.comprehension import Binary, Call, Expr, IndexVar, Literal, ScalarRef, Unary, walk
 from polyfuse.ir.cuts import NotAffine
 from polyfuse.ir.loops import For
+from polyfuse.scheduler.model import _NotAffine, isl_expr
 
 
 def isl_text(e: Expr) -> str:
-    """``e`` in isl's syntax: loop variables ``v_<name>``, sizes ``p_<name>``; raises
-    :class:`NotAffine` for what isl cannot model."""
-    match e:
-        case Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
-            return str(v)
-        case IndexVar(name=n):
-            return f"v_{n}"
-        case ScalarRef(name=n) if e.dtype.is_int:
-            return f"p_{n}"
-        case Unary(op=UnaryOp.NEG, operand=a):
-            return f"(-{isl_text(a)})"
-        case Binary(op=BinaryOp.ADD | BinaryOp.SUB, lhs=a, rhs=b):
-            return f"({isl_text(a)} {e.op.value} {isl_text(b)})"
-        case Binary(op=BinaryOp.MUL, lhs=a, rhs=b):
-            if isinstance(a, Literal) or isinstance(b, Literal):
-                return f"({isl_text(a)} * {isl_text(b)})"
-        case Call(fn="min" | "max", args=(a, b)):
-            return f"{e.fn}({isl_text(a)}, {isl_text(b)})"
-        case Call(fn="floordiv", args=(a, Literal(value=d))) if isinstance(d, int) and d > 0:
-            return f"floor(({isl_text(a)}) / {d})"
-    raise NotAffine(str(e))
+    """``e`` in isl's syntax (:func:`~polyfuse.scheduler.model.isl_expr`): loop variables
+    ``v_<name>``, sizes ``p_<name>``; raises :class:`NotAffine` for what isl cannot model."""
+    variables, sizes = _names(e)
+    names = {n: f"v_{n}" for n in variables} | {n: f"p_{n}" for n in sizes}
+    if len(names) < len(variables) + len(sizes):
+        raise NotAffine(f"{e}: a loop variable and a size of one name")
+    try:
+        return isl_expr(e, names)
+    except _NotAffine:
+        raise NotAffine(str(e)) from None
 
 
 def _names(e: Expr) -> tuple[set[str], set[str]]:

@@ -361,19 +361,10 @@ def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_
 
     if any(constant_loop(top) is None and not _opaque_bounds(top) for top in tops):
         return None
-    seen: dict[int, tuple[ConstantLoop | None, str]] = {}   # per loop: as the reads see it, and how
-
-    def seen_as(lp: For) -> tuple[ConstantLoop | None, str]:
-        if id(lp) not in seen:
-            constant, bounded = constant_loop(lp), None
-            if constant is None:
-                bounded = _bounded(lp)
-            seen[id(lp)] = (constant, "constant") if constant is not None else (bounded, "bounded") \
-                if bounded is not None else (_opaque(lp), "opaque") if _opaque_bounds(lp) else (None, "")
-        return seen[id(lp)]
+    seen: dict[int, tuple[ConstantLoop | None, str]] = {}   # per loop (each seen once), _seen's
 
     for s, scope in walk_scoped(tops):
-        views = [seen_as(lp) for lp in scope.loops]   # type: ignore[arg-type]
+        views = [seen.get(id(lp)) or seen.setdefault(id(lp), _seen(lp)) for lp in scope.loops]  # type: ignore[arg-type]
         path = tuple(view for view, _ in views)
         limits = tuple((lp.var, _trips_expr(lp)) for lp, (_, how) in zip(scope.loops, views)  # type: ignore[attr-defined, arg-type]
                        if how == "bounded")
@@ -397,6 +388,19 @@ def _sites(tops: tuple[For, ...], inputs: dict[str, Buffer]) -> dict[str, list[_
 
 
 UNKNOWN_TRIPS = 1 << 16   # the iterations a loop of a symbolic size's tiles is taken to run
+
+
+def _seen(lp: For) -> tuple[ConstantLoop | None, str]:
+    """``lp`` as the reads it holds see it, and how: ``constant`` bounds; ``bounded`` by a
+    tile (:func:`_bounded`), reads may use its variable; ``opaque`` (a symbolic size's
+    tiles), reads may not; or (None, ``""``), nothing under it is packed."""
+    constant = constant_loop(lp)
+    if constant is not None:
+        return constant, "constant"
+    bounded = _bounded(lp)
+    if bounded is not None:
+        return bounded, "bounded"
+    return (_opaque(lp), "opaque") if _opaque_bounds(lp) else (None, "")
 
 
 def _opaque_bounds(s: For) -> bool:
@@ -512,13 +516,12 @@ def _jammed(sites: list[_Site], source: Buffer, line_bytes: int) -> tuple[int, i
     inner = [lp for lp in sites[0].path if lp.vector <= 1 and lp.trips > 1 and any(lp.var in f for f in forms[0])]
     if not inner or inner[-1].var in forms[0][pd]:
         return None
-    if not source.fixed:
-        apart = source.strides[pd]
-        return (pd, mr, {id(s): Literal(o - base, _I64) for s, o in zip(sites, offsets)}) \
-            if not isinstance(apart, int) else None
-    step = sum(f.get(inner[-1].var, 0) * stride for f, stride in zip(forms[0], source.strides)) * inner[-1].step
-    if abs(step) * np.dtype(source.dtype.numpy).itemsize < line_bytes:
-        return None
+    if source.fixed:
+        step = sum(f.get(inner[-1].var, 0) * stride for f, stride in zip(forms[0], source.strides)) * inner[-1].step
+        if abs(step) * np.dtype(source.dtype.numpy).itemsize < line_bytes:
+            return None
+    elif isinstance(source.strides[pd], int):
+        return None   # (the rows lie a known number of elements apart: no register each)
     return pd, mr, {id(s): Literal(o - base, _I64) for s, o in zip(sites, offsets)}
 
 
