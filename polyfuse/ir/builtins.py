@@ -61,6 +61,10 @@ BUILTINS: dict[str, Builtin] = {
     # bfdot2(a, b) sums in float32 the two products of a's bfloat16 halves and b's (each
     # product exact; the low half is the first element in memory)
     "bfdot2": Builtin("bfdot2", 2, BuiltinKind.WORDS, DType.FLOAT32),
+    # x rounded to TF32 (a float32 with a 10-bit fraction: what NVIDIA's tensor cores
+    # multiply), to nearest with ties away from zero (PTX's cvt.rna.tf32.f32); a float32
+    # with the low 13 bits of its fraction zero
+    **_table(BuiltinKind.FLOAT, 1, "tf32"),
 }
 
 

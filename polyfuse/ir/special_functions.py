@@ -267,8 +267,19 @@ def bfdot2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a1 * b1 + a0 * b0
 
 
+def tf32(x: np.ndarray) -> np.ndarray:
+    """The ``tf32`` builtin: float32 ``x`` rounded to a 10-bit fraction, to nearest with
+    ties away from zero (the magnitude's bits plus half the dropped unit, truncated);
+    infinities and NaN as they are."""
+    x = np.asarray(x)
+    bits = x.astype(np.float32).view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    rounded = np.where(finite, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000), bits).astype(np.uint32)
+    return rounded.view(np.float32).astype(x.dtype if x.dtype.kind == "f" else np.float32)
+
+
 FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
-    "dot4": dot4, "bfdot2": bfdot2,
+    "dot4": dot4, "bfdot2": bfdot2, "tf32": tf32,
     "round": round_half_away, "rint": np.rint, "acosh": np.arccosh, "asinh": np.arcsinh,
     "atanh": np.arctanh, "copysign": np.copysign, "cospi": cospi, "sinpi": sinpi,
     "cyl_bessel_i0": cyl_bessel_i0, "cyl_bessel_i1": cyl_bessel_i1, "erfinv": erfinv,

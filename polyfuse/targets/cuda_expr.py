@@ -120,6 +120,16 @@ HELPERS: dict[str, str] = {
 #else
 #define pf_cp_async_wait(n)
 #endif""",
+    # float32 rounded to TF32 (the tf32 builtin): cvt.rna on sm_80 and later, else the
+    # same rounding on the bits
+    "pf_tf32": """__device__ __forceinline__ float pf_tf32(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return __uint_as_float(r);
+#else
+  unsigned u = __float_as_uint(x);
+  return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x1000u) & 0xffffe000u);
+#endif
+}""",
     "pf_checked": """__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
   if ((unsigned long long)i >= (unsigned long long)n) { *error = 1; return 0; }
   return i; }""",
@@ -346,6 +356,8 @@ class ExprEmitter:
             return f"floor{f}({args[0]} / {args[1]})"
         if fn == "floormod":
             return f"pf_fmod{f}({args[0]}, {args[1]})"
+        if fn == "tf32":
+            return f"(double)pf_tf32((float){args[0]})" if double else f"pf_tf32({args[0]})"
         if fn in _MATH:
             return f"{_MATH[fn]}{f}({', '.join(args)})"
         raise CodegenError(f"no CUDA code generator for builtin '{fn}' on {e.dtype}")

@@ -219,6 +219,15 @@ def _logb(e: _Emit, x: ir.Value) -> ir.Value:
     return e.select(e.cmp("==", a, e.f(0.0)), e.f(float("-inf")), out)
 
 
+def _tf32(e: _Emit, x: ir.Value) -> ir.Value:
+    """x rounded to a 10-bit fraction, ties away from zero: the magnitude's bits plus half
+    the unit dropped, the low 13 bits cleared; infinities and NaN as they are."""
+    bits = e.bits(x)
+    rounded = e.b.and_(e.b.add(bits, e.i(0x1000)), e.i(-0x2000))
+    finite = e.b.icmp_unsigned("!=", e.b.and_(bits, e.i(0x7F800000)), e.i(0x7F800000))
+    return e.from_bits(e.select(finite, rounded, bits))
+
+
 def _nextafter(e: _Emit, x: ir.Value, y: ir.Value) -> ir.Value:
     """The float after x towards y: one step of x's bit pattern (sign-magnitude)."""
     away = e.b.icmp_unsigned("==", e.cmp("<", x, y), e.cmp(">", x, e.f(0.0)))
@@ -354,7 +363,7 @@ def _bessel_i(order: int) -> Callable[[_Emit, ir.Value], ir.Value]:
 
 BODIES: dict[str, tuple[int, Callable[..., ir.Value]]] = {
     "exp10": (1, _exp10), "acosh": (1, _acosh), "asinh": (1, _asinh), "atanh": (1, _atanh),
-    "sinpi": (1, _sinpi), "cospi": (1, _cospi), "rcbrt": (1, _rcbrt), "logb": (1, _logb),
+    "sinpi": (1, _sinpi), "cospi": (1, _cospi), "rcbrt": (1, _rcbrt), "logb": (1, _logb), "tf32": (1, _tf32),
     "erfinv": (1, _erfinv), "erfcinv": (1, _erfcinv), "normcdfinv": (1, _normcdfinv),
     "erfcx": (1, _erfcx), "normcdf": (1, _normcdf), "cyl_bessel_i0": (1, _bessel_i(0)),
     "cyl_bessel_i1": (1, _bessel_i(1)), "nextafter": (2, _nextafter), "fdim": (2, _fdim), "remainder": (2, _remainder),

@@ -79,6 +79,15 @@ def _c_at_inf(fn, at_inf, at_minus_inf):
     return lambda x: np.where(x == np.inf, at_inf, np.where(x == -np.inf, at_minus_inf, fn(x)))
 
 
+def _tf32(x):
+    """x to 11 significant bits (a 10-bit fraction), ties away from zero, in float64: steps of
+    2^(e - 10) for |x| in [2^e, 2^(e+1)), of 2^-136 below float32's normal range."""
+    _, e = np.frexp(x)
+    step = np.ldexp(1.0, np.maximum(e - 1, -126) - 10)
+    out = np.copysign(np.floor(np.abs(x) / step + 0.5) * step, x)
+    return np.where(np.isfinite(x), out, x)
+
+
 def _fdim(x, y):
     return np.where(x > y, x - y, np.where(np.isnan(x) | np.isnan(y), np.nan, 0.0))
 
@@ -139,6 +148,7 @@ SPECS = {
     "y1": Spec(_c_at_inf(sp.y1, 0.0, np.nan), _one(0, 100), 4, 1e-7, LIBM),
     "lgamma": Spec(_c_at_inf(sp.gammaln, np.inf, np.inf), _one(-50, 50), 2, 2e-7, HOST_LIBM),
     "tgamma": Spec(sp.gamma, _one(-40, 36), 4, 0.0, HOST_LIBM),
+    "tf32": Spec(_tf32, _one(1e-45, 3e38, log=True), 0),
     "logb": Spec(lambda x: np.where(x == 0, -np.inf, np.floor(np.log2(np.abs(x)))),
                  _one(1e-45, 3e38, log=True), 0),
     "nextafter": Spec(lambda x, y: np.nextafter(F(x), F(y)).astype(np.float64), _two(-3, 3), 0),
