@@ -22,16 +22,18 @@ from polyfuse.lowering.calibration import QuantizeOptions
 from polyfuse.runtime.model import MAX_PLANS, CompiledModel
 from polyfuse.runtime.profiling import ModelSource
 from polyfuse.scheduler.options import MappingOptions, check_options
+from polyfuse.scheduler.pipeline import Usage
 from polyfuse.targets import Target
 
 
 SIZES = ("specialized", "symbolic")
+MATMUL_PRECISIONS = ("ieee", "tf32")   # how float32 contractions may round (define's precision)
 
 
 def define(source: str, *, target: str | Target = "reference",
            options: MappingOptions | None = None,
            tuning_records: str | os.PathLike | Records | None = None,
-           sizes: str = "specialized") -> KernelModule:
+           sizes: str = "specialized", precision: str = "ieee") -> KernelModule:
     """Compile the TC definitions in ``source`` for ``target``.
 
     Returns a module whose definitions are attributes: ``define(src).mm(A, B)``.
@@ -43,16 +45,25 @@ def define(source: str, *, target: str | Target = "reference",
     at; ``"symbolic"`` (CPU targets this machine runs) compiles one kernel, at the first call, whose sizes
     are parameters: later calls at other sizes run it without compiling (with the first
     call's options; see :attr:`~polyfuse.runtime.kernel.Kernel.symbolic_sizes`).
+    ``precision``: ``"ieee"`` computes float32 products exactly (FFMA on the GPU);
+    ``"tf32"`` lets float32 contractions on ``cuda`` run on the tensor cores, their
+    operands rounded to TF32 (10-bit fractions, as the ``tf32`` builtin rounds; sums stay
+    float32), as torch's ``allow_tf32``. CPU targets compute exactly either way;
+    bfloat16 and float16 operands use the tensor cores always.
     """
     if not isinstance(source, str):
         raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
     if sizes not in SIZES:
         raise ArgumentError(f"sizes must be one of {', '.join(map(repr, SIZES))}, got {sizes!r}")
+    if precision not in MATMUL_PRECISIONS:
+        raise ArgumentError(f"precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
+                            f"got {precision!r}")
     tgt, options = _checked(target, options, "define()")
     module = parse(source)
     records = Records.open(tuning_records)
     tuning = None if records is None else Tuning(records)
-    return KernelModule({d.name: Kernel(d, tgt, source, options, tuning, symbolic=sizes == "symbolic")
+    return KernelModule({d.name: Kernel(d, tgt, source, options, tuning, Usage(precision=precision),
+                                        symbolic=sizes == "symbolic")
                          for d in module.definitions})
 
 

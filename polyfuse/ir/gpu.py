@@ -44,14 +44,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from polyfuse.errors import IRVerificationError
-from polyfuse.ir.comprehension import Expr, IndexVar, Literal, ReduceOp, ScalarDecl, map_expr
-from polyfuse.ir.loops import (Buffer, For, Stmt, format_body, format_loop_expr, map_body_exprs, stmt_bodies,
+from polyfuse.ir.comprehension import Binary, Expr, IndexVar, Literal, ReduceOp, ScalarDecl, map_expr
+from polyfuse.ir.loops import (Buffer, For, Stmt, Store, TileProduct, format_body, format_loop_expr, map_body_exprs, stmt_bodies,
                                stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
 
 ExprMap = Callable[[Expr], Expr]
 
 AXES = "xyz"
+LANES = 32               # threads of a warp
+TILE_M, TILE_N = 16, 8   # the outputs of one matrix-unit product (m16n8)
+MMA_DEPTH = {"mma_tf32": 8, "mma_bf16": 16, "mma_f16": 16}   # its depth (k), by operand type
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,11 +259,28 @@ class Threads(Stmt):
     reduction, the shared-memory copies and barriers of each step inside. The block has
     exactly ``threads`` threads along each range's axis and one along the others (no
     thread idles, none repeats another's work). Loops and conditions of the body that do
-    not depend on the ranges' variables are uniform."""
+    not depend on the ranges' variables are uniform.
+
+    With ``lanes`` = 32 it is a *warp region*: each range's ``threads`` are warps, the
+    block has 32 threads along x (the lanes, which no range names), and a warp holds its
+    ``registers`` together, each lane the elements the matrix units' fragment layout
+    gives it (for ``m16n8``: lane ``l`` holds rows ``l / 4`` and ``l / 4 + 8`` and
+    columns ``2 (l % 4)`` and ``2 (l % 4) + 1`` of each 16 x 8 tile). The body then reads
+    and writes registers only in :class:`~polyfuse.ir.loops.TileProduct` s (products on
+    the matrix units, ``mma_*``) and in *register loops*: two perfectly nested loops
+    from 0 over the registers' two extents, whose statements touch the registers only at
+    the loops' point (each lane runs the points it holds)."""
 
     ranges: tuple[ThreadRange, ...]
     registers: tuple[Registers, ...]
     body: tuple[Stmt, ...]
+    lanes: int = 1
+
+    @property
+    def warps(self) -> bool:
+        """Whether the ranges count warps: a *warp region*, ``lanes`` (32) threads along x
+        each, which hold ``registers`` together (see the class docstring)."""
+        return self.lanes > 1
 
     @property
     def vars(self) -> frozenset[str]:
@@ -275,7 +295,8 @@ class Threads(Stmt):
 
     def format_lines(self, indent: str) -> list[str]:
         registers = f" registers {', '.join(map(str, self.registers))}" if self.registers else ""
-        head = f"{indent}threads {', '.join(map(str, self.ranges))}{registers} {{"
+        kind = f"warps of {self.lanes}" if self.warps else "threads"
+        head = f"{indent}{kind} {', '.join(map(str, self.ranges))}{registers} {{"
         return [head, *format_body(self.body, indent + "  "), f"{indent}}}"]
 
 
@@ -370,6 +391,34 @@ class GpuKernel:
         return "\n".join([f"gpu kernel {self.name}({', '.join(params)}) {{", *launches, "}"])
 
 
+@dataclass(frozen=True, slots=True)
+class MmaNest:
+    """What a matrix-unit :class:`~polyfuse.ir.loops.TileProduct`'s nest says: its loop
+    variables and the operands ``x`` (read at ``r, k``) and ``y`` (at ``k, c``) of
+    ``acc(r, c) = acc(r, c) + x * y``."""
+
+    r: str
+    c: str
+    k: str
+    x: Expr
+    y: Expr
+
+    @staticmethod
+    def of(tile: TileProduct) -> MmaNest:
+        if tile.builtin not in MMA_DEPTH:
+            raise IRVerificationError(f"tile {tile.builtin} is not a product of the GPU's matrix units")
+        loops: list[For] = []
+        body = tile.nest
+        while len(body) == 1 and isinstance(body[0], For):
+            loops.append(body[0])
+            body = body[0].body
+        if len(loops) != 3 or len(body) != 1 or not isinstance(body[0], Store) \
+                or not isinstance(body[0].value, Binary) or not isinstance(body[0].value.rhs, Binary):
+            raise IRVerificationError(f"tile {tile.builtin}: its nest is not three loops around acc += x * y")
+        product = body[0].value.rhs
+        return MmaNest(loops[0].var, loops[1].var, loops[2].var, product.lhs, product.rhs)
+
+
 def verify_gpu_kernel(kernel: GpuKernel) -> None:
     """Raise an IRVerificationError where a launch breaks the rules above: a barrier,
     copy or warp reduction that not every thread of the block reaches alike (inside a thread loop, a
@@ -395,8 +444,10 @@ def _verify_body(launch: Launch, body: tuple[Stmt, ...], private: frozenset[str]
         if isinstance(s, Threads):
             if region is not None or private:
                 raise IRVerificationError(f"{where}: threads region inside {region or 'another'}")
-            shape = [1, 1, 1]
+            shape = [s.lanes, 1, 1]
             for r in s.ranges:
+                if s.warps and r.axis == 0:
+                    raise IRVerificationError(f"{where}: a warp region's range {r.var} on x, its lanes' axis")
                 shape[r.axis] = r.threads
             if tuple(shape) != launch.block:
                 raise IRVerificationError(f"{where}: threads region of {'x'.join(map(str, shape))} "

@@ -23,9 +23,9 @@ import numpy as np
 
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.comprehension import Expr, Literal, Read, combine
-from polyfuse.ir.gpu import (AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers,
-                             SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, verify_gpu_kernel)
-from polyfuse.ir.loops import Buffer, For, If, Stmt, Store, numbers
+from polyfuse.ir.gpu import (MMA_DEPTH, AsyncCommit, MmaNest, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch, Registers,
+                             SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, verify_gpu_kernel, walk_gpu)
+from polyfuse.ir.loops import Buffer, For, If, Stmt, Store, TileProduct, numbers
 from polyfuse.ir.loops_interpreter import _Interpreter
 
 
@@ -43,6 +43,7 @@ class _Thread(_Interpreter):
         self.meetings = 0          # warp reductions this thread has reached
         self.open: list[tuple[np.ndarray, tuple[int, ...], object]] = []   # copies started, not committed
         self.groups: list[list[tuple[np.ndarray, tuple[int, ...], object]]] = []  # committed, not landed
+        self.idle = False          # a lane other than 0 in a warp region
 
     def index(self, name: str, indices: tuple[Expr, ...]) -> tuple[int, ...]:
         return self.inside(name, tuple(int(self.eval(i)) for i in indices))
@@ -63,6 +64,8 @@ class _Thread(_Interpreter):
     def steps(self, body: tuple[Stmt, ...]) -> Iterator[None]:
         """Run ``body``; yields at every barrier."""
         for s in body:
+            if self.idle and (isinstance(s, (Store, TileProduct)) or isinstance(s, For) and not _meets(s)):
+                continue
             if isinstance(s, Barrier):
                 yield
             elif isinstance(s, For):
@@ -90,7 +93,11 @@ class _Thread(_Interpreter):
                 for t in s.ranges:
                     self.env[t.var] = int(self.eval(t.lo)) + self.thread[t.axis] * t.step
                 self.buffers.update((a.name, _poisoned(a)) for a in s.registers)
+                # a warp's registers are its lane 0's here: the other lanes take part in
+                # the copies and barriers only (the fragment layout is the code's affair)
+                self.idle = s.warps and self.thread[0] != 0
                 yield from self.steps(s.body)
+                self.idle = False
             elif isinstance(s, CopyToShared):
                 self.copy(s)
             elif isinstance(s, AsyncCommit):
@@ -105,10 +112,33 @@ class _Thread(_Interpreter):
                 self.exchange[meeting, self.flat] = self.env[s.var]
                 yield
                 self.env[s.var] = self.butterfly(s, meeting)
+            elif isinstance(s, TileProduct) and s.builtin in MMA_DEPTH:
+                self.tile_product(s)
             else:
                 if isinstance(s, Store) and s.buffer in self.buffers:
                     self.index(s.buffer, s.indices)
                 self.run((s,))
+
+    def tile_product(self, s: TileProduct) -> None:
+        """A warp's product as its nest says (``acc(r, c) = acc(r, c) + x * y`` for ``k`` in
+        order, in float32), with each operand evaluated once per element rather than once
+        per product."""
+        nest = MmaNest.of(s)
+        rows, cols, depth = s.shape
+
+        def values(e: Expr, outer: str, extent: int) -> np.ndarray:
+            out = np.empty((extent, depth), np.float32)
+            for i in range(extent):
+                self.env[outer] = i
+                for k in range(depth):
+                    self.env[nest.k] = k
+                    out[i, k] = self.eval(e)
+            return out
+
+        a, b = values(nest.x, nest.r, rows), values(nest.y, nest.c, cols)
+        acc = self.buffers[s.acc.tensor]
+        for k in range(depth):
+            acc[...] = acc + np.outer(a[:, k], b[:, k]).astype(np.float32)
 
     def butterfly(self, s: WarpReduce, meeting: int) -> Any:
         """This thread's value after the shuffles of ``s``: at each offset, every lane of the
@@ -146,6 +176,11 @@ class _Thread(_Interpreter):
                 self.open.append((tile, local, value))
             else:
                 tile[local] = value
+
+
+def _meets(s: For) -> bool:
+    """Whether a loop holds a statement every thread of the block takes part in."""
+    return any(isinstance(x, (Barrier, CopyToShared, AsyncCommit, AsyncWait, WarpReduce)) for x in walk_gpu(s.body))
 
 
 def _poisoned(tile: SharedTile | Registers | Buffer) -> np.ndarray:

@@ -239,7 +239,15 @@ class TileProduct(Stmt):
     operand; ``steps`` the elements between its rows in ``acc``, its rows in ``a`` and its
     words in ``b`` (``acc``'s columns, ``a``'s words and ``b``'s columns are contiguous).
     ``nest`` is the same product as loops: what the
-    interpreter and every target without tiles run."""
+    interpreter and every target without tiles run.
+
+    On the GPU (in a warp region, :class:`~polyfuse.ir.gpu.Threads`) the builtin names
+    the matrix units' product (``mma_tf32``: m16n8k8 on TF32; ``mma_bf16``, ``mma_f16``:
+    m16n8k16), ``acc`` is the warp's registers and ``a`` and ``b`` are tiles in shared
+    memory, read in any layout: ``nest`` is ``for r in 0:rows { for c in 0:cols { for k in
+    0:depth { acc(r, c) = acc(r, c) + x * y }}}`` with ``x`` reading at ``r, k`` and ``y`` at
+    ``k, c`` (``tf32(...)`` around each where the product is on TF32), which the code
+    generator reads the fragments through."""
 
     builtin: str
     shape: tuple[int, int, int]

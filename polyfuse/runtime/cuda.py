@@ -77,21 +77,22 @@ class CudaLayout:
 
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,
-          options: MappingOptions | None, stages: dict[str, str]) -> CudaExecutable:
-    """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled."""
+          options: MappingOptions | None, stages: dict[str, str], precision: str = "ieee") -> CudaExecutable:
+    """The executable for ``d`` at ``sizes``: from this process, the disk, or compiled
+    (``precision``: ``"tf32"`` lets float32 contractions run on the tensor cores)."""
     sizes = dict(sizes)
     gpu = available_device()
     limits = gpu.limits if gpu is not None else DeviceLimits()
     with cache.SCHEDULING:
         options = options or default_gpu_options(d, sizes)
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), target.name, repr(limits),
-                           repr(options))
+                           repr(options), precision)
 
     def from_disk(cubin: bytes, layout: CudaLayout, stages: dict[str, str]) -> CudaExecutable:
         return CudaExecutable(CudaBinary(layout.name, limits.arch, cubin, layout.launches, stages), layout)
 
     exe = cache.fetch(key, _COMPILED, STATS, CudaLayout, from_disk,
-                      lambda: _compile(d, sizes, options, limits, key))
+                      lambda: _compile(d, sizes, options, limits, key, precision))
     stages.update(exe.binary.stages)
     if "sass" not in stages and hasattr(stages, "later"):   # nvdisasm's text, when first read
         stages.later("sass", lambda: disassemble(exe.binary.cubin))
@@ -99,11 +100,11 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
 
 
 def _compile(d: Definition, sizes: dict[str, int], options: MappingOptions,
-             limits: DeviceLimits, key: str) -> CudaExecutable:
+             limits: DeviceLimits, key: str, precision: str) -> CudaExecutable:
     stages = {"options": repr(options)}
     initialized: set[str] = set()
     with cache.SCHEDULING:
-        kernel = schedule_gpu_definition(d, sizes, options, limits, stages, initialized)
+        kernel = schedule_gpu_definition(d, sizes, options, limits, stages, initialized, precision)
     with cache.CODEGEN:
         binary = compile_gpu_kernel(kernel, limits.arch)
     binary.stages.update(stages)

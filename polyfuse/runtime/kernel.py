@@ -77,7 +77,7 @@ def _build_cuda(d: Definition, sizes: Mapping[str, int], target: Target,
                 options: MappingOptions | None, stages: dict[str, str],
                 usage: Usage = Usage()) -> Executable:
     from polyfuse.runtime import cuda  # loads NVRTC; the driver only when a kernel runs
-    return cuda.build(d, sizes, target, options, stages)
+    return cuda.build(d, sizes, target, options, stages, usage.precision)
 
 
 # what builds a kernel for each code generator of the backend registry

@@ -19,6 +19,7 @@ from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_epilogues import fuse_epilogues as fuse_gpu_epilogues
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
+from polyfuse.scheduler.gpu_matrix_units import use_matrix_units
 from polyfuse.scheduler.gpu_pipeline import pipeline_copies
 from polyfuse.scheduler.gpu_reciprocals import hoist_reciprocals
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
@@ -47,10 +48,11 @@ class Usage:
 
     constants: frozenset[str] = frozenset()
     discarded: frozenset[str] = frozenset()
+    precision: str = "ieee"   # "tf32": float32 products may round their operands to TF32
 
     def key(self) -> str:
         """A text that identifies the promises (for cache keys: the same in every process)."""
-        return repr((sorted(self.constants), sorted(self.discarded)))
+        return repr((sorted(self.constants), sorted(self.discarded), self.precision))
 
 
 def cpu_loop_passes(options: MappingOptions, zeroed: frozenset[str] = frozenset(),
@@ -97,14 +99,17 @@ def gpu_loop_passes(options: MappingOptions) -> tuple[LoopPass, ...]:
     return (promote_accumulators,) if options.use_private_memory else ()
 
 
-def gpu_passes(options: MappingOptions, limits: DeviceLimits) -> tuple[GpuPass, ...]:
-    """The passes of a GPU kernel after it is mapped onto launches."""
+def gpu_passes(options: MappingOptions, limits: DeviceLimits, precision: str = "ieee") -> tuple[GpuPass, ...]:
+    """The passes of a GPU kernel after it is mapped onto launches (``precision`` as
+    :func:`~polyfuse.scheduler.gpu_matrix_units.use_matrix_units` takes it)."""
     shared = Pass("promote_to_shared", lambda g: promote_to_shared(g, shared_budget(options, limits)))
     pipeline = Pass("pipeline_copies",
                     lambda g: pipeline_copies(g, options.stages, shared_budget(options, limits), limits.arch))
     return (fuse_gpu_epilogues,) + ((shared,) if options.use_shared_memory else ()) + \
         (hoist_reciprocals, place_barriers) + \
-        ((pipeline,) if options.use_shared_memory and options.stages > 1 else ())
+        ((pipeline,) if options.use_shared_memory and options.stages > 1 else ()) + \
+        ((Pass("use_matrix_units", lambda g: use_matrix_units(g, precision, limits.arch)),)
+         if options.use_private_memory and options.use_shared_memory else ())
 
 
 class GpuPassManager(PassManager[GpuKernel]):
@@ -169,14 +174,15 @@ def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOp
 
 def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,
                             limits: DeviceLimits, stages: dict[str, str] | None = None,
-                            initialized: set[str] | None = None) -> GpuKernel:
+                            initialized: set[str] | None = None, precision: str = "ieee") -> GpuKernel:
     """Model, schedule with block and thread marks, lower, keep accumulators in registers,
     map onto launches, promote reused input boxes to shared memory, place barriers.
 
     ``stages`` (if given) receives the schedule tree, the loop IR and the GPU kernel, each
     after every pass (``gpu:map_to_gpu``, ``gpu:<pass name>``, ``gpu``). ``initialized``
     (if given) receives the outputs the kernel starts at zero itself, which the runtime
-    then need not fill.
+    then need not fill. ``precision="tf32"`` lets float32 contractions run on the matrix
+    units, their operands rounded to TF32 (bfloat16 and float16 ones always do).
     """
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes, gpu=True)
@@ -184,6 +190,6 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
         stages["schedule"] = str(schedule)
     kernel = lower_schedule(model, schedule, sizes, replace(options, vector_width=1))
     kernel = run_loop_passes(kernel, gpu_loop_passes(options), stages)
-    manager = GpuPassManager(gpu_passes(options, limits), keep=stages is not None,
+    manager = GpuPassManager(gpu_passes(options, limits, precision), keep=stages is not None,
                              input_name="map_to_gpu")
     return _run(manager, map_to_gpu(kernel, options, limits, zero_started(d), initialized), stages, "gpu")

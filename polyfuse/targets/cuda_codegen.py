@@ -24,9 +24,11 @@ from dataclasses import replace
 from polyfuse.errors import CodegenError
 
 from polyfuse.ir.comprehension import Literal, LocalRef, Read, combine
-from polyfuse.ir.gpu import (AXES, AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
+from polyfuse.ir.gpu import (AXES, LANES, MMA_DEPTH, TILE_M, TILE_N, MmaNest, AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
                              Registers, SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, walk_gpu)
-from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store
+from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, map_expr
+from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store, TileProduct
+from polyfuse.ir.types import DType
 from polyfuse.targets.cuda_expr import (ExprEmitter, c_name, helpers_for, register_type,
                                         storage_type, to_register, to_storage)
 
@@ -53,6 +55,8 @@ class _LaunchWriter:
         self.lines: list[str] = []
         self.exprs = ExprEmitter(self.load)
         self.registers: dict[str, Registers] = {}   # those of the register tile being written
+        self.warp: Threads | None = None            # the warp region being written
+        self.fragment = False                       # in a register loop: registers at pf_e
 
     def function(self) -> str:
         k, launch = self.kernel, self.launch
@@ -83,7 +87,9 @@ class _LaunchWriter:
 
     def statement(self, s: Stmt, indent: str) -> None:
         add, e = self.lines.append, self.exprs.emit
-        if isinstance(s, For):
+        if isinstance(s, For) and self.warp is not None and not self.fragment and _register_loops(s, self.warp):
+            self.register_loops(s, indent)
+        elif isinstance(s, For):
             if s.unroll > 1:
                 add(f"{indent}#pragma unroll {s.unroll}")
             v = c_name(s.var)
@@ -105,6 +111,8 @@ class _LaunchWriter:
             self.block_loops(s, indent)
         elif isinstance(s, Threads):
             self.threads(s, indent)
+        elif isinstance(s, TileProduct) and self.warp is not None:
+            self.tile_product(s, indent)
         elif isinstance(s, If):
             add(f"{indent}if ({e(s.cond)}) {{")
             self.body(s.then, indent + "  ")
@@ -161,12 +169,80 @@ class _LaunchWriter:
         for r in s.ranges:
             start = "" if isinstance(r.lo, Literal) and r.lo.value == 0 else f"{self.exprs.emit(r.lo)} + "
             add(f"{inner}const long long {c_name(r.var)} = {start}(long long)threadIdx.{AXES[r.axis]} * {r.step}LL;")
+        if s.warps:
+            add(f"{inner}const int pf_lane = threadIdx.x;")
         for a in s.registers:
-            add(f"{inner}{register_type(a.dtype)} {c_name(a.name)}[{math.prod(a.shape)}];")
+            add(f"{inner}{register_type(a.dtype)} {c_name(a.name)}[{math.prod(a.shape) // s.lanes}];")
         outer = self.registers
         self.registers = outer | {a.name: a for a in s.registers}
+        self.warp = s if s.warps else None
         self.block(s.body, indent)
-        self.registers = outer
+        self.registers, self.warp = outer, None
+
+    def register_loops(self, s: For, indent: str) -> None:
+        """Loops over a warp's registers: each lane runs the points it holds, element
+        ``pf_e`` of its registers at the m16n8 tile ``pf_e / 4`` (row-major over the warp's
+        tile), row ``lane / 4 + 8 * (pf_e / 2 % 2)`` and column ``2 * (lane % 4) + pf_e % 2``
+        in it."""
+        add, step = self.lines.append, indent + "  "
+        (acc,) = self.warp.registers  # type: ignore[union-attr]
+        rows, cols = acc.shape
+        inner = s.body[0]
+        assert isinstance(inner, For)
+        r, c = (s.var, inner.var) if _register_loops(s, self.warp) == "rc" else (inner.var, s.var)
+        add(f"{indent}#pragma unroll")
+        add(f"{indent}for (int pf_e = 0; pf_e < {rows * cols // LANES}; ++pf_e) {{")
+        add(f"{step}const long long {c_name(r)} = (pf_e >> 2) / {cols // TILE_N} * {TILE_M} + (pf_lane >> 2) "
+            f"+ ((pf_e >> 1) & 1) * 8;")
+        add(f"{step}const long long {c_name(c)} = (pf_e >> 2) % {cols // TILE_N} * {TILE_N} + (pf_lane & 3) * 2 "
+            f"+ (pf_e & 1);")
+        self.fragment = True
+        self.body(inner.body, step)
+        self.fragment = False
+        add(f"{indent}}}")
+
+    def tile_product(self, s: TileProduct, indent: str) -> None:
+        """A warp's tile product on the matrix units: at each step of the depth, each
+        lane loads its fragments of ``a`` (``rows / 16`` tiles of 16 x k) and ``b`` (``cols
+        / 8`` tiles of k x 8) through the nest's reads, then every pair of them goes
+        through one ``mma.sync`` into the registers of its 16 x 8 outputs."""
+        add = self.lines.append
+        rows, cols, depth = s.shape
+        nest = MmaNest.of(s)
+        x, y = nest.x, nest.y
+        r, c, k = c_name(nest.r), c_name(nest.c), c_name(nest.k)
+        step, mi, nj = MMA_DEPTH[s.builtin], rows // TILE_M, cols // TILE_N
+        wide = step == 16   # 16-bit operands: two per register, the lower k in the low half
+        i1, i2, i3 = (indent + "  " * n for n in range(1, 4))
+        add(f"{indent}#pragma unroll")
+        add(f"{indent}for (int pf_k0 = 0; pf_k0 < {depth}; pf_k0 += {step}) {{")
+        add(f"{i1}unsigned pf_a[{mi}][4], pf_b[{nj}][2];")
+        for operand, count, tiles, corner, kq in (
+                ("a", 4, mi, f"{r} = pf_t * {TILE_M} + (pf_lane >> 2) + (pf_q & 1) * 8", "(pf_q >> 1)"),
+                ("b", 2, nj, f"{c} = pf_t * {TILE_N} + (pf_lane >> 2)", "pf_q")):
+            value = x if operand == "a" else y
+            add(f"{i1}#pragma unroll")
+            add(f"{i1}for (int pf_t = 0; pf_t < {tiles}; ++pf_t) {{")
+            add(f"{i2}#pragma unroll")
+            add(f"{i2}for (int pf_q = 0; pf_q < {count}; ++pf_q) {{")
+            add(f"{i3}const long long {corner};")
+            if wide:
+                add(f"{i3}const long long {k} = pf_k0 + (pf_lane & 3) * 2 + {kq} * 8;")
+                low, high = self.address(value), self.address(_next(value, nest.k))  # type: ignore[arg-type]
+                add(f"{i3}pf_{operand}[pf_t][pf_q] = (unsigned){low} | ((unsigned){high} << 16);")
+            else:
+                add(f"{i3}const long long {k} = pf_k0 + (pf_lane & 3) + {kq} * 4;")
+                add(f"{i3}pf_{operand}[pf_t][pf_q] = __float_as_uint({self.exprs.emit(value)});")
+            add(f"{i2}}}")
+            add(f"{i1}}}")
+        add(f"{i1}#pragma unroll")
+        add(f"{i1}for (int pf_i = 0; pf_i < {mi}; ++pf_i) {{")
+        add(f"{i2}#pragma unroll")
+        add(f"{i2}for (int pf_j = 0; pf_j < {nj}; ++pf_j) {{")
+        add(f"{i3}pf_{s.builtin}(&{c_name(s.acc.tensor)}[(pf_i * {nj} + pf_j) * 4], pf_a[pf_i], pf_b[pf_j]);")
+        add(f"{i2}}}")
+        add(f"{i1}}}")
+        add(f"{indent}}}")
 
     def warp_reduce(self, s: WarpReduce, indent: str) -> None:
         """The butterfly: at offsets ``lanes / 2, ..., 1`` each thread combines its value
@@ -260,6 +336,11 @@ class _LaunchWriter:
         """The element ``access`` names (a read, or a store's target)."""
         name, indices = access.tensor, access.indices
         registers = self.registers.get(name)
+        if registers is not None and self.warp is not None:
+            if not self.fragment:
+                raise CodegenError(f"launch {self.launch.name}: the warp's registers {name} read or written "
+                                   "outside a register loop or a tile product")
+            return f"{c_name(name)}[pf_e]"
         if registers is not None:
             steps = tuple(math.prod(registers.shape[k + 1:]) for k in range(len(registers.shape)))
             flat = _flat([f"({self.exprs.emit(i)})" for i in indices], steps)
@@ -298,6 +379,43 @@ def _vector(s: CopyToShared, tile: SharedTile, buf: Buffer) -> int:
     if any(t % vector for t in tile.strides[:-1]) or buf.strides[-1] != 1 or any(t % vector for t in buf.strides[:-1]):
         return 1
     return vector
+
+
+def _register_loops(s: For, region: Threads | None) -> str | None:
+    """``"rc"`` or ``"cr"`` where ``s`` and its one inner loop run from 0 over the whole
+    registers of the warp region ``region``, rows then columns or the other way; else None."""
+    if region is None or len(region.registers) != 1 or len(s.body) != 1 or not isinstance(s.body[0], For):
+        return None
+    inner = s.body[0]
+    rows, cols = region.registers[0].shape
+    point = _point_of(inner.body, region.registers[0].name)
+    for order, (a, b), names in (("rc", (rows, cols), (s.var, inner.var)), ("cr", (cols, rows), (inner.var, s.var))):
+        if (s.lo, s.hi, inner.lo, inner.hi) == (_lit(0), _lit(a), _lit(0), _lit(b)) and s.step == inner.step == 1 \
+                and point == names:
+            return order
+    return None
+
+
+def _point_of(body: tuple[Stmt, ...], name: str) -> tuple[str, ...] | None:
+    """The variables the registers ``name`` are indexed by throughout ``body`` (the same
+    everywhere), or None."""
+    from polyfuse.ir.loops import stmt_nodes, walk_stmts
+    points = {e.indices for st in walk_stmts(body) for e in stmt_nodes(st) if isinstance(e, Read) and e.tensor == name}
+    points |= {st.indices for st in walk_stmts(body) if isinstance(st, Store) and st.buffer == name}
+    if len(points) != 1:
+        return None
+    (point,) = points
+    return tuple(i.name for i in point) if all(isinstance(i, IndexVar) for i in point) else None  # type: ignore[attr-defined]
+
+
+def _lit(v: int) -> Literal:
+    return Literal(v, DType.INT64)
+
+
+def _next(r: Read, var: str) -> Read:
+    """``r`` one step further along ``var``."""
+    return map_expr(r, lambda e: Binary(BinaryOp.ADD, e, _lit(1), DType.INT64)  # type: ignore[return-value]
+                    if isinstance(e, IndexVar) and e.name == var else e)
 
 
 def _param(b: Buffer) -> str:

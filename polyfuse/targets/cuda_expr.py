@@ -130,6 +130,51 @@ HELPERS: dict[str, str] = {
   return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x1000u) & 0xffffe000u);
 #endif
 }""",
+    # a warp's product on the matrix units: d (the m16n8 float32 tile, 4 per lane) +=
+    # a (m16 x k) * b (k x n8), the fragments in mma.sync's layout. Before sm_80 (the
+    # host's compilers) the same sums from the fragments the other lanes hold, by shuffles.
+    "pf_mma_tf32": """__device__ __forceinline__ void pf_mma_tf32(float* d, const unsigned* a, const unsigned* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  for (int k = 0; k < 8; ++k) {
+    const int h = k >> 2, at = g * 4 + (k & 3);
+    const float a0 = __uint_as_float(__shfl_sync(0xffffffffu, a[2 * h], at));
+    const float a1 = __uint_as_float(__shfl_sync(0xffffffffu, a[2 * h + 1], at));
+    const float b0 = __uint_as_float(__shfl_sync(0xffffffffu, b[h], 2 * t * 4 + (k & 3)));
+    const float b1 = __uint_as_float(__shfl_sync(0xffffffffu, b[h], (2 * t + 1) * 4 + (k & 3)));
+    d[0] += a0 * b0; d[1] += a0 * b1; d[2] += a1 * b0; d[3] += a1 * b1;
+  }
+#endif
+}""",
+}
+for _kind, _ptx, _convert in (("bf16", "bf16", "__uint_as_float(bits << 16)"),
+                              ("f16", "f16", "pf_h2f((unsigned short)bits)")):
+    HELPERS[f"pf_mma_{_kind}"] = f"""__device__ __forceinline__ void pf_mma_{_kind}(float* d, const unsigned* a, const unsigned* b) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{_ptx}.{_ptx}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, "
+               "{{%8, %9}}, {{%0, %1, %2, %3}};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  for (int k = 0; k < 16; ++k) {{
+    const int h = k >> 3, lane = (k & 7) >> 1, shift = (k & 1) * 16;
+    unsigned x[4] = {{__shfl_sync(0xffffffffu, a[2 * h], g * 4 + lane),
+                     __shfl_sync(0xffffffffu, a[2 * h + 1], g * 4 + lane),
+                     __shfl_sync(0xffffffffu, b[h], 2 * t * 4 + lane),
+                     __shfl_sync(0xffffffffu, b[h], (2 * t + 1) * 4 + lane)}};
+    float v[4];
+    for (int j = 0; j < 4; ++j) {{ const unsigned bits = (x[j] >> shift) & 0xffffu; v[j] = {_convert}; }}
+    d[0] += v[0] * v[2]; d[1] += v[0] * v[3]; d[2] += v[1] * v[2]; d[3] += v[1] * v[3];
+  }}
+#endif
+}}"""
+HELPERS |= {
     "pf_checked": """__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
   if ((unsigned long long)i >= (unsigned long long)n) { *error = 1; return 0; }
   return i; }""",
@@ -137,8 +182,13 @@ HELPERS: dict[str, str] = {
 
 
 def helpers_for(code: str) -> list[str]:
-    """The helper definitions ``code`` calls."""
-    return [text for name, text in HELPERS.items() if f"{name}(" in code]
+    """The helper definitions ``code`` calls, and those they call (defined first)."""
+    names = {name for name in HELPERS if f"{name}(" in code}
+    while True:
+        more = {name for name in HELPERS for used in names if name not in names and f"{name}(" in HELPERS[used]}
+        if not more:
+            return [text for name, text in HELPERS.items() if name in names]
+        names |= more
 
 
 _STORAGE = {DType.BOOL: "unsigned char", DType.INT8: "signed char", DType.UINT8: "unsigned char",

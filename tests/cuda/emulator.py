@@ -58,6 +58,16 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int offset) {
   pf_block_barrier->arrive_and_wait();
   return r;
 }
+// __shfl_sync from lane ``src`` of the thread's warp (32 threads of consecutive indices)
+template <class T> static inline T __shfl_sync(unsigned, T v, int src) {
+  static_assert(sizeof(T) <= sizeof(unsigned long long));
+  unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  std::memcpy(&pf_shuffle_slots[tid], &v, sizeof(T));
+  pf_block_barrier->arrive_and_wait();
+  T r; std::memcpy(&r, &pf_shuffle_slots[(tid & ~31u) + (src & 31)], sizeof(T));
+  pf_block_barrier->arrive_and_wait();
+  return r;
+}
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
