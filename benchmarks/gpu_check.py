@@ -93,6 +93,21 @@ class Case:
     torch: Callable[..., object]         # the same result with PyTorch eager
     scalars: tuple[float, ...] = ()
     flops: float = 0.0
+    precision: str = "ieee"              # define's precision; "tf32": torch's allow_tf32 too
+    dtype: str = "float32"               # of the inputs: the program's float types become it
+
+    def kernel(self, target: str = "cuda"):  # noqa: ANN201
+        """The program's kernel, its tensors of ``dtype``, at ``precision``."""
+        import polyfuse as pf
+        from tests.tc_programs import PROGRAMS_BY_NAME
+        program = PROGRAMS_BY_NAME[self.program]
+        source = program.source if self.dtype == "float32" else program.source.replace("float(", f"{self.dtype}(")
+        return getattr(pf.define(source, target=target, precision=self.precision), program.entry)
+
+    @property
+    def tolerance(self) -> float:
+        """Of the results against torch's: products on TF32 or bfloat16 round their operands."""
+        return 2e-3 if self.precision == "ieee" and self.dtype == "float32" else 2e-2
 
 
 def _cases() -> list[Case]:
@@ -125,6 +140,10 @@ def _cases() -> list[Case]:
     return [
         Case("matmul 4096^3", "matmul", ((4096, 4096), (4096, 4096)), lambda a, b: a @ b,
              flops=2 * 4096**3),
+        Case("matmul 4096^3 tf32", "matmul", ((4096, 4096), (4096, 4096)), lambda a, b: a @ b,
+             flops=2 * 4096**3, precision="tf32"),
+        Case("matmul 8192^3 bfloat16", "matmul", ((8192, 8192), (8192, 8192)), lambda a, b: a @ b,
+             flops=2 * 8192**3, dtype="bfloat16"),
         Case("tmm 128x1024x1024", "matmul_transposed", ((1024, 128), (1024, 1024)),
              lambda a, b: a.T @ b.T, flops=2 * 128 * 1024 * 1024),
         Case("tmm 128x16384x4096", "matmul_transposed", ((4096, 128), (16384, 4096)),
@@ -160,17 +179,17 @@ def benchmark(repeat: int, budget: float) -> list[list[str]]:
     import torch
 
     import polyfuse as pf
-    from tests.tc_programs import PROGRAMS_BY_NAME
 
     rows = []
     for case in _cases():
         if elapsed() > budget:
             rows.append([case.label, "-", "-", "-", "skipped (time budget)"])
             continue
-        program = PROGRAMS_BY_NAME[case.program]
-        kernel = getattr(pf.define(program.source, target="cuda"), program.entry)
+        kernel = case.kernel()
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = case.precision == "tf32"
         gen = torch.Generator(device="cuda").manual_seed(0)
-        inputs = [torch.rand(s, device="cuda", generator=gen) - 0.5 for s in case.shapes]
+        inputs = [(torch.rand(s, device="cuda", generator=gen) - 0.5).to(getattr(torch, case.dtype))
+                  for s in case.shapes]
         args = [*inputs, *case.scalars]
         try:
             t = time.perf_counter()
@@ -183,7 +202,8 @@ def benchmark(repeat: int, budget: float) -> list[list[str]]:
         want = case.torch(*args)
         theirs = median_seconds(lambda: case.torch(*args), repeat, torch.cuda.synchronize)
         got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
-        ok = all(torch.allclose(g.float(), w.float(), rtol=2e-3, atol=2e-3) for g, w in zip(got, want))
+        ok = all(torch.allclose(g.float(), w.float(), rtol=case.tolerance, atol=case.tolerance)
+                 for g, w in zip(got, want))
         rate = f" {case.flops / ours / 1e12:.2f} TFLOP/s" if case.flops else ""
         rows.append([case.label, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}",
                      ("ok" if ok else "MISMATCH") + rate + f" (first call {first:.1f} s)"])

@@ -24,18 +24,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def main() -> None:
-    import polyfuse as pf
+    import ml_dtypes
     from gpu_check import _cases
+    from polyfuse.runtime.arguments import placeholder
     from polyfuse.targets.cuda_sass import Mix, instruction_mix, resources
-    from tests.tc_programs import PROGRAMS_BY_NAME
 
-    header = ["kernel", "launches", "registers", "smem B", "spills B", "loop FFMA", "loop LDS (.128)",
+    header = ["kernel", "launches", "registers", "smem B", "spills B", "loop FFMA", "loop HMMA", "loop LDS (.128)",
               "FFMA:LDS", "LDG (.128)", "LDGSTS (.128)", "SHFL"]
     rows = []
     for case in _cases():
-        program = PROGRAMS_BY_NAME[case.program]
-        kernel = getattr(pf.define(program.source, target="cuda"), program.entry)
-        spec = kernel.specialize(*(np.zeros(s, np.float32) for s in case.shapes), *case.scalars)
+        dtype = ml_dtypes.bfloat16 if case.dtype == "bfloat16" else np.dtype(case.dtype)
+        spec = case.kernel().specialize(*(placeholder(s, dtype) for s in case.shapes), *case.scalars)
         used = resources(spec.stages["ptxas"])
         mixes = instruction_mix(spec.stages["sass"])
 
@@ -43,11 +42,11 @@ def main() -> None:
             return sum(Mix.count(m.instructions, op) for m in mixes.values())
         busiest = max(mixes.values(), key=lambda m: Mix.count(m.inner_loop, "FFMA") + sum(m.inner_loop.values()))
         loop, every = busiest.inner_loop, busiest.instructions
-        ffma, lds = Mix.count(loop, "FFMA"), Mix.count(loop, "LDS")
+        ffma, lds, hmma = Mix.count(loop, "FFMA"), Mix.count(loop, "LDS"), Mix.count(loop, "HMMA")
         rows.append([case.label, str(len(mixes)), str(max(r.registers for r in used.values())),
                      str(max(r.shared_bytes for r in used.values())),
                      str(sum(r.spill_stores + r.spill_loads for r in used.values())),
-                     str(ffma), f"{lds} ({loop['LDS.128']})", f"{ffma / lds:.2f}" if lds else "-",
+                     str(ffma), str(hmma), f"{lds} ({loop['LDS.128']})", f"{ffma / lds:.2f}" if lds else "-",
                      f"{Mix.count(every, 'LDG')} ({Mix.count(every, 'LDG.E.128')})",
                      f"{total('LDGSTS')} ({sum(n for m in mixes.values() for op, n in m.instructions.items() if op.startswith('LDGSTS') and '.128' in op)})",
                      str(total("SHFL"))])

@@ -55,9 +55,7 @@ def define(source: str, *, target: str | Target = "reference",
         raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
     if sizes not in SIZES:
         raise ArgumentError(f"sizes must be one of {', '.join(map(repr, SIZES))}, got {sizes!r}")
-    if precision not in MATMUL_PRECISIONS:
-        raise ArgumentError(f"precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
-                            f"got {precision!r}")
+    _check_matmul_precision(precision)
     tgt, options = _checked(target, options, "define()")
     module = parse(source)
     records = Records.open(tuning_records)
@@ -67,7 +65,13 @@ def define(source: str, *, target: str | Target = "reference",
                          for d in module.definitions})
 
 
-PRECISIONS = ("float32", "bf16", "int8")
+PRECISIONS = ("float32", "tf32", "bf16", "int8")
+
+
+def _check_matmul_precision(precision: str) -> None:
+    if precision not in MATMUL_PRECISIONS:
+        raise ArgumentError(f"precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
+                            f"got {precision!r}")
 
 
 def compile(model: Any, *, target: str | Target = "reference",
@@ -89,7 +93,9 @@ def compile(model: Any, *, target: str | Target = "reference",
     ``polyfuse quantize`` writes, whose products then run on integers.
     ``precision="bf16"`` multiplies by constant weights (MatMul, Gemm, Conv) on bfloat16
     operands with float32 sums, the weights rounded at compile time; the rest stays
-    float32 (:mod:`polyfuse.lowering.bfloat16`).
+    float32 (:mod:`polyfuse.lowering.bfloat16`). ``precision="tf32"`` lets float32
+    contractions on ``cuda`` run on the tensor cores, their operands rounded to TF32
+    (``define``'s ``precision="tf32"``); CPU targets compute them exactly.
     ``max_plans``: how many plans (one per set of input shapes) the model keeps, the
     least recently used dropped first with the memory it alone holds (``model.max_plans``
     changes it later).
@@ -106,7 +112,8 @@ def compile(model: Any, *, target: str | Target = "reference",
     else:
         graph = _front_end(model)
     graph, stages = _optimized(graph, precision)
-    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, source, max_plans)
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, source, max_plans,
+                     "tf32" if precision == "tf32" else "ieee")
 
 
 def _check_precision(model: Any, precision: str, profile: object, quantization: object) -> None:
@@ -163,15 +170,17 @@ def compile_graph(graph: Graph, target: str | Target = "reference", *,
                   input_shapes: dict[str, tuple[int, ...]] | None = None,
                   tuning_records: str | os.PathLike | Records | None = None,
                   stages: Mapping[str, object] | None = None,
-                  passes: bool = False, max_plans: int = MAX_PLANS) -> CompiledModel:
+                  passes: bool = False, max_plans: int = MAX_PLANS, precision: str = "ieee") -> CompiledModel:
     """Compile a graph of the graph IR for ``target``: as it is, or with ``passes`` after
     the graph passes ``compile`` runs. The stages ``dump`` shows are ``stages`` (the graph
-    after each pass that made it), then ``groups``, ``plan`` and the kernels'."""
+    after each pass that made it), then ``groups``, ``plan`` and the kernels'.
+    ``precision`` as :func:`define` takes it."""
+    _check_matmul_precision(precision)
     tgt, options = _checked(target, options, "compile()")
     if passes:
         graph, made = _optimized(graph)
         stages = {**(stages or {}), **made}
-    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages or {}, None, max_plans)
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages or {}, None, max_plans, precision)
 
 
 def _checked(target: str | Target, options: MappingOptions | None,
@@ -187,13 +196,13 @@ def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
               input_shapes: dict[str, tuple[int, ...]] | None,
               tuning_records: str | os.PathLike | Records | None,
               stages: Mapping[str, object], source: ModelSource | None = None,
-              max_plans: int = MAX_PLANS) -> CompiledModel:
+              max_plans: int = MAX_PLANS, precision: str = "ieee") -> CompiledModel:
     from polyfuse.lowering.fusion import describe_groups
     from polyfuse.lowering.plan import GraphPlanner
     shown = {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
     return CompiledModel(GraphPlanner(graph), target, options=options, input_shapes=input_shapes,
                          stages=shown, tuning=Tuning(Records.open(tuning_records)), source=source,
-                         max_plans=max_plans)
+                         max_plans=max_plans, precision=precision)
 
 
 @functools.lru_cache(maxsize=256)

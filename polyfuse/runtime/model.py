@@ -64,7 +64,7 @@ MAX_PLANS = 16
 
 
 def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
-                  tuning: Tuning | None) -> CompiledPlan:
+                  tuning: Tuning | None, precision: str = "ieee") -> CompiledPlan:
     """Every kernel step of ``plan`` compiled for ``target``, and what runs them. Steps of
     one TC text on buffers of one type (a recurrence's time steps) share one kernel, when
     each step has constant values for the parameters the kernel reads packed. A step's
@@ -90,7 +90,8 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
             constants = frozenset(p.name for p, n in zip(st.definition.params, st.inputs) if n in plan.constants)
             spec = next((k for k in alike if _packed_sources(k) <= constants), None)
             if spec is None:
-                kernel = Kernel(st.definition, target, st.source, options, tuning, Usage(constants, discarded))
+                kernel = Kernel(st.definition, target, st.source, options, tuning,
+                                Usage(constants, discarded, precision))
                 spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
                 alike.append(spec)
             if spec.output_shapes != tuple(tuple(plan.types[n].shape) for n in st.defines):
@@ -188,7 +189,8 @@ class CompiledModel:
                  options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                  stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
-                 source: ModelSource | None = None, max_plans: int = MAX_PLANS) -> None:
+                 source: ModelSource | None = None, max_plans: int = MAX_PLANS,
+                 precision: str = "ieee") -> None:
         if not isinstance(planner, Planner):   # a bare function would be a call into lowering
             raise ArgumentError(f"a compiled model is made from a polyfuse.ir.plan.Planner (with "
                                 f"graph, plan and subgraph), not a {type(planner).__name__}")
@@ -197,6 +199,7 @@ class CompiledModel:
         self.target = target
         self.options = options
         self.tuning = tuning
+        self.precision = precision   # "tf32": float32 contractions may run on TF32 tensor cores
         self._planner = planner
         self._stages = dict(stages or {})
         self._plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()   # the last used last
@@ -240,7 +243,7 @@ class CompiledModel:
             if compiled is None:
                 check_shapes(self.graph.inputs, shapes)
                 plan = self._planner.plan(dict(shapes), dict(values))
-                compiled = _compile_plan(plan, self.target, self.options, self.tuning)
+                compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision)
                 with self._plans_lock:
                     self._plans[key] = compiled
                     self._drop_plans()
@@ -405,7 +408,7 @@ class CompiledModel:
         rest = isinstance(owner, ControlStep)
         planner = self._planner.subgraph(retyped(make(), dict(feed)), not rest)
         model = CompiledModel(planner, self.target, options=self.options, tuning=self.tuning,
-                              max_plans=self.max_plans)
+                              max_plans=self.max_plans, precision=self.precision)
         self._submodels[key] = (owner, model)   # the owner held: its id stays its own
         return model
 

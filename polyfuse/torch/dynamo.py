@@ -55,6 +55,14 @@ class BackendOptions:
         return BackendOptions(**options)
 
 
+def matmul_precision() -> str:
+    """``"tf32"`` where torch lets float32 products run on TF32 tensor cores
+    (``torch.backends.cuda.matmul.allow_tf32``, or a float32 matmul precision other than
+    ``"highest"``), else ``"ieee"``: the precision compiled parts follow."""
+    allowed = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    return "tf32" if allowed else "ieee"
+
+
 class _Supported(OperatorSupportBase):
     """ATen ops the front end lowers; ops that compute sizes stay with torch, which
     passes them to the compiled parts."""
@@ -109,7 +117,7 @@ class CompiledPart(torch.nn.Module):
         constants = {self.placeholders[k]: to_numpy(args[k]).copy() for k in self.frozen}
         graph = to_graph(self.eager, constants=constants, name=self.name)
         return compile_graph(graph, self.options.target, tuning_records=self.options.tuning_records,
-                             passes=True)
+                             passes=True, precision=matmul_precision())
 
     def _compiled(self, args: Sequence[Any]) -> CompiledModel:
         weights = [args[k] for k in self.frozen]

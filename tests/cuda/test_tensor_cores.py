@@ -146,3 +146,51 @@ def test_the_sass_multiplies_on_the_tensor_cores(case):
         assert "TF32" in sass.split("HMMA", 1)[1].split("\n", 1)[0]
     ieee = next(iter(pf.define(source, target="cuda"))).specialize(*(placeholder(s, dtype) for s in shapes))
     assert ("HMMA" in ieee.stages["sass"]) == (dtype is not np.float32)
+
+
+def _linear_model(m=40, k=64, n=48):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"]),
+         helper.make_node("Relu", ["z"], ["out"])], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [m, n])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, (numpy_helper.to_array(w), numpy_helper.to_array(b))
+
+
+@pytest.mark.skipif(CXX is None, reason="the emulator needs a C++20 compiler")
+def test_a_model_compiled_with_tf32_multiplies_on_the_tensor_cores(emulated):  # noqa: F811
+    model, (w, b) = _linear_model()
+    x = np.random.default_rng(4).standard_normal((40, 64)).astype(np.float32)
+    tf = pf.compile(model, target="cuda", precision="tf32")
+    got = tf.run({"x": x})["out"]
+    assert "mma_tf32" in tf.dump("gpu")
+    want = np.maximum(tf32(x).astype(np.float64) @ tf32(w) + b, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    exact = pf.compile(model, target="cuda")
+    np.testing.assert_allclose(exact.run({"x": x})["out"], np.maximum(x.astype(np.float64) @ w + b, 0),
+                               rtol=1e-4, atol=1e-4)
+    assert "mma_" not in exact.dump("gpu")
+
+
+def test_the_torch_backend_follows_torchs_tf32_setting():
+    torch = pytest.importorskip("torch")
+    from polyfuse.torch.dynamo import matmul_precision
+    before = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert matmul_precision() == "ieee"
+        torch.set_float32_matmul_precision("high")
+        assert matmul_precision() == "tf32"
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert matmul_precision() == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cuda.matmul.allow_tf32 = before[1]

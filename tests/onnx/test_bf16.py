@@ -150,7 +150,7 @@ def test_grouped_convolutions_and_activation_products_stay_float32():
 
 @pytest.mark.unit
 @pytest.mark.parametrize("kwargs, match", [
-    ({"precision": "bfloat16"}, "precision must be one of 'float32', 'bf16', 'int8'"),
+    ({"precision": "bfloat16"}, "precision must be one of 'float32', 'tf32', 'bf16', 'int8'"),
     ({"precision": "bf16", "profile": "p.json"}, "calibrate precision='int8'"),
 ])
 def test_bad_precisions_are_argument_errors(products, kwargs, match):
