@@ -1,5 +1,5 @@
 """TC compiled for NVIDIA GPUs: the GPU mapping, CUDA C, PTX, ptxas's resources and the
-SASS of the inner loop; run where a GPU exists.
+SASS of the inner loop, the tensor cores with precision="tf32"; run where a GPU exists.
 
 Compiling needs only NVRTC (pip install cuda-python nvidia-cuda-nvrtc), so this example
 shows every stage on any machine; with an NVIDIA GPU and its driver it also runs the
@@ -45,6 +45,15 @@ if nvdisasm() is not None:
     ffma, lds = Mix.count(mix.inner_loop, "FFMA"), Mix.count(mix.inner_loop, "LDS")
     print(f"SASS inner loop: {ffma} FFMA, {lds} LDS ({ffma / lds:.2f} FFMA per shared load)")
     assert ffma > 0 and lds > 0
+
+# tensor cores: bfloat16 operands always, float32 ones where precision="tf32" allows
+tf32 = pf.define(SOURCE, target="cuda", precision="tf32").matmul
+on_units = tf32.specialize(placeholder((512, 256), np.float32), placeholder((256, 384), np.float32))
+print("\n".join(line for line in on_units.stages["gpu"].splitlines() if "warps" in line or "tile mma" in line))
+if nvdisasm() is not None:
+    (mix,) = instruction_mix(on_units.stages["sass"]).values()
+    print(f"precision='tf32': {Mix.count(mix.inner_loop, 'HMMA')} HMMA in the inner loop")
+    assert Mix.count(mix.inner_loop, "HMMA") > 0
 
 softmax = mod.softmax.specialize(placeholder((64, 1000), np.float32))
 launches = [line.strip() for line in softmax.stages["gpu"].splitlines() if "launch" in line]

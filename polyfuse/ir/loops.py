@@ -247,7 +247,8 @@ class TileProduct(Stmt):
     memory, read in any layout: ``nest`` is ``for r in 0:rows { for c in 0:cols { for k in
     0:depth { acc(r, c) = acc(r, c) + x * y }}}`` with ``x`` reading at ``r, k`` and ``y`` at
     ``k, c`` (``tf32(...)`` around each where the product is on TF32), which the code
-    generator reads the fragments through."""
+    generator reads the fragments through (``steps`` is then ``(cols, 0, 0)``: only the
+    registers' rows are evenly spaced)."""
 
     builtin: str
     shape: tuple[int, int, int]

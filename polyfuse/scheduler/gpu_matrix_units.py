@@ -38,7 +38,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read, index_names, walk
+from polyfuse.ir.affine import normal_form
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read, index_names, map_expr, walk
 from polyfuse.ir.gpu import LANES, MMA_DEPTH, TILE_M, TILE_N, GpuKernel, Launch, Registers, ThreadFor, ThreadRange, Threads, walk_gpu
 from polyfuse.ir.loops import (For, If, LoopRewriter, Scope, Stmt, Store, TileProduct, fresh_name, stmt_bodies,
                                stmt_nodes, walk_stmts)
@@ -222,7 +223,8 @@ def _on_units(f: For, product: tuple[str, Store], m: _Micro, tile: tuple[int, in
     for var, size in ((k, depth), (c, wn), (r, wm)):
         nest = For(var, _int(0), _int(size), (nest,))
     zero: dict[str, Expr] = {m.r: _int(0), m.c: _int(0), f.var: _int(0)}
-    a, b = (_substituted(e, zero) for e in (store.value.rhs.lhs, store.value.rhs.rhs))  # type: ignore[attr-defined]
+    a, b = (map_expr(_substituted(e, zero), lambda n: replace(n, indices=tuple(map(normal_form, n.indices)))
+                     if isinstance(n, Read) else n) for e in (store.value.rhs.lhs, store.value.rhs.rhs))  # type: ignore[attr-defined]
     tile_product = TileProduct(kind, (wm, wn, depth), Read(m.acc.name, (_int(0), _int(0)), DType.FLOAT32),
                                a, b, (wn, 0, 0), (nest,))  # type: ignore[arg-type]
     if isinstance(f.hi, Literal):
@@ -254,7 +256,6 @@ def _depth(hi: Expr) -> int | None:
 
 
 def _substituted(e: Expr, at: dict[str, Expr]) -> Expr:
-    from polyfuse.ir.comprehension import map_expr
     return map_expr(e, lambda n: at.get(n.name, n) if isinstance(n, IndexVar) else n)
 
 
