@@ -47,7 +47,13 @@ class Task:
     @staticmethod
     def of(definition: Definition, arrays: list[np.ndarray], target: Target | str = "x86",
            name: str = "") -> Task:
-        """The task of ``definition`` called with arrays of these shapes and dtypes."""
+        """The task of ``definition`` called with arrays of these shapes and dtypes (on a GPU
+        target, of its architecture: ``cuda`` is this machine's GPU's, see
+        :func:`~polyfuse.targets.cuda.with_arch`)."""
+        target = Target.parse(target)
+        if target.backend.archs:
+            from polyfuse.targets.cuda import with_arch
+            target = with_arch(target)
         return Task(str(definition), definition.name, tuple(tuple(int(d) for d in a.shape) for a in arrays),
                     tuple(np.dtype(a.dtype).name for a in arrays), target, name or definition.name)
 

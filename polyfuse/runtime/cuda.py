@@ -83,6 +83,8 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
     sizes = dict(sizes)
     gpu = available_device()
     limits = gpu.limits if gpu is not None else DeviceLimits()
+    if target.cpu and target.cpu != limits.arch:   # another GPU's code: it runs there only
+        limits = DeviceLimits(arch=target.cpu)
     with cache.SCHEDULING:
         options = options or default_gpu_options(d, sizes)
     key = cache.kernel_key(str(d), repr(sorted(sizes.items())), target.name, repr(limits),

@@ -98,7 +98,7 @@ def check_target(target: Target) -> None:
         raise TargetError(
             f"target '{target.name}' has no code generator in this version of polyfuse yet; "
             f"available: {', '.join(BUILDERS)}")
-    if target.cpu or target.features:   # names LLVM must know (the CPU backends')
+    if target.backend.cpus and (target.cpu or target.features):   # names LLVM must know
         from polyfuse.targets.cpu import target_machine
         target_machine(target)
 

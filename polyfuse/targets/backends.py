@@ -37,7 +37,8 @@ class Backend:
     under qemu-user elsewhere, and runs a model's kernels as one native program.
     ``default_cpu`` is the CPU a spec without one means (empty: this machine's), and
     ``feature_cpus`` the CPU that a feature picks when no CPU is named; ``features``
-    are always on (they are left out of the spec).
+    are always on (they are left out of the spec). ``archs``: a GPU backend's
+    architectures, which ``:ARCH`` names (``cuda:sm_80``; without one, the GPU's).
     """
 
     name: str
@@ -49,6 +50,7 @@ class Backend:
     default_cpu: str = ""
     feature_cpus: tuple[tuple[str, str], ...] = ()
     features: tuple[str, ...] = ()
+    archs: tuple[str, ...] = ()
 
     def cpu_for(self, features: tuple[str, ...]) -> str:
         """The CPU a spec naming ``features`` and no CPU means."""
@@ -60,5 +62,6 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("x86", Codegen.LLVM, triple="x86_64-unknown-linux-gnu", cpus=True, bundles=True),
     Backend("aarch64", Codegen.LLVM, triple="aarch64-unknown-linux-gnu", cpus=True, bundles=True,
             default_cpu="neoverse-n1", feature_cpus=(("sve", "a64fx"),), features=("neon",)),
-    Backend("cuda", Codegen.CUDA, Device.GPU, triple="nvptx64-nvidia-cuda"),
+    Backend("cuda", Codegen.CUDA, Device.GPU, triple="nvptx64-nvidia-cuda",
+            archs=("sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_120")),
 )}

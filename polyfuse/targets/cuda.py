@@ -1,7 +1,8 @@
 """CUDA compilation: GPU kernel -> CUDA C -> PTX and cubin with NVRTC.
 
 NVRTC runs without a GPU, so every kernel is compiled (and checked) on any machine.
-The architecture is the device's when one is present, else ``sm_90``. A compiled
+The architecture is the target's (``cuda:sm_80``), else the device's when one is
+present, else ``sm_90``. A compiled
 kernel keeps the text of each stage: ``cuda`` (the source), ``ptx`` and ``cubin`` (a
 summary: the cubin itself is binary and kept in :attr:`CudaBinary.cubin`).
 """
@@ -9,11 +10,12 @@ summary: the cubin itself is binary and kept in :attr:`CudaBinary.cubin`).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.gpu import GpuKernel
 from polyfuse.targets.cuda_codegen import emit_cuda
+from polyfuse.targets.target import Target
 
 DEFAULT_ARCH = "sm_90"
 # NVRTC's flags. The safe parts of fast math only: multiply-adds contract to FMA (--fmad,
@@ -21,6 +23,16 @@ DEFAULT_ARCH = "sm_90"
 # (flush-to-zero, approximate division and square root, __expf-style intrinsics) stays off.
 OPTIONS = ("-std=c++17", "--device-as-default-execution-space", "--fmad=true",
            "--extra-device-vectorization")
+
+
+def with_arch(target: Target) -> Target:
+    """``target``, a GPU target, with its architecture: the one it names, else this
+    machine's GPU's, else :data:`DEFAULT_ARCH` (tuning records are kept per architecture)."""
+    if not target.backend.archs or target.cpu:
+        return target
+    from polyfuse.targets.cuda_driver import available_device
+    gpu = available_device()
+    return replace(target, cpu=gpu.limits.arch if gpu is not None else DEFAULT_ARCH)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 triple, CPU and features.
 
 A target is written as ``NAME[:CPU][+FEATURE...]``: ``"x86"`` (this machine's CPU and
-features), ``"aarch64"`` (a Neoverse N1: ARMv8.2 with NEON), ``"aarch64+sve"`` (an
+features), ``"cuda"`` (the GPU's architecture, or sm_90 without one), ``"cuda:sm_80"``, ``"aarch64"`` (a Neoverse N1: ARMv8.2 with NEON), ``"aarch64+sve"`` (an
 A64FX: SVE, 512-bit vectors), ``"aarch64:cortex-a72"``, ``"x86:skylake-avx512"`` (for
 ahead-of-time bundles built for another machine). ``"host"`` is this machine's CPU with
 all its features (on an ARM machine: whatever its CPU is).
@@ -25,7 +25,7 @@ TRIPLES = {b.name: b.triple for b in BACKENDS.values() if b.triple}
 class Target:
     """``reference`` (the numpy interpreter), ``x86``, ``aarch64`` or ``cuda``; native CPU
     targets carry the LLVM ``cpu`` and ``features`` they generate code for (empty on
-    ``x86``: this machine's)."""
+    ``x86``: this machine's), ``cuda`` the GPU architecture as ``cpu`` (empty: the GPU's)."""
 
     name: str
     triple: str = ""
@@ -43,6 +43,11 @@ class Target:
         head, *features = spec.split("+")
         name, _, cpu = head.partition(":")
         backend = BACKENDS.get(host_name() if name == "host" and not (cpu or features) else name)
+        if backend is not None and backend.archs and cpu and not features:
+            if cpu not in backend.archs:
+                raise TargetError(f"unknown GPU architecture {cpu!r} for target '{name}'; "
+                                  f"choose one of {', '.join(backend.archs)}")
+            return Target(name, backend.triple, cpu)
         if backend is None or not all(features) or (cpu or features) and not backend.cpus:
             raise TargetError(f"unknown target {spec!r}; choose one of {', '.join(NAMES)}, "
                               "optionally with :CPU and +FEATURE for "

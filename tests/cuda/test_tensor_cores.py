@@ -149,7 +149,6 @@ def test_the_sass_multiplies_on_the_tensor_cores(case):
 
 
 def _linear_model(m=40, k=64, n=48):
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(3)
     w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "W")
@@ -194,3 +193,36 @@ def test_the_torch_backend_follows_torchs_tf32_setting():
     finally:
         torch.set_float32_matmul_precision(before[0])
         torch.backends.cuda.matmul.allow_tf32 = before[1]
+
+
+@pytest.mark.skipif(nvdisasm() is None, reason="needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+def test_a_named_gpu_architecture_is_compiled_for():
+    shapes = [placeholder((256, 256), np.float32)] * 2
+    ampere = next(iter(pf.define(MM.format(t="float"), target="cuda:sm_80", precision="tf32"))).specialize(*shapes)
+    assert "cubin sm_80" in ampere.stages["cubin"] and "HMMA" in ampere.stages["sass"]
+    turing = next(iter(pf.define(MM.format(t="float"), target="cuda:sm_75", precision="tf32"))).specialize(*shapes)
+    assert "cubin sm_75" in turing.stages["cubin"] and "HMMA" not in turing.stages["sass"]   # no TF32 mma
+    with pytest.raises(pf.TargetError, match="unknown GPU architecture 'sm_81'"):
+        pf.define(MM.format(t="float"), target="cuda:sm_81")
+
+
+@pytest.mark.unit
+def test_tuning_records_are_kept_per_gpu_architecture(tmp_path):
+    from polyfuse.autotune import records as db
+    from polyfuse.autotune.task import Task
+    from polyfuse.scheduler.options import MappingOptions
+    from polyfuse.targets.cuda_driver import available_device
+    d = next(iter(pf.define(MM.format(t="float")))).definition
+    arrays = [np.zeros((64, 64), np.float32)] * 2
+    ampere = Task.of(d, arrays, "cuda:sm_80")
+    assert str(ampere.target) == "cuda:sm_80"
+    here = Task.of(d, arrays, "cuda")    # this machine's GPU's architecture, sm_90 without one
+    gpu = available_device()
+    assert here.target.cpu == (gpu.limits.arch if gpu is not None else "sm_90")
+    tuned = MappingOptions(tile_sizes=(16, 16, 16), block=(8, 8))
+    path = tmp_path / "records.jsonl"
+    db.append(path, [db.Record.of(ampere, tuned, [1e-3])])
+    records = db.Records.open(path)
+    assert records.lookup(ampere).options == tuned and records.lookup(ampere).target == ampere.target
+    if here.target != ampere.target:   # another architecture's records serve where it has none
+        assert records.lookup(here).target == ampere.target
