@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
-from polyfuse.errors import ArgumentError, BoundsError, DTypeError, ShapeError
+from polyfuse.errors import ArgumentError, BoundsError, DeviceError, DTypeError, ShapeError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.gpu import GpuKernel
 from polyfuse.ir.loops import ERROR_BUFFER, BufferRole
@@ -177,7 +178,10 @@ class CudaProgram:
     coming back to the host: intermediates in one device arena (the plan's memory
     plan), the weights uploaded once, one error slot per kernel that reads through an
     index tensor. A run uploads the inputs, launches every kernel in order on
-    polyfuse's stream, waits once, and downloads the outputs."""
+    polyfuse's stream, waits once, and downloads the outputs. Runs on host arrays launch
+    the kernels as one CUDA graph, captured at the first (inputs, outputs, arena and error
+    slots then live in memory the program keeps) and replayed; runs on arrays in GPU
+    memory launch them one by one, on the caller's arrays."""
 
     def __init__(self, layout: ProgramLayout) -> None:
         self.layout = layout
@@ -186,57 +190,88 @@ class CudaProgram:
         self._weights: _Memory | None = None
         checked = [k for k, call in enumerate(layout.calls) if any(a[0] == ERROR for a in call.args)]
         self._error_slot = {k: j for j, k in enumerate(checked)}
+        self._replay: _Replay | None = None   # the memory and graph of runs on host arrays
+        self._lock = threading.Lock()        # one such run at a time (they share that memory)
 
     def run(self, env: Mapping[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The outputs for the inputs in ``env``; ``times`` (one per kernel) gets each
-        kernel's seconds, measured by waiting for the GPU after each one."""
+        kernel's seconds, measured by waiting for the GPU after each one. With host
+        arrays in and out (and no times asked) the kernels run as one CUDA graph,
+        captured at the first such run into memory the program keeps, and replayed."""
         gpu = device()
         gpu.activate()
         layout = self.layout
-        if self._weights is None:
-            self._weights = _Memory(gpu, len(self._blob))
-            gpu.upload(self._weights.pointer, np.frombuffer(self._blob, np.uint8))
+        weights = self._weights_on(gpu)
+        if times is None and all(isinstance(env[t.name], (np.ndarray, np.generic)) for t in layout.inputs):
+            return self._replayed(gpu, env)
         call = _Call(gpu, "model")
         try:
             inputs = [call.input(t.name, env[t.name], t.shape, _dtype(t.dtype))
                       for t in layout.inputs]
             like = next((a for a in inputs if a.library != "polyfuse"), None)
             slots = [call.output(shape, _dtype(dtype), False, like) for shape, dtype in layout.slots]
-            arena = call.memory(layout.arena_bytes).pointer
-            errors = call.scratch(8 * max(1, len(self._error_slot)))
-            weights = self._weights.pointer
-
-            def place(k: int, base: int, index: Any, offset: int) -> int:
-                if base == ARENA:
-                    return arena + offset
-                if base == INPUT:
-                    return inputs[index].pointer + offset
-                if base == OUTPUT:
-                    return slots[index].pointer + offset
-                if base == CONSTANT:
-                    return weights + self._offsets[index] + offset
-                return errors.pointer + 8 * self._error_slot[k]
-
-            for k, step in enumerate(layout.calls):
-                start = time.perf_counter()
-                pointers = [place(k, *arg) for arg in step.args]
-                for position, nbytes in step.zero:
-                    gpu.zero(pointers[position], nbytes)
-                step.executable.launch(gpu, [ctypes.c_uint64(p) for p in pointers])
-                if times is not None:
-                    gpu.synchronize(f"running kernel {step.label}")
-                    times[k] = time.perf_counter() - start
+            memory = _Places(weights, self._offsets, [a.pointer for a in inputs], [a.pointer for a in slots],
+                             call.memory(layout.arena_bytes).pointer,
+                             call.memory(8 * max(1, len(self._error_slot))).pointer, self._error_slot)
+            self._enqueue(gpu, memory, times)
             gpu.synchronize("running the model's kernels")
-            failed = call.download(errors, np.dtype(np.int64))
-            for k, j in self._error_slot.items():
-                if failed[j]:
-                    raise BoundsError.in_kernel(self.labels[k])
+            self._check_errors(gpu, memory.errors)
             if like is None:
                 host_inputs = [np.asarray(env[t.name]) for t in layout.inputs]
                 return layout.collect(host_inputs, [call.download(a, a.dtype) for a in slots])
             return self._on_device(call, like, inputs, slots, weights)
         finally:
             call.release()
+
+    def _weights_on(self, gpu: Device) -> int:
+        if self._weights is None:
+            self._weights = _Memory(gpu, len(self._blob))
+            gpu.upload(self._weights.pointer, np.frombuffer(self._blob, np.uint8))
+        return self._weights.pointer
+
+    def _enqueue(self, gpu: Device, memory: _Places, times: np.ndarray | None = None) -> None:
+        """Queue the error slots' zeroing and every kernel, with their outputs' zeroing."""
+        gpu.zero(memory.errors, 8 * max(1, len(self._error_slot)))
+        for k, step in enumerate(self.layout.calls):
+            start = time.perf_counter()
+            pointers = [memory.place(k, *arg) for arg in step.args]
+            for position, nbytes in step.zero:
+                gpu.zero(pointers[position], nbytes)
+            step.executable.launch(gpu, [ctypes.c_uint64(p) for p in pointers])
+            if times is not None:
+                gpu.synchronize(f"running kernel {step.label}")
+                times[k] = time.perf_counter() - start
+
+    def _check_errors(self, gpu: Device, errors: int) -> None:
+        failed = np.empty(max(1, len(self._error_slot)), np.int64)
+        gpu.download(failed, errors)
+        gpu.synchronize("copying the model's error slots")
+        for k, j in self._error_slot.items():
+            if failed[j]:
+                raise BoundsError.in_kernel(self.labels[k])
+
+    def _replayed(self, gpu: Device, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A run on host arrays: the inputs uploaded into the program's own memory, the
+        kernels replayed as the graph captured at the first run (or queued one by one
+        where the driver cannot capture), the outputs downloaded."""
+        layout = self.layout
+        with self._lock:
+            if self._replay is None:
+                self._replay = _Replay.allocate(gpu, layout, self._weights_on(gpu), self._offsets, self._error_slot)
+            replay = self._replay
+            hosts = [np.asarray(env[t.name], order="C") for t in layout.inputs]
+            for host, pointer in zip(hosts, replay.memory.inputs):
+                gpu.upload(pointer, host)
+            replay.run(gpu, lambda: self._enqueue(gpu, replay.memory))
+            gpu.synchronize("running the model's kernels")
+            self._check_errors(gpu, replay.memory.errors)
+            outputs = []
+            for (shape, dtype), pointer in zip(layout.slots, replay.memory.slots):
+                host = np.empty(shape, np.dtype(dtype))
+                gpu.download(host, pointer)
+                outputs.append(host)
+            gpu.synchronize("copying the model's outputs")
+            return layout.collect(hosts, outputs)
 
     def _on_device(self, call: _Call, like: DeviceArray, inputs: list[DeviceArray],
                    slots: list[DeviceArray], weights: int) -> dict[str, Any]:
@@ -257,6 +292,77 @@ class CudaProgram:
                 out[name] = DeviceArray(array.pointer, t.shape, array.dtype, array.owner, array.library)
         call.gpu.synchronize("copying the model's outputs")
         return out
+
+
+@dataclass
+class _Places:
+    """Where a program's kernels find their arguments: the weights, the inputs and the
+    output slots, the arena of intermediates and the error slots (device pointers)."""
+
+    weights: int
+    offsets: list[int]
+    inputs: list[int]
+    slots: list[int]
+    arena: int
+    errors: int
+    error_slot: dict[int, int]
+
+    def place(self, k: int, base: int, index: Any, offset: int) -> int:
+        """The pointer argument ``(base, index, offset)`` of call ``k``."""
+        if base == ARENA:
+            return self.arena + offset
+        if base == INPUT:
+            return self.inputs[index] + offset
+        if base == OUTPUT:
+            return self.slots[index] + offset
+        if base == CONSTANT:
+            return self.weights + self.offsets[index] + offset
+        return self.errors + 8 * self.error_slot[k]
+
+
+@dataclass
+class _Replay:
+    """The memory a program keeps for its runs on host arrays, and the CUDA graph of its
+    kernels on it (None until captured; ``captures`` False where the driver refused)."""
+
+    memory: _Places
+    owned: list[_Memory]
+    graph: Any = None
+    captures: bool = True
+
+    @staticmethod
+    def allocate(gpu: Device, layout: ProgramLayout, weights: int, offsets: list[int],
+                 error_slot: dict[int, int]) -> _Replay:
+        owned: list[_Memory] = []
+
+        def memory(nbytes: int) -> int:
+            owned.append(_Memory(gpu, nbytes))
+            return owned[-1].pointer
+        inputs = [memory(t.nbytes) for t in layout.inputs]
+        slots = [memory(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+                 for shape, dtype in layout.slots]
+        places = _Places(weights, offsets, inputs, slots, memory(layout.arena_bytes),
+                         memory(8 * max(1, len(error_slot))), error_slot)
+        return _Replay(places, owned)
+
+    def run(self, gpu: Device, enqueue: Callable[[], None]) -> None:
+        """Queue the kernels: the graph, captured from ``enqueue`` the first time."""
+        if self.graph is None and self.captures:
+            try:
+                gpu.begin_capture()
+                enqueue()
+                self.graph = gpu.end_capture()
+            except DeviceError:   # a driver that cannot capture this stream: launches instead
+                if gpu.capturing:
+                    try:
+                        gpu.end_capture()
+                    except DeviceError:
+                        pass
+                self.captures = False
+        if self.graph is not None:
+            gpu.replay(self.graph)
+        else:
+            enqueue()
 
 
 class _Memory:

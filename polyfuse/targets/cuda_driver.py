@@ -62,6 +62,7 @@ class Device:
         self.context = check(driver.cuDevicePrimaryCtxRetain(self.device), "context creation")
         self.activate()
         self.stream = check(driver.cuStreamCreate(0), "stream creation")
+        self.capturing = False     # work queued now goes into a graph (see begin_capture)
         name = check(driver.cuDeviceGetName(64, self.device), "device name")
         self.name = _text(name).split("\0")[0]
         a = driver.CUdevice_attribute
@@ -130,6 +131,8 @@ class Device:
         pointers = (ctypes.c_void_p * max(1, len(params)))(*[ctypes.addressof(p) for p in params])
         check(driver.cuLaunchKernel(function, grid, 1, 1, *block, 0, self.stream,
                                     ctypes.addressof(pointers), 0), f"launch of kernel {name}")
+        if self.capturing:   # a capturing stream may not be queried
+            return
         (status,) = driver.cuStreamQuery(self.stream)
         if status not in (driver.CUresult.CUDA_SUCCESS, driver.CUresult.CUDA_ERROR_NOT_READY):
             check((status,), f"kernel {name}")
@@ -137,10 +140,47 @@ class Device:
     def synchronize(self, what: str) -> None:
         check(_driver().cuStreamSynchronize(self.stream), what)
 
+    # --- graphs ---
+    def begin_capture(self) -> None:
+        """Record the launches, zeroing and copies queued from now on into a graph instead
+        of running them (until :meth:`end_capture`)."""
+        driver = _driver()
+        check(driver.cuStreamBeginCapture(self.stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              "start of stream capture")
+        self.capturing = True
+
+    def end_capture(self) -> Any:
+        """The work recorded since :meth:`begin_capture`, as a graph ready to launch (a
+        :class:`Graph`)."""
+        driver = _driver()
+        self.capturing = False
+        graph = check(driver.cuStreamEndCapture(self.stream), "end of stream capture")
+        try:
+            return Graph(check(driver.cuGraphInstantiate(graph, 0), "graph instantiation"))
+        finally:
+            driver.cuGraphDestroy(graph)
+
+    def replay(self, graph: Any) -> None:
+        """Queue a captured graph's work again, as one launch."""
+        check(_driver().cuGraphLaunch(graph.handle, self.stream), "graph launch")
+
     def wait_for(self, stream: int) -> None:
         """Wait for work a foreign array's producer queued on ``stream`` (a handle)."""
         check(_driver().cuStreamSynchronize(_driver().CUstream(stream)), "synchronizing the "
               "stream of an input array")
+
+
+class Graph:
+    """An instantiated CUDA graph, destroyed with the object."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def __del__(self) -> None:
+        try:
+            _driver().cuGraphExecDestroy(self.handle)
+        except Exception:  # the driver may be gone at interpreter exit
+            pass
 
 
 @functools.cache

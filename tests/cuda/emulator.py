@@ -235,12 +235,37 @@ class EmulatedDevice:
         ctypes.memmove(host.ctypes.data, pointer, host.nbytes)
 
     def copy(self, destination: int, source: int, nbytes: int) -> None:
-        ctypes.memmove(destination, source, nbytes)
+        if not self._recorded(lambda: self.copy(destination, source, nbytes)):
+            ctypes.memmove(destination, source, nbytes)
 
     def zero(self, pointer: int, nbytes: int) -> None:
-        ctypes.memset(pointer, 0, nbytes)
+        if not self._recorded(lambda: self.zero(pointer, nbytes)):
+            ctypes.memset(pointer, 0, nbytes)
+
+    # graphs: work queued while capturing is recorded, not run; a replay runs it again
+    capturing = False
+    captures = 0
+
+    def begin_capture(self) -> None:
+        self.capturing, self.recorded = True, []
+
+    def end_capture(self) -> list:
+        self.capturing = False
+        self.captures += 1
+        return self.recorded
+
+    def replay(self, graph: list) -> None:
+        for work in graph:
+            work()
+
+    def _recorded(self, work) -> bool:  # noqa: ANN001
+        if self.capturing:
+            self.recorded.append(work)
+        return self.capturing
 
     def launch(self, function, name: str, grid: int, block: tuple[int, int, int], params: list) -> None:  # noqa: ANN001
+        if self._recorded(lambda: self.launch(function, name, grid, block, [type(p)(p.value) for p in params])):
+            return
         limits = self.limits
         assert 1 <= grid <= limits.max_grid and 1 <= block[0] * block[1] * block[2] <= limits.max_threads
         self.launches.append((name, grid, block))

@@ -104,6 +104,31 @@ def test_a_model_runs_as_one_gpu_program(emulated, monkeypatch):
         pf.compile(model, target="cuda").run({**feed, "idx": np.array([0, 9, 1], np.int64)})
 
 
+def test_a_models_kernels_are_captured_once_as_a_graph_and_replayed(emulated):
+    """Runs on host arrays replay the graph captured at the first: every kernel runs at
+    each call, on the new inputs, and a bad index still names its kernel after a replay."""
+    from tests.onnx.test_models import cnn, randn
+    from tests.runtime.test_bundle import odd_outputs
+    net = cnn()
+    compiled, reference = pf.compile(net, target="cuda"), pf.compile(net, target="reference")
+    kernels = len(compiled.plan_for({"x": (1, 3, 32, 32)}).program.labels)
+    for _ in range(3):
+        x = randn(1, 3, 32, 32)   # new values each run
+        before = len(emulated.launches)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], reference.run({"x": x})["y"], rtol=1e-4, atol=1e-5)
+        assert len(emulated.launches) - before >= kernels
+    assert emulated.captures == 1
+    model = pf.compile(odd_outputs(), target="cuda")
+    feed = {"x": randn(2, 5), "idx": np.array([3, 0, -1], np.int64), "d": np.arange(4.0)}
+    model.run(feed)
+    with pytest.raises(pf.BoundsError, match="out of bounds"):
+        model.run({**feed, "idx": np.array([0, 9, 1], np.int64)})
+    got, want = model.run(feed), pf.compile(odd_outputs(), target="reference").run(feed)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    assert emulated.captures == 2
+
+
 class _OnDevice:
     """An array of another library in (emulated) GPU memory: only __cuda_array_interface__."""
 

@@ -72,6 +72,33 @@ def test_transformer_block_on_the_gpu_matches_the_reference():
         np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-4)
 
 
+def test_a_models_graph_replays_on_new_inputs():
+    """Runs on host arrays replay the CUDA graph the first captured (or, where the driver
+    refuses to capture, launch the kernels again): each run's results are its own."""
+    model = cnn()
+    compiled, reference = pf.compile(model, target="cuda"), pf.compile(model, target="reference")
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], reference.run({"x": x})["y"], rtol=RTOL, atol=ATOL)
+
+
+def test_tensor_cores_on_the_gpu():
+    """TF32 and bfloat16 products on the tensor cores, at sizes no tile divides."""
+    import ml_dtypes
+    from polyfuse.ir.special_functions import tf32
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((300, 200), dtype=np.float32)
+    b = rng.standard_normal((200, 170), dtype=np.float32)
+    mm = "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(m,n) +=! A(m,k) * B(k,n) }}"
+    got = pf.define(mm.format(t="float"), target="cuda", precision="tf32").mm(a, b)
+    np.testing.assert_allclose(got, tf32(a).astype(np.float64) @ tf32(b), rtol=1e-4, atol=1e-3)
+    a16, b16 = a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)
+    got = pf.define(mm.format(t="bfloat16"), target="cuda").mm(a16, b16)
+    want = (a16.astype(np.float64) @ b16.astype(np.float64)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-2, atol=5e-2)
+
+
 @pytest.fixture
 def torch():
     torch = pytest.importorskip("torch")
