@@ -8,8 +8,12 @@ package index, the wheels in ``.whl/`` that ``benchmarks/gpu_wheels.sh`` downloa
 polyfuse itself without build isolation), runs
 ``pytest -m cuda tests/cuda tests/torch/test_tensors.py``, then times each kernel of TC's benchmark set with its
 inputs already on the GPU as torch tensors (so polyfuse copies nothing) and prints the
-median time of polyfuse and of PyTorch eager (cuBLAS / cuDNN) and their ratio; every
-polyfuse result is checked against PyTorch's. Each stage has a time limit, and kernels
+median time of polyfuse, of PyTorch eager (cuBLAS / cuDNN) and of ``torch.compile``
+(inductor), and the ratio polyfuse / eager; every polyfuse result is checked against
+PyTorch's. The set includes float32 matmul exact and on TF32 (``precision="tf32"``
+against torch with ``allow_tf32``) and a bfloat16 matmul. Then whole models (an
+attention block, ResNet-50 at batch 32, BERT-base at 8 x 128; random weights) exported to
+ONNX and compiled for cuda, fed torch tensors on the GPU. Each stage has a time limit, and kernels
 left when the budget (default 420 s for the whole script) runs out are reported as
 skipped, so the check ends within 8 minutes. Without torch it still times polyfuse (numpy
 inputs, copies included) and prints no ratio.
@@ -183,7 +187,7 @@ def benchmark(repeat: int, budget: float) -> list[list[str]]:
     rows = []
     for case in _cases():
         if elapsed() > budget:
-            rows.append([case.label, "-", "-", "-", "skipped (time budget)"])
+            rows.append([case.label, "-", "-", "-", "-", "skipped (time budget)"])
             continue
         kernel = case.kernel()
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = case.precision == "tf32"
@@ -197,16 +201,132 @@ def benchmark(repeat: int, budget: float) -> list[list[str]]:
             first = time.perf_counter() - t
             ours = median_seconds(lambda: kernel(*args), repeat, torch.cuda.synchronize)
         except pf.PolyfuseError as err:
-            rows.append([case.label, "-", "-", "-", f"error: {str(err).splitlines()[0][:60]}"])
+            rows.append([case.label, "-", "-", "-", "-", f"error: {str(err).splitlines()[0][:60]}"])
             continue
         want = case.torch(*args)
         theirs = median_seconds(lambda: case.torch(*args), repeat, torch.cuda.synchronize)
+        inductor = inductor_seconds(case.torch, args, repeat, budget * 0.6)
         got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
         ok = all(torch.allclose(g.float(), w.float(), rtol=case.tolerance, atol=case.tolerance)
                  for g, w in zip(got, want))
         rate = f" {case.flops / ours / 1e12:.2f} TFLOP/s" if case.flops else ""
-        rows.append([case.label, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}",
+        rows.append([case.label, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}",
+                     f"{inductor * 1e3:.3f}" if inductor else "-", f"{ours / theirs:.2f}",
                      ("ok" if ok else "MISMATCH") + rate + f" (first call {first:.1f} s)"])
+        print(f"[{elapsed():5.0f}s] {' | '.join(rows[-1])}", flush=True)
+    return rows
+
+
+def inductor_seconds(fn: Callable[..., object], args: list, repeat: int, budget: float) -> float | None:
+    """The median of ``torch.compile(fn)`` (inductor) on ``args``, or None when the budget
+    is spent or inductor cannot compile it here."""
+    import torch
+    if elapsed() > budget:
+        return None
+    try:
+        compiled = torch.compile(fn)
+        compiled(*args)
+        return median_seconds(lambda: compiled(*args), repeat, torch.cuda.synchronize)
+    except Exception as err:   # inductor needs triton and a C compiler: say so, go on
+        print(f"  inductor: {type(err).__name__}: {str(err).splitlines()[0][:80]}", flush=True)
+        return None
+
+
+def _attention(width: int = 768, heads: int = 12):  # noqa: ANN202
+    """A pre-norm transformer block (self-attention, then an MLP, each with a residual)."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+            self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).reshape(b, t, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(width // heads), dim=-1)
+            x = x + self.out((att @ v).transpose(1, 2).reshape(b, t, width))
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+    return Block()
+
+
+def _resnet50():  # noqa: ANN202
+    import torchvision
+    return torchvision.models.resnet50(weights=None)
+
+
+def _bert_base():  # noqa: ANN202
+    import torch
+    import transformers
+    config = transformers.BertConfig(attn_implementation="eager")
+    bert = transformers.BertModel(config, add_pooling_layer=False)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, mask):  # noqa: ANN001, ANN202
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+    return Encoder()
+
+
+def model_cases() -> list[tuple[str, Callable[[], object], Callable[[], list]]]:
+    """Whole models: label, the torch module (random weights), its inputs (on the GPU)."""
+    import torch
+
+    def images() -> list:
+        return [torch.randn(32, 3, 224, 224, device="cuda")]
+
+    def tokens() -> list:
+        return [torch.randint(0, 30522, (8, 128), device="cuda"), torch.ones(8, 128, dtype=torch.int64, device="cuda")]
+    return [("attention block 8x128x768", _attention, lambda: [torch.randn(8, 128, 768, device="cuda")]),
+            ("ResNet-50 batch 32", _resnet50, images),
+            ("BERT-base 8x128", _bert_base, tokens)]
+
+
+def benchmark_models(repeat: int, budget: float) -> list[list[str]]:
+    """Each whole model exported to ONNX and compiled for cuda, fed torch tensors on the
+    GPU (results stay there), against torch eager and inductor; checked against eager."""
+    import tempfile
+
+    import torch
+
+    import polyfuse as pf
+    rows = []
+    for label, build, make_inputs in model_cases():
+        if elapsed() > budget:
+            rows.append([label, "-", "-", "-", "-", "skipped (time budget)"])
+            continue
+        try:
+            module = build().cuda().eval()
+        except ImportError as err:
+            rows.append([label, "-", "-", "-", "-", f"skipped ({err})"])
+            continue
+        inputs = make_inputs()
+        with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
+            path = f"{tmp}/model.onnx"
+            names = [f"in{k}" for k in range(len(inputs))]
+            torch.onnx.export(module, tuple(inputs), path, input_names=names, output_names=["out"], dynamo=False)
+            t = time.perf_counter()
+            compiled = pf.compile(path, target="cuda")
+            feed = dict(zip(names, inputs))
+            try:
+                got = compiled.run(feed)["out"]
+            except pf.PolyfuseError as err:
+                rows.append([label, "-", "-", "-", "-", f"error: {str(err).splitlines()[0][:60]}"])
+                continue
+            first = time.perf_counter() - t
+            ours = median_seconds(lambda: compiled.run(feed), repeat, torch.cuda.synchronize)
+            want = module(*inputs)
+            theirs = median_seconds(lambda: module(*inputs), repeat, torch.cuda.synchronize)
+            inductor = inductor_seconds(module, inputs, repeat, budget)
+        ok = torch.allclose(torch.as_tensor(got).float(), want.float(), rtol=1e-2, atol=1e-2)
+        rows.append([label, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}",
+                     f"{inductor * 1e3:.3f}" if inductor else "-", f"{ours / theirs:.2f}",
+                     ("ok" if ok else "MISMATCH") + f" (compile + first call {first:.1f} s)"])
         print(f"[{elapsed():5.0f}s] {' | '.join(rows[-1])}", flush=True)
     return rows
 
@@ -226,7 +346,7 @@ def benchmark_without_torch(repeat: int, budget: float) -> list[list[str]]:
         rng = np.random.default_rng(0)
         args = [rng.uniform(-0.5, 0.5, s).astype(np.float32) for s in shapes]
         ours = median_seconds(lambda: kernel(*args), repeat, lambda: None)
-        rows.append([label, f"{ours * 1e3:.3f}", "-", "-", "numpy in/out, copies included"])
+        rows.append([label, f"{ours * 1e3:.3f}", "-", "-", "-", "numpy in/out, copies included"])
     return rows
 
 
@@ -253,15 +373,19 @@ def main() -> None:
     if has_torch:
         import torch
         has_torch = torch.cuda.is_available()
-    rows = benchmark(args.repeat, args.budget) if has_torch else benchmark_without_torch(args.repeat, args.budget)
-    header = ["kernel", "polyfuse ms", "torch ms", "ratio", "notes"]
+    if has_torch:
+        kernels = benchmark(args.repeat, args.budget * 0.6)
+        rows = kernels + benchmark_models(args.repeat, args.budget)
+    else:
+        kernels = rows = benchmark_without_torch(args.repeat, args.budget)
+    header = ["kernel", "polyfuse ms", "torch ms", "inductor ms", "ratio", "notes"]
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
     print()
     for r in [header, ["-" * w for w in widths], *rows]:
         print(" | ".join(c.ljust(w) for c, w in zip(r, widths)))
-    ratios = [float(r[3]) for r in rows if r[3] not in ("-", "")]
+    ratios = [float(r[4]) for r in kernels if r[4] not in ("-", "")]
     if ratios:
-        print(f"geometric mean ratio (polyfuse / torch; lower is better): "
+        print(f"geometric mean ratio over the kernels (polyfuse / torch; lower is better): "
               f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
     print(f"done in {elapsed():.0f} s")
 
