@@ -24,8 +24,10 @@ on) each tile holds S boxes, and the copies run S - 1 steps ahead, asynchronousl
 
 Every thread commits one group per step, empty ones included, so "S - 1 in flight"
 always means "up to this step". A loop is pipelined when its body is exactly that
-shape, its tiles are read nowhere else, are of 4- or 8-byte elements, and S copies of
-them (fewer stages, down to 2, where they do not fit) fit in the shared-memory budget.
+shape, its tiles are read nowhere else, are of 2-, 4- or 8-byte elements (2-byte ones
+go asynchronously 16 bytes at a time only, where rows allow; elsewhere the copy lands at
+once, which the next stage's buffer allows), and S copies of them (fewer stages, down to
+2, where they do not fit) fit in the shared-memory budget.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _pattern(f: For, launch: Launch) -> tuple[CopyToShared, ...] | None:
         return None
     for c in copies:
         tile = launch.tile(c.tile)
-        if tile is None or tile.stages != 1 or tile.dtype.numpy.itemsize not in (4, 8) \
+        if tile is None or tile.stages != 1 or tile.dtype.numpy.itemsize not in (2, 4, 8) \
                 or c.stage is not None or c.asynchronous or _read_outside(launch, f, tile):
             return None
     return copies

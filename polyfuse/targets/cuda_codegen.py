@@ -316,7 +316,7 @@ class _LaunchWriter:
             add(f"{inner}const long long pf_n = !({rows}) || pf_d < 0LL ? 0LL : pf_d > {vector}LL ? {vector}LL : pf_d;")
             add(f"{inner}pf_cp_async16(&{tile.name}[{target}], pf_n > 0 ? &{c_name(buf.name)}[{source}] : "
                 f"{c_name(buf.name)}, (int)(pf_n * {size}));")
-        elif s.asynchronous:
+        elif s.asynchronous and size >= 4:   # (cp.async moves 4 bytes at least: narrower lands at once)
             add(f"{inner}const bool pf_in = {inside};")
             add(f"{inner}pf_cp_async{size}(&{tile.name}[{target}], pf_in ? &{c_name(buf.name)}[{source}] : "
                 f"{c_name(buf.name)}, pf_in);")
@@ -374,7 +374,7 @@ def _vector(s: CopyToShared, tile: SharedTile, buf: Buffer) -> int:
     (its rows contiguous, each starting on a word); else 1."""
     size = tile.dtype.numpy.itemsize
     vector = 16 // size
-    if not s.asynchronous or size not in (4, 8) or tile.shape[-1] % vector or tile.stage_size % vector:
+    if not s.asynchronous or size not in (2, 4, 8) or tile.shape[-1] % vector or tile.stage_size % vector:
         return 1
     if any(t % vector for t in tile.strides[:-1]) or buf.strides[-1] != 1 or any(t % vector for t in buf.strides[:-1]):
         return 1
