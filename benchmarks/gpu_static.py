@@ -5,7 +5,8 @@
 
 Per kernel: its launches, the most registers and static shared memory a launch uses,
 spilled bytes, and the instructions of the busiest launch's innermost loop: FFMA, LDS
-(shared loads; ``.128`` ones counted apart), FFMA per LDS, and global loads (LDG) of
+(shared loads; ``.128`` ones counted apart), FFMA per LDS, tensor-core products (HMMA)
+and ``ldmatrix`` loads (LDSM), and global loads (LDG) of
 which 128 bits wide; over all launches, asynchronous copies to shared memory (LDGSTS,
 cp.async) and warp shuffles (SHFL). A register-tiled matmul reads 128-bit words from shared memory and
 does eight or more FFMA per LDS; one thread per output element does about one half.
@@ -29,7 +30,7 @@ def main() -> None:
     from polyfuse.runtime.arguments import placeholder
     from polyfuse.targets.cuda_sass import Mix, instruction_mix, resources
 
-    header = ["kernel", "launches", "registers", "smem B", "spills B", "loop FFMA", "loop HMMA", "loop LDS (.128)",
+    header = ["kernel", "launches", "registers", "smem B", "spills B", "loop FFMA", "loop HMMA", "loop LDSM", "loop LDS (.128)",
               "FFMA:LDS", "LDG (.128)", "LDGSTS (.128)", "SHFL"]
     rows = []
     for case in _cases():
@@ -46,7 +47,7 @@ def main() -> None:
         rows.append([case.label, str(len(mixes)), str(max(r.registers for r in used.values())),
                      str(max(r.shared_bytes for r in used.values())),
                      str(sum(r.spill_stores + r.spill_loads for r in used.values())),
-                     str(ffma), str(hmma), f"{lds} ({loop['LDS.128']})", f"{ffma / lds:.2f}" if lds else "-",
+                     str(ffma), str(hmma), str(Mix.count(loop, "LDSM")), f"{lds} ({loop['LDS.128']})", f"{ffma / lds:.2f}" if lds else "-",
                      f"{Mix.count(every, 'LDG')} ({Mix.count(every, 'LDG.E.128')})",
                      f"{total('LDGSTS')} ({sum(n for m in mixes.values() for op, n in m.instructions.items() if op.startswith('LDGSTS') and '.128' in op)})",
                      str(total("SHFL"))])

@@ -26,7 +26,8 @@ from polyfuse.errors import CodegenError
 from polyfuse.ir.comprehension import Literal, LocalRef, Read, combine
 from polyfuse.ir.gpu import (AXES, LANES, MMA_DEPTH, TILE_M, TILE_N, MmaNest, AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
                              Registers, SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, walk_gpu)
-from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, map_expr
+from polyfuse.ir.affine import affine
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, index_names, map_expr
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store, TileProduct
 from polyfuse.ir.types import DType
 from polyfuse.targets.cuda_expr import (ExprEmitter, c_name, helpers_for, register_type,
@@ -205,11 +206,13 @@ class _LaunchWriter:
         """A warp's tile product on the matrix units: at each step of the depth, each
         lane loads its fragments of ``a`` (``rows / 16`` tiles of 16 x k) and ``b`` (``cols
         / 8`` tiles of k x 8) through the nest's reads, then every pair of them goes
-        through one ``mma.sync`` into the registers of its 16 x 8 outputs."""
+        through one ``mma.sync`` into the registers of its 16 x 8 outputs. A fragment
+        whose rows (along k, or for 16-bit ``b`` along its columns) are 16-byte words of a
+        shared tile comes in one ``ldmatrix`` per tile (:meth:`_matrix_rows`), the others
+        element by element."""
         add = self.lines.append
         rows, cols, depth = s.shape
         nest = MmaNest.of(s)
-        x, y = nest.x, nest.y
         r, c, k = c_name(nest.r), c_name(nest.c), c_name(nest.k)
         step, mi, nj = MMA_DEPTH[s.builtin], rows // TILE_M, cols // TILE_N
         wide = step == 16   # 16-bit operands: two per register, the lower k in the low half
@@ -220,15 +223,27 @@ class _LaunchWriter:
         for operand, count, tiles, corner, kq in (
                 ("a", 4, mi, f"{r} = pf_t * {TILE_M} + (pf_lane >> 2) + (pf_q & 1) * 8", "(pf_q >> 1)"),
                 ("b", 2, nj, f"{c} = pf_t * {TILE_N} + (pf_lane >> 2)", "pf_q")):
-            value = x if operand == "a" else y
+            value = nest.x if operand == "a" else nest.y
             add(f"{i1}#pragma unroll")
             add(f"{i1}for (int pf_t = 0; pf_t < {tiles}; ++pf_t) {{")
+            rows_of = self._matrix_rows(value, nest, operand, wide)
+            if rows_of is not None:
+                at, load, rounded = rows_of
+                add(f"{i2}{{")
+                add(f"{i3}{at}")
+                add(f"{i3}{load}(pf_{operand}[pf_t], &{self.address(_read_of(value))});")
+                if rounded:
+                    add(f"{i3}for (int pf_q = 0; pf_q < {count}; ++pf_q) pf_{operand}[pf_t][pf_q] = "
+                        f"__float_as_uint(pf_tf32(__uint_as_float(pf_{operand}[pf_t][pf_q])));")
+                add(f"{i2}}}")
+                add(f"{i1}}}")
+                continue
             add(f"{i2}#pragma unroll")
             add(f"{i2}for (int pf_q = 0; pf_q < {count}; ++pf_q) {{")
             add(f"{i3}const long long {corner};")
             if wide:
                 add(f"{i3}const long long {k} = pf_k0 + (pf_lane & 3) * 2 + {kq} * 8;")
-                low, high = self.address(value), self.address(_next(value, nest.k))  # type: ignore[arg-type]
+                low, high = self.address(_read_of(value)), self.address(_next(_read_of(value), nest.k))
                 add(f"{i3}pf_{operand}[pf_t][pf_q] = (unsigned){low} | ((unsigned){high} << 16);")
             else:
                 add(f"{i3}const long long {k} = pf_k0 + (pf_lane & 3) + {kq} * 4;")
@@ -243,6 +258,63 @@ class _LaunchWriter:
         add(f"{i2}}}")
         add(f"{i1}}}")
         add(f"{indent}}}")
+
+    def _matrix_rows(self, value: Expr, nest: MmaNest, operand: str, wide: bool) -> tuple[str, str, bool] | None:
+        """How ``ldmatrix`` loads a fragment of ``value`` (a shared tile read, in ``tf32``
+        on TF32): the C that sets this lane's row of the 8 x 16-byte matrices (``ldmatrix``
+        takes lane ``8 j + i``'s address as row ``i`` of matrix ``j``), the helper, and
+        whether the words are rounded to TF32 after; None where the rows are not whole
+        aligned 16-byte words of a shared tile. ``a`` is 4 matrices (rows 0-7 and 8-15,
+        then the same of the second half of k); ``b`` 2 (the halves of k): along k
+        contiguous as they are, along the columns (16-bit) transposed."""
+        read = _read_of(value)
+        rounded = value is not read
+        tile = self.launch.tile(read.tensor)
+        if tile is None or rounded == wide or tile.dtype.numpy.itemsize != (2 if wide else 4) \
+                or (rounded and not (isinstance(value, Call) and value.fn == "tf32")):
+            return None
+        size = tile.dtype.numpy.itemsize
+        words = 16 // size                       # elements of one matrix row
+        if any(st * size % 16 for st in tile.strides[:-1]) or tile.stage_size * size % 16:
+            return None
+        point = nest.r if operand == "a" else nest.c
+        last = affine(read.indices[-1])
+        along_k = [i for i in read.indices if nest.k in index_names(i)]
+        if last is None or len(along_k) != 1:
+            return None
+        r, k = c_name(point), c_name(nest.k)
+        if last == {nest.k: 1}:      # k contiguous: rows along the point's axis
+            if operand == "a":
+                at = (f"const long long {r} = pf_t * {TILE_M} + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8, "
+                      f"{k} = pf_k0 + (pf_lane >> 4) * {words};")
+                return at, "pf_ldmatrix_x4", rounded
+            at = (f"const long long {r} = pf_t * {TILE_N} + (pf_lane & 7), "
+                  f"{k} = pf_k0 + ((pf_lane >> 3) & 1) * {words};")
+            return at, "pf_ldmatrix_x2", rounded
+        # b's columns contiguous (16-bit only): rows along k, transposed; each row's first
+        # column a multiple of 8 (the warp's corner and the fragment's tile)
+        if operand != "b" or not wide or last.get(point) != 1 or not self._aligned(last, point, words) \
+                or affine(along_k[0]) != {nest.k: 1}:
+            return None
+        at = f"const long long {r} = pf_t * {TILE_N}, {k} = pf_k0 + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8;"
+        return at, "pf_ldmatrix_x2_trans", rounded
+
+    def _aligned(self, form: dict[str, int], point: str, words: int) -> bool:
+        """Whether index ``form`` is a multiple of ``words`` at every start of ``point``'s
+        fragments: its other terms the warp region's corners (multiples of ``words`` apart,
+        from a constant multiple) and constants."""
+        corners = {rng.var: rng for rng in self.warp.ranges} if self.warp is not None else {}
+        for var, coef in form.items():
+            if var == point:
+                continue
+            rng = corners.get(var)
+            if var == "":
+                if coef % words:
+                    return False
+            elif rng is None or not isinstance(rng.lo, Literal) or (coef * int(rng.lo.value)) % words \
+                    or (coef * rng.step) % words:
+                return False
+        return True
 
     def warp_reduce(self, s: WarpReduce, indent: str) -> None:
         """The butterfly: at offsets ``lanes / 2, ..., 1`` each thread combines its value
@@ -410,6 +482,15 @@ def _point_of(body: tuple[Stmt, ...], name: str) -> tuple[str, ...] | None:
 
 def _lit(v: int) -> Literal:
     return Literal(v, DType.INT64)
+
+
+def _read_of(value: Expr) -> Read:
+    """The read of a matrix-unit operand: ``value``, or the read ``tf32(...)`` rounds."""
+    if isinstance(value, Call) and value.fn == "tf32" and isinstance(value.args[0], Read):
+        return value.args[0]
+    if not isinstance(value, Read):
+        raise CodegenError(f"a matrix-unit operand is {value}, not a read")
+    return value
 
 
 def _next(r: Read, var: str) -> Read:

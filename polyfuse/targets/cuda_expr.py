@@ -174,6 +174,39 @@ for _kind, _ptx, _convert in (("bf16", "bf16", "__uint_as_float(bits << 16)"),
   }}
 #endif
 }}"""
+# ldmatrix: the fragments of 8 x 16-byte matrices in shared memory, lane 8 j + i giving
+# the address of row i of matrix j; lane l gets word l % 4 of row l / 4 of each (the
+# transposed form: the 16-bit elements at column l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1).
+# Before sm_75 (the host's compilers) the same words through the lanes' addresses.
+for _count in (4, 2):
+    _regs = ", ".join(f"%{j}" for j in range(_count))
+    _outs = ", ".join(f'"=r"(r[{j}])' for j in range(_count))
+    HELPERS[f"pf_ldmatrix_x{_count}"] = f"""__device__ __forceinline__ void pf_ldmatrix_x{_count}(unsigned* r, const void* row) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  asm volatile("ldmatrix.sync.aligned.m8n8.x{_count}.shared.b16 {{{_regs}}}, [%{_count}];"
+               : {_outs} : "r"((unsigned)__cvta_generic_to_shared(row)));
+#else
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < {_count}; ++j) {{
+    const char* p = (const char*)__shfl_sync(0xffffffffu, (unsigned long long)row, j * 8 + (lane >> 2));
+    r[j] = *(const unsigned*)(p + 4 * (lane & 3));
+  }}
+#endif
+}}"""
+HELPERS["pf_ldmatrix_x2_trans"] = """__device__ __forceinline__ void pf_ldmatrix_x2_trans(unsigned* r, const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"((unsigned)__cvta_generic_to_shared(row)));
+#else
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < 2; ++j) {
+    const char* lo = (const char*)__shfl_sync(0xffffffffu, (unsigned long long)row, j * 8 + 2 * (lane & 3));
+    const char* hi = (const char*)__shfl_sync(0xffffffffu, (unsigned long long)row, j * 8 + 2 * (lane & 3) + 1);
+    r[j] = (unsigned)*(const unsigned short*)(lo + 2 * (lane >> 2))
+         | ((unsigned)*(const unsigned short*)(hi + 2 * (lane >> 2)) << 16);
+  }
+#endif
+}"""
 HELPERS |= {
     "pf_checked": """__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
   if ((unsigned long long)i >= (unsigned long long)n) { *error = 1; return 0; }

@@ -123,7 +123,9 @@ def test_a_tile_product_runs_right_as_cuda_c(case, emulated):  # noqa: F811
         "B(k,n) }", "B(k,n)) }").replace("W(n,k)\n", "W(n,k))\n") if precision == "tf32" else source)))(*args)
     got = kernel(*args)
     assert emulated.launches
-    assert "pf_mma_" in kernel.specialize(*args).stages["cuda"]
+    cuda = kernel.specialize(*args).stages["cuda"]
+    assert "pf_mma_" in cuda and "pf_ldmatrix_x4(" in cuda   # a's k is contiguous: ldmatrix
+    assert ("pf_ldmatrix_x2_trans(" in cuda) == (dtype is not np.float32 and "W(n,k)" not in source)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-3, atol=2e-3)
 
 
