@@ -34,8 +34,10 @@ For a GPU target (:meth:`SearchSpace.for_task` of a task whose target runs on th
 genes are the GPU's: tile sizes and orders as above (the tile loops go to blocks, the
 point loops to threads, the innermost to x), threads per block (``BLOCKS``), unroll,
 fusion, shared-memory and register promotion on or off, reductions across a block's
-threads or not; SIMD, register tiles, unroll-and-jam and the CPU thread pool keep one
-value.
+threads or not, the stages of pipelined copies (1 to 4) and the shared memory a block
+asks for (the 48 KiB it gets, or ``DYNAMIC_SHARED``, for deeper pipelines); SIMD,
+register tiles, unroll-and-jam and the CPU thread pool keep one value. (Warp tiles
+follow from the block's tile and threads where the products go on tensor cores.)
 
 The space models the band as holding every member. isl may split it (a convolution
 scheduled without ``reorder_reductions`` gets a band of its output indices and first
@@ -68,6 +70,7 @@ UNROLLS = (1, 2, 4, 8)
 MAX_JAM = 8
 ALL_ORDERS_UP_TO = 4           # members up to which every permutation is a candidate
 ENUMERABLE = 50_000            # raw size up to which a space is listed exhaustively (about 1 s)
+DYNAMIC_SHARED = 96 * 1024   # a GPU gene's shared memory above the 48 KiB (sm_80 and later hold it)
 BLOCKS = ((32, 8), (32, 4), (16, 16), (32, 16), (64, 4), (128, 2), (256,), (32, 32))  # GPU threads
 
 
@@ -367,9 +370,10 @@ def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tupl
         "grid": (0,),
         "use_shared_memory": (False, True),
         "use_private_memory": (False, True),
-        "shared_memory_bytes": (0,),
+        # 0: the 48 KiB a block gets; more: dynamic shared memory, for deeper pipelines
+        "shared_memory_bytes": (0, DYNAMIC_SHARED) if nest.reduces else (0,),
         "block_reduction": (False, True) if nest.reduces else (False,),
-        "stages": tuple(sorted({1, 2, 3, heuristic.stages})) if nest.reduces else (1,),
+        "stages": tuple(sorted({1, 2, 3, 4, heuristic.stages})) if nest.reduces else (1,),
     }
     tiles = nest.fit(heuristic.tile_sizes)
     for j, e in enumerate(nest.extents):

@@ -42,6 +42,7 @@ from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.pipeline import schedule_gpu_definition
 from polyfuse.targets import Target
 from polyfuse.targets.cuda import CudaBinary, LaunchInfo, compile_gpu_kernel
+from polyfuse.targets.cuda_codegen import dynamic_shared
 from polyfuse.targets.cuda_sass import disassemble
 from polyfuse.targets.cuda_driver import Device, available_device, device
 
@@ -74,7 +75,7 @@ class CudaLayout:
                   for b in kernel.buffers if b.role is BufferRole.OUT),
             tuple((s.name, s.dtype.value) for s in kernel.scalars),
             any(b.name == ERROR_BUFFER for b in kernel.buffers),
-            tuple(LaunchInfo(x.name, x.grid, x.block) for x in kernel.launches))
+            tuple(LaunchInfo(x.name, x.grid, x.block, dynamic_shared(x)) for x in kernel.launches))
 
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,
@@ -127,15 +128,18 @@ class CudaExecutable:
 
     def functions(self, gpu: Device) -> dict[str, Any]:
         if self._functions is None:
-            self._module, self._functions = gpu.load(self.binary.cubin,
-                                                     [x.name for x in self.layout.launches])
+            self._module, functions = gpu.load(self.binary.cubin, [x.name for x in self.layout.launches])
+            for launch in self.layout.launches:
+                if launch.shared:
+                    gpu.allow_shared(functions[launch.name], launch.shared)
+            self._functions = functions
         return self._functions
 
     def launch(self, gpu: Device, params: list[Any]) -> None:
         """Queue every launch of the kernel with ``params`` (ctypes values, in order)."""
         functions = self.functions(gpu)
         for launch in self.layout.launches:
-            gpu.launch(functions[launch.name], launch.name, launch.grid, launch.block, params)
+            gpu.launch(functions[launch.name], launch.name, launch.grid, launch.block, params, launch.shared)
 
     def __call__(self, values: Mapping[str, object]) -> dict[str, Any]:
         gpu = device()

@@ -48,6 +48,12 @@ from polyfuse.scheduler.options import MappingOptions
 DEFAULT_BLOCK = {1: (256, 1, 1), 2: (32, 8, 1), 3: (32, 4, 2)}
 
 
+STATIC_SHARED = 48 * 1024
+# dynamic shared memory per block by architecture (CUDA's occupancy tables)
+SHARED_OPTIN = {"sm_75": 64 * 1024, "sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_87": 163 * 1024,
+                "sm_89": 99 * 1024, "sm_90": 227 * 1024, "sm_100": 227 * 1024, "sm_120": 99 * 1024}
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceLimits:
     """What one launch may use on a GPU (an sm_90 device's limits by default)."""
@@ -56,7 +62,14 @@ class DeviceLimits:
     max_threads: int = 1024
     max_block: tuple[int, int, int] = (1024, 1024, 64)
     max_grid: int = 2**31 - 1
-    shared_bytes: int = 48 * 1024   # static shared memory per block
+    shared_bytes: int = STATIC_SHARED   # shared memory per block without asking
+    shared_optin: int = 0               # with (dynamic shared memory); 0: the arch's, below
+
+    @property
+    def most_shared(self) -> int:
+        """The shared memory a launch may ask for (the device's, or its architecture's)."""
+        return self.shared_optin or SHARED_OPTIN.get(self.arch, self.shared_bytes)
+
 
 
 def map_to_gpu(kernel: LoopKernel, options: MappingOptions, limits: DeviceLimits,
@@ -101,8 +114,10 @@ def _launch_groups(body: tuple[Stmt, ...]) -> list[tuple[Stmt, ...]]:
 
 
 def shared_budget(options: MappingOptions, limits: DeviceLimits) -> int:
-    """Shared-memory bytes a launch may use."""
-    return min(options.shared_memory_bytes or limits.shared_bytes, limits.shared_bytes)
+    """Shared-memory bytes a launch may use: what the block gets without asking, or what
+    the options ask for up to the device's most (above 48 KiB the launch asks for dynamic
+    shared memory)."""
+    return min(options.shared_memory_bytes or limits.shared_bytes, max(limits.shared_bytes, limits.most_shared))
 
 
 class _Trees:

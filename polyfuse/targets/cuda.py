@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from polyfuse.errors import CodegenError, TargetError
 from polyfuse.ir.gpu import GpuKernel
-from polyfuse.targets.cuda_codegen import emit_cuda
+from polyfuse.targets.cuda_codegen import dynamic_shared, emit_cuda
 from polyfuse.targets.target import Target
 
 DEFAULT_ARCH = "sm_90"
@@ -42,6 +42,7 @@ class LaunchInfo:
     name: str
     grid: int
     block: tuple[int, int, int]
+    shared: int = 0     # bytes of dynamic shared memory (tiles above 48 KiB in all)
 
 
 @dataclass
@@ -117,5 +118,6 @@ def compile_gpu_kernel(kernel: GpuKernel, arch: str = DEFAULT_ARCH) -> CudaBinar
     ptx, cubin, report = nvrtc_compile(source, kernel.name, arch)
     names = [launch.name for launch in kernel.launches]
     stages = {"cuda": source, "ptx": ptx, "cubin": cubin_summary(cubin, arch, names), "ptxas": report}
-    launches = tuple(LaunchInfo(launch.name, launch.grid, launch.block) for launch in kernel.launches)
+    launches = tuple(LaunchInfo(launch.name, launch.grid, launch.block, dynamic_shared(launch))
+                     for launch in kernel.launches)
     return CudaBinary(kernel.name, arch, cubin, launches, stages)

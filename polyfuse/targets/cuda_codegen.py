@@ -30,6 +30,7 @@ from polyfuse.ir.affine import affine
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, index_names, map_expr
 from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store, TileProduct
 from polyfuse.ir.types import DType
+from polyfuse.scheduler.gpu_mapping import STATIC_SHARED
 from polyfuse.targets.cuda_expr import (ExprEmitter, c_name, helpers_for, register_type,
                                         storage_type, to_register, to_storage)
 
@@ -67,8 +68,18 @@ class _LaunchWriter:
         head = (f'extern "C" __global__ void __launch_bounds__({launch.threads}) '
                 f"{launch.name}({', '.join(params)}) {{")
         self.lines = [head]
+        dynamic = dynamic_shared(launch)
+        if dynamic:   # one dynamic array (the device's: the launch asks for its size), cut into the tiles
+            self.lines += ["#ifdef __CUDA_ARCH__", "  extern __shared__ __align__(16) unsigned char pf_smem[];",
+                           "#else", f"  __shared__ __align__(16) unsigned char pf_smem[{dynamic}];", "#endif"]
+        offset = 0
         for tile in launch.shared:
-            self.lines.append(f"  __shared__ __align__(16) {storage_type(tile.dtype)} {tile.name}[{tile.size}];")
+            kind = storage_type(tile.dtype)
+            if dynamic:
+                self.lines.append(f"  {kind}* const {tile.name} = ({kind}*)(pf_smem + {offset});")
+                offset += -(-tile.bytes // 16) * 16
+            else:
+                self.lines.append(f"  __shared__ __align__(16) {kind} {tile.name}[{tile.size}];")
         if launch.shared:  # the copies spread a box over every thread of the block
             self.lines += ["  const long long pf_tid = threadIdx.x + (long long)blockDim.x * "
                            "(threadIdx.y + (long long)blockDim.y * threadIdx.z);"]
@@ -451,6 +462,13 @@ def _vector(s: CopyToShared, tile: SharedTile, buf: Buffer) -> int:
     if any(t % vector for t in tile.strides[:-1]) or buf.strides[-1] != 1 or any(t % vector for t in buf.strides[:-1]):
         return 1
     return vector
+
+
+def dynamic_shared(launch: Launch) -> int:
+    """The bytes of dynamic shared memory a launch asks for: its tiles (each from a 16-byte
+    boundary) where they need more than the 48 KiB a block gets without asking; else 0."""
+    total = sum(-(-t.bytes // 16) * 16 for t in launch.shared)
+    return total if total > STATIC_SHARED else 0
 
 
 def _register_loops(s: For, region: Threads | None) -> str | None:

@@ -75,7 +75,8 @@ class Device:
                        self.attribute(a.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y),
                        self.attribute(a.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)),
             max_grid=self.attribute(a.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X),
-            shared_bytes=self.attribute(a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK))
+            shared_bytes=self.attribute(a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
+            shared_optin=self.attribute(a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
 
     def attribute(self, which: Any) -> int:
         return int(check(_driver().cuDeviceGetAttribute(which, self.device), f"attribute {which.name}"))
@@ -92,6 +93,13 @@ class Device:
         functions = {n: check(driver.cuModuleGetFunction(module, n.encode()), f"lookup of kernel {n}")
                      for n in names}
         return module, functions
+
+    def allow_shared(self, function: Any, nbytes: int) -> None:
+        """Let ``function`` launch with ``nbytes`` of dynamic shared memory (above 48 KiB
+        a function must ask)."""
+        driver = _driver()
+        check(driver.cuFuncSetAttribute(function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        nbytes), f"raising a kernel's shared memory to {nbytes} bytes")
 
     # --- memory ---
     def allocate(self, nbytes: int) -> int:
@@ -124,12 +132,13 @@ class Device:
 
     # --- execution ---
     def launch(self, function: Any, name: str, grid: int, block: tuple[int, int, int],
-               params: list[Any]) -> None:
-        """Launch with ``params`` (ctypes values, in the kernel's order); a launch error,
-        or an error of earlier work the stream reports, raises at once."""
+               params: list[Any], shared: int = 0) -> None:
+        """Launch with ``params`` (ctypes values, in the kernel's order) and ``shared`` bytes
+        of dynamic shared memory; a launch error, or an error of earlier work the stream
+        reports, raises at once."""
         driver = _driver()
         pointers = (ctypes.c_void_p * max(1, len(params)))(*[ctypes.addressof(p) for p in params])
-        check(driver.cuLaunchKernel(function, grid, 1, 1, *block, 0, self.stream,
+        check(driver.cuLaunchKernel(function, grid, 1, 1, *block, shared, self.stream,
                                     ctypes.addressof(pointers), 0), f"launch of kernel {name}")
         if self.capturing:   # a capturing stream may not be queried
             return

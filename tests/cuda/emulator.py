@@ -263,9 +263,18 @@ class EmulatedDevice:
             self.recorded.append(work)
         return self.capturing
 
-    def launch(self, function, name: str, grid: int, block: tuple[int, int, int], params: list) -> None:  # noqa: ANN001
-        if self._recorded(lambda: self.launch(function, name, grid, block, [type(p)(p.value) for p in params])):
+    allowed: dict = {}   # function -> dynamic shared bytes it may use
+
+    def allow_shared(self, function, nbytes: int) -> None:  # noqa: ANN001
+        assert nbytes <= self.limits.most_shared
+        self.allowed = {**self.allowed, id(function): nbytes}
+
+    def launch(self, function, name: str, grid: int, block: tuple[int, int, int], params: list,  # noqa: ANN001
+               shared: int = 0) -> None:
+        if self._recorded(lambda: self.launch(function, name, grid, block, [type(p)(p.value) for p in params],
+                                              shared)):
             return
+        assert shared <= self.allowed.get(id(function), self.limits.shared_bytes), "dynamic shared memory not raised"
         limits = self.limits
         assert 1 <= grid <= limits.max_grid and 1 <= block[0] * block[1] * block[2] <= limits.max_threads
         self.launches.append((name, grid, block))

@@ -135,3 +135,24 @@ def test_a_buffer_off_its_16_byte_words_takes_the_element_copies(emulated):  # n
     kernel = pf.define(MM, target="cuda", options=replace(SMALL, stages=2)).mm
     np.testing.assert_allclose(kernel(*args), args[0].astype(np.float64) @ args[1], rtol=1e-4, atol=1e-4)
     assert "pf_cp_async16(" in kernel.specialize(*args).stages["cuda"]
+
+
+def test_tiles_above_48_kib_take_dynamic_shared_memory(emulated):  # noqa: F811
+    """Four stages of 128 x 16 tiles (73 KiB) ask for dynamic shared memory: one array cut
+    into the tiles, raised per kernel before its launch, the products right at sizes no
+    tile divides."""
+    from polyfuse.scheduler.gpu_heuristics import default_gpu_options
+    from polyfuse.targets.cuda_sass import resources
+    d = next(iter(pf.define(MM))).definition
+    options = replace(default_gpu_options(d, {"M": 4096, "K": 4096, "N": 4096}), stages=4,
+                      shared_memory_bytes=100 * 1024)
+    kernel = next(iter(pf.define(MM, target="cuda", options=options)))
+    a, b = _inputs([(200, 70), (70, 150)])
+    np.testing.assert_allclose(kernel(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    spec = kernel.specialize(a, b)
+    assert "extern __shared__" in spec.stages["cuda"] and "x4" in spec.stages["gpu"].splitlines()[1]
+    assert emulated.allowed and max(emulated.allowed.values()) > 48 * 1024
+    (used,) = resources(spec.stages["ptxas"]).values()
+    assert used.shared_bytes == 0 and used.spill_stores == 0   # all of it dynamic
+    with pytest.raises(pf.OptionError):
+        pf.define(MM, target="cuda", options=replace(options, shared_memory_bytes=-1))
