@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 import polyfuse as pf
-from polyfuse.driver import SIZES
+from polyfuse.driver import MATMUL_PRECISIONS, SIZES
 from polyfuse.autotune import records as db
 from polyfuse.autotune.task import Task
 from polyfuse.errors import ArgumentError, PolyfuseError
@@ -209,13 +209,19 @@ def plot(curves: list[tuple[Task, Any]], path: str) -> None:
     print(f"wrote {path}")
 
 
+def _model_precision(args: argparse.Namespace) -> str:
+    """compile()'s precision for ``--precision``: float32 products exact, or on TF32."""
+    return "tf32" if args.precision == "tf32" else "float32"
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     path = Path(args.file)
     shapes = parse_shapes(args.input_shapes)
     if _kind(path) == "tc":
         source, d = _tc_definition(args)
         arrays = _input_placeholders(d, shapes)
-        mod = pf.define(source, target=args.target, tuning_records=args.tuning_records, sizes=args.sizes)
+        mod = pf.define(source, target=args.target, tuning_records=args.tuning_records, sizes=args.sizes,
+                        precision=args.precision)
         spec = mod[d.name].specialize(*arrays)
         stages = dict(spec.stages)
         texts = {"kernels": stages.get("specialized", ""), **stages}
@@ -236,7 +242,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 (out / f"{d.name}.cubin").write_bytes(binary.cubin)
             print(f"wrote {out}/ ({len(stages)} stages of '{d.name}')")
         return 0
-    model = pf.compile(str(path), target=args.target, input_shapes=shapes or None,
+    model = pf.compile(str(path), target=args.target, input_shapes=shapes or None, precision=_model_precision(args),
                        tuning_records=args.tuning_records)
     if args.dump:
         print(model.dump(args.dump))
@@ -283,7 +289,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     feeds = _load_npz(args.inputs)
     if kind == "tc":
         source, d = _tc_definition(args)
-        kernel = pf.define(source, target=args.target, tuning_records=args.tuning_records, sizes=args.sizes)[d.name]
+        kernel = pf.define(source, target=args.target, tuning_records=args.tuning_records, sizes=args.sizes,
+                           precision=args.precision)[d.name]
         missing = [p.name for p in d.params if p.name not in feeds]
         if missing:
             raise CliError(f"{args.inputs} lacks {missing} (it holds {sorted(feeds)})")
@@ -295,7 +302,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = out if isinstance(out, tuple) else (out,)
             return {t.name: a for t, a in zip(d.outputs, out)}
     else:
-        model = pf.compile(str(path), target=args.target, tuning_records=args.tuning_records)
+        model = pf.compile(str(path), target=args.target, tuning_records=args.tuning_records,
+                           precision=_model_precision(args))
 
         def call() -> dict[str, np.ndarray]:
             return model.run(feeds)
@@ -432,6 +440,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--sizes", choices=SIZES, default="specialized",
                        help="a TC kernel for these sizes (specialized, the default), or one whose sizes "
                        "are parameters (symbolic: its object code serves every size; CPU targets)")
+        s.add_argument("--precision", choices=MATMUL_PRECISIONS, default="ieee",
+                       help="float32 products exact (ieee, the default) or on TF32 tensor cores where "
+                       "the cuda target has them (tf32)")
 
     t = sub.add_parser("tune", help="search for fast schedules; append every trial to -o")
     common(t)

@@ -76,6 +76,16 @@ def test_compile_and_run_a_kernel_for_symbolic_sizes(tc_file, capsys, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["C"], a @ b, rtol=1e-5, atol=1e-6)
 
 
+def test_compile_for_the_tensor_cores_with_tf32(tc_file, capsys):
+    """``--precision tf32`` on cuda: the matmul's products are warp tile products."""
+    assert main(["compile", str(tc_file), "--entry", "mm", "--target", "cuda", "--input-shapes",
+                 "A:[128,64] B:[64,128]", "--precision", "tf32", "--dump", "gpu"]) == 0
+    assert "tile mma_tf32" in capsys.readouterr().out
+    assert main(["compile", str(tc_file), "--entry", "mm", "--target", "cuda", "--input-shapes",
+                 "A:[128,64] B:[64,128]", "--dump", "gpu"]) == 0
+    assert "mma_" not in capsys.readouterr().out
+
+
 def test_run_a_tc_definition(tc_file, tmp_path, capsys):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
