@@ -47,7 +47,6 @@ from polyfuse.ir.types import DType
 
 MMA_ARCH = 80            # mma.sync on TF32 and bfloat16: sm_80 and later
 MAX_REGISTERS = 128      # accumulators per lane (a warp tile of 64 x 64)
-PRECISIONS = ("ieee", "tf32")
 
 
 def use_matrix_units(kernel: GpuKernel, precision: str, arch: str) -> GpuKernel:
@@ -112,9 +111,7 @@ def _region(s: Threads, precision: str) -> tuple[Threads, tuple[int, int, int]] 
     if body is None:
         return None
     ranges = (replace(micro.rows, step=wm, threads=wy, axis=2), replace(micro.cols, step=wn, threads=wx, axis=1))
-    acc = replace(micro.acc, shape=(wm, wn))
-    registers = tuple(acc if a.name == acc.name else a for a in s.registers)
-    return Threads(ranges, registers, body, LANES), (LANES, wx, wy)
+    return Threads(ranges, (replace(micro.acc, shape=(wm, wn)),), body, LANES), (LANES, wx, wy)
 
 
 def _micro(s: Threads) -> _Micro | None:
