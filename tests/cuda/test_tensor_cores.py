@@ -105,7 +105,7 @@ def test_precision_must_be_ieee_or_tf32():
 
 
 EMULATED = {
-    "tf32 mm 70x50x90": (MM.format(t="float"), [(70, 50), (50, 90)], "tf32"),
+    "tf32 mm 40x50x36": (MM.format(t="float"), [(40, 50), (50, 36)], "tf32"),
     "tf32 fc+relu 40x72x56": (MLP, [(40, 72), (56, 72), (56,)], "tf32"),
     "bf16 mm 37x40x70": (MM.format(t="bfloat16"), [(37, 40), (40, 70)], "ieee"),
     "f16 mm 33x72x40": (MM.format(t="half"), [(33, 72), (72, 40)], "ieee"),
