@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from polyfuse.errors import IRVerificationError
-from polyfuse.ir.comprehension import Binary, Expr, IndexVar, Literal, ReduceOp, ScalarDecl, map_expr
+from polyfuse.ir.comprehension import Binary, Expr, IndexVar, Literal, Read, ReduceOp, ScalarDecl, map_expr
 from polyfuse.ir.loops import (Buffer, For, Stmt, Store, TileProduct, format_body, format_loop_expr, map_body_exprs, stmt_bodies,
                                stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
@@ -417,6 +417,27 @@ class MmaNest:
             raise IRVerificationError(f"tile {tile.builtin}: its nest is not three loops around acc += x * y")
         product = body[0].value.rhs
         return MmaNest(loops[0].var, loops[1].var, loops[2].var, product.lhs, product.rhs)
+
+
+def register_loops(s: For, registers: Registers) -> tuple[str, str] | None:
+    """The variables (row, column) of ``s`` and its one inner loop where they are loops
+    over the whole of a two-dimensional register tile (either order, from 0, step 1) whose
+    statements touch the registers only at their point; else None."""
+    if len(registers.shape) != 2 or len(s.body) != 1 or not isinstance(s.body[0], For):
+        return None
+    inner = s.body[0]
+    walked = tuple(walk_stmts(inner.body))
+    points = {e.indices for st in walked for e in stmt_nodes(st) if isinstance(e, Read) and e.tensor == registers.name}
+    points |= {st.indices for st in walked if isinstance(st, Store) and st.buffer == registers.name}
+    if len(points) != 1 or not all(isinstance(i, IndexVar) for i in next(iter(points))):
+        return None
+    r, c = (i.name for i in next(iter(points)) if isinstance(i, IndexVar))
+    extents = {r: registers.shape[0], c: registers.shape[1]}
+    if {s.var, inner.var} != {r, c} or any(
+            lp.lo != Literal(0, DType.INT64) or lp.hi != Literal(extents[lp.var], DType.INT64) or lp.step != 1
+            for lp in (s, inner)):
+        return None
+    return r, c
 
 
 def verify_gpu_kernel(kernel: GpuKernel) -> None:

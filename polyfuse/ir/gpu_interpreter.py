@@ -32,7 +32,7 @@ from polyfuse.ir.loops_interpreter import _Interpreter
 class _Thread(_Interpreter):
     def __init__(self, kernel: GpuKernel, buffers: dict[str, np.ndarray], scalars: Mapping[str, object],
                  launch: Launch, block: int, thread: tuple[int, int, int],
-                 exchange: dict[tuple[int, int], Any]) -> None:
+                 exchange: dict[tuple[int, int], Any], meets: frozenset[int] = frozenset()) -> None:
         super().__init__(kernel, buffers, scalars)  # type: ignore[arg-type]
         self.launch = launch
         self.block = block
@@ -44,6 +44,7 @@ class _Thread(_Interpreter):
         self.open: list[tuple[np.ndarray, tuple[int, ...], object]] = []   # copies started, not committed
         self.groups: list[list[tuple[np.ndarray, tuple[int, ...], object]]] = []  # committed, not landed
         self.idle = False          # a lane other than 0 in a warp region
+        self.meets = meets         # ids of the loops that hold statements every thread takes part in
 
     def index(self, name: str, indices: tuple[Expr, ...]) -> tuple[int, ...]:
         return self.inside(name, tuple(int(self.eval(i)) for i in indices))
@@ -64,7 +65,7 @@ class _Thread(_Interpreter):
     def steps(self, body: tuple[Stmt, ...]) -> Iterator[None]:
         """Run ``body``; yields at every barrier."""
         for s in body:
-            if self.idle and (isinstance(s, (Store, TileProduct)) or isinstance(s, For) and not _meets(s)):
+            if self.idle and (isinstance(s, (Store, TileProduct)) or isinstance(s, For) and id(s) not in self.meets):
                 continue
             if isinstance(s, Barrier):
                 yield
@@ -178,9 +179,12 @@ class _Thread(_Interpreter):
                 tile[local] = value
 
 
-def _meets(s: For) -> bool:
-    """Whether a loop holds a statement every thread of the block takes part in."""
-    return any(isinstance(x, (Barrier, CopyToShared, AsyncCommit, AsyncWait, WarpReduce)) for x in walk_gpu(s.body))
+def _meeting_loops(launch: Launch) -> frozenset[int]:
+    """The ids of the launch's loops that hold a statement every thread of the block takes
+    part in (which a warp's idle lanes must run too)."""
+    meeting = (Barrier, CopyToShared, AsyncCommit, AsyncWait, WarpReduce)
+    return frozenset(id(s) for s in walk_gpu(launch.body)
+                     if isinstance(s, For) and any(isinstance(x, meeting) for x in walk_gpu(s.body)))
 
 
 def _poisoned(tile: SharedTile | Registers | Buffer) -> np.ndarray:
@@ -198,7 +202,8 @@ def _run_block(kernel: GpuKernel, launch: Launch, block: int, buffers: dict[str,
     bx, by, bz = launch.block
     # each thread's own view of memory: the same arrays, and registers of its own
     exchange: dict[tuple[int, int], Any] = {}
-    threads = [_Thread(kernel, dict(memory), scalars, launch, block, (x, y, z), exchange).steps(launch.body)
+    meets = _meeting_loops(launch)
+    threads = [_Thread(kernel, dict(memory), scalars, launch, block, (x, y, z), exchange, meets).steps(launch.body)
                for z, y, x in itertools.product(range(bz), range(by), range(bx))]
     active = list(range(len(threads)))
     while active:

@@ -261,10 +261,10 @@ class CudaProgram:
         layout = self.layout
         with self._lock:
             if self._replay is None:
+                for step in layout.calls:   # modules load before the capture (which records stream work only)
+                    step.executable.functions(gpu)
                 self._replay = _Replay.allocate(gpu, layout, self._weights_on(gpu), self._offsets, self._error_slot)
             replay = self._replay
-            for step in layout.calls:   # modules load before a capture (which records stream work only)
-                step.executable.functions(gpu)
             hosts = [np.asarray(env[t.name], order="C") for t in layout.inputs]
             for host, pointer in zip(hosts, replay.memory.inputs):
                 gpu.upload(pointer, host)

@@ -38,9 +38,9 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from polyfuse.ir.affine import normal_form
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read, index_names, map_expr, walk
-from polyfuse.ir.gpu import LANES, MMA_DEPTH, TILE_M, TILE_N, GpuKernel, Launch, Registers, ThreadFor, ThreadRange, Threads, walk_gpu
+from polyfuse.ir.affine import max_trips, normal_form
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read, index_names, map_expr
+from polyfuse.ir.gpu import LANES, MMA_DEPTH, TILE_M, TILE_N, GpuKernel, register_loops, Launch, Registers, ThreadFor, ThreadRange, Threads, walk_gpu
 from polyfuse.ir.loops import (For, If, LoopRewriter, Scope, Stmt, Store, TileProduct, fresh_name, stmt_bodies,
                                stmt_nodes, walk_stmts)
 from polyfuse.ir.types import DType
@@ -168,9 +168,9 @@ def _product(f: For, m: _Micro) -> tuple[str, Store] | None:
             or not isinstance(v.rhs, Binary) or v.rhs.op is not BinaryOp.MUL:
         return None
     x, y = v.rhs.lhs, v.rhs.rhs
-    if m.c in _vars(x) or m.r in _vars(y):
+    if m.c in index_names(x) or m.r in index_names(y):
         x, y = y, x
-    if m.c in _vars(x) or m.r in _vars(y) or not ({m.r, f.var} >= _vars(x) & {m.r, m.c, f.var}) \
+    if m.c in index_names(x) or m.r in index_names(y) or not ({m.r, f.var} >= index_names(x) & {m.r, m.c, f.var}) \
             or not isinstance(x, Read) or not isinstance(y, Read) or x.dtype is not y.dtype:
         return None
     kind = {DType.FLOAT32: "mma_tf32", DType.BFLOAT16: "mma_bf16", DType.FLOAT16: "mma_f16"}.get(x.dtype)
@@ -178,10 +178,6 @@ def _product(f: For, m: _Micro) -> tuple[str, Store] | None:
         return None
     return kind, replace(store, value=Binary(BinaryOp.ADD, acc, Binary(BinaryOp.MUL, x, y, DType.FLOAT32),
                                              DType.FLOAT32))
-
-
-def _vars(e: Expr) -> set[str]:
-    return {n.name for n in walk(e) if isinstance(n, IndexVar)}
 
 
 def _warps(rows: int, cols: int, count: int) -> tuple[int, int] | None:
@@ -204,14 +200,12 @@ def _on_units(f: For, product: tuple[str, Store], m: _Micro, tile: tuple[int, in
     kind, store = product
     if not (isinstance(f.lo, Literal) and f.lo.value == 0 and f.step == 1):
         return None
-    depth = _depth(f.hi)
+    depth = max_trips(f.lo, f.hi)
     if depth is None or depth % MMA_DEPTH[kind]:
         return None
     wm, wn = tile
     r, c, k = names
-    x, y = store.value.rhs.lhs, store.value.rhs.rhs  # type: ignore[attr-defined]
-    if kind == "mma_tf32":
-        x, y = (Call("tf32", (e,), DType.FLOAT32) for e in (x, y))
+    x, y = _operands(kind, store)
     at: dict[str, Expr] = {m.r: IndexVar(r), m.c: IndexVar(c), f.var: IndexVar(k)}
     point = Store(store.buffer, (at[m.r], at[m.c]), _substituted(
         Binary(BinaryOp.ADD, Read(m.acc.name, (at[m.r], at[m.c]), DType.FLOAT32),
@@ -228,28 +222,18 @@ def _on_units(f: For, product: tuple[str, Store], m: _Micro, tile: tuple[int, in
         return (tile_product,)
     # the partial tile: the same products, point by point, each in the reduction's order
     rounded = Store(store.buffer, store.indices, Binary(BinaryOp.ADD, store.value.lhs,  # type: ignore[attr-defined]
-                                                       Binary(BinaryOp.MUL, *_operands(kind, store), DType.FLOAT32),
-                                                       DType.FLOAT32))
+                                                       Binary(BinaryOp.MUL, x, y, DType.FLOAT32), DType.FLOAT32))
     loops = For(m.r, _int(0), _int(wm), (For(m.c, _int(0), _int(wn), (replace(f, body=(rounded,), unroll=1),)),))
     whole = Binary(BinaryOp.EQ, f.hi, _int(depth), DType.BOOL)
     return (If(whole, (tile_product,), (loops,)),)
 
 
 def _operands(kind: str, store: Store) -> tuple[Expr, Expr]:
+    """The product's operands, each rounded to TF32 first on TF32."""
     x, y = store.value.rhs.lhs, store.value.rhs.rhs  # type: ignore[attr-defined]
     if kind == "mma_tf32":
         return Call("tf32", (x,), DType.FLOAT32), Call("tf32", (y,), DType.FLOAT32)
     return x, y
-
-
-def _depth(hi: Expr) -> int | None:
-    """The most trips of a depth loop ``0:hi``: a constant, or ``min(n - 1, ...) + 1``."""
-    if isinstance(hi, Literal):
-        return int(hi.value)
-    if isinstance(hi, Binary) and hi.op is BinaryOp.ADD and hi.rhs == _int(1) and isinstance(hi.lhs, Call) \
-            and hi.lhs.fn == "min" and isinstance(hi.lhs.args[0], Literal):
-        return int(hi.lhs.args[0].value) + 1
-    return None
 
 
 def _substituted(e: Expr, at: dict[str, Expr]) -> Expr:
@@ -263,14 +247,13 @@ def _rewrite(body: tuple[Stmt, ...], products: dict[int, tuple[Stmt, ...] | None
     out: list[Stmt] = []
     for s in body:
         product = products.get(id(s))
-        pair = _register_loops(s, m)
         if product is not None:
             out += product
-        elif pair is not None:
-            outer, inner = pair
+        elif isinstance(s, For) and register_loops(s, m.acc) is not None:
+            inner = s.body[0]
             extents = {m.r: tile[0], m.c: tile[1]}
-            out.append(replace(outer, hi=_int(extents[outer.var]), unroll=1, body=(
-                replace(inner, hi=_int(extents[inner.var]), unroll=1),)))
+            out.append(replace(s, hi=_int(extents[s.var]), unroll=1, body=(
+                replace(inner, hi=_int(extents[inner.var]), unroll=1),)))  # type: ignore[type-var, attr-defined]
         elif _register_uses(s, m.acc.name) or isinstance(s, For) and s.var in (m.r, m.c):
             return None
         else:
@@ -286,19 +269,6 @@ def _with_bodies(s: Stmt, parts: list[tuple[Stmt, ...]]) -> Stmt:
     if isinstance(s, If):
         return replace(s, then=parts[0], other=parts[1])
     return replace(s, body=parts[0])  # type: ignore[type-var]
-
-
-def _register_loops(s: Stmt, m: _Micro) -> tuple[For, For] | None:
-    """``s`` and its one inner loop if they are the micro-tile's two loops from 0 over
-    its whole extent (either order)."""
-    if not (isinstance(s, For) and len(s.body) == 1 and isinstance(s.body[0], For)):
-        return None
-    inner = s.body[0]
-    extents = {m.r: m.acc.shape[0], m.c: m.acc.shape[1]}
-    if {s.var, inner.var} != {m.r, m.c} or any(
-            lp.lo != _int(0) or lp.hi != _int(extents[lp.var]) or lp.step != 1 for lp in (s, inner)):
-        return None
-    return s, inner
 
 
 def _int(v: int) -> Literal:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from polyfuse.errors import CodegenError
 
 from polyfuse.ir.comprehension import Literal, LocalRef, Read, combine
-from polyfuse.ir.gpu import (AXES, LANES, MMA_DEPTH, TILE_M, TILE_N, MmaNest, AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
+from polyfuse.ir.gpu import (AXES, LANES, MMA_DEPTH, TILE_M, TILE_N, MmaNest, register_loops, AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
                              Registers, SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, walk_gpu)
 from polyfuse.ir.affine import affine
 from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, index_names, map_expr
@@ -99,7 +99,8 @@ class _LaunchWriter:
 
     def statement(self, s: Stmt, indent: str) -> None:
         add, e = self.lines.append, self.exprs.emit
-        if isinstance(s, For) and self.warp is not None and not self.fragment and _register_loops(s, self.warp):
+        if isinstance(s, For) and self.warp is not None and not self.fragment \
+                and register_loops(s, self.warp.registers[0]) is not None:
             self.register_loops(s, indent)
         elif isinstance(s, For):
             if s.unroll > 1:
@@ -201,7 +202,7 @@ class _LaunchWriter:
         rows, cols = acc.shape
         inner = s.body[0]
         assert isinstance(inner, For)
-        r, c = (s.var, inner.var) if _register_loops(s, self.warp) == "rc" else (inner.var, s.var)
+        r, c = register_loops(s, acc)  # type: ignore[misc]
         add(f"{indent}#pragma unroll")
         add(f"{indent}for (int pf_e = 0; pf_e < {rows * cols // LANES}; ++pf_e) {{")
         add(f"{step}const long long {c_name(r)} = (pf_e >> 2) / {cols // TILE_N} * {TILE_M} + (pf_lane >> 2) "
@@ -469,33 +470,6 @@ def dynamic_shared(launch: Launch) -> int:
     boundary) where they need more than the 48 KiB a block gets without asking; else 0."""
     total = sum(-(-t.bytes // 16) * 16 for t in launch.shared)
     return total if total > STATIC_SHARED else 0
-
-
-def _register_loops(s: For, region: Threads | None) -> str | None:
-    """``"rc"`` or ``"cr"`` where ``s`` and its one inner loop run from 0 over the whole
-    registers of the warp region ``region``, rows then columns or the other way; else None."""
-    if region is None or len(region.registers) != 1 or len(s.body) != 1 or not isinstance(s.body[0], For):
-        return None
-    inner = s.body[0]
-    rows, cols = region.registers[0].shape
-    point = _point_of(inner.body, region.registers[0].name)
-    for order, (a, b), names in (("rc", (rows, cols), (s.var, inner.var)), ("cr", (cols, rows), (inner.var, s.var))):
-        if (s.lo, s.hi, inner.lo, inner.hi) == (_lit(0), _lit(a), _lit(0), _lit(b)) and s.step == inner.step == 1 \
-                and point == names:
-            return order
-    return None
-
-
-def _point_of(body: tuple[Stmt, ...], name: str) -> tuple[str, ...] | None:
-    """The variables the registers ``name`` are indexed by throughout ``body`` (the same
-    everywhere), or None."""
-    from polyfuse.ir.loops import stmt_nodes, walk_stmts
-    points = {e.indices for st in walk_stmts(body) for e in stmt_nodes(st) if isinstance(e, Read) and e.tensor == name}
-    points |= {st.indices for st in walk_stmts(body) if isinstance(st, Store) and st.buffer == name}
-    if len(points) != 1:
-        return None
-    (point,) = points
-    return tuple(i.name for i in point) if all(isinstance(i, IndexVar) for i in point) else None  # type: ignore[attr-defined]
 
 
 def _lit(v: int) -> Literal:
