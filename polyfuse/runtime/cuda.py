@@ -128,6 +128,10 @@ class CudaExecutable:
 
     def functions(self, gpu: Device) -> dict[str, Any]:
         if self._functions is None:
+            if self.binary.arch != gpu.limits.arch:
+                raise DeviceError(f"kernel {self.layout.name} was compiled for {self.binary.arch} (target "
+                                  f"'cuda:{self.binary.arch}') but this GPU is {gpu.limits.arch}: compile "
+                                  f"for target='cuda' (this GPU) or 'cuda:{gpu.limits.arch}'")
             self._module, functions = gpu.load(self.binary.cubin, [x.name for x in self.layout.launches])
             for launch in self.layout.launches:
                 if launch.shared:

@@ -228,3 +228,12 @@ def test_tuning_records_are_kept_per_gpu_architecture(tmp_path):
     assert records.lookup(ampere).options == tuned and records.lookup(ampere).target == ampere.target
     if here.target != ampere.target:   # another architecture's records serve where it has none
         assert records.lookup(here).target == ampere.target
+
+
+@pytest.mark.skipif(CXX is None, reason="the emulator needs a C++20 compiler")
+def test_a_kernel_for_another_gpu_is_refused_before_it_runs(emulated):  # noqa: F811
+    a = np.ones((16, 16), np.float32)
+    kernel = next(iter(pf.define(MM.format(t="float"), target="cuda:sm_80")))   # the emulated GPU is sm_90
+    with pytest.raises(pf.DeviceError, match="compiled for sm_80 .* this GPU is sm_90: compile for target='cuda'"):
+        kernel(a, a)
+    assert not emulated.launches
