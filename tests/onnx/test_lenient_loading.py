@@ -100,3 +100,50 @@ def test_opset7_batchnorm_with_statistics_outputs_runs_as_onnxruntime(outputs):
     model = _model(helper.make_graph([node], "bn", [x], graph_outputs, weights), opset=7)
     feeds = {"x": rng.standard_normal((2, 3, 7)).astype(np.float32)}
     assert_matches_onnxruntime(model, feeds, rtol=1e-4, atol=1e-5)
+
+
+def _heavy_model(ir=8, listed=False, rows=160):
+    """x (4 x rows) times a weight above HEAVY_BYTES, plus a small bias: the weight is left
+    out of what onnx's checker and shape inference see."""
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((rows, 128)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(128).astype(np.float32), "b")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, rows])
+    inputs = [x] + ([helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in (w, b)]
+                    if listed else [])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])],
+                              "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b])
+    return _model(graph, opset=13 if ir >= 4 else 7, ir=ir)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("ir, listed", [(8, False), (8, True), (3, True)])
+def test_a_model_with_weights_above_heavy_bytes_loads_and_matches_onnxruntime(ir, listed):
+    from polyfuse.frontends.onnx import HEAVY_BYTES
+    model = _heavy_model(ir, listed)
+    assert model.graph.initializer[0].ByteSize() > HEAVY_BYTES
+    with warnings.catch_warnings(record=True) as caught:   # the output's shape is inferred: one warning
+        warnings.simplefilter("always")
+        compiled = pf.compile(model, target="reference")
+    assert [w.category for w in caught] == [ModelWarning], [str(w.message) for w in caught]
+    x = np.random.default_rng(0).standard_normal((4, 160)).astype(np.float32)
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4, compiled=compiled)
+    assert [v.name for v in compiled.inputs] == ["x"]
+    assert tuple(compiled.outputs[0].type.shape) == (4, 128)
+
+
+@pytest.mark.unit
+def test_an_ir3_weight_not_listed_as_input_still_gets_the_warning_when_heavy():
+    with pytest.warns(ModelWarning, match="not listed as graph input"):
+        compiled = pf.compile(_heavy_model(ir=3, listed=False), target="reference")
+    x = np.random.default_rng(0).standard_normal((4, 160)).astype(np.float32)
+    assert_matches_onnxruntime(_heavy_model(ir=3, listed=False), {"x": x}, rtol=1e-4, atol=1e-4, compiled=compiled)
+
+
+@pytest.mark.unit
+def test_a_heavy_weight_with_too_few_bytes_is_a_model_error():
+    model = _heavy_model()
+    w = model.graph.initializer[0]
+    w.raw_data = w.raw_data[:-4]
+    with pytest.raises(ModelError, match=r"initializer 'w' holds 81916 bytes; its shape \[160, 128\] and type need 81920"):
+        pf.compile(model, target="reference")
