@@ -11,6 +11,7 @@ conservatively as touching the whole tensor.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -97,12 +98,17 @@ class Model:
     # every pair of instances touching one element, one of them writing (no write kills
     # another): what parallel loops must not separate
     dependences: isl.UnionMap = field(init=False)
-    # what a schedule in the original reduction order must respect (exact, with kills)
-    exact: isl.UnionMap = field(init=False)
     # what a schedule that reorders reductions must respect: ``dependences`` less those
     # between two instances of one reduction statement, which only fix an order that
     # associativity lets us change (as TC does)
     relaxed: isl.UnionMap = field(init=False)
+
+    @functools.cached_property
+    def exact(self) -> isl.UnionMap:
+        """What a schedule in the original reduction order must respect (exact, with
+        kills); computed where one is asked for (``reorder_reductions`` off): its two
+        dataflow analyses were half of a model's."""
+        return dependences(self, kills=True)
 
     def param_space(self) -> str:
         return "[" + ", ".join(f"s_{p}" for p in self.params) + "]"
@@ -217,7 +223,6 @@ def build_model(d: Definition, ctx: isl.Context | None = None) -> Model:
                   union_map(writes).intersect_domain(domain),
                   union_map(order).intersect_domain(domain))
     model.dependences = dependences(model, kills=False)
-    model.exact = dependences(model, kills=True)
     model.relaxed = model.dependences
     for name, info in statements.items():
         if not info.init and info.statement.op is not ReduceOp.ASSIGN:
