@@ -337,25 +337,41 @@ def combine(op: ReduceOp, a: Expr, b: Expr, dtype: DType) -> Expr:
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
-    match e:
-        case Read(indices=ix):
-            return ix
-        case Unary(operand=a) | Cast(operand=a):
-            return (a,)
-        case Binary(lhs=a, rhs=b):
-            return (a, b)
-        case Select(cond=c, then=a, other=b):
-            return (c, a, b)
-        case Call(args=args):
-            return args
-    return ()
+    """The operands of ``e``, in order (none for a leaf)."""
+    kids = _CHILDREN.get(type(e))
+    if kids is None:
+        kids = _CHILDREN[type(e)] = _children_of(type(e))
+    return kids(e)
+
+
+def _children_of(kind: type) -> Callable[[Expr], tuple[Expr, ...]]:
+    """How :func:`children` reads the operands of an expression of type ``kind``, found
+    once per type (the traversals run millions of times while a model compiles)."""
+    if issubclass(kind, Read):
+        return lambda e: e.indices   # type: ignore[attr-defined, no-any-return]
+    if issubclass(kind, (Unary, Cast)):
+        return lambda e: (e.operand,)   # type: ignore[attr-defined]
+    if issubclass(kind, Binary):
+        return lambda e: (e.lhs, e.rhs)   # type: ignore[attr-defined]
+    if issubclass(kind, Select):
+        return lambda e: (e.cond, e.then, e.other)   # type: ignore[attr-defined]
+    if issubclass(kind, Call):
+        return lambda e: e.args   # type: ignore[attr-defined, no-any-return]
+    return lambda e: ()
+
+
+_CHILDREN: dict[type, Callable[[Expr], tuple[Expr, ...]]] = {}
 
 
 def walk(e: Expr) -> Iterator[Expr]:
-    """Every node of ``e``, parents before children."""
-    yield e
-    for c in children(e):
-        yield from walk(c)
+    """Every node of ``e``, parents before children, left to right."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        kids = children(node)
+        if kids:
+            stack.extend(reversed(kids))
 
 
 def index_names(e: Expr) -> set[str]:
