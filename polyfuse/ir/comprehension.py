@@ -357,21 +357,29 @@ def _children_of(kind: type) -> Callable[[Expr], tuple[Expr, ...]]:
         return lambda e: (e.cond, e.then, e.other)   # type: ignore[attr-defined]
     if issubclass(kind, Call):
         return lambda e: e.args   # type: ignore[attr-defined, no-any-return]
+    _LEAVES.add(kind)
     return lambda e: ()
 
 
 _CHILDREN: dict[type, Callable[[Expr], tuple[Expr, ...]]] = {}
+_LEAVES: set[type] = set()   # the types without operands :func:`children` has met
 
 
 def walk(e: Expr) -> Iterator[Expr]:
     """Every node of ``e``, parents before children, left to right."""
     stack = [e]
+    pop, push = stack.pop, stack.append
     while stack:
-        node = stack.pop()
+        node = pop()
         yield node
-        kids = children(node)
-        if kids:
-            stack.extend(reversed(kids))
+        kind = type(node)
+        if kind is Binary:   # the commonest inner node, read directly
+            push(node.rhs)   # type: ignore[attr-defined]
+            push(node.lhs)   # type: ignore[attr-defined]
+        elif kind not in _LEAVES:
+            kids = children(node)
+            if kids:
+                stack.extend(reversed(kids))
 
 
 def index_names(e: Expr) -> set[str]:
