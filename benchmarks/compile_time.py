@@ -37,7 +37,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -52,7 +51,6 @@ class Clock:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self._inner = threading.local()
 
     def wrap(self, owner: object, attribute: str, stage: str, within: str | None = None) -> None:
         original = getattr(owner, attribute)

@@ -338,48 +338,41 @@ def combine(op: ReduceOp, a: Expr, b: Expr, dtype: DType) -> Expr:
 
 def children(e: Expr) -> tuple[Expr, ...]:
     """The operands of ``e``, in order (none for a leaf)."""
-    kids = _CHILDREN.get(type(e))
-    if kids is None:
-        kids = _CHILDREN[type(e)] = _children_of(type(e))
-    return kids(e)
+    return _operands(type(e))(e)
 
 
-def _children_of(kind: type) -> Callable[[Expr], tuple[Expr, ...]]:
-    """How :func:`children` reads the operands of an expression of type ``kind``, found
-    once per type (the traversals run millions of times while a model compiles)."""
-    if issubclass(kind, Read):
-        return lambda e: e.indices   # type: ignore[attr-defined, no-any-return]
-    if issubclass(kind, (Unary, Cast)):
-        return lambda e: (e.operand,)   # type: ignore[attr-defined]
-    if issubclass(kind, Binary):
-        return lambda e: (e.lhs, e.rhs)   # type: ignore[attr-defined]
-    if issubclass(kind, Select):
-        return lambda e: (e.cond, e.then, e.other)   # type: ignore[attr-defined]
-    if issubclass(kind, Call):
-        return lambda e: e.args   # type: ignore[attr-defined, no-any-return]
-    _LEAVES.add(kind)
-    return lambda e: ()
+def _no_operands(e: Expr) -> tuple[Expr, ...]:
+    return ()
 
 
-_CHILDREN: dict[type, Callable[[Expr], tuple[Expr, ...]]] = {}
-_LEAVES: set[type] = set()   # the types without operands :func:`children` has met
+def _operands(kind: type) -> Callable[[Expr], tuple[Expr, ...]]:
+    """How to read the operands of an expression of type ``kind``, found once per type
+    (the traversals run millions of times while a model compiles)."""
+    found = _OPERANDS.get(kind)
+    if found is None:
+        found = _OPERANDS[kind] = (
+            (lambda e: e.indices) if issubclass(kind, Read)   # type: ignore[attr-defined]
+            else (lambda e: (e.operand,)) if issubclass(kind, (Unary, Cast))   # type: ignore[attr-defined]
+            else (lambda e: (e.lhs, e.rhs)) if issubclass(kind, Binary)   # type: ignore[attr-defined]
+            else (lambda e: (e.cond, e.then, e.other)) if issubclass(kind, Select)   # type: ignore[attr-defined]
+            else (lambda e: e.args) if issubclass(kind, Call)   # type: ignore[attr-defined]
+            else _no_operands)
+    return found
+
+
+_OPERANDS: dict[type, Callable[[Expr], tuple[Expr, ...]]] = {}
 
 
 def walk(e: Expr) -> Iterator[Expr]:
-    """Every node of ``e``, parents before children, left to right."""
+    """Every node of ``e``, parents before children, left to right (an explicit stack:
+    nested generators cost one per level above each node)."""
     stack = [e]
-    pop, push = stack.pop, stack.append
     while stack:
-        node = pop()
+        node = stack.pop()
         yield node
-        kind = type(node)
-        if kind is Binary:   # the commonest inner node, read directly
-            push(node.rhs)   # type: ignore[attr-defined]
-            push(node.lhs)   # type: ignore[attr-defined]
-        elif kind not in _LEAVES:
-            kids = children(node)
-            if kids:
-                stack.extend(reversed(kids))
+        operands = _operands(type(node))
+        if operands is not _no_operands:
+            stack.extend(reversed(operands(node)))
 
 
 def index_names(e: Expr) -> set[str]:

@@ -112,7 +112,7 @@ class _Checker:
                box: dict[str, Interval]) -> None:
         shape = tuple(evaluate_int(s, self.sizes) for s in self.d.tensor(st.tensor).shape)
         for dim, (index, extent) in enumerate(zip(st.indices, shape)):
-            if 0 <= box[index][0] and box[index][1] < extent:
+            if _within(box[index], extent):
                 continue
             self.affine(st, f"{st.tensor}({', '.join(st.indices)})", st.tensor, dim, names[index],
                         extent, domain, tup, names, "writes")
@@ -122,8 +122,7 @@ class _Checker:
         """Whether dimension ``dim`` of ``r`` stays in bounds wherever ``r`` runs; raises
         when it certainly does not. An index inside the dimension over the statement's
         whole box needs no isl (most do; the isl proofs were an eighth of DenseNet-121's scheduling)."""
-        reach = _interval(r.indices[dim], box, self.sizes)
-        if reach is not None and 0 <= reach[0] and reach[1] < extent:
+        if _within(_interval(r.indices[dim], box, self.sizes), extent):
             return True
         try:
             index = isl_expr(r.indices[dim], names)
@@ -199,6 +198,11 @@ class _Rewrite:
                      if not any(isinstance(n, Read) for n in walk(index))
                      and not self.checker.proven(self.st, r, dim, extent, path, self.domain,
                                                  self.tup, self.names, self.box))
+
+
+def _within(reach: Interval | None, extent: int) -> bool:
+    """Whether the values ``reach`` (None: unknown) all index a dimension of ``extent``."""
+    return reach is not None and 0 <= reach[0] and reach[1] < extent
 
 
 def _interval(e: Expr, box: Mapping[str, Interval], sizes: Mapping[str, int]) -> Interval | None:

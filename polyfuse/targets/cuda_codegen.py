@@ -100,8 +100,8 @@ class _LaunchWriter:
     def statement(self, s: Stmt, indent: str) -> None:
         add, e = self.lines.append, self.exprs.emit
         if isinstance(s, For) and self.warp is not None and not self.fragment \
-                and register_loops(s, self.warp.registers[0]) is not None:
-            self.register_loops(s, indent)
+                and (point := register_loops(s, self.warp.registers[0])) is not None:
+            self.register_loops(s, point, indent)
         elif isinstance(s, For):
             if s.unroll > 1:
                 add(f"{indent}#pragma unroll {s.unroll}")
@@ -192,7 +192,7 @@ class _LaunchWriter:
         self.block(s.body, indent)
         self.registers, self.warp = outer, None
 
-    def register_loops(self, s: For, indent: str) -> None:
+    def register_loops(self, s: For, point: tuple[str, str], indent: str) -> None:
         """Loops over a warp's registers: each lane runs the points it holds, element
         ``pf_e`` of its registers at the m16n8 tile ``pf_e / 4`` (row-major over the warp's
         tile), row ``lane / 4 + 8 * (pf_e / 2 % 2)`` and column ``2 * (lane % 4) + pf_e % 2``
@@ -202,7 +202,7 @@ class _LaunchWriter:
         rows, cols = acc.shape
         inner = s.body[0]
         assert isinstance(inner, For)
-        r, c = register_loops(s, acc)  # type: ignore[misc]
+        r, c = point
         add(f"{indent}#pragma unroll")
         add(f"{indent}for (int pf_e = 0; pf_e < {rows * cols // LANES}; ++pf_e) {{")
         add(f"{step}const long long {c_name(r)} = (pf_e >> 2) / {cols // TILE_N} * {TILE_M} + (pf_lane >> 2) "
