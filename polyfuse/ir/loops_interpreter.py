@@ -80,7 +80,7 @@ class _Interpreter:
         out = []
         for dim, i in enumerate(r.indices):
             k = int(self.eval(i))
-            if r.is_checked(dim) and not 0 <= k < shape[dim]:
+            if not 0 <= k < shape[dim] and r.is_checked(dim):
                 self.buffers[ERROR_BUFFER][0] = 1
                 k = 0
             out.append(k)

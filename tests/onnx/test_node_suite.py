@@ -9,6 +9,7 @@ import types
 import unittest
 
 import onnx.backend.test
+import pytest
 
 import polyfuse.backend
 
@@ -47,5 +48,13 @@ backend_test.include(r"^test_.*_cpu$")
 backend_test.exclude(r"(string|STRING)")
 for pattern in EXCLUDED:
     backend_test.exclude(pattern)
+
+# the zoo's largest real models: a minute of compiling each on two cores, so they run with
+# -m slow (the smaller real models, with the same ops, stay in the default run)
+SLOW_REAL_MODELS = ("densenet121", "inception_v1", "inception_v2", "resnet50", "vgg19")
+for name in SLOW_REAL_MODELS:
+    case = backend_test.test_cases["OnnxBackendRealModelTest"]
+    method = f"test_{name}_cpu"
+    setattr(case, method, pytest.mark.slow(getattr(case, method)))
 
 globals().update(backend_test.test_cases)
