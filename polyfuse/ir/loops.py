@@ -565,24 +565,26 @@ def fresh_name(base: str, taken: set[str]) -> str:
     return name
 
 
-def stmt_nodes(s: Stmt) -> Iterator[Expr]:
-    """Every expression node of ``s`` itself (a loop's bounds, a condition, a store's
-    indices and value, an assignment's value), not of the statements in its body; a
-    statement type defined elsewhere (the GPU IR's) gives its own through ``exprs()``."""
-    own: tuple[Expr, ...]
+def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
+    """The expressions of ``s`` itself (a loop's bounds, a condition, a store's indices
+    and value, an assignment's value), not of the statements in its body; a statement
+    type defined elsewhere (the GPU IR's) gives its own through ``exprs()``."""
     if isinstance(s, For):
-        own = (s.lo, s.hi)
-    elif isinstance(s, If):
-        own = (s.cond,)
-    elif isinstance(s, Store):
-        own = (*s.indices, s.value)
-    elif isinstance(s, Assign):
-        own = (s.value,)
-    elif isinstance(s, TileProduct):
-        own = s.operands
-    else:
-        own = s.exprs()  # type: ignore[attr-defined]
-    for e in own:
+        return (s.lo, s.hi)
+    if isinstance(s, If):
+        return (s.cond,)
+    if isinstance(s, Store):
+        return (*s.indices, s.value)
+    if isinstance(s, Assign):
+        return (s.value,)
+    if isinstance(s, TileProduct):
+        return s.operands
+    return s.exprs()  # type: ignore[attr-defined,no-any-return]
+
+
+def stmt_nodes(s: Stmt) -> Iterator[Expr]:
+    """Every expression node of ``s`` itself (:func:`stmt_exprs`)."""
+    for e in stmt_exprs(s):
         yield from walk(e)
 
 

@@ -10,7 +10,8 @@ number of elements, a loop ptxas unrolls where it is short. A register tile
 (:class:`~polyfuse.ir.gpu.Threads`) is a block of C that sets the thread's variables
 and declares its registers as local arrays, indexed by constants once the micro-tile's
 loops (``#pragma unroll``) are unrolled. A warp reduction is a loop of
-``__shfl_xor_sync`` over its offsets, unrolled. An asynchronous copy is ``cp.async``
+``__shfl_xor_sync`` over its offsets, unrolled. Indices are ``int`` where
+:func:`narrow_indices` proves them bounded, else ``long long``. An asynchronous copy is ``cp.async``
 per element (4 or 8 bytes, src-size 0 outside the buffer, so the tile gets zeros), or
 per 16 bytes where rows and offsets fall on 16-byte words (checked at run time for the
 buffer's address), with ``cp.async.commit_group`` and ``cp.async.wait_group`` around it.
@@ -27,11 +28,13 @@ from polyfuse.ir.comprehension import Literal, LocalRef, Read, combine
 from polyfuse.ir.gpu import (AXES, LANES, MMA_DEPTH, TILE_M, TILE_N, MmaNest, register_loops, AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
                              Registers, SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, walk_gpu)
 from polyfuse.ir.affine import affine
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, index_names, map_expr
-from polyfuse.ir.loops import ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Stmt, Store, TileProduct
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Select, Unary, UnaryOp, children,
+                                       index_names, map_expr)
+from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Interval, Stmt, Store, TileProduct,
+                               loop_range, numbers, stmt_bodies, stmt_exprs)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_mapping import STATIC_SHARED
-from polyfuse.targets.cuda_expr import (ExprEmitter, c_name, helpers_for, register_type,
+from polyfuse.targets.cuda_expr import (INT32_SPAN, ExprEmitter, c_name, helpers_for, register_type,
                                         storage_type, to_register, to_storage)
 
 
@@ -46,8 +49,103 @@ def emit_cuda(kernel: GpuKernel) -> str:
     return "\n".join([head, *helpers_for("".join(functions)), "", *functions])
 
 
-def _flat(names: list[str], strides: tuple[int, ...]) -> str:
-    return " + ".join(n if st == 1 else f"{n} * {st}LL" for n, st in zip(names, strides))
+def narrow_indices(kernel: GpuKernel, launch: Launch) -> bool:
+    """Whether ``launch`` computes its indices in 32-bit ``int`` (half the integer
+    instructions of ``long long``, and addresses in one ``IMAD.WIDE``): where every
+    buffer has fewer than 2**31 elements (so an access inside one has a 32-bit offset)
+    and every index expression is bounded within +-2**30 at every node, from the ranges of
+    the loops around it. Integers read from memory, locals and scalars stay ``long long``
+    (C widens the index arithmetic they meet)."""
+    if any(math.prod(numbers(b.shape)) >= 2**31 for b in kernel.buffers):   # (the GPU's shapes are numbers)
+        return False
+    return _bounded_body(launch.body, {})
+
+
+def _bounded_body(body: tuple[Stmt, ...], env: dict[str, Interval]) -> bool:
+    for s in body:
+        if not all(_bounded(e, env) for e in stmt_exprs(s)):
+            return False
+        if isinstance(s, BlockLoops):
+            if s.trips >= INT32_SPAN:
+                return False
+            inner = env | {r.var: (r.lo, r.lo + (r.trips - 1) * r.step) for r in s.loops}
+        elif isinstance(s, Threads):
+            inner = dict(env)
+            for r in s.ranges:
+                lo = _bounded(r.lo, env)
+                if not isinstance(lo, tuple):
+                    return False
+                inner[r.var] = (lo[0], lo[1] + (r.threads - 1) * r.step)
+        elif isinstance(s, (For, ThreadFor)):
+            inner = env | dict(loop_range(s, env))
+            if s.var not in inner or max(map(abs, inner[s.var])) + s.step * 1024 >= INT32_SPAN:
+                return False
+        else:
+            inner = env
+        nested = (s.nest,) if isinstance(s, TileProduct) else stmt_bodies(s)
+        if not all(_bounded_body(b, inner) for b in nested):
+            return False
+    return True
+
+
+def _bounded(e: Expr, env: dict[str, Interval]) -> Interval | bool | None:
+    """The range of ``e`` where its C type is ``int`` (an integer of loop variables and
+    literals, as narrow code writes it) and it is bounded at every node; True where its C
+    type is another (a ``long long`` read, local, scalar or cast, a float, a bool) and the
+    ``int`` arithmetic inside it is bounded; None (falsy) where some is not."""
+    match e:
+        case Literal(value=v, dtype=dt) if dt.is_int and dt is not DType.UINT64:
+            return (int(v), int(v)) if -INT32_SPAN < int(v) < INT32_SPAN else True   # (else a long long)
+        case IndexVar(name=n):
+            return _within(env[n]) if n in env else None
+    parts = [_bounded(x, env) for x in children(e)]
+    if any(p is None for p in parts):
+        return None
+    typed = parts[1:] if isinstance(e, Select) else parts    # the operands C's type follows
+    if not e.dtype.is_int or e.dtype is DType.UINT64 or not typed or not all(isinstance(p, tuple) for p in typed) \
+            or not isinstance(e, (Unary, Binary, Select, Call)) or (isinstance(e, Binary) and e.op.is_shift):
+        return True
+    ranges: list[Interval] = typed  # type: ignore[assignment]
+    match e:
+        case Unary(op=UnaryOp.NEG):
+            return _within((-ranges[0][1], -ranges[0][0]))
+        case Binary(op=BinaryOp.ADD):
+            return _within((ranges[0][0] + ranges[1][0], ranges[0][1] + ranges[1][1]))
+        case Binary(op=BinaryOp.SUB):
+            return _within((ranges[0][0] - ranges[1][1], ranges[0][1] - ranges[1][0]))
+        case Binary(op=BinaryOp.MUL):
+            products = [x * y for x in ranges[0] for y in ranges[1]]
+            return _within((min(products), max(products)))
+        case Binary(op=BinaryOp.DIV | BinaryOp.MOD) | Call(fn="floordiv" | "floormod"):
+            (a, b), (c, d) = ranges
+            if c != d or c <= 0:    # only a positive constant divisor is bounded here
+                return None
+            floor = isinstance(e, Call)
+            if (e.op is BinaryOp.DIV) if isinstance(e, Binary) else e.fn == "floordiv":
+                return (a // c, b // c) if floor else (_truncated(a, c), _truncated(b, c))
+            return (0, c - 1) if floor or a >= 0 else (1 - c, c - 1)
+        case Call(fn="min" | "max"):
+            pick = min if e.fn == "min" else max
+            return (pick(ranges[0][0], ranges[1][0]), pick(ranges[0][1], ranges[1][1]))
+        case Call(fn="abs"):
+            (a, b), = ranges
+            return (0 if a <= 0 <= b else min(abs(a), abs(b)), max(abs(a), abs(b)))
+        case Select():
+            return (min(ranges[0][0], ranges[1][0]), max(ranges[0][1], ranges[1][1]))
+    return None
+
+
+def _within(r: Interval) -> Interval | None:
+    return r if -INT32_SPAN < r[0] and r[1] < INT32_SPAN else None
+
+
+def _truncated(a: int, c: int) -> int:
+    """C's ``a / c`` for ``c > 0``."""
+    return a // c if a >= 0 else -(-a // c)
+
+
+def _flat(names: list[str], strides: tuple[int, ...], suffix: str) -> str:
+    return " + ".join(n if st == 1 else f"{n} * {st}{suffix}" for n, st in zip(names, strides))
 
 
 class _LaunchWriter:
@@ -55,12 +153,16 @@ class _LaunchWriter:
         self.kernel = kernel
         self.launch = launch
         self.lines: list[str] = []
-        self.exprs = ExprEmitter(self.load)
+        narrow = narrow_indices(kernel, launch)
+        # the C type of index arithmetic, and the suffix of its literals
+        self.index, self.suffix = ("int", "") if narrow else ("long long", "LL")
+        self.exprs = ExprEmitter(self.load, narrow)
         self.registers: dict[str, Registers] = {}   # those of the register tile being written
         self.warp: Threads | None = None            # the warp region being written
         self.fragment = False                       # in a register loop: registers at pf_e
 
     def function(self) -> str:
+        I = self.index
         k, launch = self.kernel, self.launch
         params = [_param(b) for b in k.buffers]
         params += [f"{'int' if s.dtype.is_bool else register_type(s.dtype)} {c_name(s.name)}"
@@ -81,8 +183,8 @@ class _LaunchWriter:
             else:
                 self.lines.append(f"  __shared__ __align__(16) {kind} {tile.name}[{tile.size}];")
         if launch.shared:  # the copies spread a box over every thread of the block
-            self.lines += ["  const long long pf_tid = threadIdx.x + (long long)blockDim.x * "
-                           "(threadIdx.y + (long long)blockDim.y * threadIdx.z);"]
+            self.lines += [f"  const {I} pf_tid = threadIdx.x + ({I})blockDim.x * "
+                           f"(threadIdx.y + ({I})blockDim.y * threadIdx.z);"]
         locals_: dict[str, str] = {}
         for s in walk_gpu(launch.body):
             if isinstance(s, Assign):
@@ -98,6 +200,7 @@ class _LaunchWriter:
             self.statement(s, indent)
 
     def statement(self, s: Stmt, indent: str) -> None:
+        I, L = self.index, self.suffix
         add, e = self.lines.append, self.exprs.emit
         if isinstance(s, For) and self.warp is not None and not self.fragment \
                 and (point := register_loops(s, self.warp.registers[0])) is not None:
@@ -106,7 +209,7 @@ class _LaunchWriter:
             if s.unroll > 1:
                 add(f"{indent}#pragma unroll {s.unroll}")
             v = c_name(s.var)
-            add(f"{indent}for (long long {v} = {e(s.lo)}; {v} < {e(s.hi)}; {v} += {s.step}) {{")
+            add(f"{indent}for ({I} {v} = {e(s.lo)}; {v} < {e(s.hi)}; {v} += {s.step}) {{")
             self.block(s.body, indent)
         elif isinstance(s, ThreadFor):
             if s.idle:
@@ -116,9 +219,9 @@ class _LaunchWriter:
                 return
             v, axis = c_name(s.var), AXES[s.axis]
             start = "" if isinstance(s.lo, Literal) and s.lo.value == 0 else f"{e(s.lo)} + "
-            scale = "" if s.step == 1 else f" * {s.step}LL"
-            add(f"{indent}for (long long {v} = {start}(long long)threadIdx.{axis}{scale}; "
-                f"{v} < {e(s.hi)}; {v} += (long long)blockDim.{axis}{scale}) {{")
+            scale = "" if s.step == 1 else f" * {s.step}{L}"
+            add(f"{indent}for ({I} {v} = {start}({I})threadIdx.{axis}{scale}; "
+                f"{v} < {e(s.hi)}; {v} += ({I})blockDim.{axis}{scale}) {{")
             self.block(s.body, indent)
         elif isinstance(s, BlockLoops):
             self.block_loops(s, indent)
@@ -162,26 +265,28 @@ class _LaunchWriter:
         self.lines.append(f"{indent}}}")
 
     def block_loops(self, s: BlockLoops, indent: str) -> None:
+        I, L = self.index, self.suffix
         add = self.lines.append
-        add(f"{indent}for (long long pf_block = blockIdx.x; pf_block < {s.trips}LL; "
+        add(f"{indent}for ({I} pf_block = blockIdx.x; pf_block < {s.trips}{L}; "
             f"pf_block += gridDim.x) {{")
         inner = indent + "  "
-        add(f"{inner}long long pf_rest = pf_block;")
+        add(f"{inner}{I} pf_rest = pf_block;")
         for k in reversed(range(len(s.loops))):  # the innermost loop varies fastest
             r = s.loops[k]
-            value = f"(pf_rest % {r.trips}LL)" if k else "pf_rest"
-            value = value if r.step == 1 else f"{value} * {r.step}LL"
-            add(f"{inner}const long long {c_name(r.var)} = {f'{r.lo}LL + ' if r.lo else ''}{value};")
+            value = f"(pf_rest % {r.trips}{L})" if k else "pf_rest"
+            value = value if r.step == 1 else f"{value} * {r.step}{L}"
+            add(f"{inner}const {I} {c_name(r.var)} = {f'{r.lo}{L} + ' if r.lo else ''}{value};")
             if k:
-                add(f"{inner}pf_rest /= {r.trips}LL;")
+                add(f"{inner}pf_rest /= {r.trips}{L};")
         self.block(s.body, indent)
 
     def threads(self, s: Threads, indent: str) -> None:
+        I, L = self.index, self.suffix
         add, inner = self.lines.append, indent + "  "
         add(f"{indent}{{")
         for r in s.ranges:
             start = "" if isinstance(r.lo, Literal) and r.lo.value == 0 else f"{self.exprs.emit(r.lo)} + "
-            add(f"{inner}const long long {c_name(r.var)} = {start}(long long)threadIdx.{AXES[r.axis]} * {r.step}LL;")
+            add(f"{inner}const {I} {c_name(r.var)} = {start}({I})threadIdx.{AXES[r.axis]} * {r.step}{L};")
         if s.warps:
             add(f"{inner}const int pf_lane = threadIdx.x;")
         for a in s.registers:
@@ -197,6 +302,7 @@ class _LaunchWriter:
         ``pf_e`` of its registers at the m16n8 tile ``pf_e / 4`` (row-major over the warp's
         tile), row ``lane / 4 + 8 * (pf_e / 2 % 2)`` and column ``2 * (lane % 4) + pf_e % 2``
         in it."""
+        I = self.index
         add, step = self.lines.append, indent + "  "
         (acc,) = self.warp.registers  # type: ignore[union-attr]
         rows, cols = acc.shape
@@ -205,9 +311,9 @@ class _LaunchWriter:
         r, c = point
         add(f"{indent}#pragma unroll")
         add(f"{indent}for (int pf_e = 0; pf_e < {rows * cols // LANES}; ++pf_e) {{")
-        add(f"{step}const long long {c_name(r)} = (pf_e >> 2) / {cols // TILE_N} * {TILE_M} + (pf_lane >> 2) "
+        add(f"{step}const {I} {c_name(r)} = (pf_e >> 2) / {cols // TILE_N} * {TILE_M} + (pf_lane >> 2) "
             f"+ ((pf_e >> 1) & 1) * 8;")
-        add(f"{step}const long long {c_name(c)} = (pf_e >> 2) % {cols // TILE_N} * {TILE_N} + (pf_lane & 3) * 2 "
+        add(f"{step}const {I} {c_name(c)} = (pf_e >> 2) % {cols // TILE_N} * {TILE_N} + (pf_lane & 3) * 2 "
             f"+ (pf_e & 1);")
         self.fragment = True
         self.body(inner.body, step)
@@ -222,6 +328,7 @@ class _LaunchWriter:
         whose rows (along k, or for 16-bit ``b`` along its columns) are 16-byte words of a
         shared tile comes in one ``ldmatrix`` per tile (:meth:`_matrix_rows`), the others
         element by element."""
+        I = self.index
         add = self.lines.append
         rows, cols, depth = s.shape
         nest = MmaNest.of(s)
@@ -252,13 +359,13 @@ class _LaunchWriter:
                 continue
             add(f"{i2}#pragma unroll")
             add(f"{i2}for (int pf_q = 0; pf_q < {count}; ++pf_q) {{")
-            add(f"{i3}const long long {corner};")
+            add(f"{i3}const {I} {corner};")
             if wide:
-                add(f"{i3}const long long {k} = pf_k0 + (pf_lane & 3) * 2 + {kq} * 8;")
+                add(f"{i3}const {I} {k} = pf_k0 + (pf_lane & 3) * 2 + {kq} * 8;")
                 low, high = self.address(_read_of(value)), self.address(_next(_read_of(value), nest.k))
                 add(f"{i3}pf_{operand}[pf_t][pf_q] = (unsigned){low} | ((unsigned){high} << 16);")
             else:
-                add(f"{i3}const long long {k} = pf_k0 + (pf_lane & 3) + {kq} * 4;")
+                add(f"{i3}const {I} {k} = pf_k0 + (pf_lane & 3) + {kq} * 4;")
                 add(f"{i3}pf_{operand}[pf_t][pf_q] = __float_as_uint({self.exprs.emit(value)});")
             add(f"{i2}}}")
             add(f"{i1}}}")
@@ -279,6 +386,7 @@ class _LaunchWriter:
         aligned 16-byte words of a shared tile. ``a`` is 4 matrices (rows 0-7 and 8-15,
         then the same of the second half of k); ``b`` 2 (the halves of k): along k
         contiguous as they are, along the columns (16-bit) transposed."""
+        I = self.index
         read = _read_of(value)
         rounded = value is not read
         tile = self.launch.tile(read.tensor)
@@ -297,10 +405,10 @@ class _LaunchWriter:
         r, k = c_name(point), c_name(nest.k)
         if last == {nest.k: 1}:      # k contiguous: rows along the point's axis
             if operand == "a":
-                at = (f"const long long {r} = pf_t * {TILE_M} + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8, "
+                at = (f"const {I} {r} = pf_t * {TILE_M} + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8, "
                       f"{k} = pf_k0 + (pf_lane >> 4) * {words};")
                 return at, "pf_ldmatrix_x4", rounded
-            at = (f"const long long {r} = pf_t * {TILE_N} + (pf_lane & 7), "
+            at = (f"const {I} {r} = pf_t * {TILE_N} + (pf_lane & 7), "
                   f"{k} = pf_k0 + ((pf_lane >> 3) & 1) * {words};")
             return at, "pf_ldmatrix_x2", rounded
         # b's columns contiguous (16-bit only): rows along k, transposed; each row's first
@@ -308,7 +416,7 @@ class _LaunchWriter:
         if operand != "b" or not wide or last.get(point) != 1 or not self._aligned(last, point, words) \
                 or affine(along_k[0]) != {nest.k: 1}:
             return None
-        at = f"const long long {r} = pf_t * {TILE_N}, {k} = pf_k0 + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8;"
+        at = f"const {I} {r} = pf_t * {TILE_N}, {k} = pf_k0 + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8;"
         return at, "pf_ldmatrix_x2_trans", rounded
 
     def _aligned(self, form: dict[str, int], point: str, words: int) -> bool:
@@ -350,6 +458,7 @@ class _LaunchWriter:
         buffer's address and the box's offset allow (a uniform test at run time), in the
         buffer, copies 16 bytes at a time (a word past the buffer's end in part: the rest
         zeros)."""
+        L = self.suffix
         tile = self.tile(s.tile)
         buf = self.kernel.buffer(s.buffer)
         vector = _vector(s, tile, buf)
@@ -357,8 +466,8 @@ class _LaunchWriter:
             self.copy_steps(s, tile, buf, 1, indent)
             return
         add, offset = self.lines.append, self.exprs.emit(s.offsets[-1])
-        add(f"{indent}if ((((unsigned long long){c_name(buf.name)}) & 15ULL) == 0ULL && ({offset}) >= 0LL "
-            f"&& ({offset}) % {vector}LL == 0LL) {{")
+        add(f"{indent}if ((((unsigned long long){c_name(buf.name)}) & 15ULL) == 0ULL && ({offset}) >= 0 "
+            f"&& ({offset}) % {vector}{L} == 0{L}) {{")
         self.copy_steps(s, tile, buf, vector, indent + "  ")
         add(f"{indent}}} else {{")
         self.copy_steps(s, tile, buf, 1, indent + "  ")
@@ -366,6 +475,7 @@ class _LaunchWriter:
 
     def copy_steps(self, s: CopyToShared, tile: SharedTile, buf: Buffer, vector: int, indent: str) -> None:
         """The loop of a copy ``vector`` elements at a time."""
+        I, L = self.index, self.suffix
         add, inner = self.lines.append, indent + "  "
         threads = self.launch.threads
         shape = tile.shape[:-1] + (tile.shape[-1] // vector,)
@@ -373,31 +483,31 @@ class _LaunchWriter:
         steps = -(-pieces // threads)
         whole = steps <= (ASYNC_COPY_UNROLL if s.asynchronous else COPY_UNROLL)
         add(f"{indent}#pragma unroll" + ("" if whole else " 4"))
-        add(f"{indent}for (long long pf_k = 0; pf_k < {steps}LL; pf_k += 1) {{")
-        add(f"{inner}const long long pf_i = pf_tid + pf_k * {threads}LL;")
+        add(f"{indent}for ({I} pf_k = 0; pf_k < {steps}{L}; pf_k += 1) {{")
+        add(f"{inner}const {I} pf_i = pf_tid + pf_k * {threads}{L};")
         if pieces % threads:
-            add(f"{inner}if (pf_i >= {pieces}LL) break;")
-        add(f"{inner}long long pf_rest = pf_i;")
+            add(f"{inner}if (pf_i >= {pieces}{L}) break;")
+        add(f"{inner}{I} pf_rest = pf_i;")
         rank = len(tile.shape)
         for d in reversed(range(rank)):
-            extent = f" % {shape[d]}LL" if d else ""
-            scale = f" * {vector}LL" if d == rank - 1 and vector > 1 else ""
-            add(f"{inner}const long long pf_l{d} = pf_rest{extent}{scale};")
+            extent = f" % {shape[d]}{L}" if d else ""
+            scale = f" * {vector}{L}" if d == rank - 1 and vector > 1 else ""
+            add(f"{inner}const {I} pf_l{d} = pf_rest{extent}{scale};")
             if d:
-                add(f"{inner}pf_rest /= {shape[d]}LL;")
+                add(f"{inner}pf_rest /= {shape[d]}{L};")
             zero = isinstance(s.offsets[d], Literal) and s.offsets[d].value == 0
             offset = "" if zero else f"{self.exprs.emit(s.offsets[d])} + "
-            add(f"{inner}const long long pf_g{d} = {offset}pf_l{d};")
-        inside = " && ".join(f"pf_g{d} >= 0 && pf_g{d} < {n}LL" for d, n in enumerate(buf.shape))
-        source = _flat([f"pf_g{d}" for d in range(rank)], buf.strides)
-        target = _flat([f"pf_l{d}" for d in range(rank)], tile.strides)
+            add(f"{inner}const {I} pf_g{d} = {offset}pf_l{d};")
+        inside = " && ".join(f"pf_g{d} >= 0 && pf_g{d} < {n}{L}" for d, n in enumerate(buf.shape))
+        source = _flat([f"pf_g{d}" for d in range(rank)], buf.strides, L)
+        target = _flat([f"pf_l{d}" for d in range(rank)], tile.strides, L)
         if s.stage is not None:
-            target = f"({self.exprs.emit(s.stage)}) * {tile.stage_size}LL + {target}"
+            target = f"({self.exprs.emit(s.stage)}) * {tile.stage_size}{L} + {target}"
         size = tile.dtype.numpy.itemsize
         if vector > 1:   # the elements of the word inside the buffer: a prefix (the offset is >= 0)
-            rows = " && ".join(f"pf_g{d} >= 0 && pf_g{d} < {n}LL" for d, n in enumerate(buf.shape[:-1])) or "true"
-            add(f"{inner}const long long pf_d = {buf.shape[-1]}LL - pf_g{rank - 1};")
-            add(f"{inner}const long long pf_n = !({rows}) || pf_d < 0LL ? 0LL : pf_d > {vector}LL ? {vector}LL : pf_d;")
+            rows = " && ".join(f"pf_g{d} >= 0 && pf_g{d} < {n}{L}" for d, n in enumerate(buf.shape[:-1])) or "true"
+            add(f"{inner}const {I} pf_d = {buf.shape[-1]}{L} - pf_g{rank - 1};")
+            add(f"{inner}const {I} pf_n = !({rows}) || pf_d < 0{L} ? 0{L} : pf_d > {vector}{L} ? {vector}{L} : pf_d;")
             add(f"{inner}pf_cp_async16(&{tile.name}[{target}], pf_n > 0 ? &{c_name(buf.name)}[{source}] : "
                 f"{c_name(buf.name)}, (int)(pf_n * {size}));")
         elif s.asynchronous and size >= 4:   # (cp.async moves 4 bytes at least: narrower lands at once)
@@ -418,6 +528,7 @@ class _LaunchWriter:
 
     def address(self, access: Read) -> str:
         """The element ``access`` names (a read, or a store's target)."""
+        L = self.suffix
         name, indices = access.tensor, access.indices
         registers = self.registers.get(name)
         if registers is not None and self.warp is not None:
@@ -427,20 +538,20 @@ class _LaunchWriter:
             return f"{c_name(name)}[pf_e]"
         if registers is not None:
             steps = tuple(math.prod(registers.shape[k + 1:]) for k in range(len(registers.shape)))
-            flat = _flat([f"({self.exprs.emit(i)})" for i in indices], steps)
+            flat = _flat([f"({self.exprs.emit(i)})" for i in indices], steps, L)
             return f"{c_name(name)}[{flat or '0'}]"
         tile = self.launch.tile(name)
         shape = tile.shape if tile is not None else self.kernel.buffer(name).shape
         strides = tile.strides if tile is not None else self.kernel.buffer(name).strides
         terms = []
         if tile is not None and tile.stages > 1:   # the stage first
-            terms.append(f"({self.exprs.emit(indices[0])}) * {tile.stage_size}LL")
+            terms.append(f"({self.exprs.emit(indices[0])}) * {tile.stage_size}{L}")
             indices = indices[1:]
         for dim, (index, stride, extent) in enumerate(zip(indices, strides, shape)):
             term = self.exprs.emit(index)
             if access.is_checked(dim):
                 term = f"pf_checked({term}, {extent}LL, {c_name(ERROR_BUFFER)})"
-            terms.append(term if stride == 1 else f"{term} * {stride}LL")
+            terms.append(term if stride == 1 else f"{term} * {stride}{L}")
         return f"{c_name(name)}[{' + '.join(terms) or '0'}]"
 
     def load(self, r: Read) -> str:

@@ -1,8 +1,10 @@
 """Loop-IR expressions -> CUDA C expressions.
 
 The same semantics as the LLVM emitter: every integer is a ``long long`` (narrowed only
-when stored or cast; a shift's operands are values of its type), bool is ``bool``, float16 and bfloat16 are computed as float and
-stored as 16-bit patterns (converted with PTX ``cvt`` and round-to-nearest-even bit
+when stored or cast; a shift's operands are values of its type), except the index
+arithmetic of loop variables and literals in a launch whose indices fit in 32 bits
+(:func:`polyfuse.targets.cuda_codegen.narrow_indices`: ``int``, proven not to overflow);
+bool is ``bool``, float16 and bfloat16 are computed as float and stored as 16-bit patterns (converted with PTX ``cvt`` and round-to-nearest-even bit
 arithmetic, so no CUDA header is needed). Integer division and modulo truncate as in C
 (``floordiv`` and ``floormod`` floor) and give 0 for a zero divisor (uint64, whose bits a ``long long`` holds, divides, compares and
 converts unsigned); float ``max``/``min`` propagate NaN; ``c ? a : b`` reads only the
@@ -20,6 +22,10 @@ from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, Index
                                        LocalRef, Read, ScalarRef, Select, SizeVar, Unary, UnaryOp)
 from polyfuse.ir.types import DType
 
+# 32-bit index arithmetic holds every value within this (sums of two such stay int32);
+# narrow code writes literals within it as int, others as long long
+INT32_SPAN = 2**30
+
 # device functions a kernel may call, by name (a kernel's source holds those it calls)
 HELPERS: dict[str, str] = {
     "pf_h2f": """__device__ __forceinline__ float pf_h2f(unsigned short h) {
@@ -32,18 +38,19 @@ HELPERS: dict[str, str] = {
   unsigned int u = __float_as_uint(f);
   if (f != f) return (unsigned short)((u | 0x00400000u) >> 16);
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }""",
-    "pf_div": """__device__ __forceinline__ long long pf_div(long long x, long long y) {
+    # integer helpers on int or long long (narrow index arithmetic), in C's common type
+    "pf_div": """template <typename T, typename U> __device__ __forceinline__ auto pf_div(T x, U y) -> decltype(x / y) {
   return y == 0 ? 0 : y == -1 ? -x : x / y; }""",
-    "pf_mod": """__device__ __forceinline__ long long pf_mod(long long x, long long y) {
+    "pf_mod": """template <typename T, typename U> __device__ __forceinline__ auto pf_mod(T x, U y) -> decltype(x % y) {
   return (y == 0 || y == -1) ? 0 : x % y; }""",
-    "pf_floordiv": """__device__ __forceinline__ long long pf_floordiv(long long x, long long y) {
+    "pf_floordiv": """template <typename T, typename U> __device__ __forceinline__ auto pf_floordiv(T x, U y) -> decltype(x / y) {
   if (y == 0) return 0;
   if (y == -1) return -x;
-  long long q = x / y, r = x % y;
+  decltype(x / y) q = x / y, r = x % y;
   return (r != 0 && ((r < 0) != (y < 0))) ? q - 1 : q; }""",
-    "pf_floormod": """__device__ __forceinline__ long long pf_floormod(long long x, long long y) {
+    "pf_floormod": """template <typename T, typename U> __device__ __forceinline__ auto pf_floormod(T x, U y) -> decltype(x % y) {
   if (y == 0 || y == -1) return 0;
-  long long r = x % y;
+  decltype(x % y) r = x % y;
   return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r; }""",
     "pf_fmodf": """__device__ __forceinline__ float pf_fmodf(float x, float y) {
   float r = fmodf(x, y); return (r != 0.0f && ((r < 0.0f) != (y < 0.0f))) ? r + y : r; }""",
@@ -73,9 +80,11 @@ HELPERS: dict[str, str] = {
   unsigned ua = (unsigned)a, ub = (unsigned)b;
   return __uint_as_float(ua & 0xffff0000u) * __uint_as_float(ub & 0xffff0000u)
        + __uint_as_float(ua << 16) * __uint_as_float(ub << 16); }""",
-    "pf_imax": "__device__ __forceinline__ long long pf_imax(long long a, long long b) { return a > b ? a : b; }",
-    "pf_imin": "__device__ __forceinline__ long long pf_imin(long long a, long long b) { return a < b ? a : b; }",
-    "pf_iabs": "__device__ __forceinline__ long long pf_iabs(long long a) { return a < 0 ? -a : a; }",
+    "pf_imax": """template <typename T, typename U> __device__ __forceinline__ auto pf_imax(T a, U b) -> decltype(a + b) {
+  return a > b ? a : b; }""",
+    "pf_imin": """template <typename T, typename U> __device__ __forceinline__ auto pf_imin(T a, U b) -> decltype(a + b) {
+  return a < b ? a : b; }""",
+    "pf_iabs": "template <typename T> __device__ __forceinline__ T pf_iabs(T a) { return a < 0 ? -a : a; }",
     # shifts of values of a type ``bits`` wide: a count outside [0, bits) gives the sign fill
     "pf_shl": """__device__ __forceinline__ long long pf_shl(long long x, long long y, long long bits) {
   return (unsigned long long)y < (unsigned long long)bits ? (long long)((unsigned long long)x << y) : 0; }""",
@@ -344,12 +353,17 @@ def from_bits(bits: str, dt: DType) -> str:
 class ExprEmitter:
     """Writes expressions; ``load(read)`` gives the C expression of a read's value."""
 
-    def __init__(self, load: Callable[[Read], str]) -> None:
+    def __init__(self, load: Callable[[Read], str], narrow: bool = False) -> None:
+        """``narrow``: integer literals that fit are ``int`` (so index arithmetic of loop
+        variables, ``int`` in a kernel whose indices fit, stays 32-bit)."""
         self.load = load
+        self.narrow = narrow
 
     def emit(self, e: Expr) -> str:
         match e:
             case Literal(value=v, dtype=dt):
+                if self.narrow and dt.is_int and dt is not DType.UINT64 and -INT32_SPAN < int(v) < INT32_SPAN:
+                    return str(int(v))
                 return literal(v, dt)
             case IndexVar(name=n) | ScalarRef(name=n) | LocalRef(name=n):
                 return c_name(n)
