@@ -93,18 +93,27 @@ class Packing:
         return all(0 <= lo and hi < n for (lo, hi), n in zip(self.bounds(shape), source))
 
     def apply(self, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        """The packed buffer of ``shape`` made from ``array`` (the source's values)."""
-        axes = [np.arange(n).reshape((-1,) + (1,) * (len(shape) - a - 1)) for a, n in enumerate(shape)]
+        """The packed buffer of ``shape`` made from ``array`` (the source's values): an affine
+        map of the indices, so a strided view of the source (zero-padded first where the
+        packing is ``padded`` and reads past an edge), copied."""
         if not self.padded and not self.inside(shape, array.shape):
             raise IRVerificationError(f"{self} of shape {shape} reads outside its source, of "
                                       f"shape {array.shape}")
-        index = [np.broadcast_to(sum((c * ax for c, ax in zip(row, axes) if c), np.int64(off)), shape)
-                 for off, row in zip(self.offsets, self.coefs)]
-        if not self.padded:
-            return np.ascontiguousarray(array[tuple(index)])
-        inside = np.logical_and.reduce([(i >= 0) & (i < n) for i, n in zip(index, array.shape)])
-        values = array[tuple(np.clip(i, 0, n - 1) for i, n in zip(index, array.shape))]
-        return np.where(inside, values, np.zeros((), array.dtype))
+        if 0 in shape:
+            return np.zeros(shape, array.dtype)
+        offsets = list(self.offsets)
+        if self.padded:
+            pads = [(max(0, -lo), max(0, hi - n + 1)) for (lo, hi), n in zip(self.bounds(shape), array.shape)]
+            if any(a or b for a, b in pads):
+                array = np.pad(array, pads)
+                offsets = [off + lo for off, (lo, _) in zip(offsets, pads)]
+        array = np.ascontiguousarray(array)
+        steps = [st // array.itemsize for st in array.strides]
+        start = sum(off * st for off, st in zip(offsets, steps))
+        strides = tuple(array.itemsize * sum(row[a] * st for row, st in zip(self.coefs, steps))
+                        for a in range(len(shape)))
+        view = np.lib.stride_tricks.as_strided(array.reshape(-1)[start:], shape, strides, writeable=False)
+        return np.ascontiguousarray(view)
 
     def __str__(self) -> str:
         terms = []
