@@ -34,8 +34,9 @@ For a GPU target (:meth:`SearchSpace.for_task` of a task whose target runs on th
 genes are the GPU's: tile sizes and orders as above (the tile loops go to blocks, the
 point loops to threads, the innermost to x), threads per block (``BLOCKS``), unroll,
 fusion, shared-memory and register promotion on or off, reductions across a block's
-threads or not, the stages of pipelined copies (1 to 4) and the shared memory a block
-asks for (the 48 KiB it gets, or ``DYNAMIC_SHARED``, for deeper pipelines); SIMD,
+threads or not, the stages of pipelined copies (1 to 4), the shared memory a block
+asks for (the 48 KiB it gets, or ``DYNAMIC_SHARED``, for deeper pipelines) and the
+slices of a sum's reduction on blocks of their own (``split_k``, 1 to 8); SIMD,
 register tiles, unroll-and-jam and the CPU thread pool keep one value. (Warp tiles
 follow from the block's tile and threads where the products go on tensor cores.)
 
@@ -284,7 +285,7 @@ _GLOBAL_FEATURES = (*(f"fusion_{f.name.lower()}" for f in Fusion), "intra_min", 
                     "log_vector_width", "log_unroll", "log_unroll_jam", "reorder_reductions", "fix_sizes",
                     "log_register_block", "log_tile_footprint", "log_tiles", "vector_tail",
                     "innermost_contiguous", "log_work", "statements", "log_block_threads",
-                    "shared_memory", "private_memory", "stages")
+                    "shared_memory", "private_memory", "stages", "log_split_k")
 
 
 def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
@@ -305,7 +306,7 @@ def _features(nest: LoopNest, o: MappingOptions, shape: Shape) -> list[float]:
             math.log2(math.prod(shape.trips)), math.log2(math.prod(shape.tiles)), math.log2(tiles),
             float(trip % o.vector_width != 0), nest.contiguous[inner] if inner is not None else 0.0,
             math.log2(nest.work), float(nest.statements), math.log2(math.prod(o.block)),
-            float(o.use_shared_memory), float(o.use_private_memory), float(o.stages)]
+            float(o.use_shared_memory), float(o.use_private_memory), float(o.stages), math.log2(o.split_k)]
     return out
 
 
@@ -351,7 +352,7 @@ def _fusions(nest: LoopNest) -> tuple[Fusion, ...]:
 # the GPU fields, which CPU code ignores
 _ONE_VALUE_ON_CPUS: dict[str, tuple[Any, ...]] = {
     "block": ((),), "grid": (0,), "use_shared_memory": (True,), "use_private_memory": (True,),
-    "shared_memory_bytes": (0,), "block_reduction": (False,), "stages": (1,)}
+    "shared_memory_bytes": (0,), "block_reduction": (False,), "stages": (1,), "split_k": (1,)}
 
 
 def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tuple[Any, ...]]:
@@ -374,6 +375,8 @@ def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tupl
         "shared_memory_bytes": (0, DYNAMIC_SHARED) if nest.reduces else (0,),
         "block_reduction": (False, True) if nest.reduces else (False,),
         "stages": tuple(sorted({1, 2, 3, 4, heuristic.stages})) if nest.reduces else (1,),
+        # slices of a sum's one reduction index on blocks of their own (where it divides)
+        "split_k": tuple(sorted({1, 2, 4, 8, heuristic.split_k})) if nest.reductions == 1 else (1,),
     }
     tiles = nest.fit(heuristic.tile_sizes)
     for j, e in enumerate(nest.extents):

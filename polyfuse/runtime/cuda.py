@@ -18,6 +18,7 @@ failing kernel is reported by the call that ran it.
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 import threading
 import time
@@ -53,7 +54,9 @@ STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kerne
 @dataclass(frozen=True)
 class CudaLayout:
     """How to call a compiled kernel: inputs and outputs (name, shape, dtype; outputs
-    also whether they start zeroed), scalars (name, dtype), launches in order."""
+    also whether they start zeroed), scratch buffers it fills and reads itself (split-k's
+    partial sums: name, shape, dtype; passed after the outputs), scalars (name, dtype),
+    launches in order."""
 
     name: str
     inputs: tuple[tuple[str, tuple[int, ...], str], ...]
@@ -61,6 +64,12 @@ class CudaLayout:
     scalars: tuple[tuple[str, str], ...]
     checks_indices: bool
     launches: tuple[LaunchInfo, ...]
+    scratch: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+
+    @property
+    def scratch_bytes(self) -> tuple[int, ...]:
+        """Each scratch buffer's bytes, in order."""
+        return tuple(math.prod(shape) * np.dtype(DType(dt).numpy).itemsize for _, shape, dt in self.scratch)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -75,7 +84,8 @@ class CudaLayout:
                   for b in kernel.buffers if b.role is BufferRole.OUT),
             tuple((s.name, s.dtype.value) for s in kernel.scalars),
             any(b.name == ERROR_BUFFER for b in kernel.buffers),
-            tuple(LaunchInfo(x.name, x.grid, x.block, dynamic_shared(x)) for x in kernel.launches))
+            tuple(LaunchInfo(x.name, x.grid, x.block, dynamic_shared(x)) for x in kernel.launches),
+            tuple((b.name, b.shape, b.dtype.value) for b in kernel.buffers if b.role is BufferRole.TEMP))
 
 
 def build(d: Definition, sizes: Mapping[str, int], target: Target,
@@ -154,7 +164,8 @@ class CudaExecutable:
             like = next((a for a in inputs if a.library != "polyfuse"), None)
             outputs = {n: call.output(shape, DType(dt), zero, like) if n not in values
                        else call.given(n, values[n]) for n, shape, dt, zero in self.layout.outputs}
-            params: list[Any] = [ctypes.c_uint64(a.pointer) for a in [*inputs, *outputs.values()]]
+            scratch = [call.memory(n) for n in self.layout.scratch_bytes]   # (the kernel fills them)
+            params: list[Any] = [ctypes.c_uint64(a.pointer) for a in [*inputs, *outputs.values(), *scratch]]
             error = call.scratch(8) if self.layout.checks_indices else None
             params += [ctypes.c_uint64(error.pointer)] if error is not None else []
             params += [_scalar(values[n], DType(dt)) for n, dt in self.layout.scalars]

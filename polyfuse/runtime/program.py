@@ -8,7 +8,8 @@ Three things run a compiled model's kernels as one unit: the in-process native p
 * the **memory plan** (the plan's, :func:`polyfuse.ir.plan.plan_memory`):
   intermediates placed in one arena by liveness, as Glow does;
 * the **calls** (:class:`ProgramLayout`): each kernel's arguments as ``(base, index,
-  offset)``: the arena at ``offset``, input ``index``, output slot ``index``, the
+  offset)``: the arena at ``offset`` (a GPU kernel's scratch buffers in a region after
+  the plan's, which every call reuses), input ``index``, output slot ``index``, the
   constant named ``index`` (weights), or the int64 error slot a kernel sets when an
   index read from a tensor is out of bounds; and the bytes to zero before the call;
 * the **code** (:mod:`polyfuse.runtime.instructions`): the instructions running the
@@ -219,6 +220,7 @@ class ProgramLayout:
 
         calls = []
         call_of = {}
+        scratch_base = scratch_end = aligned(memory.arena_bytes, 256)
         for st, kernel in compiled.steps():
             call_of[id(st)] = len(calls)
             layout = kernel.run.layout
@@ -235,6 +237,11 @@ class ProgramLayout:
                 if zeroed and nbytes:
                     zero.append((len(args), nbytes))
                 args.append(location(by_output[name]))
+            start = scratch_base   # a kernel's scratch (GPU split-k sums): after the arena, reused by each call
+            for nbytes in getattr(layout, "scratch_bytes", ()):
+                args.append((ARENA, 0, start))
+                start = aligned(start + nbytes, 256)
+            scratch_end = max(scratch_end, start)
             if layout.checks_indices:
                 args.append((ERROR, 0, 0))
             calls.append(Call(st.label, kernel.run, kernel.stages, tuple(args), tuple(zero)))
@@ -244,7 +251,8 @@ class ProgramLayout:
             return Tensor(name, tuple(int(d) for d in t.shape), t.dtype.numpy)
         code = program_code(plan, location, call_of)
         return ProgramLayout([tensor(n) for n in plan.inputs], [tensor(n) for n in plan.outputs],
-                             slots, results, calls, constants, max(memory.arena_bytes, 64), code)
+                             slots, results, calls, constants,
+                             max(memory.arena_bytes if scratch_end == scratch_base else scratch_end, 64), code)
 
     @staticmethod
     def of_kernel(executable: Any, stages: dict[str, str], inputs: list[Tensor],

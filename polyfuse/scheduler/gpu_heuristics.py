@@ -53,6 +53,8 @@ ROW_STEPS = 4             # elements of a row per thread, at least
 BLOCK_TILE, MIN_TILE = 128, 32
 THREAD_TILE, MIN_THREADS = 8, 8
 MIN_BLOCKS = 264          # two blocks per multiprocessor of a 132-SM GPU
+MULTIPROCESSORS = MIN_BLOCKS // 2
+MAX_SPLIT, MIN_SLICE = 8, 256   # split-k: slices at most, steps of the reduction per slice at least
 MAX_BLOCK_THREADS = 1024
 
 
@@ -88,6 +90,9 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
             tiles[deepest] = depth_tile
         if registers:
             registers["stages"] = STAGES
+            blocks = math.prod(-(-extents[i] // tiles[i]) for i in lhs)
+            if len(red) == 1:
+                registers["split_k"] = _split(blocks, extents[deepest])
     return MappingOptions(
         fusion=Fusion.MIN if nest.reduces else Fusion.MAX, reorder_reductions=contraction,
         tile_sizes=nest.per_member(tiles), parallel=0,
@@ -122,6 +127,17 @@ def _block_tile(lhs: tuple[str, ...], extents: dict[str, int]) -> dict[str, int]
         longer = max(shorter, key=lambda i: min(tiles[i], extents[i]))
         tiles[longer] //= 2
     return tiles
+
+
+def _split(blocks: int, depth: int) -> int:
+    """Slices of a contraction's reduction (``split_k``) where its output tiles fill no more
+    than half of the ``MULTIPROCESSORS``: the most, up to ``MAX_SPLIT``, that divide
+    ``depth`` into slices of ``MIN_SLICE`` steps or more and keep the grid within one
+    block per multiprocessor; else 1."""
+    if 2 * blocks > MULTIPROCESSORS:
+        return 1
+    return max((p for p in (1 << j for j in range(1, MAX_SPLIT.bit_length()))
+                if blocks * p <= MULTIPROCESSORS and depth % p == 0 and depth // p >= MIN_SLICE), default=1)
 
 
 def _thread_tile(span: int) -> int:

@@ -63,6 +63,8 @@ class MappingOptions:
                                        # partial per thread, then warp shuffles)
     stages: int = 1                    # GPU: buffers per shared tile of a reduction loop; 2-4
                                        # copy the next steps' tiles (cp.async) during this one's
+    split_k: int = 1                   # GPU: slices of a sum's reduction run by blocks of their
+                                       # own, then added in a second launch (split-k)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -108,6 +110,7 @@ _RANGES: dict[str, tuple[int, int, str]] = {
     "block": (1, 1024, "threads"), "grid": (0, INT_MAX, "0: one block per tile"),
     "shared_memory_bytes": (0, INT_MAX, "0: the device's"),
     "stages": (1, 8, "1: copies not pipelined"),
+    "split_k": (1, 64, "1: each block sums the whole reduction"),
 }
 
 

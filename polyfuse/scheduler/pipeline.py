@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.gpu import GpuKernel
-from polyfuse.ir.loops import LoopKernel
+from polyfuse.ir.loops import BufferRole, LoopKernel
 from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.ir.machine import DEFAULT_MACHINE, Machine
 from polyfuse.ir.passes import IR, Pass, PassManager
@@ -22,6 +22,7 @@ from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budg
 from polyfuse.scheduler.gpu_matrix_units import use_matrix_units
 from polyfuse.scheduler.gpu_pipeline import pipeline_copies
 from polyfuse.scheduler.gpu_reciprocals import hoist_reciprocals
+from polyfuse.scheduler.gpu_split import split_options, split_reductions
 from polyfuse.scheduler.gpu_promotion import promote_to_shared
 from polyfuse.scheduler.heuristics import PACK_MIN_REUSE, WHOLE_BYTES
 from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead_stores, fuse_epilogues,
@@ -183,7 +184,33 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
     (if given) receives the outputs the kernel starts at zero itself, which the runtime
     then need not fill. ``precision="tf32"`` lets float32 contractions run on the matrix
     units, their operands rounded to TF32 (bfloat16 and float16 ones always do).
+
+    With ``options.split_k`` > 1 the sums it can split run in slices on more blocks
+    (:mod:`polyfuse.scheduler.gpu_split`), their partial sums in scratch buffers
+    (``TEMP``, after the outputs) that the kernel fills whole: where the mapping would
+    leave one to the runtime's zeros, the definition is scheduled unsplit.
     """
+    split, scratch, position = split_reductions(d, sizes, options.split_k)
+    if not scratch:
+        return _schedule_gpu(d, sizes, options, limits, stages, initialized, precision)
+    started: set[str] = set()
+    tried: dict[str, str] | None = None if stages is None else {}
+    kernel = _schedule_gpu(split, sizes, split_options(options, position), limits, tried, started, precision)
+    if set(scratch) & (zero_filled_outputs(split, sizes) - started):
+        return schedule_gpu_definition(d, sizes, replace(options, split_k=1), limits, stages, initialized, precision)
+    if initialized is not None:
+        initialized |= started - set(scratch)
+    temp = tuple(replace(b, role=BufferRole.TEMP) for b in kernel.buffers if b.name in scratch)
+    rest = [b for b in kernel.buffers if b.name not in scratch]
+    last = max((k for k, b in enumerate(rest) if b.role is BufferRole.OUT), default=-1) + 1
+    kernel = replace(kernel, buffers=(*rest[:last], *temp, *rest[last:]))
+    if stages is not None and tried is not None:
+        stages.update(tried, gpu=str(kernel))
+    return kernel
+
+
+def _schedule_gpu(d: Definition, sizes: dict[str, int], options: MappingOptions, limits: DeviceLimits,
+                  stages: dict[str, str] | None, initialized: set[str] | None, precision: str) -> GpuKernel:
     model = build_model(check_accesses(d, sizes))
     schedule = compute_schedule(model, options, sizes, gpu=True)
     if stages is not None:

@@ -24,7 +24,7 @@ INTEGER = ("IMAD", "IADD3", "LEA", "ISETP", "SHF", "LOP3", "SEL")
 
 
 def var(name):
-    return IndexVar(name, I64)
+    return IndexVar(name)
 
 
 def lit(v):
