@@ -1,5 +1,6 @@
 """TC compiled for NVIDIA GPUs: the GPU mapping, CUDA C, PTX, ptxas's resources and the
-SASS of the inner loop, the tensor cores with precision="tf32"; run where a GPU exists.
+SASS of the inner loop, the tensor cores with precision="tf32", split-k and 32-bit
+indices; run where a GPU exists.
 
 Compiling needs only NVRTC (pip install cuda-python nvidia-cuda-nvrtc), so this example
 shows every stage on any machine; with an NVIDIA GPU and its driver it also runs the
@@ -54,6 +55,14 @@ if nvdisasm() is not None:
     (mix,) = instruction_mix(on_units.stages["sass"]).values()
     print(f"precision='tf32': {Mix.count(mix.inner_loop, 'HMMA')} HMMA in the inner loop")
     assert Mix.count(mix.inner_loop, "HMMA") > 0
+
+# a deep sum over few output tiles: split-k, its slices on blocks of their own, then a
+# second launch adds them (the slices' sums in scratch memory, "temp"); indices in int
+skinny = mod.matmul.specialize(placeholder((128, 4096), np.float32), placeholder((4096, 256), np.float32))
+gpu = skinny.stages["gpu"].splitlines()
+print(f"128x4096x256: split_k={skinny.stages['options'].split('split_k=')[1].rstrip(')')}, "
+      f"{sum('launch ' in line for line in gpu)} launches;", gpu[0].split("(", 1)[1].rstrip(" {)"))
+print("32-bit indices:", "for (int " in skinny.stages["cuda"] and "for (long long" not in skinny.stages["cuda"])
 
 softmax = mod.softmax.specialize(placeholder((64, 1000), np.float32))
 launches = [line.strip() for line in softmax.stages["gpu"].splitlines() if "launch" in line]
