@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass, replace
 
 from polyfuse.ir.affine import max_trips, normal_form
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read, index_names, map_expr
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal, Read, index_names, map_expr
 from polyfuse.ir.gpu import LANES, MMA_DEPTH, TILE_M, TILE_N, GpuKernel, register_loops, Launch, Registers, ThreadFor, ThreadRange, Threads, walk_gpu
 from polyfuse.ir.loops import (For, If, LoopRewriter, Scope, Stmt, Store, TileProduct, fresh_name, stmt_bodies,
                                stmt_nodes, walk_stmts)
@@ -167,7 +167,7 @@ def _product(f: For, m: _Micro) -> tuple[str, Store] | None:
     if store.buffer != m.acc.name or not isinstance(v, Binary) or v.op is not BinaryOp.ADD or v.lhs != acc \
             or not isinstance(v.rhs, Binary) or v.rhs.op is not BinaryOp.MUL:
         return None
-    x, y = v.rhs.lhs, v.rhs.rhs
+    x, y = _widened(v.rhs.lhs), _widened(v.rhs.rhs)
     if m.c in index_names(x) or m.r in index_names(y):
         x, y = y, x
     if m.c in index_names(x) or m.r in index_names(y) or not ({m.r, f.var} >= index_names(x) & {m.r, m.c, f.var}) \
@@ -178,6 +178,15 @@ def _product(f: For, m: _Micro) -> tuple[str, Store] | None:
         return None
     return kind, replace(store, value=Binary(BinaryOp.ADD, acc, Binary(BinaryOp.MUL, x, y, DType.FLOAT32),
                                              DType.FLOAT32))
+
+
+def _widened(e: Expr) -> Expr:
+    """``e``, or the 16-bit float read a cast to float32 widens (``float(A(m, k))``): the
+    products of such reads are the matrix units' (exact in float32, as the cast is)."""
+    if isinstance(e, Cast) and e.dtype is DType.FLOAT32 and isinstance(e.operand, Read) \
+            and e.operand.dtype in (DType.BFLOAT16, DType.FLOAT16):
+        return e.operand
+    return e
 
 
 def _warps(rows: int, cols: int, count: int) -> tuple[int, int] | None:

@@ -25,6 +25,8 @@ from tests.cuda.test_emulated import emulated  # noqa: F401  (a fixture)
 
 MM = "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(m,n) +=! A(m,k) * B(k,n) }}"
 TMM = "def tmm({t}(M,K) A, {t}(N,K) B) -> (C) {{ C(m,n) +=! A(m,k) * B(n,k) }}"
+# the same product spelled with the widening casts a front end may write
+CAST_MM = "def mm(bfloat16(M,K) A, bfloat16(K,N) B) -> (C) { C(m,n) +=! float(A(m,k)) * float(B(k,n)) }"
 MLP = """def fc_relu(float(M,K) A, float(N,K) W, float(N) b) -> (C) {
   C(m,n) +=! A(m,k) * W(n,k)
   C(m,n) = fmax(C(m,n) + b(n), 0.0)
@@ -108,6 +110,7 @@ EMULATED = {
     "tf32 mm 40x50x36": (MM.format(t="float"), [(40, 50), (50, 36)], "tf32"),
     "tf32 fc+relu 40x72x56": (MLP, [(40, 72), (56, 72), (56,)], "tf32"),
     "bf16 mm 37x40x70": (MM.format(t="bfloat16"), [(37, 40), (40, 70)], "ieee"),
+    "bf16 mm with casts 37x40x70": (CAST_MM, [(37, 40), (40, 70)], "ieee"),
     "f16 mm 33x72x40": (MM.format(t="half"), [(33, 72), (72, 40)], "ieee"),
 }
 
@@ -132,6 +135,7 @@ def test_a_tile_product_runs_right_as_cuda_c(case, emulated):  # noqa: F811
 SASS = {
     "tf32 mm 4096^3": (MM.format(t="float"), [(4096, 4096)] * 2, np.float32, "tf32"),
     "bf16 mm 2048^3": (MM.format(t="bfloat16"), [(2048, 2048)] * 2, ml_dtypes.bfloat16, "ieee"),
+    "bf16 mm with casts 2048^3": (CAST_MM, [(2048, 2048)] * 2, ml_dtypes.bfloat16, "ieee"),
     "f16 tmm 1024^3": (TMM.format(t="half"), [(1024, 1024)] * 2, np.float16, "ieee"),
 }
 
