@@ -36,7 +36,8 @@ import numpy as np
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.builtins import reinterpreted
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Expr, IndexVar, Literal, Read, ScalarDecl,
-                                       ScalarRef, Select, SizeVar, Unary, UnaryOp, format_expr, map_expr, walk)
+                                       ScalarRef, Select, SizeVar, Unary, UnaryOp, children, format_expr, map_expr,
+                                       walk)
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 
@@ -408,25 +409,29 @@ def interval(e: Expr, env: dict[str, Interval]) -> Interval | None:
             return (v, v)
         case IndexVar(name=n) if n in env:
             return env[n]
-        case Unary(op=UnaryOp.NEG, operand=x):
-            r = interval(x, env)
-            return None if r is None else (-r[1], -r[0])
-        case Binary(op=BinaryOp.ADD | BinaryOp.SUB | BinaryOp.MUL, lhs=x, rhs=y):
-            p, q = interval(x, env), interval(y, env)
-            if p is None or q is None:
-                return None
-            if e.op is BinaryOp.ADD:
-                return (p[0] + q[0], p[1] + q[1])
-            if e.op is BinaryOp.SUB:
-                return (p[0] - q[1], p[1] - q[0])
-            products = [u * v for u in p for v in q]
+        case Unary(op=UnaryOp.NEG) | Binary(op=BinaryOp.ADD | BinaryOp.SUB | BinaryOp.MUL) \
+                | Call(fn="min" | "max", args=(_, _)):
+            ranges = [interval(x, env) for x in children(e)]
+            return None if None in ranges else node_range(e, ranges)  # type: ignore[arg-type]
+    return None
+
+
+def node_range(e: Expr, ranges: list[Interval]) -> Interval | None:
+    """The range of ``e`` from its operands' ``ranges`` where ``e`` negates, adds,
+    subtracts, multiplies or takes the min or max of two; else None."""
+    match e:
+        case Unary(op=UnaryOp.NEG):
+            return (-ranges[0][1], -ranges[0][0])
+        case Binary(op=BinaryOp.ADD):
+            return (ranges[0][0] + ranges[1][0], ranges[0][1] + ranges[1][1])
+        case Binary(op=BinaryOp.SUB):
+            return (ranges[0][0] - ranges[1][1], ranges[0][1] - ranges[1][0])
+        case Binary(op=BinaryOp.MUL):
+            products = [u * v for u in ranges[0] for v in ranges[1]]
             return (min(products), max(products))
-        case Call(fn="min" | "max", args=(x, y)):
-            p, q = interval(x, env), interval(y, env)
-            if p is None or q is None:
-                return None
+        case Call(fn="min" | "max") if len(ranges) == 2:
             pick = min if e.fn == "min" else max
-            return (pick(p[0], q[0]), pick(p[1], q[1]))
+            return (pick(ranges[0][0], ranges[1][0]), pick(ranges[0][1], ranges[1][1]))
     return None
 
 

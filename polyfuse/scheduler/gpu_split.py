@@ -30,6 +30,7 @@ from dataclasses import replace
 
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Definition, IndexVar, Literal, Range, Read, ReduceOp,
                                        Statement, TensorDecl, map_expr, walk)
+from polyfuse.ir.loops import fresh_name
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.options import MappingOptions
@@ -53,9 +54,8 @@ def split_reductions(d: Definition, sizes: Mapping[str, int],
             statements.append(st)
             continue
         (k,) = st.reduction_indices
-        part = _fresh(f"{k}_part", {r.index for r in st.ranges})
-        name = _fresh(f"{st.tensor}_parts", taken)
-        taken.add(name)
+        part = fresh_name(f"{k}_part", {r.index for r in st.ranges})
+        name = fresh_name(f"{st.tensor}_parts", taken)
         out = d.tensor(st.tensor)
         parts_decl = TensorDecl(name, out.dtype.compute, (*out.shape, _int(parts)))
         scratch.append(parts_decl)
@@ -107,12 +107,6 @@ def _splittable(d: Definition, st: Statement, sizes: Mapping[str, int], parts: i
     if lo != 0 or hi % parts or hi // parts < MIN_SLICE:
         return None
     return hi // parts
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    while name in taken:
-        name += "_"
-    return name
 
 
 def _int(value: int) -> Literal:

@@ -197,7 +197,7 @@ def schedule_gpu_definition(d: Definition, sizes: dict[str, int], options: Mappi
     tried: dict[str, str] | None = None if stages is None else {}
     kernel = _schedule_gpu(split, sizes, split_options(options, position), limits, tried, started, precision)
     if set(scratch) & (zero_filled_outputs(split, sizes) - started):
-        return schedule_gpu_definition(d, sizes, replace(options, split_k=1), limits, stages, initialized, precision)
+        return _schedule_gpu(d, sizes, replace(options, split_k=1), limits, stages, initialized, precision)
     if initialized is not None:
         initialized |= started - set(scratch)
     temp = tuple(replace(b, role=BufferRole.TEMP) for b in kernel.buffers if b.name in scratch)

@@ -28,10 +28,10 @@ from polyfuse.ir.comprehension import Literal, LocalRef, Read, combine
 from polyfuse.ir.gpu import (AXES, LANES, MMA_DEPTH, TILE_M, TILE_N, MmaNest, register_loops, AsyncCommit, AsyncWait, Barrier, BlockLoops, CopyToShared, GpuKernel, Launch,
                              Registers, SharedTile, SingleThread, ThreadFor, Threads, WarpReduce, walk_gpu)
 from polyfuse.ir.affine import affine
-from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Select, Unary, UnaryOp, children,
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Select, Unary, children,
                                        index_names, map_expr)
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Interval, Stmt, Store, TileProduct,
-                               loop_range, numbers, stmt_bodies, stmt_exprs)
+                               loop_range, node_range, numbers, stmt_bodies, stmt_exprs)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_mapping import STATIC_SHARED
 from polyfuse.targets.cuda_expr import (INT32_SPAN, ExprEmitter, c_name, helpers_for, register_type,
@@ -107,15 +107,6 @@ def _bounded(e: Expr, env: dict[str, Interval]) -> Interval | bool | None:
         return True
     ranges: list[Interval] = typed  # type: ignore[assignment]
     match e:
-        case Unary(op=UnaryOp.NEG):
-            return _within((-ranges[0][1], -ranges[0][0]))
-        case Binary(op=BinaryOp.ADD):
-            return _within((ranges[0][0] + ranges[1][0], ranges[0][1] + ranges[1][1]))
-        case Binary(op=BinaryOp.SUB):
-            return _within((ranges[0][0] - ranges[1][1], ranges[0][1] - ranges[1][0]))
-        case Binary(op=BinaryOp.MUL):
-            products = [x * y for x in ranges[0] for y in ranges[1]]
-            return _within((min(products), max(products)))
         case Binary(op=BinaryOp.DIV | BinaryOp.MOD) | Call(fn="floordiv" | "floormod"):
             (a, b), (c, d) = ranges
             if c != d or c <= 0:    # only a positive constant divisor is bounded here
@@ -124,15 +115,13 @@ def _bounded(e: Expr, env: dict[str, Interval]) -> Interval | bool | None:
             if (e.op is BinaryOp.DIV) if isinstance(e, Binary) else e.fn == "floordiv":
                 return (a // c, b // c) if floor else (_truncated(a, c), _truncated(b, c))
             return (0, c - 1) if floor or a >= 0 else (1 - c, c - 1)
-        case Call(fn="min" | "max"):
-            pick = min if e.fn == "min" else max
-            return (pick(ranges[0][0], ranges[1][0]), pick(ranges[0][1], ranges[1][1]))
         case Call(fn="abs"):
             (a, b), = ranges
             return (0 if a <= 0 <= b else min(abs(a), abs(b)), max(abs(a), abs(b)))
         case Select():
             return (min(ranges[0][0], ranges[1][0]), max(ranges[0][1], ranges[1][1]))
-    return None
+    found = node_range(e, ranges)   # -, +, *, min, max
+    return None if found is None else _within(found)
 
 
 def _within(r: Interval) -> Interval | None:
