@@ -65,8 +65,11 @@ print(f"128x4096x256: split_k={skinny.stages['options'].split('split_k=')[1].rst
 print("32-bit indices:", "for (int " in skinny.stages["cuda"] and "for (long long" not in skinny.stages["cuda"])
 
 softmax = mod.softmax.specialize(placeholder((64, 1000), np.float32))
-launches = [line.strip() for line in softmax.stages["gpu"].splitlines() if "launch" in line]
-print("softmax:", *launches, sep="\n  ")
+launches = [line.strip() for line in softmax.stages["gpu"].splitlines() if "launch" in line or "vector" in line]
+print("softmax (each thread four neighbouring columns at a time):", *launches, sep="\n  ")
+ptx = softmax.stages["ptx"]
+loads = ptx.count("ld.global.nc.v4.f32") + ptx.count("ld.global.v4.f32")
+print(f"  {loads} 128-bit loads and {ptx.count('st.global.v4.f32')} 128-bit stores in its PTX")
 
 try:
     rng = np.random.default_rng(0)

@@ -36,8 +36,10 @@ point loops to threads, the innermost to x), threads per block (``BLOCKS``), unr
 fusion, shared-memory and register promotion on or off, reductions across a block's
 threads or not, the stages of pipelined copies (1 to 4), the shared memory a block
 asks for (the 48 KiB it gets, or ``DYNAMIC_SHARED``, for deeper pipelines) and the
-slices of a sum's reduction on blocks of their own (``split_k``, 1 to 8); SIMD,
-register tiles, unroll-and-jam and the CPU thread pool keep one value. (Warp tiles
+slices of a sum's reduction on blocks of their own (``split_k``, 1 to 8) and the
+iterations a thread takes at a time along x (``vector_width`` 1, 2, 4: neighbouring
+elements read as one word); register tiles, unroll-and-jam and the CPU thread pool keep
+one value. (Warp tiles
 follow from the block's tile and threads where the products go on tensor cores.)
 
 The space models the band as holding every member. isl may split it (a convolution
@@ -361,7 +363,8 @@ def _gpu_candidates(nest: LoopNest, heuristic: MappingOptions) -> dict[str, tupl
         "fusion": _fusions(nest),
         "intra_tile_fusion": (Fusion.MAX,),
         "parallel": (heuristic.parallel,),
-        "vector_width": (1,),
+        # a thread's consecutive iterations along x at a time (words of up to 128 bits)
+        "vector_width": tuple(sorted({1, 2, 4, heuristic.vector_width})),
         "unroll": UNROLLS,
         "unroll_jam": (1,),
         "reorder_reductions": (False, True) if nest.reduces else (False,),

@@ -95,7 +95,14 @@ class ThreadFor(Stmt):
     """``for var in lo:hi step s`` with iteration k run by thread k mod blockDim[axis].
 
     ``idle`` lists the axes along which only thread 0 takes part (the outermost loop of
-    a region that does not use every axis of the block's threads)."""
+    a region that does not use every axis of the block's threads).
+
+    With ``vector`` = w > 1 (step 1, axis x; the loop's iterations independent, any of
+    them may run on any thread) a thread takes w consecutive iterations at a time: thread
+    t runs ``lo + w t .. lo + w t + w - 1``, then those ``w blockDim.x`` further, up to
+    the last whole group; the iterations past it (fewer than w) go one per thread. The
+    code reads and writes the elements of a group that lie next to each other in a
+    buffer as one word (128 bits for four float32) where their addresses allow."""
 
     var: str
     lo: Expr
@@ -104,6 +111,7 @@ class ThreadFor(Stmt):
     body: tuple[Stmt, ...]
     step: int = 1
     idle: tuple[int, ...] = ()
+    vector: int = 1
 
     def map_exprs(self, fn: ExprMap) -> ThreadFor:
         return replace(self, lo=map_expr(self.lo, fn), hi=map_expr(self.hi, fn),
@@ -115,8 +123,9 @@ class ThreadFor(Stmt):
     def format_lines(self, indent: str) -> list[str]:
         step = f" step {self.step}" if self.step != 1 else ""
         idle = f" where {' and '.join(f'{AXES[a]} = 0' for a in self.idle)}" if self.idle else ""
+        vector = f" vector {self.vector}" if self.vector > 1 else ""
         head = f"{indent}thread.{AXES[self.axis]} for {self.var} in " \
-               f"{format_loop_expr(self.lo)}:{format_loop_expr(self.hi)}{step}{idle} {{"
+               f"{format_loop_expr(self.lo)}:{format_loop_expr(self.hi)}{step}{vector}{idle} {{"
         return [head, *format_body(self.body, indent + "  "), f"{indent}}}"]
 
 
@@ -455,6 +464,9 @@ def _verify_body(launch: Launch, body: tuple[Stmt, ...], private: frozenset[str]
     makes this code one thread's (None where it is uniform)."""
     where = f"launch {launch.name}"
     for s in body:
+        if isinstance(s, ThreadFor) and s.vector > 1 and (s.vector & (s.vector - 1) or s.step != 1 or s.axis):
+            raise IRVerificationError(f"{where}: {s.format_lines('')[0]} a vector of {s.vector} must be a power "
+                                      "of two on a loop of step 1 along x")
         if isinstance(s, WarpReduce) and (s.lanes not in (1, 2, 4, 8, 16, 32) or launch.block[0] % s.lanes):
             raise IRVerificationError(f"{where}: {s.format_lines('')[0]}: lanes must be a power of two up to "
                                       f"32 that divides the block's {launch.block[0]} threads along x")

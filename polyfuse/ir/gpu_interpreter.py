@@ -76,8 +76,8 @@ class _Thread(_Interpreter):
             elif isinstance(s, ThreadFor):
                 if any(self.thread[a] for a in s.idle):
                     continue
-                start = int(self.eval(s.lo)) + self.thread[s.axis] * s.step
-                for value in range(start, int(self.eval(s.hi)), self.launch.block[s.axis] * s.step):
+                for value in thread_iterations(s, int(self.eval(s.lo)), int(self.eval(s.hi)),
+                                               self.thread[s.axis], self.launch.block[s.axis]):
                     self.env[s.var] = value
                     yield from self.steps(s.body)
             elif isinstance(s, BlockLoops):
@@ -236,3 +236,17 @@ def interpret_gpu_kernel(kernel: GpuKernel, args: Mapping[str, object], zeroed: 
             for block in rng.permutation(launch.grid):
                 _run_block(kernel, launch, int(block), buffers, scalars, rng)
     return {b.name: buffers[b.name] for b in kernel.buffers if b.name not in args}
+
+
+def thread_iterations(s: ThreadFor, lo: int, hi: int, thread: int, threads: int) -> Iterator[int]:
+    """The iterations of ``s`` (from ``lo`` to ``hi``) the thread at ``thread`` of
+    ``threads`` along its axis runs, in order: one in every ``threads``, or with a
+    vector of w its groups of w (every ``w threads``-th), then its one of the rest."""
+    w = s.vector
+    if w == 1:
+        yield from range(lo + thread * s.step, hi, threads * s.step)
+        return
+    full = lo + max(0, hi - lo) // w * w
+    for group in range(lo + thread * w, full, threads * w):
+        yield from range(group, group + w)
+    yield from range(full + thread, hi, threads)

@@ -191,7 +191,8 @@ class _Placer(LoopRewriter):
 
     def owner(self, indices: tuple[Expr, ...], axes: dict[int, ThreadFor]) -> Owner:
         """Per thread axis: the index position that is ``thread variable + block
-        constant`` and the loop's start and step; None when some axis has none."""
+        constant`` and the loop's start and step (and its vector and end); None when
+        some axis has none."""
         parts = []
         for axis, loop in sorted(axes.items()):
             if not isinstance(loop.lo, Literal):
@@ -201,7 +202,9 @@ class _Placer(LoopRewriter):
                 f = affine(index)
                 if f is not None and f.get(loop.var) == 1 and variables(f) - {loop.var} <= self.block_vars:
                     rest = tuple(sorted((v, c) for v, c in f.items() if v != loop.var))
-                    found = (axis, position, int(loop.lo.value), loop.step, rest)
+                    # a vector's groups, and the iterations past them, depend on its end too
+                    spread = (loop.vector, loop.hi) if loop.vector > 1 else ()
+                    found = (axis, position, int(loop.lo.value), loop.step, rest, *spread)
                     break
             if found is None:
                 return None

@@ -23,7 +23,9 @@ whole, each element once) would, with one thread per output, read rows far apart
 Such a kernel gets one row per block and ``block_reduction``: the block's threads share
 each reduction (neighbours read neighbouring elements) and combine it with warp
 shuffles (gpu_reduction.py); a quarter as many threads as the row has elements, a
-power of two from ``ROW_MIN_BLOCK`` (one warp) to ``ROW_MAX_BLOCK``. Its statements run
+power of two from ``ROW_MIN_BLOCK`` (one warp) to ``ROW_MAX_BLOCK``, each taking
+``ROW_STEPS`` neighbouring elements at a time (``vector_width``: one ``VECTOR_BYTES``
+word of float32, half a word of bfloat16, where the row's alignment allows). Its statements run
 as one row pipeline (``Fusion.ROWS``): softmax's max, exponentials, sum and quotients of
 a row in one launch, one after another. Any other long reduction into few outputs (at
 least ``TREE_MIN_REDUCTION`` steps into at most ``TREE_MAX_OUTPUTS`` elements, as a
@@ -50,6 +52,7 @@ TREE_BLOCK = 256
 ROW_MIN_REDUCTION = 64
 ROW_MIN_BLOCK, ROW_MAX_BLOCK = 32, 512
 ROW_STEPS = 4             # elements of a row per thread, at least
+VECTOR_BYTES = 16         # a row's elements a thread reads at a time: one 128-bit word
 BLOCK_TILE, MIN_TILE = 128, 32
 THREAD_TILE, MIN_THREADS = 8, 8
 MIN_BLOCKS = 264          # two blocks per multiprocessor of a 132-SM GPU
@@ -65,8 +68,10 @@ def default_gpu_options(d: Definition, sizes: dict[str, int]) -> MappingOptions:
     depth = math.prod(extents[i] for i in red) if red else 0
     if depth >= ROW_MIN_REDUCTION and _streams_rows(nest):
         threads = min(ROW_MAX_BLOCK, max(ROW_MIN_BLOCK, 1 << ((depth // ROW_STEPS).bit_length() - 1)))
+        widest = max(t.dtype.numpy.itemsize for t in d.inputs + d.outputs)
         return MappingOptions(fusion=Fusion.ROWS, tile_sizes=nest.per_member({i: 1 for i in lhs}),
-                              parallel=0, block=(threads,), block_reduction=True)
+                              parallel=0, block=(threads,), block_reduction=True,
+                              vector_width=max(1, min(ROW_STEPS, VECTOR_BYTES // widest)))
     if depth >= TREE_MIN_REDUCTION and math.prod(extents[i] for i in lhs) <= TREE_MAX_OUTPUTS:
         return MappingOptions(fusion=Fusion.PRESERVE, tile_sizes=nest.per_member({i: 1 for i in lhs}),
                               parallel=0, block=(TREE_BLOCK,), block_reduction=True)

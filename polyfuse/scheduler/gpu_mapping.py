@@ -48,6 +48,7 @@ from polyfuse.scheduler.options import MappingOptions
 DEFAULT_BLOCK = {1: (256, 1, 1), 2: (32, 8, 1), 3: (32, 4, 2)}
 
 
+MAX_VECTOR = 16     # iterations a thread takes at a time along x, at most (16 bytes)
 STATIC_SHARED = 48 * 1024
 # dynamic shared memory per block by architecture (CUDA's occupancy tables)
 SHARED_OPTIN = {"sm_75": 64 * 1024, "sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_87": 163 * 1024,
@@ -152,6 +153,7 @@ def _launch(body: tuple[Stmt, ...], options: MappingOptions, limits: DeviceLimit
     grid = min(trips, options.grid or trips, limits.max_grid)
     block = uniform.registers.block if uniform.registers and uniform.registers.block else \
         _block_shape(mapped, options, limits)
+    mapped = _vectors(mapped, block[0], options.vector_width)
     mapped, partials = expand_trees(mapped, block[0], TreeNames(taken))
     return Launch("", _idle_axes(mapped, block), grid, block, partials)
 
@@ -295,6 +297,24 @@ def _block_shape(body: tuple[Stmt, ...], options: MappingOptions,
         k = dims.index(max(dims))
         dims[k] //= 2
     return (dims[0], dims[1], dims[2])
+
+
+def _vectors(body: tuple[Stmt, ...], threads: int, width: int) -> tuple[Stmt, ...]:
+    """Each thread loop along x of step 1 with ``width`` (the options' ``vector_width``)
+    consecutive iterations per thread at a time, halved while a loop of known trips would
+    leave threads of the block's ``threads`` along x without a group. (The thread loops
+    here are the kernel's own, whose iterations are independent; the trees' loops, whose
+    iteration t must run on thread t, come later.)"""
+    class Vectors(LoopRewriter):
+        def nested(self, s: Stmt, scope: Scope) -> Stmt | tuple[Stmt, ...]:
+            if not isinstance(s, ThreadFor) or s.axis or s.step != 1:
+                return super().nested(s, scope)
+            trips = max_trips(s.lo, s.hi, s.step)
+            w = min(MAX_VECTOR, 1 << (width.bit_length() - 1))
+            while w > 1 and trips is not None and trips < w * threads:
+                w //= 2
+            return replace(s, vector=w)
+    return Vectors().body(body, Scope()) if width > 1 else body
 
 
 def _idle_axes(body: tuple[Stmt, ...], block: tuple[int, int, int]) -> tuple[Stmt, ...]:

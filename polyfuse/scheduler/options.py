@@ -48,7 +48,8 @@ class MappingOptions:
     point_order: tuple[int, ...] = ()  # permutation of the innermost point loops
     unroll_jam: int = 1                # unroll-and-jam factor of the loop around the innermost
     parallel: int = 1                  # outer coincident loops run on the thread pool (0 or 1)
-    vector_width: int = 1              # SIMD width of the innermost loop; 1 = scalar
+    vector_width: int = 1              # SIMD width of the innermost loop; 1 = scalar (GPU: a
+                                       # thread's consecutive iterations along x at a time)
     unroll: int = 1                    # unroll factor of the innermost loop
     reorder_reductions: bool = False   # let the schedule reorder the steps of a reduction
     fix_sizes: bool = False            # schedule with sizes fixed instead of symbolic

@@ -14,11 +14,15 @@ loops (``#pragma unroll``) are unrolled. A warp reduction is a loop of
 :func:`narrow_indices` proves them bounded, else ``long long``. An asynchronous copy is ``cp.async``
 per element (4 or 8 bytes, src-size 0 outside the buffer, so the tile gets zeros), or
 per 16 bytes where rows and offsets fall on 16-byte words (checked at run time for the
-buffer's address), with ``cp.async.commit_group`` and ``cp.async.wait_group`` around it.
+buffer's address), with ``cp.async.commit_group`` and ``cp.async.wait_group`` around it. A thread loop with a
+vector (:meth:`_LaunchWriter.vector_loop`) reads and writes its groups' neighbouring
+elements as one word (``pf_vec``: ``ld.global.v4.f32`` for four float32) where a test
+before the loop finds every word aligned.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -31,7 +35,7 @@ from polyfuse.ir.affine import affine
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Select, Unary, children,
                                        index_names, map_expr)
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, Interval, Stmt, Store, TileProduct,
-                               loop_range, node_range, numbers, stmt_bodies, stmt_exprs)
+                               loop_range, map_stmt_exprs, node_range, numbers, stmt_bodies, stmt_exprs, stmt_nodes)
 from polyfuse.ir.types import DType
 from polyfuse.scheduler.gpu_mapping import STATIC_SHARED
 from polyfuse.targets.cuda_expr import (INT32_SPAN, ExprEmitter, c_name, helpers_for, register_type,
@@ -149,6 +153,7 @@ class _LaunchWriter:
         self.registers: dict[str, Registers] = {}   # those of the register tile being written
         self.warp: Threads | None = None            # the warp region being written
         self.fragment = False                       # in a register loop: registers at pf_e
+        self.lanes: dict[Read, str] = {}            # in a vector group: reads of a loaded word
 
     def function(self) -> str:
         I = self.index
@@ -206,6 +211,9 @@ class _LaunchWriter:
                 self.statement(replace(s, idle=()), indent + "  ")
                 add(f"{indent}}}")
                 return
+            if s.vector > 1:
+                self.vector_loop(s, indent)
+                return
             v, axis = c_name(s.var), AXES[s.axis]
             start = "" if isinstance(s.lo, Literal) and s.lo.value == 0 else f"{e(s.lo)} + "
             scale = "" if s.step == 1 else f" * {s.step}{L}"
@@ -252,6 +260,100 @@ class _LaunchWriter:
     def block(self, stmts: tuple[Stmt, ...], indent: str) -> None:
         self.body(stmts, indent + "  ")
         self.lines.append(f"{indent}}}")
+
+    def vector_loop(self, s: ThreadFor, indent: str) -> None:
+        """A thread loop with a vector of w (:class:`ThreadFor`): each thread's groups of w
+        consecutive iterations, then the rest one per thread. Where the body is
+        straight-line (:func:`_lanes_apart`), a group reads each access that runs along
+        the loop's variable as one word of w elements, and writes each such store so,
+        when every such word of the loop is aligned (one test before it: the buffers'
+        addresses and the offsets at its start); otherwise the group's iterations run one
+        after another."""
+        I, L = self.index, self.suffix
+        add, e = self.lines.append, self.exprs.emit
+        w, v, inner = s.vector, c_name(s.var), indent + "  "
+        add(f"{indent}{{")
+        add(f"{inner}const {I} pf_lo = {e(s.lo)}, pf_full = pf_lo + ({e(s.hi)} - pf_lo) / {w}{L} * {w}{L};")
+        start, stride = f"pf_lo + ({I})threadIdx.x * {w}{L}", f"({I})blockDim.x * {w}{L}"
+        words = self.words(s) if _lanes_apart(s.body) else []
+        if words:
+            at_start = {s.var: s.lo}
+            guard = " && ".join(dict.fromkeys(
+                f"(((unsigned long long)&{self.address(_substituted(r, at_start))}) & "
+                f"{min(16, w * self.dtype(r).numpy.itemsize) - 1}ULL) == 0ULL" for r in words))
+            add(f"{inner}if ({guard}) {{")
+            add(f"{inner}  for ({I} {v} = {start}; {v} < pf_full; {v} += {stride}) {{")
+            self.vector_body(s, words, inner + "    ")
+            add(f"{inner}  }}")
+            add(f"{inner}}} else {{")
+            self.group_loop(s, start, stride, inner + "  ")
+            add(f"{inner}}}")
+        else:
+            self.group_loop(s, start, stride, inner)
+        whole = isinstance(s.lo, Literal) and isinstance(s.hi, Literal) and (int(s.hi.value) - int(s.lo.value)) % w == 0
+        if not whole:   # the iterations past the last group, one per thread
+            add(f"{inner}for ({I} {v} = pf_full + ({I})threadIdx.x; {v} < {e(s.hi)}; {v} += ({I})blockDim.x) {{")
+            self.block(s.body, inner)
+        add(f"{indent}}}")
+
+    def group_loop(self, s: ThreadFor, start: str, stride: str, indent: str) -> None:
+        """The groups of a vector loop, each iteration of a group in turn."""
+        I, add, v = self.index, self.lines.append, c_name(s.var)
+        add(f"{indent}for ({I} pf_g = {start}; pf_g < pf_full; pf_g += {stride}) {{")
+        add(f"{indent}  #pragma unroll")
+        add(f"{indent}  for ({I} {v} = pf_g; {v} < pf_g + {s.vector}{self.suffix}; {v} += 1) {{")
+        self.block(s.body, indent + "  ")
+        add(f"{indent}}}")
+
+    def words(self, s: ThreadFor) -> list[Read]:
+        """The reads and store targets of ``s``'s body whose group of elements is one word:
+        a kernel buffer's elements of w * size <= 16 bytes, at ``var + c`` in the last
+        index (``var`` nowhere else), unchecked; as reads of the buffer's type."""
+        out = []
+        for r in [r for st in s.body for r in _reads(st)] + [_target(st) for st in s.body if isinstance(st, Store)]:
+            if self.launch.tile(r.tensor) is not None or r.tensor in self.registers:
+                continue
+            dt = self.kernel.buffer(r.tensor).dtype
+            form = affine(r.indices[-1]) if r.indices else None
+            if dt.is_bool or s.vector * dt.numpy.itemsize > 16 or form is None or form.get(s.var) != 1 \
+                    or any(s.var in index_names(i) for i in r.indices[:-1]) \
+                    or any(r.is_checked(d) for d in range(len(r.indices))):
+                continue
+            out.append(Read(r.tensor, r.indices, dt))
+        return list(dict.fromkeys(out))
+
+    def vector_body(self, s: ThreadFor, words: list[Read], indent: str) -> None:
+        """A group's statements, each for the w iterations in turn: the words it reads
+        loaded first, a word it stores written after."""
+        add, w = self.lines.append, s.vector
+        whole = {(r.tensor, r.indices): r for r in words}
+        lanes = [{s.var: Binary(BinaryOp.ADD, IndexVar(s.var), _lit(j), DType.INT64)} if j else {}
+                 for j in range(w)]
+        names = (f"pf_w{k}" for k in itertools.count())
+        for st in s.body:
+            for r in dict.fromkeys(r for r in _reads(st) if (r.tensor, r.indices) in whole):
+                word, name = whole[(r.tensor, r.indices)], next(names)
+                kind = f"pf_vec<{storage_type(word.dtype)}, {w}>"
+                add(f"{indent}const {kind} {name} = *reinterpret_cast<const {kind}*>(&{self.address(word)});")
+                for j, at in enumerate(lanes):
+                    self.lanes[_substituted(r, at)] = to_register(f"{name}.v[{j}]", word.dtype)
+            word = whole.get((st.buffer, st.indices)) if isinstance(st, Store) else None
+            if isinstance(st, Store) and word is not None:
+                name, kind = next(names), f"pf_vec<{storage_type(word.dtype)}, {w}>"
+                add(f"{indent}{kind} {name};")
+                for j, at in enumerate(lanes):
+                    value = self.exprs.emit(map_expr(st.value, _lane_of(at)))
+                    add(f"{indent}{name}.v[{j}] = {to_storage(value, word.dtype)};")
+                add(f"{indent}*reinterpret_cast<{kind}*>(&{self.address(word)}) = {name};")
+            else:
+                for at in lanes:
+                    self.statement(map_stmt_exprs(st, _lane_of(at)), indent)
+        self.lanes.clear()
+
+    def dtype(self, r: Read) -> DType:
+        """The storage type of what ``r`` reads (a shared tile's or a buffer's)."""
+        tile = self.launch.tile(r.tensor)
+        return tile.dtype if tile is not None else self.kernel.buffer(r.tensor).dtype
 
     def block_loops(self, s: BlockLoops, indent: str) -> None:
         I, L = self.index, self.suffix
@@ -544,6 +646,8 @@ class _LaunchWriter:
         return f"{c_name(name)}[{' + '.join(terms) or '0'}]"
 
     def load(self, r: Read) -> str:
+        if r in self.lanes:
+            return self.lanes[r]
         if r.tensor in self.registers:
             return self.address(r)
         tile = self.launch.tile(r.tensor)
@@ -570,6 +674,37 @@ def dynamic_shared(launch: Launch) -> int:
     boundary) where they need more than the 48 KiB a block gets without asking; else 0."""
     total = sum(-(-t.bytes // 16) * 16 for t in launch.shared)
     return total if total > STATIC_SHARED else 0
+
+
+def _lanes_apart(body: tuple[Stmt, ...]) -> bool:
+    """Whether a group may run ``body`` statement by statement, each for its iterations in
+    turn: stores and assignments only, each local assigned once and read only there
+    (an accumulator: ``acc = acc + x``)."""
+    if not all(isinstance(st, (Store, Assign)) for st in body):
+        return False
+    assigned = [st.var for st in body if isinstance(st, Assign)]
+    if len(set(assigned)) != len(assigned):
+        return False
+    return not any(isinstance(x, LocalRef) and x.name in assigned and not (isinstance(st, Assign) and st.var == x.name)
+                   for st in body for x in stmt_nodes(st))
+
+
+def _lane_of(at: dict[str, Expr]):  # type: ignore[no-untyped-def]
+    return lambda e: at.get(e.name, e) if isinstance(e, IndexVar) else e
+
+
+def _substituted(r: Read, at: dict[str, Expr]) -> Read:
+    return map_expr(r, _lane_of(at))  # type: ignore[return-value]
+
+
+def _reads(s: Stmt) -> list[Read]:
+    """The reads of a statement's own expressions."""
+    return [e for e in stmt_nodes(s) if isinstance(e, Read)]
+
+
+def _target(s: Store) -> Read:
+    """The element a store writes, as a read."""
+    return Read(s.buffer, s.indices, s.value.dtype)
 
 
 def _lit(v: int) -> Literal:

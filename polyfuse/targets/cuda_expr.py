@@ -217,6 +217,9 @@ HELPERS["pf_ldmatrix_x2_trans"] = """__device__ __forceinline__ void pf_ldmatrix
 #endif
 }"""
 HELPERS |= {
+    # consecutive elements read or written as one word (up to 128 bits: ld.global.v4.f32)
+    "pf_vec": """template <typename T, int N> struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) pf_vec {
+  T v[N]; };""",
     "pf_checked": """__device__ __forceinline__ long long pf_checked(long long i, long long n, long long* error) {
   if ((unsigned long long)i >= (unsigned long long)n) { *error = 1; return 0; }
   return i; }""",
@@ -224,10 +227,13 @@ HELPERS |= {
 
 
 def helpers_for(code: str) -> list[str]:
-    """The helper definitions ``code`` calls, and those they call (defined first)."""
-    names = {name for name in HELPERS if f"{name}(" in code}
+    """The helper definitions ``code`` calls (or instantiates), and those they call
+    (defined first)."""
+    def calls(text: str, name: str) -> bool:
+        return f"{name}(" in text or f"{name}<" in text
+    names = {name for name in HELPERS if calls(code, name)}
     while True:
-        more = {name for name in HELPERS for used in names if name not in names and f"{name}(" in HELPERS[used]}
+        more = {name for name in HELPERS for used in names if name not in names and calls(HELPERS[used], name)}
         if not more:
             return [text for name, text in HELPERS.items() if name in names]
         names |= more

@@ -29,7 +29,8 @@ def test_the_cuda_space_has_gpu_genes_and_starts_from_the_gpu_heuristic(space):
     assert set(BLOCKS) <= set(space.candidates["block"])
     assert space.candidates["use_shared_memory"] == (False, True)
     assert space.candidates["block_reduction"] == (False, True)
-    for cpu_only in ("vector_width", "unroll_jam", "register_tile.0", "num_threads"):
+    assert space.candidates["vector_width"] == (1, 2, 4)   # a thread's neighbouring iterations at a time
+    for cpu_only in ("unroll_jam", "register_tile.0", "num_threads"):
         assert len(space.candidates[cpu_only]) == 1
     cpu = SearchSpace.for_task(Task.of(MM, [A, B], "x86"))
     assert cpu.candidates["block"] == ((),) and cpu.candidates["use_shared_memory"] == (True,)
