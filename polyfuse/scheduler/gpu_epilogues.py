@@ -30,21 +30,13 @@ from polyfuse.ir.affine import affine, combine, normal_form, to_expr
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
 from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, ThreadFor, Threads
 from polyfuse.ir.loops import For, If, Stmt, Store, rewrite, walk_stmts
+from polyfuse.scheduler.gpu_launches import join_consecutive
 
 
 def fuse_epilogues(kernel: GpuKernel) -> GpuKernel:
     """``kernel`` with each elementwise launch after a register-tiled one applied in its
     stores (see above); the launches renumbered."""
-    launches: list[Launch] = []
-    for launch in kernel.launches:
-        fused = _fuse(launches[-1], launch) if launches else None
-        if fused is None:
-            launches.append(launch)
-        else:
-            launches[-1] = fused
-    if len(launches) == len(kernel.launches):
-        return kernel
-    return replace(kernel, launches=tuple(replace(x, name=f"{kernel.name}_{k}") for k, x in enumerate(launches)))
+    return join_consecutive(kernel, _fuse)
 
 
 def _fuse(first: Launch, second: Launch) -> Launch | None:

@@ -18,6 +18,7 @@ from polyfuse.scheduler.ast_lowering import lower_schedule
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_epilogues import fuse_epilogues as fuse_gpu_epilogues
+from polyfuse.scheduler.gpu_launches import fuse_launches
 from polyfuse.scheduler.gpu_mapping import DeviceLimits, map_to_gpu, shared_budget
 from polyfuse.scheduler.gpu_matrix_units import use_matrix_units
 from polyfuse.scheduler.gpu_pipeline import pipeline_copies
@@ -106,7 +107,7 @@ def gpu_passes(options: MappingOptions, limits: DeviceLimits, precision: str = "
     shared = Pass("promote_to_shared", lambda g: promote_to_shared(g, shared_budget(options, limits)))
     pipeline = Pass("pipeline_copies",
                     lambda g: pipeline_copies(g, options.stages, shared_budget(options, limits), limits.arch))
-    return (fuse_gpu_epilogues,) + ((shared,) if options.use_shared_memory else ()) + \
+    return (fuse_gpu_epilogues, fuse_launches) + ((shared,) if options.use_shared_memory else ()) + \
         (hoist_reciprocals, place_barriers) + \
         ((pipeline,) if options.use_shared_memory and options.stages > 1 else ()) + \
         ((Pass("use_matrix_units", lambda g: use_matrix_units(g, precision, limits.arch)),)

@@ -181,7 +181,7 @@ def test_gpu_kernels_keep_the_loops_and_the_gpu_kernel_after_each_pass():
         assert ("let acc1" in stages["loops"]) is private
         shared = ["gpu:promote_to_shared"] if private else []
         pipelined = ["gpu:pipeline_copies", "gpu:use_matrix_units"] if private else []
-        gpu = ["gpu:map_to_gpu", "gpu:fuse_epilogues", *shared, "gpu:hoist_reciprocals", "gpu:place_barriers",
+        gpu = ["gpu:map_to_gpu", "gpu:fuse_epilogues", "gpu:fuse_launches", *shared, "gpu:hoist_reciprocals", "gpu:place_barriers",
                *pipelined, "gpu"]
         assert [s for s in stages if s.startswith("gpu")] == gpu
         assert stages["gpu"] == stages[gpu[-2]]
