@@ -20,6 +20,8 @@ Three things run a compiled model's kernels as one unit: the in-process native p
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -67,6 +69,29 @@ class CompiledPlan:
             if kernel is not None:
                 assert isinstance(st, KernelStep)
                 yield st, kernel
+
+
+# packed copies of constants, shared by every plan (of every model) that packs the same
+# array alike: a model planned at a new shape packs its weights once, not again per
+# plan. An entry lives as long as its source array (weights: the model's life; a value
+# folded at plan time: its plan's).
+_SHARED_PACKINGS: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_packed_copy(source: np.ndarray, shape: tuple[int, ...], packing: Packing) -> np.ndarray:
+    """:func:`packed_copy` of ``source``, made once while ``source`` lives."""
+    key = (id(source), shape, str(packing))
+    with _SHARED_LOCK:
+        found = _SHARED_PACKINGS.get(key)
+    if found is not None:
+        return found
+    out = packed_copy(source, shape, packing)
+    with _SHARED_LOCK:
+        if key not in _SHARED_PACKINGS:
+            _SHARED_PACKINGS[key] = out
+            weakref.finalize(source, _SHARED_PACKINGS.pop, key, None)
+        return _SHARED_PACKINGS[key]
 
 
 def packed_copy(source: np.ndarray, shape: tuple[int, ...], packing: Packing) -> np.ndarray:
@@ -209,7 +234,9 @@ class ProgramLayout:
             """A constant's packed copy, made once (kernels packing it alike share it)."""
             name = f"{value}={packing}{list(shape)}"
             if name not in constants:
-                constants[name] = packed_copy(np.asarray(plan.constants[value]), shape, packing)
+                source = plan.constants[value]
+                constants[name] = shared_packed_copy(source, shape, packing) if isinstance(source, np.ndarray) \
+                    else packed_copy(np.asarray(source), shape, packing)
             return (CONSTANT, name, 0)
 
         def nothing() -> tuple[int, Any, int]:
