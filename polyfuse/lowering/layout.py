@@ -16,6 +16,11 @@ through the ops that follow:
 * anything else reads ONNX's layout: the first such reader of a value gets a Transpose
   back, under the value's own name, as do graph outputs.
 
+Grouped convolutions run channels-last too where each group has at least
+:data:`GROUPED_VECTOR` output channels (:func:`grouped_channels_last`): a vector of a
+group's outputs then takes one broadcast input element; narrower groups stay in ONNX's
+layout.
+
 A 3x3 convolution that :func:`~polyfuse.lowering.winograd.winograd_tile` gives a tile
 becomes three nodes on the twins instead (Winograd's F(m x m, 3x3): input transform,
 batched MatMul, output transform; :mod:`polyfuse.lowering.winograd`).
@@ -46,6 +51,17 @@ _POINTWISE = ELEMENTWISE - {"BatchNormalization"}
 # convolutions: where their weights are (the integer ones' other inputs are scalars or
 # vectors per output channel, read as they are)
 _CONVS = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3, "BFloat16Conv": 1}
+
+
+GROUPED_VECTOR = 8   # output channels per group from which a grouped Conv runs channels-last
+
+
+def grouped_channels_last(groups: int, weights: tuple[int, ...]) -> bool:
+    """Whether a Conv of ``groups`` groups (not depthwise) with weights of shape ``weights``
+    vectorizes over each group's output channels channels-last: at least
+    ``GROUPED_VECTOR`` of them (narrower groups would fill too little of a vector)."""
+    return 1 < groups and weights[1] * groups > groups and weights[0] % groups == 0 \
+        and weights[0] // groups >= GROUPED_VECTOR
 
 
 def channels_last(rank: int) -> tuple[int, ...]:
@@ -161,8 +177,9 @@ class _Converter:
         if w is None or w.array.ndim < 3 or len(n.outputs) != 1 or n.attr(CHANNELS_LAST):
             return False
         rank, groups = w.array.ndim, n.attr("group", 1)
-        if not (groups == 1 or w.array.shape[1] == 1 and groups == w.array.shape[0]):
-            return False   # grouped convolutions stay in ONNX's layout
+        depthwise = w.array.shape[1] == 1 and groups == w.array.shape[0]
+        if not (groups == 1 or depthwise or n.op == "Conv" and grouped_channels_last(groups, w.array.shape)):
+            return False   # narrow groups stay in ONNX's layout
         if not self._has_rank(n.inputs[0], rank):
             return False   # unknown, or wrong (the lowering names the node)
         source = self._to_twin(n.inputs[0], rank)

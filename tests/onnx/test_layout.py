@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 import polyfuse as pf
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.comprehension_interpreter import interpret
-from polyfuse.lowering.layout import CHANNELS_LAST, channels_first, channels_last, to_channels_last
+from polyfuse.lowering.layout import (CHANNELS_LAST, channels_first, channels_last, grouped_channels_last,
+                                      to_channels_last)
 from tests.onnx.ort_compare import assert_matches_onnxruntime
 
 RNG = np.random.default_rng(7)
@@ -107,6 +108,40 @@ def test_convolutions_of_other_ranks_run_channels_last(spatial):
     assert_matches_onnxruntime(model, {"x": RNG.standard_normal((2, 5, *spatial)).astype(np.float32)},
                                rtol=1e-4, atol=1e-5, compiled=compiled)
     assert f"perm=[{', '.join(map(str, channels_last(rank)))}]" in compiled.dump("partition_fusion_groups")
+
+
+@pytest.mark.parametrize("stride, pads, spatial", [(1, [1, 1, 1, 1], (13, 11)), (2, [0, 1, 1, 0], (9, 10)),
+                                                   (1, [2, 2], (17,))], ids=["3x3", "strided", "conv1d"])
+def test_groups_of_eight_channels_or_more_run_channels_last(stride, pads, spatial):
+    """RegNet's blocks: a 1x1 conv, a grouped conv of 8 channels per group (and one of 12
+    per group, with bias), a 1x1 conv, all channels-last between the graph's edges."""
+    n = helper.make_node
+    k = [3] * len(spatial) if len(spatial) == 2 else [5]
+    nodes = [n("Conv", ["x", "W0"], ["a"], name="expand"),
+             n("Relu", ["a"], ["r"], name="relu"),
+             n("Conv", ["r", "Wg"], ["g"], name="grouped", group=4, pads=pads, strides=[stride] * len(spatial)),
+             n("Conv", ["g", "Wh", "Bh"], ["h"], name="grouped12", group=2),
+             n("Conv", ["h", "W1"], ["y"], name="project")]
+    inits = {"W0": _w(32, 6, *[1] * len(spatial)), "Wg": _w(32, 8, *k), "Wh": _w(24, 16, *[1] * len(spatial)),
+             "Bh": RNG.standard_normal(24).astype(np.float32), "W1": _w(10, 24, *[1] * len(spatial))}
+    model = _model(nodes, {"x": ["N", 6, *spatial]}, {"y": None}, inits)
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    compiled = pf.compile(model, target="host")
+    for batch in (1, 2):
+        x = RNG.standard_normal((batch, 6, *spatial)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-5, compiled=compiled)
+    graph = compiled.dump("partition_fusion_groups")
+    assert graph.count("= Transpose(") == 2, graph    # in and out only
+    assert graph.count(f"{CHANNELS_LAST}=1") == 4, graph
+    kernels = [k.definition.name for _, k in compiled.plan_for().steps()]
+    assert kernels.count("grouped_conv") == 2, kernels
+
+
+@pytest.mark.unit
+def test_only_groups_of_at_least_a_vector_go_channels_last():
+    assert grouped_channels_last(4, (32, 8, 3, 3)) and grouped_channels_last(55, (440, 8, 3, 3))
+    assert not grouped_channels_last(32, (128, 4, 3, 3))   # ResNeXt's first stage: 4 per group
+    assert not grouped_channels_last(1, (32, 8, 3, 3)) and not grouped_channels_last(8, (8, 1, 3, 3))
 
 
 def test_grouped_convolutions_and_convolutions_of_computed_weights_keep_onnx_layout():

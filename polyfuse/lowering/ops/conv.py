@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from polyfuse.ir.types import DType
-from polyfuse.lowering.layout import CHANNELS_LAST
+from polyfuse.lowering.layout import CHANNELS_LAST, grouped_channels_last
 from polyfuse.lowering.ops import OpContext, TCKernel, literal, register, tensor_param
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -265,6 +265,8 @@ def _conv(ctx: OpContext) -> TCKernel:
             return _conv_channels_last(ctx, axes)
         if groups == m_out == x[1]:
             return _depthwise_channels_last(ctx, axes)
+        if grouped_channels_last(groups, w):
+            return _grouped_channels_last(ctx, axes, groups)
     if (groups == 1 or m_out == groups) and any(a.inside("o", "k") for a in axes):
         # (isl's scheduler can take minutes over the dependences of P through the
         # quasi-affine channel m / per_group, so those convolutions keep the select)
@@ -326,20 +328,45 @@ def _depthwise_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel
     return channels_last_kernel(ctx, axes, "depthwise_conv", "", product, [], packed)
 
 
+def _grouped_channels_last(ctx: OpContext, axes: list[WindowAxis], groups: int) -> TCKernel:
+    """Grouped Conv with constant weights (groups of at least ``GROUPED_VECTOR`` output
+    channels: RegNet's, ResNeXt's wider stages), channels-last:
+    ``T(n, o..., g, j) +=! X(n, g * CG + c, ...) * Wt(g, c, k..., j)``: output channel
+    ``j`` of group ``g`` contiguous in the sum and in the weights (vectors over the
+    group's outputs, each input element a broadcast), then ``Y(n, g * MG + j, o...)`` read
+    back in channel order. Reads that can land in the padding are guarded where they are
+    made, as the depthwise kernel's."""
+    w = ctx.shape(1)
+    per_group, depth = w[0] // groups, w[1]
+    o, k = window_names(len(axes))
+    read = f"X(n, g * {depth} + c, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+    inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
+    weights = ctx.values[1].reshape(groups, per_group, *w[1:])  # type: ignore[union-attr]
+    packed = np.ascontiguousarray(weights.transpose(0, *range(2, weights.ndim), 1))
+    product = guarded(inside, f"{read} * Wt(g, c, {', '.join(k)}, j)", literal(0, ctx.dtype(0)))
+    return channels_last_kernel(ctx, axes, "grouped_conv", "", product, [("c", depth)], packed,
+                                channels=[("g", groups), ("j", per_group)],
+                                channel=f"m / {per_group}, m % {per_group}")
+
+
 def window_names(n: int) -> tuple[list[str], list[str]]:
     return [f"o{i}" for i in range(n)], [f"k{i}" for i in range(n)]
 
 
 def channels_last_kernel(ctx: OpContext, axes: list[WindowAxis], name: str, padding: str,
-                   product: str, summed: list[tuple[str, int]], packed: np.ndarray) -> TCKernel:
+                         product: str, summed: list[tuple[str, int]], packed: np.ndarray,
+                         channels: list[tuple[str, int]] | None = None, channel: str = "m") -> TCKernel:
     """The kernel of a channels-last convolution: ``padding`` (a statement writing ``P``,
     or none), ``T(n, o..., m) +=! product`` over ``summed`` and the window, then ``Y`` in
     ONNX's layout with the bias added. Parameters: X, the bias B if any, then the
-    repacked weights Wt (a compile-time constant)."""
+    repacked weights Wt (a compile-time constant). ``channels``: T's last indices in
+    place of ``m`` (a group and its channel), which ``channel`` gives for output channel
+    ``m``."""
     x, m_out = ctx.shape(0), ctx.shape(1)[0]
     o, k = window_names(len(axes))
     outs = [(oi, a.out) for oi, a in zip(o, axes)]
-    extents = ([("n", x[0])] + outs + [("m", m_out)] + summed
+    channels = channels or [("m", m_out)]
+    extents = ([("n", x[0])] + outs + channels + summed
                + [(ki, a.kernel) for ki, a in zip(k, axes)])
     params = [tensor_param("X", ctx.types[0]),  # type: ignore[arg-type]
               tensor_param("Wt", (DType.from_numpy(packed.dtype), packed.shape))]
@@ -348,8 +375,8 @@ def channels_last_kernel(ctx: OpContext, axes: list[WindowAxis], name: str, padd
         params.insert(1, tensor_param("B", ctx.types[2]))  # type: ignore[arg-type]
         bias, inputs = " + B(m)", (0, 2)
     lines = ([padding] if padding else []) + [
-        f"  T(n, {', '.join(o)}, m) +=! {product}{where(extents)}",
-        f"  Y(n, m, {', '.join(o)}) = T(n, {', '.join(o)}, m){bias}"
+        f"  T(n, {', '.join(o)}, {', '.join(c for c, _ in channels)}) +=! {product}{where(extents)}",
+        f"  Y(n, m, {', '.join(o)}) = T(n, {', '.join(o)}, {channel}){bias}"
         f"{where([('n', x[0]), ('m', m_out)] + outs)}"]
     outputs = "Y, P, T" if padding else "Y, T"
     return TCKernel(f"def {name}({', '.join(params)}) -> ({outputs}) {{\n" + "\n".join(lines)
