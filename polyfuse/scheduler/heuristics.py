@@ -100,19 +100,21 @@ def default_options(d: Definition, sizes: dict[str, int], machine: Machine,
         return MappingOptions(vector_width=width, unroll=2)   # an empty range: nothing to tile
     if _reduces_rows(nest):
         return _row_reduction(nest, width, row_vectors(machine))
-    if nest.work < CONTRACTION_MIN and _gathers(nest):
-        return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
-                            machine, symbolic)
-    if nest.work < CONTRACTION_MIN or not st.reduction_indices or len(st.indices) < 2 or not _reuses(nest):
-        rest = sum(work(s, sizes) for s in d.statements if s is not st)
-        if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
-            # small statements feeding a big one (a squeeze-excite gate scaling a whole
-            # map): fused, their loops would lead the big statement's and could put its
-            # contiguous index outermost; alone, each keeps its own order
-            return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
-        return MappingOptions(vector_width=width, unroll=2)
-    return _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
-                        machine, symbolic)
+    contraction = nest.work >= CONTRACTION_MIN and bool(st.reduction_indices) and len(st.indices) >= 2 \
+        and _reuses(nest)
+    if contraction or nest.work < CONTRACTION_MIN and _gathers(nest):
+        tiled = _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
+                             machine, symbolic)
+        if tiled is not None:
+            return tiled
+    rest = sum(work(s, sizes) for s in d.statements if s is not st)
+    if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
+        # small statements feeding a big one (a squeeze-excite gate scaling a whole map,
+        # a resize's tables of source indices and weights): fused, their loops would
+        # lead the big statement's (isl skews them together) and could put its
+        # contiguous index outermost; alone, each keeps its own order
+        return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
+    return MappingOptions(vector_width=width, unroll=2)
 
 
 def _reuses(nest: LoopNest) -> bool:
@@ -206,14 +208,17 @@ def _row_reduction(nest: LoopNest, width: int, most_vectors: int) -> MappingOpti
 
 
 def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machine,
-                 symbolic: bool = False) -> MappingOptions:
+                 symbolic: bool = False) -> MappingOptions | None:
+    """The options of a contraction's register blocks, cache tiles and threads; None where
+    the nest is none to tile (too shallow, one output index, or its output not contiguous
+    along the vector): the caller's plain loops."""
     vector_registers = machine.vector_registers
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     extents = nest.extent_of()
     words = any(isinstance(c, Call) and c.fn == "dot4" for c in walk(st.rhs))
     depth = math.prod(extents[i] for i in red) * (4 if words else 1)
     if len(lhs) < 2 or not red or depth < MIN_DEPTH:
-        return MappingOptions(vector_width=width, unroll=2)
+        return None
     reads = _operands(st)
     last = Counter(i for r in reads for i in index_names(r.indices[-1]) if i in lhs)
     tiles = {i: 1 for i in lhs} | {i: 0 for i in red}
@@ -230,7 +235,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
             # the output is not contiguous along the vector: its accumulators would be
             # gathered and scattered on every step; plain loops do better (LLVM keeps one
             # accumulator per output element in a register)
-            return MappingOptions(vector_width=width, unroll=2)
+            return None
         vec_reads = [r for r in reads if any(vec in index_names(x) for x in r.indices)]
         others = [i for i in lhs if i != vec]
         free = [i for i in others if not any(i in index_names(x) for r in vec_reads for x in r.indices)]

@@ -107,3 +107,41 @@ def test_gemm_with_constant_transposed_weights_multiplies_their_transpose(target
     np.testing.assert_allclose(compiled(x), alpha * x @ w.T + beta * b, rtol=1e-4, atol=1e-5)
     [(step, kernel)] = list(compiled.plan_for().steps())
     assert ("float32(37, 70) B" if rows > 1 else "float32(70, 37) B") in kernel.stages["specialized"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("size, dilation, stride, pad, kept", [
+    (14, 12, 1, 12, (0, 3)), (14, 24, 1, 24, (1, 1)), (14, 36, 1, 36, (1, 1)), (56, 1, 1, 1, (0, 3)),
+    (9, 6, 2, 6, (0, 3)), (5, 4, 1, 4, (0, 3)), (5, 5, 1, 5, (1, 1)), (30, 20, 2, 20, (0, 3))])
+def test_a_window_keeps_the_taps_that_read_inside_the_input(size, dilation, stride, pad, kept):
+    from polyfuse.lowering.ops.conv import WindowAxis, live_taps
+    out = (size + 2 * pad - 2 * dilation - 1) // stride + 1
+    axis = WindowAxis(size, 3, stride, dilation, pad, pad, out)
+    (cut,), (first,) = live_taps([axis])
+    assert (first, cut.kernel) == kept
+    # every output position reads the same input positions through the cut window
+    for o in range(out):
+        whole = [p for k in range(3) if 0 <= (p := o * stride + k * dilation - pad) < size]
+        assert whole == [p for k in range(cut.kernel) if 0 <= (p := o * stride + k * dilation - cut.pad) < size]
+
+
+@pytest.mark.parametrize("fed", [False, True], ids=["constant-weights", "fed-weights"])
+@pytest.mark.parametrize("dilation, group, channels", [(12, 1, 16), (24, 1, 16), (36, 1, 16), (24, 16, 16),
+                                                        (13, 2, 16), (20, 1, 24)])
+def test_dilated_convolutions_past_a_small_map_match_onnxruntime(dilation, group, channels, fed):
+    """DeepLab's atrous pyramid on a 14 x 14 map: the taps that read only padding are
+    dropped (a 1 x 1 window at rates 24 and 36), the result unchanged; weights fed at run
+    time are read at the kept taps."""
+    w = _weights(channels, channels // group, 3, 3)
+    x = RNG.standard_normal((1, channels, 14, 14)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], dilations=[dilation, dilation], pads=[dilation] * 4,
+                            group=group)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)]
+    inputs += [helper.make_tensor_value_info("W", TensorProto.FLOAT, w.shape)] if fed else []
+    weights = {"B": RNG.standard_normal(channels).astype(np.float32)} | ({} if fed else {"W": w})
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(a, n) for n, a in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feed = {"x": x} | ({"W": w} if fed else {})
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_allclose(pf.compile(model, target="host").run(feed)["y"], want, rtol=1e-3, atol=1e-4)

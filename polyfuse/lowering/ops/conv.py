@@ -86,6 +86,36 @@ class WindowAxis:
         """The same windows over the input copied into ``0:span`` with its padding."""
         return replace(self, size=self.span, pad=0, pad_end=0)
 
+    def reads_inside(self, k: int) -> bool:
+        """Whether kernel position ``k`` reads inside the input at some output position."""
+        first = max(0, -(-(self.pad - k * self.dilation) // self.stride))   # the first o at or past 0
+        return first < self.out and first * self.stride + k * self.dilation - self.pad < self.size
+
+
+def live_taps(axes: list[WindowAxis]) -> tuple[list[WindowAxis], list[int]]:
+    """The axes with each window cut to the kernel positions that read inside the input
+    at some output position (a convolution dilated past a small map reads only padding
+    with its outer taps: DeepLab's rates 24 and 36 on a 14 x 14 map keep 1 of 9), and
+    the first position kept on each axis. An axis whose cut would need negative padding
+    stays whole."""
+    out, first = [], []
+    for a in axes:
+        live = [k for k in range(a.kernel) if a.reads_inside(k)] or [0, a.kernel - 1]
+        lo, hi = live[0], live[-1]
+        pad, pad_end = a.pad - lo * a.dilation, a.pad_end - (a.kernel - 1 - hi) * a.dilation
+        if (lo, hi) == (0, a.kernel - 1) or pad < 0 or pad_end < 0:
+            out.append(a)
+            first.append(0)
+        else:
+            out.append(replace(a, kernel=hi - lo + 1, pad=pad, pad_end=pad_end))
+            first.append(lo)
+    return out, first
+
+
+def live_weights(weights: np.ndarray, axes: list[WindowAxis], first: list[int]) -> np.ndarray:
+    """``weights`` (output channels, input channels, kernel...) cut to the live taps."""
+    return weights[(slice(None), slice(None), *(slice(f, f + a.kernel) for a, f in zip(axes, first)))]
+
 
 def int_list(ctx: OpContext, name: str, n: int, default: int, least: int | None = None) -> list[int]:
     value = ctx.attr(name)
@@ -244,7 +274,7 @@ def pad_input(ctx: OpContext, axes: list[WindowAxis], channels_last: bool = Fals
 def _conv(ctx: OpContext) -> TCKernel:
     x, w = ctx.shape(0), ctx.shape(1)
     groups = ctx.ints(ctx.attr("group", 1), "group", 1, least=1)[0]
-    axes = window_axes(ctx, kernel_shape(ctx))
+    axes, first = live_taps(window_axes(ctx, kernel_shape(ctx)))
     m_out, c_group = w[0], w[1]
     _channels(ctx, x[1], c_group, groups)
     check_bias(ctx, m_out)
@@ -252,6 +282,8 @@ def _conv(ctx: OpContext) -> TCKernel:
         raise ctx.unsupported(f"{m_out} output channels do not split into {groups} groups")
     o = [f"o{i}" for i in range(len(axes))]
     k = [f"k{i}" for i in range(len(axes))]
+    taps = [f"{ki} + {f}" if f else ki for ki, f in zip(k, first)]   # W's kernel positions
+    weights = live_weights(ctx.values[1], axes, first) if ctx.values[1] is not None else None
     # input channel: the first of output channel m's group, plus c
     if groups == 1:
         xc = "c"
@@ -259,14 +291,14 @@ def _conv(ctx: OpContext) -> TCKernel:
         g = _group_of("m", m_out // groups)
         xc = f"{g} * {c_group} + c" if c_group > 1 else g
     padding, source = "", "X"
-    if ctx.values[1] is not None and (ctx.attr(CHANNELS_LAST) or
-                                      channels_last_pays(axes, c_group * math.prod(w[2:]))):
+    if weights is not None and (ctx.attr(CHANNELS_LAST) or
+                                channels_last_pays(axes, c_group * math.prod(weights.shape[2:]))):
         if groups == 1:
-            return _conv_channels_last(ctx, axes)
+            return _conv_channels_last(ctx, axes, weights)
         if groups == m_out == x[1]:
-            return _depthwise_channels_last(ctx, axes)
+            return _depthwise_channels_last(ctx, axes, weights)
         if grouped_channels_last(groups, w):
-            return _grouped_channels_last(ctx, axes, groups)
+            return _grouped_channels_last(ctx, axes, groups, weights)
     if (groups == 1 or m_out == groups) and any(a.inside("o", "k") for a in axes):
         # (isl's scheduler can take minutes over the dependences of P through the
         # quasi-affine channel m / per_group, so those convolutions keep the select)
@@ -276,7 +308,7 @@ def _conv(ctx: OpContext) -> TCKernel:
     inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
     extents = ([("n", x[0]), ("m", m_out)] + [(oi, a.out) for oi, a in zip(o, axes)]
                + [("c", c_group)] + [(ki, a.kernel) for ki, a in zip(k, axes)])
-    return _convolution(ctx, "conv", f"{read} * W(m, c, {', '.join(k)})", inside, extents,
+    return _convolution(ctx, "conv", f"{read} * W(m, c, {', '.join(taps)})", inside, extents,
                         padding)
 
 
@@ -289,7 +321,7 @@ def channels_last_pays(axes: list[WindowAxis], depth: int) -> bool:
         depth >= CHANNELS_LAST_DEPTH
 
 
-def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:
+def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray) -> TCKernel:
     """Conv with constant weights, accumulated channels-last: ``T(n, o..., m)`` sums
     ``X * Wt(c, k..., m)`` over weights repacked at compile time so that output channels
     are contiguous, which the default schedule vectorizes (every conv of a CNN has a
@@ -307,12 +339,12 @@ def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:
         axes = [a.padded() for a in axes]
     window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
     read = f"P(n, {window}, c)" if stored_last else f"{source}(n, c, {window})"
-    packed = np.ascontiguousarray(ctx.values[1].transpose(*range(1, len(w)), 0))  # type: ignore[union-attr]
+    packed = np.ascontiguousarray(weights.transpose(*range(1, len(w)), 0))
     return channels_last_kernel(ctx, axes, "conv", padding, f"{read} * Wt(c, {', '.join(k)}, m)",
-                          [("c", w[1])], packed)
+                                [("c", w[1])], packed)
 
 
-def _depthwise_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel:
+def _depthwise_channels_last(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray) -> TCKernel:
     """Depthwise Conv (one filter per channel) with constant weights, channels-last:
     ``T(n, o..., m)`` sums ``X * Wt(k..., m)`` with channels contiguous in every operand
     (vector loads, no broadcasts). Reads that can land in the padding are guarded where
@@ -322,13 +354,14 @@ def _depthwise_channels_last(ctx: OpContext, axes: list[WindowAxis]) -> TCKernel
     o, k = window_names(len(axes))
     read = f"X(n, m, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
     inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
-    weights = ctx.values[1][:, 0]  # type: ignore[index]
+    weights = weights[:, 0]
     packed = np.ascontiguousarray(weights.transpose(*range(1, weights.ndim), 0))
     product = guarded(inside, f"{read} * Wt({', '.join(k)}, m)", literal(0, ctx.dtype(0)))
     return channels_last_kernel(ctx, axes, "depthwise_conv", "", product, [], packed)
 
 
-def _grouped_channels_last(ctx: OpContext, axes: list[WindowAxis], groups: int) -> TCKernel:
+def _grouped_channels_last(ctx: OpContext, axes: list[WindowAxis], groups: int,
+                           weights: np.ndarray) -> TCKernel:
     """Grouped Conv with constant weights (groups of at least ``GROUPED_VECTOR`` output
     channels: RegNet's, ResNeXt's wider stages), channels-last:
     ``T(n, o..., g, j) +=! X(n, g * CG + c, ...) * Wt(g, c, k..., j)``: output channel
@@ -341,8 +374,8 @@ def _grouped_channels_last(ctx: OpContext, axes: list[WindowAxis], groups: int) 
     o, k = window_names(len(axes))
     read = f"X(n, g * {depth} + c, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
     inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
-    weights = ctx.values[1].reshape(groups, per_group, *w[1:])  # type: ignore[union-attr]
-    packed = np.ascontiguousarray(weights.transpose(0, *range(2, weights.ndim), 1))
+    grouped = weights.reshape(groups, per_group, *weights.shape[1:])
+    packed = np.ascontiguousarray(grouped.transpose(0, *range(2, grouped.ndim), 1))
     product = guarded(inside, f"{read} * Wt(g, c, {', '.join(k)}, j)", literal(0, ctx.dtype(0)))
     return channels_last_kernel(ctx, axes, "grouped_conv", "", product, [("c", depth)], packed,
                                 channels=[("g", groups), ("j", per_group)],
