@@ -1,6 +1,7 @@
 """TC compiled for NVIDIA GPUs: the GPU mapping, CUDA C, PTX, ptxas's resources and the
-SASS of the inner loop, the tensor cores with precision="tf32", split-k and 32-bit
-indices; run where a GPU exists.
+SASS of the inner loop, the tensor cores with precision="tf32", split-k (its epilogue in
+the launch that adds the slices), 32-bit indices and softmax's 128-bit row accesses; run
+where a GPU exists.
 
 Compiling needs only NVRTC (pip install cuda-python nvidia-cuda-nvrtc), so this example
 shows every stage on any machine; with an NVIDIA GPU and its driver it also runs the
@@ -16,6 +17,10 @@ from polyfuse.targets.cuda_sass import Mix, instruction_mix, nvdisasm, resources
 SOURCE = """
 def matmul(float(M, K) A, float(K, N) B) -> (C) {
   C(m, n) +=! A(m, k) * B(k, n)
+}
+def fc_relu(float(B, M) I, float(N, M) W, float(N) bias) -> (O) {
+  O(b, n) +=! I(b, m) * W(n, m)
+  O(b, n) = fmax(O(b, n) + bias(n), 0.0)
 }
 def softmax(float(N, D) I) -> (O, maxVal, expSum) {
   maxVal(n) max=! I(n, d)
@@ -63,6 +68,11 @@ gpu = skinny.stages["gpu"].splitlines()
 print(f"128x4096x256: split_k={skinny.stages['options'].split('split_k=')[1].rstrip(')')}, "
       f"{sum('launch ' in line for line in gpu)} launches;", gpu[0].split("(", 1)[1].rstrip(" {)"))
 print("32-bit indices:", "for (int " in skinny.stages["cuda"] and "for (long long" not in skinny.stages["cuda"])
+# with a bias and a ReLU after it: the launch that adds the slices applies them too (the
+# launches over the same blocks, each block reading back only its own outputs, fused)
+layer = mod.fc_relu.specialize(placeholder((128, 4096), np.float32), placeholder((256, 4096), np.float32),
+                               placeholder((256,), np.float32))
+print("fc + bias + ReLU, split-k:", sum("launch " in line for line in layer.stages["gpu"].splitlines()), "launches")
 
 softmax = mod.softmax.specialize(placeholder((64, 1000), np.float32))
 launches = [line.strip() for line in softmax.stages["gpu"].splitlines() if "launch" in line or "vector" in line]

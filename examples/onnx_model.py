@@ -93,3 +93,26 @@ block.ir_version = 10
 compiled_block = compiled_like_onnxruntime(block, {"x": rng.standard_normal((1, 32, 28, 28)).astype(np.float32)})
 print("Winograd convolution matches onnxruntime; its nodes after convert_layout:")
 print("\n".join(line for line in compiled_block.dump("convert_layout").splitlines() if "inograd" in line))
+
+# RegNet's pattern: a grouped convolution (8 channels per group) between channels-last
+# convolutions stays channels-last too, each group's outputs summed as one vector; and
+# DeepLab's: a 3x3 convolution dilated by 24 on a 14 x 14 map reads only padding with its
+# outer taps, so its kernel keeps the centre one (a 1 x 1 window).
+aspp = helper.make_model(helper.make_graph(
+    [helper.make_node("Conv", ["x", "G"], ["g"], pads=[1, 1, 1, 1], group=4),
+     helper.make_node("Relu", ["g"], ["r"]),
+     helper.make_node("Conv", ["r", "D"], ["y"], pads=[24, 24, 24, 24], dilations=[24, 24])],
+    "aspp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 14, 14])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 14, 14])],
+    [numpy_helper.from_array(rng.standard_normal((32, 8, 3, 3)).astype(np.float32) / 9, "G"),
+     numpy_helper.from_array(rng.standard_normal((16, 32, 3, 3)).astype(np.float32) / 17, "D")]),
+    opset_imports=[helper.make_opsetid("", 17)])
+aspp.ir_version = 10
+compiled_aspp = compiled_like_onnxruntime(aspp, {"x": rng.standard_normal((1, 32, 14, 14)).astype(np.float32)})
+print("grouped and dilated convolutions match onnxruntime; their kernels' weights, repacked:")
+for step, kernel in compiled_aspp.plan_for().steps():
+    weights = kernel.definition.inputs[1:]   # after the activations: weights repacked at compile time
+    if weights:
+        print(f"  {step.label}: {tuple(int(e.value) for e in weights[-1].shape)}")
+print("  (grouped: group, input channel, window, output channel of the group;"
+      " dilated: input channel, window, output channel)")
