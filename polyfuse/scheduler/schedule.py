@@ -6,7 +6,9 @@ import logging
 
 import islpy as isl
 
-from polyfuse.scheduler.loop_nest import band_order
+from dataclasses import replace
+
+from polyfuse.scheduler.loop_nest import band_order, heaviest
 from polyfuse.scheduler.model import SYMBOLIC_MAX, Model, StatementInfo
 from polyfuse.scheduler.options import Fusion, MappingOptions
 
@@ -39,11 +41,38 @@ def compute_schedule(model: Model, options: MappingOptions,
     rows = row_schedule(model, validity) if options.fusion is Fusion.ROWS else None
     schedule = rows or _solve(constraints, model.ctx, Fusion.PRESERVE if options.fusion is Fusion.ROWS
                               else options.fusion)
+    heaviest = _heaviest(model, sizes) if not gpu else None
     for path in reversed(_outer_band_paths(schedule.get_root(), ())):
-        schedule = _transform_band(_node_at(schedule, path), options, validity, gpu).get_schedule()
+        band = _node_at(schedule, path)
+        chosen = options if heaviest is None or _schedules(band, heaviest) else _untiled(options)
+        schedule = _transform_band(band, chosen, validity, gpu).get_schedule()
     if rows is not None and gpu:
         schedule = _mark_inner_threads(schedule.get_root()).get_schedule()
     return schedule
+
+
+def _heaviest(model: Model, sizes: dict[str, int] | None) -> frozenset[str] | None:
+    """The isl statements of the TC statement the options' tiles and orders were made for
+    (the one of the most iterations), where the sizes say which; else None."""
+    if sizes is None or len(model.definition.statements) < 2:
+        return None
+    st = heaviest(model.definition, sizes)
+    return frozenset(name for name, info in model.statements.items() if info.statement is st)
+
+
+def _schedules(band: isl.ScheduleNode, names: frozenset[str]) -> bool:
+    """Whether ``band`` schedules one of the statements ``names``."""
+    found: list[bool] = []
+    band.get_domain().foreach_set(lambda s: found.append(s.get_tuple_name() in names))
+    return any(found)
+
+
+def _untiled(options: MappingOptions) -> MappingOptions:
+    """``options`` for a nest of other statements than the one its tiles and orders were
+    made for (their members would be another statement's, position by position: a
+    convolution's copy of its result into the output's layout would take the sum's
+    tiles and put a strided index innermost): loops in the statement's own order."""
+    return replace(options, tile_sizes=(), register_tile=(), tile_order=(), point_order=())
 
 
 def row_schedule(model: Model, validity: isl.UnionMap) -> isl.Schedule | None:

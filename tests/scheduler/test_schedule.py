@@ -198,3 +198,35 @@ def test_no_row_pipeline_where_rows_are_not_apart(source):
     got = interpret_kernel(kernel, bound.values)
     for name, ref in want.items():
         np.testing.assert_allclose(got[name], ref, rtol=1e-5, err_msg=name)
+
+
+GROUPED = """def grouped(float(1, H, H, GC) X, float(G, 16, 3, 3, 16) W, float(GC) B) -> (Y, T) {
+  T(n, o0, o1, g, j) +=! (o0 + k0 >= 1 && o0 + k0 <= H && o1 + k1 >= 1 && o1 + k1 <= H) ? X(n, o0 + k0 - 1, o1 + k1 - 1, g * 16 + c) * W(g, c, k0, k1, j) : 0.0
+      where n in 0:1, o0 in 0:H, o1 in 0:H, g in 0:G, j in 0:16, c in 0:16, k0 in 0:3, k1 in 0:3
+  Y(n, o0, o1, m) = T(n, o0, o1, m / 16, m % 16) + B(m) where n in 0:1, o0 in 0:H, o1 in 0:H, m in 0:GC
+}"""
+
+
+@pytest.mark.unit
+def test_tiles_made_for_the_heaviest_statement_leave_the_others_nests_in_their_order():
+    """A grouped convolution's sum is tiled by the options; the copy of its result (a nest
+    of its own, of other members) keeps its own order, the output's contiguous index
+    innermost, instead of taking the sum's tiles position by position."""
+    from polyfuse.ir.machine import MACHINES
+    from polyfuse.scheduler.heuristics import default_options
+    d = parse_definition(GROUPED)
+    options = default_options(d, {"H": 14, "G": 4, "GC": 64}, MACHINES["skylake-avx512"])
+    assert options.tile_sizes and options.fusion is Fusion.MIN
+    sizes = {"H": 4, "G": 2, "GC": 32}   # (small enough for the loop interpreter)
+    kernel = schedule_definition(d, sizes, options)
+    # the loop directly around Y's stores (a jam may repeat the store for several rows)
+    (copy,) = {f for f in walk_stmts(kernel.body) if isinstance(f, For)
+               and any(getattr(s, "buffer", None) == "Y" for s in f.body)}
+    store = next(s for s in copy.body if getattr(s, "buffer", None) == "Y")
+    assert store.indices[-1].name == copy.var
+    rng = np.random.default_rng(0)
+    args = {"X": rng.standard_normal((1, 4, 4, 32)).astype(np.float32),
+            "W": rng.standard_normal((2, 16, 3, 3, 16)).astype(np.float32),
+            "B": rng.standard_normal(32).astype(np.float32)}
+    np.testing.assert_allclose(interpret_kernel(kernel, args)["Y"], interpret(d, args, sizes)["Y"],
+                               rtol=1e-4, atol=1e-4)
