@@ -39,12 +39,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parent.parent
-# benchmarks/ (this script's folder, first on sys.path) holds a kernels.py that shadows a
-# package transformers imports: polyfuse and tests/ from this checkout instead
-sys.path[0:1] = [str(ROOT)]
+sys.path.insert(1, str(ROOT))   # polyfuse from this checkout
+# (real_models takes benchmarks/ off sys.path: its kernels.py shadows a package of transformers)
+from real_models import ort_session  # noqa: E402
 
 import polyfuse as pf  # noqa: E402
 from polyfuse.runtime import cpu  # noqa: E402
@@ -54,6 +53,7 @@ LAYERS = 4
 PROMPT = 8
 PAUSE = 1.0   # seconds between runtimes
 TOLERANCE = 1e-3
+THREADS = 2    # onnxruntime's intra-op threads
 
 
 def bert_onnx(cache: Path) -> Path:
@@ -130,13 +130,6 @@ def _export(model, args, path: Path, inputs, outputs, axes) -> None:  # noqa: AN
     os.replace(partial, path)
 
 
-def ort_session(path: Path) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-
 def feeds(shape: tuple[int, int], count: int, seed: int) -> list[dict[str, np.ndarray]]:
     """``count`` feeds of new token ids, each row's mask a random padding tail."""
     rng = np.random.default_rng(seed)
@@ -191,7 +184,7 @@ class Stream:
 
 def bert(path: Path, repeat: int, specialized: bool) -> None:
     ort_stream, pf_stream = Stream(repeat), Stream(repeat)
-    ort_stream.run(lambda: ort_session(path), lambda s, f: s.run(None, f)[0])
+    ort_stream.run(lambda: ort_session(str(path), THREADS), lambda s, f: s.run(None, f)[0])
     pf_stream.run(lambda: pf.compile(str(path), target="host"), lambda m, f: m(**f),
                   lambda m: (len(m._plans), cpu.STATS["compiled"]))
     fixed: dict[tuple, float | str] = {}
@@ -250,7 +243,7 @@ def gpt2(path: Path, layers: int, heads: int, width: int, tokens: int) -> None:
 
     time.sleep(PAUSE)
     t = time.perf_counter()
-    session = ort_session(path)
+    session = ort_session(str(path), THREADS)
     ort_load = time.perf_counter() - t
     want, ort_seconds = decode(lambda f: session.run(None, f))
     chosen = [int(np.argmax(w[0])) for w in want]

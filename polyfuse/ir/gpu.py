@@ -78,6 +78,11 @@ class BlockLoops(Stmt):
     def trips(self) -> int:
         return math.prod(r.trips for r in self.loops)
 
+    @property
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        """Each loop variable's first and last value."""
+        return {r.var: (r.lo, r.lo + (r.trips - 1) * r.step) for r in self.loops}
+
     def map_exprs(self, fn: ExprMap) -> BlockLoops:
         return replace(self, body=map_body_exprs(self.body, fn))
 

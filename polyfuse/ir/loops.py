@@ -373,8 +373,13 @@ class Scope:
     def env(self) -> dict[str, Interval]:
         """The known ranges by variable: each loop's from its bounds over the loops
         outside it (where they are known numbers), or as a pass narrowed it."""
+        return self.ranges({})
+
+    def ranges(self, outside: Mapping[str, Interval]) -> dict[str, Interval]:
+        """:attr:`env` where the variables of ``outside`` (loops of another IR around the
+        scope's, such as the GPU's block loops) have those ranges."""
         narrowed = dict(self.narrowed)
-        env: dict[str, Interval] = {}
+        env: dict[str, Interval] = dict(outside)
         for k, lp in enumerate(self.loops):
             env.update(loop_range(lp, env))
             if k in narrowed:

@@ -60,8 +60,7 @@ def grouped_channels_last(groups: int, weights: tuple[int, ...]) -> bool:
     """Whether a Conv of ``groups`` groups (not depthwise) with weights of shape ``weights``
     vectorizes over each group's output channels channels-last: at least
     ``GROUPED_VECTOR`` of them (narrower groups would fill too little of a vector)."""
-    return 1 < groups and weights[1] * groups > groups and weights[0] % groups == 0 \
-        and weights[0] // groups >= GROUPED_VECTOR
+    return 1 < groups and weights[1] > 1 and weights[0] % groups == 0 and weights[0] // groups >= GROUPED_VECTOR
 
 
 def channels_last(rank: int) -> tuple[int, ...]:

@@ -234,9 +234,7 @@ class ProgramLayout:
             """A constant's packed copy, made once (kernels packing it alike share it)."""
             name = f"{value}={packing}{list(shape)}"
             if name not in constants:
-                source = plan.constants[value]
-                constants[name] = shared_packed_copy(source, shape, packing) if isinstance(source, np.ndarray) \
-                    else packed_copy(np.asarray(source), shape, packing)
+                constants[name] = shared_packed_copy(np.asarray(plan.constants[value]), shape, packing)
             return (CONSTANT, name, 0)
 
         def nothing() -> tuple[int, Any, int]:

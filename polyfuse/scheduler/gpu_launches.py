@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 
 from polyfuse.ir.affine import affine, to_expr, variables
 from polyfuse.ir.comprehension import Expr, Read, index_names
-from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, ThreadFor, Threads, walk_gpu
-from polyfuse.ir.loops import For, Interval, Stmt, Store, interval, loop_range, stmt_bodies, stmt_nodes
+from polyfuse.ir.gpu import BlockLoops, GpuKernel, Launch, LoopRange, Threads, walk_gpu
+from polyfuse.ir.loops import Interval, Stmt, Store, interval, stmt_nodes, walk_scoped
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +64,7 @@ def _fused(first: Launch, second: Launch) -> Launch | None:
             or any(isinstance(s, Threads) for s in walk_gpu(first.body + second.body)):
         return None
     tiles = {t.name for t in first.shared + second.shared}
-    blocks = {r.var: (r.lo, r.lo + (r.trips - 1) * r.step) for r in a.loops}
-    one, two = list(_accesses(a.body, blocks)), list(_accesses(b.body, blocks))
+    one, two = list(_accesses(a.body, a.ranges)), list(_accesses(b.body, a.ranges))
     written = {x.buffer for x in one if x.write}, {x.buffer for x in two if x.write}
     touched = {x.buffer for x in one}, {x.buffer for x in two}
     crossing = ((written[0] & touched[1]) | (written[1] & touched[0])) - tiles
@@ -85,17 +84,16 @@ def _block_loops(launch: Launch) -> BlockLoops | None:
     return body[0] if len(body) == 1 and isinstance(body[0], BlockLoops) else None
 
 
-def _accesses(body: tuple[Stmt, ...], env: dict[str, Interval]) -> Iterator[_Access]:
-    """Every read and store of ``body`` with the ranges of the loops around it."""
-    for s in body:
+def _accesses(body: tuple[Stmt, ...], blocks: dict[str, Interval]) -> Iterator[_Access]:
+    """Every read and store of ``body`` with the ranges of the loops around it (the block
+    loops' from ``blocks``)."""
+    for s, scope in walk_scoped(body):
+        env = scope.ranges(blocks)
         for e in stmt_nodes(s):
             if isinstance(e, Read):
                 yield _Access(e.tensor, e.indices, False, env)
         if isinstance(s, Store):
             yield _Access(s.buffer, s.indices, True, env)
-        inner = env | dict(loop_range(s, env)) if isinstance(s, (For, ThreadFor)) else env
-        for part in stmt_bodies(s):
-            yield from _accesses(part, inner)
 
 
 def _box(x: _Access, loops: tuple[LoopRange, ...]) -> tuple[int, ...] | None:

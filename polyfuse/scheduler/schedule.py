@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import islpy as isl
-
-from dataclasses import replace
 
 from polyfuse.scheduler.loop_nest import band_order, heaviest
 from polyfuse.scheduler.model import SYMBOLIC_MAX, Model, StatementInfo
@@ -41,10 +40,10 @@ def compute_schedule(model: Model, options: MappingOptions,
     rows = row_schedule(model, validity) if options.fusion is Fusion.ROWS else None
     schedule = rows or _solve(constraints, model.ctx, Fusion.PRESERVE if options.fusion is Fusion.ROWS
                               else options.fusion)
-    heaviest = _heaviest(model, sizes) if not gpu else None
+    tiled = _heaviest(model, sizes) if not gpu else None   # the statements the options' tiles fit
     for path in reversed(_outer_band_paths(schedule.get_root(), ())):
         band = _node_at(schedule, path)
-        chosen = options if heaviest is None or _schedules(band, heaviest) else _untiled(options)
+        chosen = options if tiled is None or _schedules(band, tiled) else _untiled(options)
         schedule = _transform_band(band, chosen, validity, gpu).get_schedule()
     if rows is not None and gpu:
         schedule = _mark_inner_threads(schedule.get_root()).get_schedule()

@@ -72,7 +72,7 @@ def _bounded_body(body: tuple[Stmt, ...], env: dict[str, Interval]) -> bool:
         if isinstance(s, BlockLoops):
             if s.trips >= INT32_SPAN:
                 return False
-            inner = env | {r.var: (r.lo, r.lo + (r.trips - 1) * r.step) for r in s.loops}
+            inner = env | s.ranges
         elif isinstance(s, Threads):
             inner = dict(env)
             for r in s.ranges:
@@ -249,8 +249,7 @@ class _LaunchWriter:
         elif isinstance(s, Store) and s.buffer in self.registers:
             add(f"{indent}{self.address(Read(s.buffer, s.indices, s.value.dtype))} = {e(s.value)};")
         elif isinstance(s, Store):
-            tile = self.launch.tile(s.buffer)
-            dt = tile.dtype if tile is not None else self.kernel.buffer(s.buffer).dtype
+            dt = self.dtype(s.buffer)
             add(f"{indent}{self.address(Read(s.buffer, s.indices, dt))} = {to_storage(e(s.value), dt)};")
         elif isinstance(s, Assign):
             add(f"{indent}{c_name(s.var)} = {e(s.value)};")
@@ -275,12 +274,12 @@ class _LaunchWriter:
         add(f"{indent}{{")
         add(f"{inner}const {I} pf_lo = {e(s.lo)}, pf_full = pf_lo + ({e(s.hi)} - pf_lo) / {w}{L} * {w}{L};")
         start, stride = f"pf_lo + ({I})threadIdx.x * {w}{L}", f"({I})blockDim.x * {w}{L}"
-        words = self.words(s) if _lanes_apart(s.body) else []
+        words = self.words(s) if _lanes_apart(s.body) else {}
         if words:
             at_start = {s.var: s.lo}
             guard = " && ".join(dict.fromkeys(
                 f"(((unsigned long long)&{self.address(_substituted(r, at_start))}) & "
-                f"{min(16, w * self.dtype(r).numpy.itemsize) - 1}ULL) == 0ULL" for r in words))
+                f"{min(16, w * r.dtype.numpy.itemsize) - 1}ULL) == 0ULL" for r in words.values()))
             add(f"{inner}if ({guard}) {{")
             add(f"{inner}  for ({I} {v} = {start}; {v} < pf_full; {v} += {stride}) {{")
             self.vector_body(s, words, inner + "    ")
@@ -305,11 +304,12 @@ class _LaunchWriter:
         self.block(s.body, indent + "  ")
         add(f"{indent}}}")
 
-    def words(self, s: ThreadFor) -> list[Read]:
-        """The reads and store targets of ``s``'s body whose group of elements is one word:
-        a kernel buffer's elements of w * size <= 16 bytes, at ``var + c`` in the last
-        index (``var`` nowhere else), unchecked; as reads of the buffer's type."""
-        out = []
+    def words(self, s: ThreadFor) -> dict[tuple[str, tuple[Expr, ...]], Read]:
+        """The reads and store targets of ``s``'s body whose group of elements is one word
+        (a kernel buffer's elements of w * size <= 16 bytes, at ``var + c`` in the last
+        index, ``var`` nowhere else, unchecked), by buffer and indices, as reads of the
+        buffer's type."""
+        out = {}
         for r in [r for st in s.body for r in _reads(st)] + [_target(st) for st in s.body if isinstance(st, Store)]:
             if self.launch.tile(r.tensor) is not None or r.tensor in self.registers:
                 continue
@@ -319,14 +319,13 @@ class _LaunchWriter:
                     or any(s.var in index_names(i) for i in r.indices[:-1]) \
                     or any(r.is_checked(d) for d in range(len(r.indices))):
                 continue
-            out.append(Read(r.tensor, r.indices, dt))
-        return list(dict.fromkeys(out))
+            out.setdefault((r.tensor, r.indices), Read(r.tensor, r.indices, dt))
+        return out
 
-    def vector_body(self, s: ThreadFor, words: list[Read], indent: str) -> None:
+    def vector_body(self, s: ThreadFor, whole: dict[tuple[str, tuple[Expr, ...]], Read], indent: str) -> None:
         """A group's statements, each for the w iterations in turn: the words it reads
         loaded first, a word it stores written after."""
         add, w = self.lines.append, s.vector
-        whole = {(r.tensor, r.indices): r for r in words}
         lanes = [{s.var: Binary(BinaryOp.ADD, IndexVar(s.var), _lit(j), DType.INT64)} if j else {}
                  for j in range(w)]
         names = (f"pf_w{k}" for k in itertools.count())
@@ -350,10 +349,10 @@ class _LaunchWriter:
                     self.statement(map_stmt_exprs(st, _lane_of(at)), indent)
         self.lanes.clear()
 
-    def dtype(self, r: Read) -> DType:
-        """The storage type of what ``r`` reads (a shared tile's or a buffer's)."""
-        tile = self.launch.tile(r.tensor)
-        return tile.dtype if tile is not None else self.kernel.buffer(r.tensor).dtype
+    def dtype(self, name: str) -> DType:
+        """The storage type of shared tile or buffer ``name``."""
+        tile = self.launch.tile(name)
+        return tile.dtype if tile is not None else self.kernel.buffer(name).dtype
 
     def block_loops(self, s: BlockLoops, indent: str) -> None:
         I, L = self.index, self.suffix
@@ -650,9 +649,7 @@ class _LaunchWriter:
             return self.lanes[r]
         if r.tensor in self.registers:
             return self.address(r)
-        tile = self.launch.tile(r.tensor)
-        dt = tile.dtype if tile is not None else self.kernel.buffer(r.tensor).dtype
-        return to_register(self.address(r), dt)
+        return to_register(self.address(r), self.dtype(r.tensor))
 
 
 def _vector(s: CopyToShared, tile: SharedTile, buf: Buffer) -> int:
