@@ -53,8 +53,7 @@ def define(source: str, *, target: str | Target = "reference",
     """
     if not isinstance(source, str):
         raise ArgumentError(f"define() takes TC source text, got {type(source).__name__}")
-    if sizes not in SIZES:
-        raise ArgumentError(f"sizes must be one of {', '.join(map(repr, SIZES))}, got {sizes!r}")
+    _check_sizes(sizes)
     _check_matmul_precision(precision)
     tgt, options = _checked(target, options, "define()")
     module = parse(source)
@@ -68,6 +67,11 @@ def define(source: str, *, target: str | Target = "reference",
 PRECISIONS = ("float32", "tf32", "bf16", "int8")
 
 
+def _check_sizes(sizes: object) -> None:
+    if sizes not in SIZES:
+        raise ArgumentError(f"sizes must be one of {', '.join(map(repr, SIZES))}, got {sizes!r}")
+
+
 def _check_matmul_precision(precision: str) -> None:
     if precision not in MATMUL_PRECISIONS:
         raise ArgumentError(f"precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
@@ -79,7 +83,8 @@ def compile(model: Any, *, target: str | Target = "reference",
             tuning_records: str | os.PathLike | Records | None = None,
             options: MappingOptions | None = None, precision: str = "float32",
             profile: str | os.PathLike | Profile | None = None,
-            quantization: QuantizeOptions | None = None, max_plans: int = MAX_PLANS) -> CompiledModel:
+            quantization: QuantizeOptions | None = None, max_plans: int = MAX_PLANS,
+            sizes: str = "symbolic") -> CompiledModel:
     """Compile a model for ``target``: an ONNX model (path, bytes or ``ModelProto``), or
     a PyTorch ``ExportedProgram`` (``torch.export.export``) or ``.pt2`` file
     (``torch.export.save``).
@@ -99,8 +104,15 @@ def compile(model: Any, *, target: str | Target = "reference",
     ``max_plans``: how many plans (one per set of input shapes) the model keeps, the
     least recently used dropped first with the memory it alone holds (``model.max_plans``
     changes it later).
+    ``sizes``: ``"symbolic"`` (CPU targets this machine runs) compiles the first shape's
+    kernels for its sizes; planned at another shape, a kernel whose text differs only in
+    sizes (a batch, a sequence length) is compiled once more with those sizes as
+    parameters, and every later shape it fits runs that kernel without compiling
+    (:mod:`polyfuse.runtime.generalize`). ``"specialized"`` compiles kernels for each
+    shape's sizes.
     """
     tgt, options = _checked(target, options, "compile()")
+    _check_sizes(sizes)
     _check_precision(model, precision, profile, quantization)
     source = None
     if not is_torch_program(model):
@@ -113,7 +125,7 @@ def compile(model: Any, *, target: str | Target = "reference",
         graph = _front_end(model)
     graph, stages = _optimized(graph, precision)
     return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, source, max_plans,
-                     "tf32" if precision == "tf32" else "ieee")
+                     "tf32" if precision == "tf32" else "ieee", sizes)
 
 
 def _check_precision(model: Any, precision: str, profile: object, quantization: object) -> None:
@@ -170,17 +182,20 @@ def compile_graph(graph: Graph, target: str | Target = "reference", *,
                   input_shapes: dict[str, tuple[int, ...]] | None = None,
                   tuning_records: str | os.PathLike | Records | None = None,
                   stages: Mapping[str, object] | None = None,
-                  passes: bool = False, max_plans: int = MAX_PLANS, precision: str = "ieee") -> CompiledModel:
+                  passes: bool = False, max_plans: int = MAX_PLANS, precision: str = "ieee",
+                  sizes: str = "symbolic") -> CompiledModel:
     """Compile a graph of the graph IR for ``target``: as it is, or with ``passes`` after
     the graph passes ``compile`` runs. The stages ``dump`` shows are ``stages`` (the graph
     after each pass that made it), then ``groups``, ``plan`` and the kernels'.
-    ``precision`` as :func:`define` takes it."""
+    ``precision`` as :func:`define` takes it, ``sizes`` as :func:`compile`."""
     _check_matmul_precision(precision)
+    _check_sizes(sizes)
     tgt, options = _checked(target, options, "compile()")
     if passes:
         graph, made = _optimized(graph)
         stages = {**(stages or {}), **made}
-    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages or {}, None, max_plans, precision)
+    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages or {}, None, max_plans, precision,
+                     sizes)
 
 
 def _checked(target: str | Target, options: MappingOptions | None,
@@ -196,13 +211,13 @@ def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
               input_shapes: dict[str, tuple[int, ...]] | None,
               tuning_records: str | os.PathLike | Records | None,
               stages: Mapping[str, object], source: ModelSource | None = None,
-              max_plans: int = MAX_PLANS, precision: str = "ieee") -> CompiledModel:
+              max_plans: int = MAX_PLANS, precision: str = "ieee", sizes: str = "symbolic") -> CompiledModel:
     from polyfuse.lowering.fusion import describe_groups
     from polyfuse.lowering.plan import GraphPlanner
     shown = {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
     return CompiledModel(GraphPlanner(graph), target, options=options, input_shapes=input_shapes,
                          stages=shown, tuning=Tuning(Records.open(tuning_records)), source=source,
-                         max_plans=max_plans, precision=precision)
+                         max_plans=max_plans, precision=precision, sizes=sizes)
 
 
 @functools.lru_cache(maxsize=256)

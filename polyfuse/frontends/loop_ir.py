@@ -8,6 +8,8 @@ takes the type of the value first assigned to it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from polyfuse.errors import TCSyntaxError
 from polyfuse.frontends.tc import ast
 from polyfuse.frontends.tc.lexer import Kind
@@ -52,6 +54,10 @@ class _LoopParser(Parser):
         if self.tok.kind is not Kind.INT:
             raise self.error(f"expected an integer, found {self.tok.describe()}")
         return -int(self.advance().text) if negative else int(self.advance().text)
+
+    def extent(self) -> int | ast.Node:
+        """A buffer's extent: an integer, or an expression of the kernel's sizes."""
+        return self.integer() if self.tok.kind is Kind.INT else self.expr()
 
     def packing(self, rank: int) -> Packing:
         """``= pack SOURCE(form, ...) [padded]``, each form a sum of ``c*pA``, ``pA`` and integers."""
@@ -109,12 +115,11 @@ class _LoopParser(Parser):
                 panel = self.word("panel") and bool(self.advance())
                 dt = self.dtype()
                 self.expect("(")
-                shape = tuple(self.comma_list(")", self.integer))
+                shape = tuple(self.comma_list(")", self.extent))
                 self.expect(")")
                 buffer = self.ident("a buffer name").id
-                b = Buffer(buffer, dt, shape, role, packing=self.packing(len(shape)) if self.at("=") else None,
-                           panel=panel)
-                self.buffers[b.name] = b
+                b = Buffer(buffer, dt, shape, role,  # type: ignore[arg-type]  (extents of sizes: typed below)
+                           packing=self.packing(len(shape)) if self.at("=") else None, panel=panel)
                 buffers.append(b)
             else:
                 dt = self.dtype()
@@ -125,6 +130,10 @@ class _LoopParser(Parser):
                 break
             self.advance()
         self.expect(")")
+        # a symbolic kernel's extents read its int scalars, declared after the buffers
+        buffers = [replace(b, shape=tuple(n if isinstance(n, int) else self.typed(n) for n in b.shape))
+                   for b in buffers]
+        self.buffers = {b.name: b for b in buffers}
         body = self.block()
         if self.tok.kind is not Kind.EOF:
             raise self.error(f"unexpected {self.tok.describe()} after the kernel")

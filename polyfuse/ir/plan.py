@@ -50,6 +50,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from polyfuse.errors import IRVerificationError, ShapeError
+from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.graph import Graph, Node, TensorType, format_name
 from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
 from polyfuse.ir.steps import (BranchStep, ControlFlow, KernelStep, LoopStep, Step, ViewStep, leaves,
@@ -408,4 +409,9 @@ class Planner(Protocol):
     def subgraph(self, graph: Graph, passes: bool) -> Planner:
         """A planner of ``graph``, a branch or loop body (``passes``: through the graph
         passes first) or the rest of this graph after data-dependent control flow."""
+        ...
+
+    def definition(self, source: str) -> Definition:
+        """A kernel's TC text parsed, as the lowering parses its kernels' (a kernel of a
+        plan generalized over its sizes: :mod:`polyfuse.runtime.generalize`)."""
         ...

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from polyfuse.errors import CodegenError, DTypeError, FrontendError, ModelError, NeedsValue, ShapeError
-from polyfuse.frontends.tc import parse
+from polyfuse.frontends.tc import parse, parse_definition
 from polyfuse.ir.comprehension import Definition, TensorDecl
 from polyfuse.ir.comprehension_interpreter import interpret
 from polyfuse.ir.graph import Graph, Node, TensorType
@@ -71,6 +71,9 @@ class GraphPlanner:
         if passes:
             graph = PassManager(graph_passes(), verify=True).run(graph)
         return GraphPlanner(graph)
+
+    def definition(self, source: str) -> Definition:
+        return parse_definition(source)
 
 
 class _Planner:

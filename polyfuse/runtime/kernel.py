@@ -103,6 +103,15 @@ def check_target(target: Target) -> None:
         target_machine(target)
 
 
+def compiles_symbolic(target: Target) -> bool:
+    """Whether kernels for ``target`` can be compiled for symbolic sizes: CPU code this
+    process runs (code run under qemu is called at fixed shapes)."""
+    if target.backend.codegen is not Codegen.LLVM:
+        return False
+    from polyfuse.targets.cpu import runs_natively
+    return runs_natively(target)
+
+
 class Stages(dict):
     """Stage name -> text. A stage costly to print and seldom read (a CPU kernel's
     assembly) is registered with :meth:`later` and printed the first time it is read."""
@@ -303,10 +312,7 @@ class Kernel:
         its tensor at one size but not at another): such sizes get a kernel of their
         own, compiled once. A size of 0 or above
         :data:`~polyfuse.scheduler.model.SYMBOLIC_MAX` gets a specialized kernel."""
-        if not self.symbolic or self.target.backend.codegen is not Codegen.LLVM:
-            return frozenset()
-        from polyfuse.targets.cpu import runs_natively
-        if not runs_natively(self.target):   # (code run under qemu is called at fixed shapes)
+        if not self.symbolic or not compiles_symbolic(self.target):
             return frozenset()
         return frozenset(self.definition.sizes) - set(self._names)
 
@@ -345,7 +351,7 @@ class Kernel:
         with self._cache_lock:
             if self._symbolic_options is None:
                 self._symbolic_options = replace(
-                    options or default_options(self.definition, sizes, machine(self.target), symbolic=True),
+                    options or default_options(self.definition, sizes, machine(self.target), symbolic),
                     fix_sizes=False)
             chosen = self._symbolic_options
         exe = cpu.build(self.definition, sizes, self.target, chosen, stages, self.usage, symbolic)

@@ -31,10 +31,11 @@ from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Planner, ViewStep
 from polyfuse.ir.steps import leaves
 from polyfuse.runtime import compile_threads, native
 from polyfuse.runtime.arguments import placeholder
+from polyfuse.runtime.generalize import Generalizer
 from polyfuse.runtime.interpreted_control import retyped, run_tail
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
-from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning
+from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning, compiles_symbolic
 from polyfuse.runtime.profiling import ModelSource, observed, record
 from polyfuse.runtime.instructions import Run, straight
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
@@ -64,11 +65,15 @@ MAX_PLANS = 16
 
 
 def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
-                  tuning: Tuning | None, precision: str = "ieee") -> CompiledPlan:
+                  tuning: Tuning | None, precision: str = "ieee",
+                  generalizer: Generalizer | None = None) -> CompiledPlan:
     """Every kernel step of ``plan`` compiled for ``target``, and what runs them. Steps of
     one TC text on buffers of one type (a recurrence's time steps) share one kernel, when
     each step has constant values for the parameters the kernel reads packed. A step's
     private temporaries are outputs no one reads after it: the kernel need not store them.
+    With a ``generalizer`` (the model's), a text that differs from one of an earlier plan
+    only in sizes runs its template's kernel, compiled once for symbolic sizes
+    (:mod:`polyfuse.runtime.generalize`).
 
     Kernels of different texts compile on
     :data:`~polyfuse.runtime.compile_threads.THREADS` threads, so that one is
@@ -84,14 +89,21 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
 
     def compile_group(group: tuple[tuple, list[int]]) -> None:
         (_, _, discarded), indices = group
+        general = generalizer.find(texts[indices[0]]) if generalizer is not None else None
         alike: list[SpecializedKernel] = []
         for i in indices:
             st = steps[i]
             constants = frozenset(p.name for p, n in zip(st.definition.params, st.inputs) if n in plan.constants)
             spec = next((k for k in alike if _packed_sources(k) <= constants), None)
             if spec is None:
-                kernel = Kernel(st.definition, target, st.source, options, tuning,
-                                Usage(constants, discarded, precision))
+                if general is None:
+                    kernel = Kernel(st.definition, target, st.source, options, tuning,
+                                    Usage(constants, discarded, precision))
+                else:
+                    assert generalizer is not None
+                    kernel = generalizer.kernel(general.template, constants, discarded, lambda d, fixed: Kernel(
+                        d, target, general.template.source, options, tuning, Usage(fixed, discarded, precision),
+                        symbolic=True))
                 spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
                 alike.append(spec)
             if spec.output_shapes != tuple(tuple(plan.types[n].shape) for n in st.defines):
@@ -100,7 +112,12 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                                           f"{[plan.types[n] for n in st.defines]}")
             kernels[i] = spec
 
+    # the texts generalized: the definitions as the lowering left them, printed
+    texts = {indices[0]: str(steps[indices[0]].definition) for indices in groups.values()} \
+        if generalizer is not None else {}
     compile_threads.each(compile_group, list(groups.items()))
+    if generalizer is not None:
+        generalizer.remember(texts.values())
     compiled = CompiledPlan(plan, tuple(kernels))
     return dataclasses.replace(compiled, program=_program(compiled, target))
 
@@ -141,8 +158,10 @@ class _NativeProgram:
     def build(compiled: CompiledPlan) -> _NativeProgram | None:
         """The program, or None when a step is not native code of the CPU runtime."""
         from polyfuse.runtime.cpu import CpuExecutable
+        from polyfuse.runtime.kernel import SizesBound
         for _, kernel in compiled.steps():
-            if not isinstance(kernel.run, CpuExecutable) or kernel.run.layout.scalars:
+            run = kernel.run.executable if isinstance(kernel.run, SizesBound) else kernel.run
+            if not isinstance(run, CpuExecutable) or set(run.layout.scalars) - set(getattr(kernel.run, "sizes", ())):
                 return None
         return _NativeProgram(ProgramLayout.of(compiled))
 
@@ -190,7 +209,7 @@ class CompiledModel:
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                  stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
                  source: ModelSource | None = None, max_plans: int = MAX_PLANS,
-                 precision: str = "ieee") -> None:
+                 precision: str = "ieee", sizes: str = "symbolic") -> None:
         if not isinstance(planner, Planner):   # a bare function would be a call into lowering
             raise ArgumentError(f"a compiled model is made from a polyfuse.ir.plan.Planner (with "
                                 f"graph, plan and subgraph), not a {type(planner).__name__}")
@@ -208,6 +227,9 @@ class CompiledModel:
         self._submodels: dict[tuple, tuple[object, CompiledModel]] = {}   # bodies, branches, rests
         self.max_plans = max_plans
         self._value_inputs: set[str] = set()  # inputs whose values the lowerings need
+        # kernels for the sizes that change between plans (CPU code this process runs)
+        self.sizes = sizes
+        self._generalizer = Generalizer(planner.definition) if sizes == "symbolic" and compiles_symbolic(target) else None
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
                              f"{type(input_shapes).__name__}; the inputs are {signature(self.graph.inputs)}")
@@ -243,7 +265,8 @@ class CompiledModel:
             if compiled is None:
                 check_shapes(self.graph.inputs, shapes)
                 plan = self._planner.plan(dict(shapes), dict(values))
-                compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision)
+                compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision,
+                                         self._generalizer)
                 with self._plans_lock:
                     self._plans[key] = compiled
                     self._drop_plans()
@@ -408,7 +431,7 @@ class CompiledModel:
         rest = isinstance(owner, ControlStep)
         planner = self._planner.subgraph(retyped(make(), dict(feed)), not rest)
         model = CompiledModel(planner, self.target, options=self.options, tuning=self.tuning,
-                              max_plans=self.max_plans, precision=self.precision)
+                              max_plans=self.max_plans, precision=self.precision, sizes=self.sizes)
         self._submodels[key] = (owner, model)   # the owner held: its id stays its own
         return model
 

@@ -20,6 +20,7 @@ Three things run a compiled model's kernels as one unit: the in-process native p
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
@@ -243,6 +244,12 @@ class ProgramLayout:
             constants.setdefault(UNREAD, np.zeros(1, np.uint8))
             return (CONSTANT, UNREAD, 0)
 
+        def size(name: str, value: int) -> tuple[int, Any, int]:
+            """A size a kernel compiled for symbolic sizes takes: an int64 the call points at."""
+            key = f"<size {value}>"
+            constants.setdefault(key, np.array([value], np.int64))
+            return (CONSTANT, key, 0)
+
         calls = []
         call_of = {}
         scratch_base = scratch_end = aligned(memory.arena_bytes, 256)
@@ -257,8 +264,8 @@ class ProgramLayout:
                     else nothing() if n in unread and by_param[n] in plan.constants
                     else location(by_param[n]) for n in layout.input_names]
             zero = []
-            for name, shape, dtype, zeroed in layout.outputs:
-                nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            for name, _, dtype, zeroed in layout.outputs:
+                nbytes = math.prod(int(d) for d in plan.types[by_output[name]].shape) * np.dtype(dtype).itemsize
                 if zeroed and nbytes:
                     zero.append((len(args), nbytes))
                 args.append(location(by_output[name]))
@@ -269,6 +276,7 @@ class ProgramLayout:
             scratch_end = max(scratch_end, start)
             if layout.checks_indices:
                 args.append((ERROR, 0, 0))
+            args += [size(n, kernel.run.sizes[n]) for n in layout.scalars]   # a symbolic kernel's sizes
             calls.append(Call(st.label, kernel.run, kernel.stages, tuple(args), tuple(zero)))
 
         def tensor(name: str) -> Tensor:

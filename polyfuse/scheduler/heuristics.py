@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from polyfuse.ir.comprehension import Call, Definition, Read, Statement, index_names, walk
+from polyfuse.ir.comprehension import Call, Definition, Read, SizeVar, Statement, index_names, walk
 from polyfuse.ir.machine import Machine
 from polyfuse.scheduler.loop_nest import LoopNest, work
 from polyfuse.scheduler.options import Fusion, MappingOptions
@@ -87,11 +87,13 @@ def row_vectors(m: Machine) -> int:
 
 
 def default_options(d: Definition, sizes: dict[str, int], machine: Machine,
-                    symbolic: bool = False) -> MappingOptions:
+                    symbolic: frozenset[str] = frozenset()) -> MappingOptions:
     """The options of ``d`` at ``sizes`` for ``machine`` (:mod:`polyfuse.ir.machine`): its
     vectors and its vector registers (a register block's accumulators and operands fit
-    in them). ``symbolic``: for a kernel that serves every size (its reduction is always
-    tiled, so that full tiles have constant bounds and their panels can be packed)."""
+    in them). ``symbolic``: the sizes a kernel leaves as parameters (it serves every value
+    of them): the loops whose extents they decide are chosen for any extent (a symbolic
+    reduction is always tiled, so that full tiles have constant bounds and their panels
+    can be packed); the others as for their values in ``sizes``."""
     vector_bits = machine.vector_bits
     width = max(1, vector_bits // element_bits(d))
     nest = LoopNest.of(d, sizes)
@@ -104,7 +106,7 @@ def default_options(d: Definition, sizes: dict[str, int], machine: Machine,
         and _reuses(nest)
     if contraction or nest.work < CONTRACTION_MIN and _gathers(nest):
         tiled = _contraction(nest, _accumulator_width(d, nest, vector_bits, width), element_bits(d) // 8,
-                             machine, symbolic)
+                             machine, _unknown_members(nest, symbolic))
         if tiled is not None:
             return tiled
     rest = sum(work(s, sizes) for s in d.statements if s is not st)
@@ -115,6 +117,15 @@ def default_options(d: Definition, sizes: dict[str, int], machine: Machine,
         # contiguous index outermost; alone, each keeps its own order
         return MappingOptions(fusion=Fusion.MIN, vector_width=width, unroll=2)
     return MappingOptions(vector_width=width, unroll=2)
+
+
+def _unknown_members(nest: LoopNest, symbolic: frozenset[str]) -> frozenset[str]:
+    """The members of ``nest`` whose extents the ``symbolic`` sizes decide."""
+    if not symbolic:
+        return frozenset()
+    bounds = {r.index: (r.lo, r.hi) for r in nest.statement.ranges}
+    return frozenset(i for i in nest.members if i not in bounds or any(
+        isinstance(n, SizeVar) and n.name in symbolic for e in bounds[i] for n in walk(e)))
 
 
 def _reuses(nest: LoopNest) -> bool:
@@ -208,10 +219,11 @@ def _row_reduction(nest: LoopNest, width: int, most_vectors: int) -> MappingOpti
 
 
 def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machine,
-                 symbolic: bool = False) -> MappingOptions | None:
+                 unknown: frozenset[str] = frozenset()) -> MappingOptions | None:
     """The options of a contraction's register blocks, cache tiles and threads; None where
     the nest is none to tile (too shallow, one output index, or its output not contiguous
-    along the vector): the caller's plain loops."""
+    along the vector): the caller's plain loops. ``unknown``: the members whose extent
+    may be any (a symbolic kernel's)."""
     vector_registers = machine.vector_registers
     st, lhs, red = nest.statement, list(nest.outputs), list(nest.reduction_members)
     extents = nest.extent_of()
@@ -238,6 +250,12 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
             return None
         vec_reads = [r for r in reads if any(vec in index_names(x) for x in r.indices)]
         others = [i for i in lhs if i != vec]
+        known = [i for i in others[:-1] if i not in unknown and extents[i] > 1]
+        if others[0] in unknown and known:
+            # the outermost rows, which the threads share, of an extent the kernel knows
+            # (a symbolic batch may be 1: attention's heads instead)
+            others.remove(known[0])
+            others.insert(0, known[0])
         free = [i for i in others if not any(i in index_names(x) for r in vec_reads for x in r.indices)]
         jam = (free or others)[-1]
         depth = max(red, key=lambda i: extents[i])
@@ -264,7 +282,7 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
         if rows_first and extents[vec] <= CACHE_COLS:
             cols = extents[vec]
         # (the rows, others, are lhs[:-1] here: the vector is the output's last index)
-        jammed, per_row = _register_block(reads, extents, jam, vec, red, vector_registers)
+        jammed, per_row = _register_block(reads, extents, jam, vec, red, vector_registers, jam in unknown)
         block = per_row * width   # a register block's columns
         if rows <= CACHE_ROWS:
             # few rows (a 7x7 map's 49), all in one cache tile: each packed element of
@@ -300,9 +318,9 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
             if not rows_first:
                 cols = _whole_columns(cols, extents[vec], total * element_bytes, block, whole)
             steps, most = CACHE_DEPTH, max(2 * CACHE_DEPTH, whole // (cols * element_bytes))
-        if symbolic:   # (any number of columns: enough tiles to share out evenly; benchmarks/LOG.md)
-            cols = min(cols, max(block, CACHE_COLS // PARALLEL_TILES // block * block))
-        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most, symbolic)}
+        if vec in unknown:   # (any number of columns: whole register blocks, enough tiles to share out evenly; benchmarks/LOG.md)
+            cols = min(-(-cols // block) * block, max(block, CACHE_COLS // PARALLEL_TILES // block * block))
+        tiles |= {jam: CACHE_ROWS, vec: cols, depth: _depth_tile(extents, red, depth, steps, most, depth in unknown)}
         if rows_first and first is None and extents[jam] <= SPLIT_ROWS * CACHE_ROWS:
             # the threads' rows are the jammed index's alone (a matmul's, its columns too few
             # for tiles): whole register blocks of them, in a tile per thread
@@ -330,9 +348,9 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
         vec, jam, depth = red[-1], lhs[-1], red[-1]
         order, tile_order = lhs + red, []
         tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
-    cols = min(extents[vec], tiles[vec] or extents[vec])
-    mr, vectors = _register_block(reads, extents, jam, vec, red, vector_registers)
-    if tiles[jam] and tiles[jam] < extents[jam]:
+    cols = tiles[vec] if vec in unknown and tiles[vec] else min(extents[vec], tiles[vec] or extents[vec])
+    mr, vectors = _register_block(reads, extents, jam, vec, red, vector_registers, jam in unknown)
+    if tiles[jam] and (tiles[jam] < extents[jam] or jam in unknown):
         tiles[jam] = tiles[jam] // mr * mr   # whole register blocks in a cache tile
     # (a partial last block only where the rows make the pass pack its panel)
     nr, vw = _vector_block(cols, width, vectors if last else 4, rows >= CACHE_ROWS)
@@ -413,14 +431,15 @@ def _whole_columns(cols: int, columns: int, column_bytes: int, block: int, whole
 
 
 def _register_block(reads: list[Read], extents: dict[str, int], jam: str, vec: str,
-                    red: list[str], vector_registers: int) -> tuple[int, int]:
-    """The jammed rows of a register block and its vectors per row (:func:`_register_rows`),
-    as many as the vector registers hold (:func:`_fit_registers`)."""
+                    red: list[str], vector_registers: int, any_extent: bool = False) -> tuple[int, int]:
+    """The jammed rows of a register block and its vectors per row (:func:`_register_rows`;
+    ``any_extent``: the jammed index's extent is symbolic), as many as the vector
+    registers hold (:func:`_fit_registers`)."""
     # the jammed rows' scalars: neighbours in memory (a convolution's window) or rows
     # far apart (a matmul's A(m, k), one cache line and TLB entry per row)?
     near = any(jam in index_names(r.indices[-1]) for r in reads if vec not in index_names(r.indices[-1]))
     # does the jammed index slide a window (w + kw of a convolution)?
-    return _fit_registers(*_register_rows(extents[jam], near, _slides(reads, {jam}, set(red))),
+    return _fit_registers(*_register_rows(extents[jam], near, _slides(reads, {jam}, set(red)), any_extent),
                           vector_registers)
 
 
@@ -467,7 +486,7 @@ def divisor_at_most(extent: int, most: int, parts: int = 1) -> int:
     return max(fits, default=1)
 
 
-def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
+def _register_rows(extent: int, near: bool, window: bool, any_extent: bool = False) -> tuple[int, int]:
     """Jammed rows of a register block and the vectors per row. Rows whose scalars are
     neighbours in memory take 6 to 8 rows of two vectors (7 x 2 divides the 7, 14, 28
     and 56 wide maps of convolutions, where a 4 x 4 block ran far slower); rows far apart
@@ -481,8 +500,9 @@ def _register_rows(extent: int, near: bool, window: bool) -> tuple[int, int]:
     its own rows. A 3x3 convolution's rows of a 56-wide map ran slower in blocks of 6.
     Near rows that slide no window (``A(k, m)`` of ``Aᵀ·B``, packed in panels of their
     rows) take 6 x 4 on the same first two terms (256 rows keep 8 x 2). What each choice
-    measured, and where: benchmarks/LOG.md."""
-    many = extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY
+    measured, and where: benchmarks/LOG.md. An ``any_extent`` (a symbolic kernel's)
+    takes the block of many rows: a partial last block is jammed by its own rows."""
+    many = any_extent or extent % FAR_ROWS == 0 or extent >= FAR_ROWS_ANYWAY
     if (many and not (near and window)) or (not near and not window and extent >= FAR_ROWS_SOME):
         return FAR_ROWS, 4
     wide, narrow = [(r, 2) for r in (8, 7, 6)], [(MR, 4)]

@@ -197,3 +197,35 @@ def test_canonical_programs_at_sizes_the_kernel_was_not_compiled_for(program):
     for g, e in zip(got, _as_tuple(expected)):   # (sums in another order than the interpreter's)
         tol = 1e-2 if g.dtype.itemsize <= 2 and g.dtype.kind in "fV" else 1e-4
         np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(e, np.float64), rtol=tol, atol=tol)
+
+
+DENSE_GELU = """def dense(float(B, S, 64) X, float(64, 96) W, float(96) C) -> (Y, T) {
+  T(b, s, n) +=! X(b, s, k) * W(k, n)
+  Y(b, s, n) = (C(n) + T(b, s, n)) * (erf((C(n) + T(b, s, n)) / 1.4142135381698608) + 1.0) * 0.5
+}"""
+
+
+def test_rows_a_partial_block_leaves_are_blocks_of_four_two_and_one():
+    """The rows past the last whole register block of a symbolic size (``S mod 6``) run
+    outside the reduction in blocks of 4, 2 and 1 row, summed in registers from zero, and
+    the bias and GELU apply to every block's accumulators (no second pass over T); at
+    every remainder of the rows, against numpy."""
+    from scipy.special import erf
+    k = pf.define(DENSE_GELU, target="host", sizes="symbolic").dense
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    c = rng.standard_normal(96).astype(np.float32)
+    loops = k.specialize(np.ones((3, 100, 64), np.float32), w, c).stages["loops"]
+    blocks = set(re.findall(r"local float32\((\d+), \d+\) acc", loops))
+    assert {"6", "4", "2", "1"} <= blocks, blocks
+    stores = [line.strip() for line in loops.splitlines() if line.strip().startswith(("T(", "Y("))]
+    assert stores and all(re.fullmatch(r"T\([^=]*\) = acc\d*\(\d+, c\d+\)", t) for t in stores if t.startswith("T("))
+    assert all("acc" in t and "T(" not in t.split("=", 1)[1] for t in stores if t.startswith("Y("))
+    before = _builds()
+    for b, s in [(1, 1), (2, 2), (1, 3), (3, 4), (2, 5), (1, 6), (2, 61), (3, 62), (1, 63), (2, 64), (1, 65),
+                 (4, 127)]:
+        x = rng.standard_normal((b, s, 64)).astype(np.float32)
+        t = x.astype(np.float64) @ w + c
+        y, _ = k(x, w, c)
+        np.testing.assert_allclose(y, t * (erf(t / np.sqrt(2)) + 1) * 0.5, rtol=1e-4, atol=1e-4)
+    assert _builds() - before <= 1

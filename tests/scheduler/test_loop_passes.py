@@ -2,6 +2,7 @@
 prints as the expected text, parses back to an equal kernel, and computes what numpy
 does (with the loop interpreter)."""
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -632,3 +633,101 @@ def test_a_small_product_takes_register_blocks_and_keeps_its_epilogue():
     y, t = spec(a, b, d)
     np.testing.assert_allclose(t, a @ b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(y, np.maximum(a @ b + d, 0), rtol=1e-5, atol=1e-5)
+
+
+# a symbolic kernel's rows (M) after unroll-and-jam: full blocks of 6 rows, then the rows
+# the last tile leaves as a loop of unknown trips inside the reduction
+SYMBOLIC_MM = "def mm(float(M, 16) A, float(16, 40) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) }"
+
+
+def _symbolic_jammed() -> LoopKernel:
+    from polyfuse.frontends.loop_ir import parse_kernel as parse
+    from polyfuse.scheduler.heuristics import default_options
+    d = parse_definition(SYMBOLIC_MM)
+    options = default_options(d, {"M": 40}, DEFAULT_MACHINE, frozenset({"M"}))
+    stages: dict[str, str] = {}
+    schedule_definition(d, {"M": 40}, options, stages, set(), machine=DEFAULT_MACHINE, symbolic=frozenset({"M"}))
+    return parse(stages["loops:unroll_and_jam"])
+
+
+@pytest.mark.unit
+def test_rows_of_unknown_trips_become_blocks_of_four_two_and_one_summed_from_zero():
+    """The rows a partial block leaves (``0:min(5, M - x) + 1`` inside the reduction) run
+    outside it in register blocks of 4, 2 and 1 rows; the blocks of the full and partial
+    tiles store C apart, so each starts at zero and stores its sums (the runtime's zeros
+    of C go unread). Against the kernel before the pass, on the interpreter, at every
+    remainder of M."""
+    before = _symbolic_jammed()
+    initialized: set[str] = set()
+    after = promote_register_blocks(before, frozenset({"C"}), initialized)
+    text = str(after)
+    assert {"6", "4", "2", "1"} <= set(re.findall(r"local float32\((\d+), \d+\) acc", text)), text
+    assert initialized == {"C"} and "C(c" in text and "= C(" not in text, text
+    b = RNG.standard_normal((16, 40)).astype(np.float32)
+    for m in (1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 40, 41, 45):
+        a = RNG.standard_normal((m, 16)).astype(np.float32)
+        want = interpret_kernel(before, {"A": a, "B": b, "M": m})["C"]
+        np.testing.assert_allclose(want, a @ b, rtol=1e-5, atol=1e-5)
+        got = np.full((m, 40), np.nan, np.float32)   # never read: every element stored
+        interpret_kernel(after, {"A": a, "B": b, "M": m, "C": got})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("change, apart", [
+    ((), True),
+    (("for c10 in 0:2 {", "for c10 in 0:3 {"), False),           # a full tile's rows reach past its step
+    (("0:2 * floordiv(M, 2) step 2", "0:2 * floordiv(M, 2) + 1 step 2"), False),  # ends at no multiple
+    (("C(c1 + c10, c2) = 2.0", "C(c10, c2) = 2.0"), False),        # the partial tile's rows not its own
+    (("in 0:min(1, M - c1 - 1) + 1", "in 2 * floordiv(M - c1, 2):min(1, M - c1 - 1) + 1"), True),  # from >= 0
+    (("in 0:min(1, M - c1 - 1) + 1", "in 2 * floordiv(c1 - M, 2):min(1, M - c1 - 1) + 1"), False),  # from < 0
+])
+def test_full_and_partial_tiles_of_a_symbolic_loop_store_apart(change, apart):
+    from polyfuse.frontends.loop_ir import parse_kernel as parse
+    from polyfuse.scheduler.loop_passes.register_blocks import _split_apart
+    text = """kernel k(out float32(M, 8) C, int64 M) {
+  for c1 in 0:2 * floordiv(M, 2) step 2 {
+    for c10 in 0:2 {
+      for c2 in 0:8 {
+        C(c1 + c10, c2) = 1.0
+      }
+    }
+  }
+  for c1 in 2 * floordiv(M, 2):M step 2 {
+    for c10 in 0:min(1, M - c1 - 1) + 1 {
+      for c2 in 0:8 {
+        C(c1 + c10, c2) = 2.0
+      }
+    }
+  }
+}"""
+    kernel = parse(text.replace(*change) if change else text)
+    assert _split_apart(kernel.body[0], kernel.body[1], "C") is apart
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rows, fused", [("0:M", True), ("1:M", False), ("0:M - 1", False)])
+def test_an_epilogue_over_symbolic_rows_runs_in_the_blocks_where_it_covers_the_output(rows, fused):
+    """An epilogue nest of a symbolic kernel (extents that read M) applies in the register
+    blocks' stores when its loops run each index from 0 to its extent; one that leaves
+    rows out keeps its nest. Against numpy on the interpreter either way."""
+    from polyfuse.frontends.loop_ir import parse_kernel as parse
+    promoted = str(promote_register_blocks(_symbolic_jammed(), frozenset({"C"})))
+    head, rest = promoted.split("\n", 1)
+    head = head.replace("out float32(M, 40) C,", "in float32(40) D, out float32(M, 40) Y, out float32(M, 40) C,")
+    text = head + "\n" + rest[:-2] + f"""  for q4 in {rows} {{
+    for q5 in 0:40 vectorize(16) {{
+      Y(q4, q5) = max(C(q4, q5) + D(q5), 0.0)
+    }}
+  }}
+}}"""
+    out = fuse_epilogues(parse(text), frozenset({"C", "Y"}))
+    assert ("for q4" not in str(out)) is fused
+    b, d = RNG.standard_normal((16, 40)).astype(np.float32), RNG.standard_normal(40).astype(np.float32)
+    for m in (1, 5, 13):
+        a = RNG.standard_normal((m, 16)).astype(np.float32)
+        got = interpret_kernel(out, {"A": a, "B": b, "D": d, "M": m})["Y"]
+        want = np.maximum(a @ b + d, 0)
+        first = int(rows.startswith("1"))
+        last = m - int(rows.endswith("- 1"))
+        np.testing.assert_allclose(got[first:last], want[first:last], rtol=1e-5, atol=1e-5)

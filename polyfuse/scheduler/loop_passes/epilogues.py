@@ -29,7 +29,7 @@ import math
 from dataclasses import replace
 
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.loops import (BufferRole, For, If, LoopKernel, Stmt, Store, TileProduct, constant_trips, rewrite,
+from polyfuse.ir.loops import (BufferRole, For, If, LoopKernel, Stmt, Store, TileProduct, constant_trips, extent_expr, rewrite,
                                perfect_nest, stmt_nodes, walk_scoped, walk_stmts)
 from polyfuse.ir.types import DType
 
@@ -89,6 +89,21 @@ def _innermost(nest: Stmt) -> tuple[Store, ...] | None:
 def _trips(nest: Stmt) -> int:
     """Iterations of a perfect nest with constant bounds (0 if a bound is not constant)."""
     return math.prod(constant_trips(lp) or 0 for lp in perfect_nest(nest)) if isinstance(nest, For) else 1
+
+
+def _covers(nest: Stmt, kernel: LoopKernel) -> bool:
+    """Whether the stores of a perfect nest write every element of their buffer: as many
+    as it has with constant bounds, or (extents of a symbolic kernel's sizes) each store
+    indexed by the loops' variables in order, each loop from 0 by 1 to its extent."""
+    stores = _innermost(nest)
+    assert stores is not None
+    shape = kernel.buffer(stores[0].buffer).shape
+    if kernel.buffer(stores[0].buffer).fixed and _trips(nest) * len(stores) == math.prod(shape):   # type: ignore[arg-type]
+        return True
+    loops = perfect_nest(nest)   # type: ignore[arg-type]
+    return len(stores) == 1 and len(loops) == len(shape) and all(
+        lp.lo == Literal(0, _I64) and lp.step == 1 and index == IndexVar(lp.var) and lp.hi == extent_expr(extent)
+        for lp, index, extent in zip(loops, stores[0].indices, shape))
 
 
 def _template(s: Store, source: str) -> Expr | None:
@@ -153,8 +168,8 @@ def _fuse(first: Stmt, seconds: list[Stmt], kernel: LoopKernel, whole: frozenset
     dtype = kernel.buffer(source).dtype
     if dtype.compute is not dtype or kernel.buffer(target).role is BufferRole.LOCAL:
         return None  # a 16-bit T is rounded before the epilogue reads it; acc is not
-    if not kernel.buffer(target).fixed or kernel.buffer(target).shape != kernel.buffer(source).shape or (
-            not split and _trips(second) * len(stores) != math.prod(kernel.buffer(target).shape)):
+    if kernel.buffer(target).shape != kernel.buffer(source).shape or (not split and not _covers(second, kernel)) \
+            or split and not kernel.buffer(target).fixed:
         return None  # the epilogue writes every element of Y, as the blocks store every one of T
     template = _template(stores[0], source)
     if template is None or any(_template(s, source) != template for s in stores[1:]):

@@ -29,12 +29,14 @@ precision sum is rounded once, as the reference interpreter rounds it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, IndexVar, Literal, Read, map_expr, walk
-from polyfuse.ir.affine import affine, constant_loop, span
+from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, Read, map_expr, walk
+from polyfuse.ir.affine import affine, constant_loop, linear, linear_sum, max_trips, span
 from polyfuse.ir.loops import (Buffer, BufferRole, For, LoopKernel, LoopKind, LoopRewriter, Scope, Stmt, Store,
-                               constant_trips, fresh_name, perfect_nest, stmt_nodes, walk_scoped, walk_stmts)
+                               constant_trips, fresh_name, map_body_exprs, perfect_nest, stmt_nodes, walk_scoped,
+                               walk_stmts)
 from polyfuse.ir.types import DType
 
 MAX_ACCUMULATORS = 32 * 16  # elements of a block (32 vector registers of 16 floats)
@@ -76,7 +78,8 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
                     stored.setdefault(b, []).append(s)
             outer = self.shared
             self.shared = outer | {b for b, ss in stored.items()
-                                   if any(not _apart(x, y, b) for k, x in enumerate(ss) for y in ss[k + 1:])}
+                                   if any(not _apart(x, y, b) and not _split_apart(x, y, b)
+                                          for k, x in enumerate(ss) for y in ss[k + 1:])}
             try:
                 return super().body(stmts, scope)
             finally:
@@ -85,7 +88,13 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
         def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
             block = _block(s, kernel) if s.kind is LoopKind.SERIAL else None
             if block is None:
-                return super().loop(s, scope)
+                pieces = _rows_outside(s) if s.kind is LoopKind.SERIAL else None
+                if pieces is None:
+                    return super().loop(s, scope)
+                out: list[Stmt] = []
+                for piece in pieces:
+                    out += _flat(super().loop(piece, scope))
+                return tuple(out)
             target = block[2][0].buffer
             used = {n.name for st in block[2] for i in st.indices for n in walk(i) if isinstance(n, IndexVar)}
             zero = target in zeroed and target not in self.shared and all(lp.var in used for lp in scope.loops)
@@ -102,6 +111,10 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
     return replace(kernel, buffers=kernel.buffers + tuple(buffers), body=body)
 
 
+def _flat(s: Stmt | tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    return s if isinstance(s, tuple) else (s,)
+
+
 def _apart(x: Stmt, y: Stmt, buffer: str) -> bool:
     """Whether statements ``x`` and ``y`` store ``buffer`` in different elements: along
     some index both store it at the same offset from outside plus ranges, over their own
@@ -109,6 +122,138 @@ def _apart(x: Stmt, y: Stmt, buffer: str) -> bool:
     rx, ry = _region(x, buffer), _region(y, buffer)
     return rx is not None and ry is not None and any(
         ox == oy and (hx < ly or hy < lx) for (ox, (lx, hx)), (oy, (ly, hy)) in zip(rx, ry))
+
+
+def _split_apart(x: Stmt, y: Stmt, buffer: str) -> bool:
+    """Whether ``x`` and ``y`` are the full and the partial tiles of one loop
+    (``separate_full_tiles`` of a symbolic kernel: one variable and step, ``x`` from 0
+    to a multiple of the step, ``y`` from there on) whose iterations store ``buffer`` in
+    their own rows: along some index, every store under either is the same terms of the
+    loops outside, plus the variable, plus offsets over the loops inside, from 0 to
+    below the step (under ``x``; at least 0 under ``y``). Then ``x``'s rows end where
+    ``y``'s start."""
+    if not (isinstance(x, For) and isinstance(y, For) and x.var == y.var and x.step == y.step
+            and x.hi == y.lo and x.lo == Literal(0, _I64)):
+        return False
+    steps = linear(x.hi)
+    if steps is None or any(c % x.step for c in steps.values()):
+        return False
+    full, partial = _rows(x, buffer), _rows(y, buffer)
+    if not full or not partial:
+        return False
+
+    def along(k: int) -> bool:
+        dims = [d[k] for d in full + partial]
+        first = dims[0]
+        return first is not None and all(d is not None and d[0] == first[0] and d[1] >= 0 for d in dims) and all(
+            d[k] is not None and d[k][2] is not None and d[k][2] < x.step for d in full)  # type: ignore[index, operator]
+    return any(along(k) for k in range(len(full[0])))
+
+
+def _rows(top: For, buffer: str) -> list[list[tuple[dict[str, int], int, int | None] | None]]:
+    """Per store of ``buffer`` under ``top``, per index whose affine form has ``top``'s
+    variable once: the terms of the loops outside ``top``, and the least and greatest
+    (None where a loop's trips are unknown) offset over the loops inside (else None)."""
+    found = []
+    for s, scope in walk_scoped(top.body):
+        if isinstance(s, Store) and s.buffer == buffer:
+            inner = {lp.var: lp for lp in scope.loops if isinstance(lp, For)}
+            if len(inner) != len(scope.loops):
+                return []
+            dims: list[tuple[dict[str, int], int, int | None] | None] = []
+            for index in s.indices:
+                f = affine(index)
+                if f is None or f.get(top.var) != 1 or any(
+                        c < 0 or v in inner and _least(inner[v], top) is None for v, c in f.items() if v):
+                    dims.append(None)
+                    continue
+                lo = f.get("", 0)
+                hi: int | None = lo
+                for v, c in f.items():
+                    if v in inner:
+                        lp = inner[v]
+                        least = _least(lp, top)
+                        assert least is not None
+                        trips = max_trips(lp.lo, lp.hi, lp.step) if isinstance(lp.lo, Literal) else None
+                        lo += c * least
+                        hi = None if hi is None or not trips else hi + c * (least + (trips - 1) * lp.step)
+                dims.append(({v: c for v, c in f.items() if v and v not in inner and v != top.var}, lo, hi))
+            found.append(dims)
+    return found
+
+
+def _least(lp: For, top: For) -> int | None:
+    """The least value of ``lp``'s variable, a loop inside ``top``: its literal start, or
+    0 for the partial tile of a loop inside ``top``'s rows (``s * floordiv(N - v, s)``,
+    ``top`` running ``v`` below ``N``: then ``N - v`` is positive); else None."""
+    if isinstance(lp.lo, Literal):
+        return int(lp.lo.value)
+    start = linear(lp.lo)
+    if start is None or len(start) != 1:
+        return None
+    (atom, c), = start.items()
+    if not (c > 0 and isinstance(atom, Call) and atom.fn == "floordiv"):
+        return None
+    left, end = linear(atom.args[0]), linear(top.hi)
+    var: dict[Expr, int] = {IndexVar(top.var): 1}
+    return 0 if left is not None and end is not None and left == linear_sum(end, var, -1) else None
+
+
+def _rows_outside(top: For) -> tuple[For, ...] | None:
+    """A register block whose jammed rows are a loop of unknown trips inside its
+    reduction (a symbolic kernel's partial block: ``for r in 0:min(5, N - x) + 1`` inside
+    ``for k``), as loops of those rows outside the reduction, in pieces of powers of two
+    (4, 2, then 1 row), each piece's rows jammed: blocks of 4, 2 and 1 rows, summed in
+    registers (:func:`_pieces`). Each statement accumulates into its own element, indexed
+    by the rows' variable, so every element keeps its order of sums."""
+    loops = perfect_nest(top)
+    stores = [s for s in loops[-1].body if isinstance(s, Store)]
+    if not stores or len(stores) != len(loops[-1].body):
+        return None
+    used = {n.name for s in stores for i in s.indices for n in walk(i) if isinstance(n, IndexVar)}
+    inner = [k for k, lp in enumerate(loops) if lp.var in used]
+    if len(inner) < 2 or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
+        return None
+    rows, reduction = loops[inner[0]], {lp.var for lp in loops[:inner[0]]}
+    most = max_trips(rows.lo, rows.hi, rows.step)
+    if constant_trips(rows) is not None or rows.kind is not LoopKind.SERIAL or rows.step != 1 \
+            or rows.lo != Literal(0, _I64) or not most or any(
+            isinstance(n, IndexVar) and n.name in reduction for e in (rows.lo, rows.hi) for n in walk(e)):
+        return None
+    written = {s.buffer for s in stores}
+    if any(isinstance(r, Read) and r.tensor in written and (r.tensor != s.buffer or r.indices != s.indices)
+           for s in stores for r in walk(s.value)):
+        return None
+    return _pieces(rows, loops[:inner[0]] + loops[inner[0] + 1:], most)
+
+
+def _pieces(rows: For, inside: list[For], most: int) -> tuple[For, ...]:
+    """The loop ``rows`` (``0:T``, at most ``most`` trips) around the loops ``inside``
+    (the reduction's, then the block's; statements in the innermost) as pieces of rows
+    ``4 * floordiv(T, 4)`` (by steps of 4, the statements jammed), then of 2, then the
+    last row: powers of two up to ``most``."""
+    def around(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        for lp in reversed(inside):
+            body = (replace(lp, body=body),)
+        return body
+
+    def row(u: int) -> Callable[[Expr], Expr]:
+        shifted = Binary(BinaryOp.ADD, IndexVar(rows.var), Literal(u, _I64), _I64)
+        return lambda e: shifted if isinstance(e, IndexVar) and e.name == rows.var else e
+
+    out = []
+    start: Expr = Literal(0, _I64)
+    size = 1 << (most.bit_length() - 1)
+    while size > 1:
+        left = rows.hi if start == Literal(0, _I64) else Binary(BinaryOp.SUB, rows.hi, start, _I64)
+        end = Binary(BinaryOp.ADD, start, Binary(BinaryOp.MUL, Literal(size, _I64), Call(
+            "floordiv", (left, Literal(size, _I64)), _I64), _I64), _I64)
+        stores = inside[-1].body
+        jammed = tuple(x for u in range(size) for x in (map_body_exprs(stores, row(u)) if u else stores))
+        out.append(replace(rows, lo=start, hi=end, step=size, body=around(jammed)))
+        start, size = end, size // 2
+    out.append(replace(rows, lo=start, body=around(inside[-1].body)))
+    return tuple(out)
 
 
 def _region(top: Stmt, buffer: str) -> list[tuple[dict[str, int], tuple[int, int]]] | None:

@@ -1,0 +1,101 @@
+"""Kernel texts generalized over the sizes two plans change (polyfuse.runtime.generalize):
+which integers become sizes, what a template matches, and that its text at the matched
+sizes is exactly the text it matched (so its kernel computes the same thing)."""
+
+import re
+
+import pytest
+
+from polyfuse.frontends.tc import parse_definition
+from polyfuse.runtime.generalize import Generalizer, Text, generalize
+
+pytestmark = pytest.mark.unit
+
+
+def gather(batch: int, seq: int) -> str:
+    """A Gather of a flattened (batch * seq) table, as the ONNX lowering writes it."""
+    return (f"def k(bool({batch * seq}, 1) X, int64({batch}, 1, 1, {seq}) I) -> (bool({batch}, 1, 1, {seq}, 1) Y) {{\n"
+            f"  Y(i0, i1, i2, i3, i4) = X((I(i0, i1, i2, i3) < 0 ? I(i0, i1, i2, i3) + {batch * seq} : "
+            f"I(i0, i1, i2, i3)), i4) where i0 in 0:{batch}, i1 in 0:1, i2 in 0:1, i3 in 0:{seq}, i4 in 0:1\n}}")
+
+
+def dense(rows: int, width: int, scale: float = 0.5) -> str:
+    return (f"def fused(float32({rows}, 768) A, float32(768, {width}) B) -> (float32({rows}, {width}) Y, "
+            f"float32({rows}, {width}) T) {{\n"
+            f"  T(m, n) +=! A(m, k) * B(k, n) where m in 0:{rows}, n in 0:{width}, k in 0:768\n"
+            f"  Y(m, n) = T(m, n) * {scale} where m in 0:{rows}, n in 0:{width}\n}}")
+
+
+def sized(template_source: str, sizes: dict[str, int]) -> str:
+    """The template's text with its sizes' values written in (expressions evaluated)."""
+    def value(m: re.Match) -> str:
+        return str(eval(m.group(0), {}, dict(sizes)))   # noqa: S307 (sizes and integers only)
+    return re.sub(r"\([^(){}:]*S\d+[^(){}:,]*\)|\bS\d+\b", value, template_source)
+
+
+def test_integers_that_differ_become_one_size_per_pair_of_values():
+    t = generalize(Text.of(gather(1, 7)), Text.of(gather(2, 33)))
+    assert t is not None and t.names == ("S0", "S1", "S2")
+    # 7 -> 66 is the table's rows (declared by X); 1 -> 2 the batch; 7 -> 33 the sequence
+    assert "bool(S0, 1) X" in t.source and "int64(S1, 1, 1, S2) I" in t.source and "+ S0 :" in t.source
+    assert "i0 in 0:S1" in t.source and "i3 in 0:S2" in t.source and "i1 in 0:1" in t.source
+    parse_definition(t.source)   # a TC definition with sizes
+    for batch, seq in ((1, 7), (2, 33), (3, 40), (8, 1)):
+        sizes = t.match(Text.of(gather(batch, seq)))
+        assert sizes == {"S0": batch * seq, "S1": batch, "S2": seq}
+        assert sized(t.source, sizes) == gather(batch, seq)
+
+
+def test_a_size_no_input_declares_is_an_expression_of_those_that_are():
+    first = dense(7, 768).replace("where m in 0:7, n", "where m in 0:14, n", 1)
+    second = dense(33, 768).replace("where m in 0:33, n", "where m in 0:66, n", 1)
+    t = generalize(Text.of(first), Text.of(second))
+    assert t is not None and "m in 0:(2 * S0)" in t.source
+    third = dense(50, 768).replace("where m in 0:50, n", "where m in 0:100, n", 1)
+    assert t.match(Text.of(third)) == {"S0": 50}
+    assert t.match(Text.of(third.replace("0:100", "0:101"))) is None   # 2 * S0 checked, not assumed
+
+
+@pytest.mark.parametrize("other", [
+    dense(40, 3072),              # a constant of the template (the width) differs
+    dense(40, 768, scale=0.25),   # a float: part of the skeleton
+    dense(40, 768).replace("Y(m, n) = T(m, n)", "Y(n, m) = T(m, n)"),
+])
+def test_a_text_matches_only_with_the_template_s_constants_and_skeleton(other):
+    t = generalize(Text.of(dense(7, 768)), Text.of(dense(33, 768)))
+    assert t is not None and t.match(Text.of(dense(40, 768))) == {"S0": 40}
+    assert t.match(Text.of(other)) is None
+
+
+def test_one_size_must_have_one_value_in_a_match():
+    t = generalize(Text.of(dense(7, 768)), Text.of(dense(33, 768)))
+    assert t is not None
+    assert t.match(Text.of(dense(40, 768).replace("float32(40, 768) T", "float32(41, 768) T"))) is None
+
+
+def test_texts_that_differ_in_a_float_or_an_unfit_integer_have_no_template():
+    assert generalize(Text.of(dense(7, 768, 0.5)), Text.of(dense(33, 768, 0.25))) is None
+    a = dense(7, 768).replace("k in 0:768\n", "k in 0:768, j in 0:3\n")
+    b = dense(33, 768).replace("k in 0:768\n", "k in 0:768, j in 0:5\n")   # 3 -> 5: no size fits
+    assert generalize(Text.of(a), Text.of(b)) is None
+    assert generalize(Text.of(dense(7, 768)), Text.of(dense(7, 768))) is None
+
+
+def test_size_names_avoid_the_text_s_names():
+    text = dense(7, 768).replace("A", "S0")
+    t = generalize(Text.of(text), Text.of(dense(33, 768).replace("A", "S0")))
+    assert t is not None and t.names == ("S0_",)
+    parse_definition(t.source)
+
+
+def test_a_generalizer_generalizes_across_plans_only_and_keeps_constants():
+    g = Generalizer(parse_definition)
+    assert g.find(dense(7, 768)) is None and g.find(dense(7, 3072)) is None   # one plan's two widths
+    g.remember([dense(7, 768), dense(7, 3072)])
+    wide = g.find(dense(33, 3072))     # the nearest earlier text: the 3072-wide one
+    assert wide is not None and wide.sizes == {"S0": 33} and "float32(768, 3072) B" in wide.template.source
+    narrow = g.find(dense(33, 768))
+    assert narrow is not None and "float32(768, 768) B" in narrow.template.source
+    g.remember([dense(33, 768), dense(33, 3072)])
+    again = g.find(dense(50, 3072))
+    assert again is not None and again.template is wide.template and again.sizes == {"S0": 50}
