@@ -348,6 +348,10 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
         vec, jam, depth = red[-1], lhs[-1], red[-1]
         order, tile_order = lhs + red, []
         tiles |= {lhs[-2]: CACHE_ROWS, jam: CACHE_ROWS, vec: CACHE_COLS}
+    for i in unknown - {jam, vec} - set(red):
+        # (a symbolic row index outside the blocks: one row per tile, no partial tile to
+        # split off and compile twice)
+        tiles[i] = min(tiles[i], 1)
     cols = tiles[vec] if vec in unknown and tiles[vec] else min(extents[vec], tiles[vec] or extents[vec])
     mr, vectors = _register_block(reads, extents, jam, vec, red, vector_registers, jam in unknown)
     if tiles[jam] and (tiles[jam] < extents[jam] or jam in unknown):

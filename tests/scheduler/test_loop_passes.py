@@ -640,13 +640,14 @@ def test_a_small_product_takes_register_blocks_and_keeps_its_epilogue():
 SYMBOLIC_MM = "def mm(float(M, 16) A, float(16, 40) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) }"
 
 
-def _symbolic_jammed() -> LoopKernel:
+def _symbolic_jammed(source: str = SYMBOLIC_MM, sizes: dict[str, int] | None = None) -> LoopKernel:
     from polyfuse.frontends.loop_ir import parse_kernel as parse
     from polyfuse.scheduler.heuristics import default_options
-    d = parse_definition(SYMBOLIC_MM)
-    options = default_options(d, {"M": 40}, DEFAULT_MACHINE, frozenset({"M"}))
+    d = parse_definition(source)
+    sizes = sizes or {"M": 40}
+    options = default_options(d, sizes, DEFAULT_MACHINE, frozenset(sizes))
     stages: dict[str, str] = {}
-    schedule_definition(d, {"M": 40}, options, stages, set(), machine=DEFAULT_MACHINE, symbolic=frozenset({"M"}))
+    schedule_definition(d, sizes, options, stages, set(), machine=DEFAULT_MACHINE, symbolic=frozenset(sizes))
     return parse(stages["loops:unroll_and_jam"])
 
 
@@ -670,6 +671,26 @@ def test_rows_of_unknown_trips_become_blocks_of_four_two_and_one_summed_from_zer
         np.testing.assert_allclose(want, a @ b, rtol=1e-5, atol=1e-5)
         got = np.full((m, 40), np.nan, np.float32)   # never read: every element stored
         interpret_kernel(after, {"A": a, "B": b, "M": m, "C": got})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.unit
+def test_columns_of_unknown_trips_become_blocks_of_whole_vectors():
+    """A partial tile of a symbolic number of columns (``0:min(63, N - x) + 1``
+    vectorized) runs outside the reduction in blocks of 64, 32 and 16 columns summed in
+    registers, then the last, partial vector as it was; rows and columns both partial
+    take both. Against the kernel before the pass, on the interpreter."""
+    source = "def mm(float(M, 16) A, float(16, N) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) }"
+    before = _symbolic_jammed(source, {"M": 40, "N": 200})
+    after = promote_register_blocks(before, frozenset({"C"}))
+    shapes = set(re.findall(r"local float32\((\d+, \d+)\) acc", str(after)))
+    assert {"6, 64", "6, 32", "6, 16", "4, 16", "1, 32"} <= shapes, shapes
+    for m, n in ((1, 1), (5, 15), (7, 16), (13, 47), (9, 113), (6, 64)):
+        a = RNG.standard_normal((m, 16)).astype(np.float32)
+        b = RNG.standard_normal((16, n)).astype(np.float32)
+        want = interpret_kernel(before, {"A": a, "B": b, "M": m, "N": n})["C"]
+        np.testing.assert_allclose(want, a @ b, rtol=1e-5, atol=1e-5)
+        got = interpret_kernel(after, {"A": a, "B": b, "M": m, "N": n})["C"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -88,7 +88,7 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
         def loop(self, s: For, scope: Scope) -> Stmt | tuple[Stmt, ...]:
             block = _block(s, kernel) if s.kind is LoopKind.SERIAL else None
             if block is None:
-                pieces = _rows_outside(s) if s.kind is LoopKind.SERIAL else None
+                pieces = _pieces_outside(s) if s.kind is LoopKind.SERIAL else None
                 if pieces is None:
                     return super().loop(s, scope)
                 out: list[Stmt] = []
@@ -199,32 +199,64 @@ def _least(lp: For, top: For) -> int | None:
     return 0 if left is not None and end is not None and left == linear_sum(end, var, -1) else None
 
 
-def _rows_outside(top: For) -> tuple[For, ...] | None:
-    """A register block whose jammed rows are a loop of unknown trips inside its
-    reduction (a symbolic kernel's partial block: ``for r in 0:min(5, N - x) + 1`` inside
-    ``for k``), as loops of those rows outside the reduction, in pieces of powers of two
-    (4, 2, then 1 row), each piece's rows jammed: blocks of 4, 2 and 1 rows, summed in
-    registers (:func:`_pieces`). Each statement accumulates into its own element, indexed
-    by the rows' variable, so every element keeps its order of sums."""
+def _pieces_outside(top: For) -> tuple[For, ...] | None:
+    """A register block with a loop of unknown trips inside its reduction (a symbolic
+    kernel's partial block), as pieces of it outside the reduction, each a block of
+    constant trips summed in registers:
+
+    * jammed rows, ``for r in 0:min(5, N - x) + 1``: pieces of 4, 2 and 1 rows, each
+      piece's rows jammed (:func:`_pieces`);
+    * the vector's columns, ``for v in 0:min(63, N - x) + 1 vectorize(16)``: pieces of
+      64, 32 and 16 columns (whole vectors), then the last, partial vector's columns as
+      they were (:func:`_columns`).
+
+    Each statement accumulates into its own element, indexed by the loop's variable, so
+    every element keeps its order of sums."""
     loops = perfect_nest(top)
     stores = [s for s in loops[-1].body if isinstance(s, Store)]
     if not stores or len(stores) != len(loops[-1].body):
         return None
     used = {n.name for s in stores for i in s.indices for n in walk(i) if isinstance(n, IndexVar)}
     inner = [k for k, lp in enumerate(loops) if lp.var in used]
-    if len(inner) < 2 or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
+    if not inner or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
         return None
-    rows, reduction = loops[inner[0]], {lp.var for lp in loops[:inner[0]]}
-    most = max_trips(rows.lo, rows.hi, rows.step)
-    if constant_trips(rows) is not None or rows.kind is not LoopKind.SERIAL or rows.step != 1 \
-            or rows.lo != Literal(0, _I64) or not most or any(
-            isinstance(n, IndexVar) and n.name in reduction for e in (rows.lo, rows.hi) for n in walk(e)):
+    loose = [k for k in inner if constant_trips(loops[k]) is None]
+    if not loose:
+        return None
+    k = loose[0]
+    lp, reduction = loops[k], {x.var for x in loops[:inner[0]]}
+    most = max_trips(lp.lo, lp.hi, lp.step)
+    if lp.kind is not LoopKind.SERIAL or lp.step != 1 or lp.lo != Literal(0, _I64) or not most or any(
+            isinstance(n, IndexVar) and n.name in reduction for e in (lp.lo, lp.hi) for n in walk(e)):
         return None
     written = {s.buffer for s in stores}
     if any(isinstance(r, Read) and r.tensor in written and (r.tensor != s.buffer or r.indices != s.indices)
            for s in stores for r in walk(s.value)):
         return None
-    return _pieces(rows, loops[:inner[0]] + loops[inner[0] + 1:], most)
+    if k == inner[0] and lp.vector == 1 and k < len(loops) - 1:
+        return _pieces(lp, loops[:k] + loops[k + 1:], most)
+    if k == len(loops) - 1 and lp.vector >= MIN_VECTOR and most > lp.vector:
+        return _columns(loops, most)
+    return None
+
+
+def _shifted(var: str, by: Expr) -> Callable[[Expr], Expr]:
+    value = Binary(BinaryOp.ADD, IndexVar(var), by, _I64)
+    return lambda e: value if isinstance(e, IndexVar) and e.name == var else e
+
+
+def _cut(hi: Expr, start: Expr, size: int) -> Expr:
+    """Where the pieces of ``size`` from ``start`` up to ``hi`` end: ``start + size *
+    floordiv(hi - start, size)``."""
+    left = hi if start == Literal(0, _I64) else Binary(BinaryOp.SUB, hi, start, _I64)
+    return Binary(BinaryOp.ADD, start, Binary(BinaryOp.MUL, Literal(size, _I64), Call(
+        "floordiv", (left, Literal(size, _I64)), _I64), _I64), _I64)
+
+
+def _nest(loops: list[For], body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    for lp in reversed(loops):
+        body = (replace(lp, body=body),)
+    return body
 
 
 def _pieces(rows: For, inside: list[For], most: int) -> tuple[For, ...]:
@@ -232,27 +264,38 @@ def _pieces(rows: For, inside: list[For], most: int) -> tuple[For, ...]:
     (the reduction's, then the block's; statements in the innermost) as pieces of rows
     ``4 * floordiv(T, 4)`` (by steps of 4, the statements jammed), then of 2, then the
     last row: powers of two up to ``most``."""
-    def around(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-        for lp in reversed(inside):
-            body = (replace(lp, body=body),)
-        return body
-
-    def row(u: int) -> Callable[[Expr], Expr]:
-        shifted = Binary(BinaryOp.ADD, IndexVar(rows.var), Literal(u, _I64), _I64)
-        return lambda e: shifted if isinstance(e, IndexVar) and e.name == rows.var else e
-
     out = []
     start: Expr = Literal(0, _I64)
     size = 1 << (most.bit_length() - 1)
+    stores = inside[-1].body
     while size > 1:
-        left = rows.hi if start == Literal(0, _I64) else Binary(BinaryOp.SUB, rows.hi, start, _I64)
-        end = Binary(BinaryOp.ADD, start, Binary(BinaryOp.MUL, Literal(size, _I64), Call(
-            "floordiv", (left, Literal(size, _I64)), _I64), _I64), _I64)
-        stores = inside[-1].body
-        jammed = tuple(x for u in range(size) for x in (map_body_exprs(stores, row(u)) if u else stores))
-        out.append(replace(rows, lo=start, hi=end, step=size, body=around(jammed)))
+        end = _cut(rows.hi, start, size)
+        jammed = tuple(x for u in range(size)
+                       for x in (map_body_exprs(stores, _shifted(rows.var, Literal(u, _I64))) if u else stores))
+        out.append(replace(rows, lo=start, hi=end, step=size, body=_nest(inside, jammed)))
         start, size = end, size // 2
-    out.append(replace(rows, lo=start, body=around(inside[-1].body)))
+    out.append(replace(rows, lo=start, body=_nest(inside, stores)))
+    return tuple(out)
+
+
+def _columns(loops: list[For], most: int) -> tuple[For, ...]:
+    """The nest ``loops`` whose last loop, the vector's, runs ``0:T`` (at most ``most``
+    trips) as pieces of columns, each a loop ``o`` of whole vectors (``T`` cut at
+    multiples of the piece, as :func:`_pieces` cuts rows) outside the reduction around
+    the nest with a vector loop of constant trips at ``o + v``; then the nest as it was
+    from where the whole vectors end (the last, partial vector)."""
+    vec = loops[-1]
+    offset = f"{vec.var}_o"
+    out = []
+    start: Expr = Literal(0, _I64)
+    size = 1 << (most.bit_length() - 1)
+    while size >= vec.vector:
+        end = _cut(vec.hi, start, size)
+        inner = replace(vec, hi=Literal(size, _I64), unroll=max(1, size // vec.vector),
+                        body=map_body_exprs(vec.body, _shifted(vec.var, IndexVar(offset))))
+        out.append(For(offset, start, end, _nest(loops[:-1], (inner,)), step=size))
+        start, size = end, size // 2
+    out.append(_nest(loops[:-1], (replace(vec, lo=start),))[0])   # type: ignore[arg-type]
     return tuple(out)
 
 
