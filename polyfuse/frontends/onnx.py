@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 from onnx import numpy_helper
 
 from polyfuse.errors import ModelError, UnsupportedOpError
@@ -31,23 +32,32 @@ from polyfuse.ir.types import DType
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    return model if isinstance(model, onnx.ModelProto) else read_model(model)[0]
+
+
+def read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, bytes]:
+    """The model, and its ONNX bytes (a file's read once: what its digest hashes); a
+    file's weights stored beside it (external data) are loaded into the model."""
     if isinstance(model, onnx.ModelProto):
-        return model
+        return model, model.SerializeToString()
     try:
         if isinstance(model, (bytes, bytearray)):
-            proto = onnx.load_model_from_string(bytes(model))
+            data = bytes(model)
+            proto = onnx.load_model_from_string(data)
         else:
             path = Path(model)
             if not path.exists():
                 raise ModelError(f"no model file at '{path}'")
-            proto = onnx.load(str(path))
+            data = path.read_bytes()
+            proto = onnx.load_model_from_string(data)
+            load_external_data_for_model(proto, str(path.parent))
     except ModelError:
         raise
     except Exception as err:  # protobuf's DecodeError, truncated files, bad external data
         raise ModelError(f"cannot read the ONNX model: {err}") from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelError("the bytes do not hold an ONNX model (no graph)")
-    return proto
+    return proto, data
 
 
 # dim_params exporters write for "unknown", not for a size shared by several dimensions
@@ -373,22 +383,21 @@ def _without_weights(proto: onnx.ModelProto) -> onnx.ModelProto:
     g = proto.graph
     listed = {v.name for v in g.input}
 
-    def heavy(t: onnx.TensorProto) -> bool:
-        return (len(t.raw_data) > HEAVY_BYTES and t.data_type in _ELEMENT_BYTES
-                and (proto.ir_version >= 4 or t.name in listed))
-
-    if not any(heavy(t) for t in g.initializer):
+    # (each read of raw_data copies the tensor's bytes: its size is read once)
+    sizes = [len(t.raw_data) if t.data_type in _ELEMENT_BYTES and (proto.ir_version >= 4 or t.name in listed)
+             else 0 for t in g.initializer]
+    if not any(n > HEAVY_BYTES for n in sizes):
         return proto
     light = onnx.ModelProto()
     _copy_fields(light, proto, "graph")
     _copy_fields(light.graph, g, "initializer")
-    for t in g.initializer:
-        if not heavy(t):
+    for t, size in zip(g.initializer, sizes):
+        if size <= HEAVY_BYTES:
             light.graph.initializer.append(t)
             continue
         need = int(np.prod(t.dims, dtype=np.int64)) * _ELEMENT_BYTES[t.data_type]
-        if len(t.raw_data) != need:
-            raise ModelError(f"the ONNX model is invalid: initializer '{t.name}' holds {len(t.raw_data)} "
+        if size != need:
+            raise ModelError(f"the ONNX model is invalid: initializer '{t.name}' holds {size} "
                              f"bytes; its shape {list(t.dims)} and type need {need}")
         if t.name not in listed:
             light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
