@@ -20,8 +20,11 @@ ends the plan before it, and is planned with the rest once the value is known.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -49,23 +52,26 @@ from polyfuse.lowering.ops import (EXPANDS, Counted, Expanded, Folded, Lowered, 
 
 
 def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
-               values: Mapping[str, np.ndarray] | None = None) -> Plan:
+               values: Mapping[str, np.ndarray] | None = None, memo: Memos | None = None) -> Plan:
     """``graph`` lowered for inputs of these ``shapes``; ``values`` are inputs whose
     values the plan is specialized to (those a lowering needs: shapes, axes). Raises the
     op library's errors (naming the node), a ShapeError where sizes disagree and a
-    SizeLimitError where a tensor would not fit in memory."""
-    return _Planner(graph, dict(shapes), dict(values or {})).plan()
+    SizeLimitError where a tensor would not fit in memory. ``memo``: what earlier plans
+    of ``graph`` lowered (:class:`Memos`)."""
+    return _Planner(graph, dict(shapes), dict(values or {}), memo or Memos()).plan()
 
 
 @dataclass(frozen=True)
 class GraphPlanner:
     """The lowering's side of the re-planning protocol (:class:`~polyfuse.ir.plan.Planner`):
-    plans of ``graph``, and planners of its subgraphs."""
+    plans of ``graph``, and planners of its subgraphs; its plans share what they lower
+    alike (``memo``)."""
 
     graph: Graph
+    memo: Memos = field(default_factory=lambda: Memos(), compare=False, repr=False)
 
     def plan(self, shapes: Mapping[str, tuple[int, ...]], values: Mapping[str, np.ndarray]) -> Plan:
-        return plan_graph(self.graph, shapes, values)
+        return plan_graph(self.graph, shapes, values, self.memo)
 
     def subgraph(self, graph: Graph, passes: bool) -> GraphPlanner:
         if passes:
@@ -76,10 +82,53 @@ class GraphPlanner:
         return parse_definition(source)
 
 
+class _Memo:
+    """Results of pure steps of the lowering, kept across plans (the last ``size``
+    used): a model planned at a new shape lowers again only what the shape changes (a
+    decoder's step at a longer past re-makes its attention's kernels, not its
+    projections'). Keys hold the objects their ids stand for, so an id is never reused
+    while its entry lives."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: OrderedDict[object, tuple[object, object]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: object, make: Callable[[], Any], keep: object = None) -> Any:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found[1]
+        value = make()
+        with self._lock:
+            self._entries[key] = (keep, value)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return value
+
+
+# TC text -> its definition (the op library's texts, shared by every model)
+_PARSED = _Memo(4096)
+
+
+class Memos:
+    """What one graph's plans share (each a pure function of its key): a node's lowering
+    for its input types and constant inputs, a definition with sizes bound, a fusion
+    group's composition of its bound members. A model's planner holds them (the
+    constant inputs a key holds, weights among them, live with the model)."""
+
+    def __init__(self) -> None:
+        self.lowered = _Memo(2048)
+        self.bound = _Memo(4096)
+        self.composed = _Memo(1024)
+
+
 class _Planner:
     def __init__(self, graph: Graph, shapes: dict[str, tuple[int, ...]],
-                 values: dict[str, np.ndarray]) -> None:
+                 values: dict[str, np.ndarray], memo: Memos) -> None:
         self.graph = graph
+        self.memo = memo
         self.shapes = shapes
         self.steps: list[Step] = []
         self.types: dict[str, TensorType] = {v.name: TensorType(v.type.dtype.storage, tuple(shapes[v.name]))
@@ -93,7 +142,6 @@ class _Planner:
             self.constant(c.name, c.array)
         self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
         self._history: dict[str, History] = {}   # node -> its definition's comprehension passes
-        self._parsed: dict[str, Definition] = {}   # TC text -> its definition (steps share one)
 
     def plan(self) -> Plan:
         g = self.graph
@@ -280,7 +328,7 @@ class _Planner:
         """The types of what ``d`` defines at these sizes (values ``names``, then its
         temporaries), each checked to fit in memory before anything is allocated."""
         types = []
-        for k, t in enumerate(bind_sizes(d, sizes).outputs):
+        for k, t in enumerate(self.bound(d, sizes).outputs):
             shape = tuple(evaluate_int(e, {}) for e in t.shape)
             name = f"value '{names[k]}'" if k < len(names) else f"temporary '{t.name}'"
             if any(e < 0 for e in shape):
@@ -357,18 +405,19 @@ class _Planner:
         each TC text parsed once (a fusion group that does not fuse lowers its nodes again;
         the steps of a recurrence share one text)."""
         if node.name not in self._lowered:
-            lowered = lower(self.context(node))
+            context = self.context(node)
+            values = [v for v in context.values if v is not None]
+            key = (id(node), tuple(context.types), tuple(None if v is None else id(v) for v in context.values),
+                   context.opset, tuple(context.narrow))
+            lowered = self.memo.lowered.get(key, lambda: lower(context), keep=(node, values))
             d = None
             kernel = lowered.kernel if isinstance(lowered, Counted) else lowered
             if isinstance(kernel, TCKernel):
-                d = self._parsed.get(kernel.source)
-                if d is None:
-                    try:
-                        d = parse(kernel.source).definitions[0]
-                    except FrontendError as err:   # a defect of the op library, named here
-                        raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC "
-                                           f"that does not compile: {err}") from None
-                    self._parsed[kernel.source] = d
+                try:
+                    d = _PARSED.get(kernel.source, lambda: parse(kernel.source).definitions[0])
+                except FrontendError as err:   # a defect of the op library, named here
+                    raise CodegenError(f"node '{node.name}' ({node.op}): its lowering made TC "
+                                       f"that does not compile: {err}") from None
             if d is not None:
                 self._history[node.name] = started(d)
             if node.attr(CHANNELS_LAST):
@@ -427,22 +476,31 @@ class _Planner:
             if not members and all(n in self.consts for n in names):
                 return False
             what = f"node '{node.name}' ({node.op})"
-            bound = bind_sizes(d, self.sizes(what, d, names))
+            bound = self.bound(d, self.sizes(what, d, names))
             outs = tuple(node.outputs[i] for i in lowered.outputs)
             self.hold(outs, lowered)
             for name, t in zip(outs, bound.outputs):
                 self.define(what, name, TensorType(t.dtype, tuple(evaluate_int(e, {}) for e in t.shape)))
             members.append(Member(bound, tuple(names), outs))
         label = f"{unit[0].group}[{' '.join(n.name for n in unit)}]"
-        composed = compose("fused", members, exported)
-        keep = composed.exports
-        history = run_definition_passes(started(composed.definition),
-                                        (Pass("inline_pointwise", lambda d: inline_pointwise(d, keep)),))
-        d, outs = history[-1][1], list(composed.outputs)
+        seen = exported & {o for m in members for o in m.outputs}
+
+        def make() -> tuple[History, tuple[str, ...], tuple[str, ...]]:
+            composed = compose("fused", members, seen)
+            keep = composed.exports
+            passes = (Pass("inline_pointwise", lambda d: inline_pointwise(d, keep)),)
+            return run_definition_passes(started(composed.definition), passes), composed.outputs, composed.params
+        key = (tuple((id(m.definition), m.params, m.outputs) for m in members), frozenset(seen))
+        history, outputs, params = self.memo.composed.get(key, make, keep=[m.definition for m in members])
+        d, outs = history[-1][1], list(outputs)
         what = f"fusion group {label}"
-        sizes = self.sizes(what, d, list(composed.params))
-        self.kernel(label, history, str(d), list(composed.params), outs, self.output_types(what, d, sizes, outs))
+        sizes = self.sizes(what, d, list(params))
+        self.kernel(label, history, str(d), list(params), outs, self.output_types(what, d, sizes, outs))
         return True
+
+    def bound(self, d: Definition, sizes: dict[str, int]) -> Definition:
+        """``d`` with ``sizes`` bound (:func:`~polyfuse.ir.sizes.bind_sizes`), made once."""
+        return self.memo.bound.get((id(d), tuple(sorted(sizes.items()))), lambda: bind_sizes(d, sizes), keep=d)
 
 
 def _last_readers(nodes: list[Node]) -> dict[str, int]:
