@@ -33,6 +33,7 @@ from types import MappingProxyType
 
 from llvmlite import ir
 
+from polyfuse.ir.affine import max_trips
 from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef, walk
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
                                TileProduct, extent_expr, map_body_exprs, stmt_nodes, walk_stmts)
@@ -311,9 +312,10 @@ class KernelEmitter:
             # always given: left out, LLVM chooses a count of its own, which may leave
             # the last vectors to a scalar loop
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"), ir.Constant(ir.IntType(32), s.unroll)]))
-            if self.avx512 and (_trips(s) or 0) % s.vector:
+            if self.avx512 and ((_trips(s) or 0) % s.vector or _trips(s) is None and _one_vector(s)):
                 # the last, partial vector under a mask instead of a scalar loop (an exp
-                # over 49 elements: 89 cycles per vector's worth scalar, 13 masked)
+                # over 49 elements: 89 cycles per vector's worth scalar, 13 masked; a
+                # symbolic kernel's last columns, at most one vector)
                 props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.predicate.enable"), ir.Constant(I1, 1)]))
         elif s.unroll > 1:
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.count"), ir.Constant(ir.IntType(32), s.unroll)]))
@@ -409,6 +411,13 @@ def _fit_to_trip_count(s: For) -> For:
     if not rest:
         unroll = max(u for u in range(1, unroll + 1) if vectors % u == 0)
     return For(s.var, s.lo, s.hi, s.body, s.kind, s.step, vector, unroll)
+
+
+def _one_vector(s: For) -> bool:
+    """Whether a loop of unknown trips runs at most one of its vectors (``0:min(15, N -
+    x) + 1`` by 16)."""
+    most = max_trips(s.lo, s.hi, s.step)
+    return most is not None and 0 < most <= s.vector
 
 
 def _trip(iv: ir.Value, lo: int, step: int, b: ir.IRBuilder) -> ir.Value:

@@ -295,7 +295,11 @@ def _columns(loops: list[For], most: int) -> tuple[For, ...]:
                         body=map_body_exprs(vec.body, _shifted(vec.var, IndexVar(offset))))
         out.append(For(offset, start, end, _nest(loops[:-1], (inner,)), step=size))
         start, size = end, size // 2
-    out.append(_nest(loops[:-1], (replace(vec, lo=start),))[0])   # type: ignore[arg-type]
+    # the last, partial vector: a piece of its own whose vector loop runs from 0
+    left = Binary(BinaryOp.SUB, Binary(BinaryOp.SUB, vec.hi, IndexVar(offset), _I64), Literal(1, _I64), _I64)
+    lanes = Binary(BinaryOp.ADD, Call("min", (Literal(vec.vector - 1, _I64), left), _I64), Literal(1, _I64), _I64)
+    last = replace(vec, hi=lanes, unroll=1, body=map_body_exprs(vec.body, _shifted(vec.var, IndexVar(offset))))
+    out.append(For(offset, start, vec.hi, _nest(loops[:-1], (last,)), step=vec.vector))
     return tuple(out)
 
 
@@ -353,8 +357,8 @@ def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[St
     if not inner or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
         return None  # the reduction must run outside every loop the block's elements use
     reduction, block = loops[:inner[0]], loops[inner[0]:]   # (a reduction of a symbolic size may)
-    if any(constant_trips(lp) is None for lp in block):
-        return None
+    if any(constant_trips(lp) is None for lp in block[:-1]) or _most(block[-1]) is None:
+        return None   # (the vector loop may be one partial vector: a symbolic kernel's last)
     if any(_trips(lp) > 1 and (lp.lo.value != 0 or lp.step != 1) for lp in block):  # type: ignore[attr-defined]
         return None
     buffer = {b.name: b for b in kernel.buffers}
@@ -387,9 +391,20 @@ def _disjoint(stores: tuple[Store, ...]) -> bool:
 
 
 def _trips(lp: For) -> int:
-    trips = constant_trips(lp)
+    trips = _most(lp)
     assert trips is not None
     return trips
+
+
+def _most(lp: For) -> int | None:
+    """The trips of a block loop: constant, or (a vector loop ``0:min(w - 1, N - x) + 1``
+    of at most one vector: the last, partial one of a symbolic number of columns) at most
+    ``w``; None for any other."""
+    trips = constant_trips(lp)
+    if trips is not None or lp.lo != Literal(0, _I64) or lp.step != 1 or lp.vector < MIN_VECTOR:
+        return trips
+    most = max_trips(lp.lo, lp.hi, lp.step)
+    return most if most and most <= lp.vector else None
 
 
 def _elements(block: list[For]) -> int:
