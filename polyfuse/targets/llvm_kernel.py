@@ -33,7 +33,6 @@ from types import MappingProxyType
 
 from llvmlite import ir
 
-from polyfuse.ir.affine import max_trips
 from polyfuse.ir.comprehension import Call, Expr, IndexVar, Literal, Read, ScalarRef, walk
 from polyfuse.ir.loops import (ERROR_BUFFER, Assign, Buffer, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store,
                                TileProduct, extent_expr, map_body_exprs, stmt_nodes, walk_stmts)
@@ -312,10 +311,11 @@ class KernelEmitter:
             # always given: left out, LLVM chooses a count of its own, which may leave
             # the last vectors to a scalar loop
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"), ir.Constant(ir.IntType(32), s.unroll)]))
-            if self.avx512 and ((_trips(s) or 0) % s.vector or _trips(s) is None and _one_vector(s)):
+            if self.avx512 and (_trips(s) is None and _sized(s) or (_trips(s) or 0) % s.vector):
                 # the last, partial vector under a mask instead of a scalar loop (an exp
-                # over 49 elements: 89 cycles per vector's worth scalar, 13 masked; a
-                # symbolic kernel's last columns, at most one vector)
+                # over 49 elements: 89 cycles per vector's worth scalar, 13 masked), and
+                # so where the trips are a symbolic kernel's: any number may leave one
+                # (a softmax over 77 columns of a symbolic row 2.7x slower than masked)
                 props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.vectorize.predicate.enable"), ir.Constant(I1, 1)]))
         elif s.unroll > 1:
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.count"), ir.Constant(ir.IntType(32), s.unroll)]))
@@ -413,11 +413,9 @@ def _fit_to_trip_count(s: For) -> For:
     return For(s.var, s.lo, s.hi, s.body, s.kind, s.step, vector, unroll)
 
 
-def _one_vector(s: For) -> bool:
-    """Whether a loop of unknown trips runs at most one of its vectors (``0:min(15, N -
-    x) + 1`` by 16)."""
-    most = max_trips(s.lo, s.hi, s.step)
-    return most is not None and 0 < most <= s.vector
+def _sized(s: For) -> bool:
+    """Whether a loop's bounds read a symbolic kernel's sizes (its int scalars)."""
+    return any(isinstance(n, ScalarRef) and n.dtype.is_int for e in (s.lo, s.hi) for n in walk(e))
 
 
 def _trip(iv: ir.Value, lo: int, step: int, b: ir.IRBuilder) -> ir.Value:

@@ -115,3 +115,22 @@ def test_vector_loops_end_in_whole_or_masked_vectors(n):
     masked = "llvm.loop.vectorize.predicate.enable" in spec.stages["llvm"]
     assert masked == (n % 16 != 0 and vector_bits(spec.target) == 512)
     np.testing.assert_allclose(k(x, b), np.exp(x + b), rtol=2e-6)
+
+
+def test_vector_loops_of_symbolic_trips_end_in_a_masked_vector():
+    """A kernel for symbolic sizes does not know its rows' length: on AVX-512 hosts its
+    vector loops over them fold the last, partial vector under a mask (a scalar loop of
+    up to 15 exps otherwise), at every length; a specialized kernel's whole vectors stay
+    unmasked."""
+    from polyfuse.targets.cpu import vector_bits
+    src = "def f(float(H, C) X, float(C) B) -> (Y) { Y(h, c) = exp(X(h, c) + B(c)) }"
+    k = pf.define(src, target="host", sizes="symbolic").f
+    rng = np.random.default_rng(3)
+    for n in (77, 16, 5, 130):
+        x = rng.standard_normal((3, n)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        np.testing.assert_allclose(k(x, b), np.exp(x + b), rtol=2e-6)
+    spec = k.specialize(x, b)
+    assert ("llvm.loop.vectorize.predicate.enable" in spec.stages["llvm"]) == (vector_bits(spec.target) == 512)
+    whole = pf.define(src, target="host").f.specialize(np.ones((3, 64), np.float32), np.ones(64, np.float32))
+    assert "llvm.loop.vectorize.predicate.enable" not in whole.stages["llvm"]
