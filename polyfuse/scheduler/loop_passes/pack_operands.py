@@ -197,7 +197,7 @@ class _Packer(LoopRewriter):
         # (a broadcast's vector loops reuse it in registers, not from the copy)
         reuse = math.prod(lp.trips for lp in _loops_of(sites) if lp.var not in used
                           and (sites[0].vector is not None or lp.vector <= 1))
-        if reuse < self.min_reuse:
+        if reuse < self.min_reuse and tiles is None:
             return None
         packing = None
         if tiles is not None:
