@@ -52,7 +52,7 @@ import numpy as np
 from polyfuse.errors import IRVerificationError, ShapeError
 from polyfuse.ir.comprehension import Definition
 from polyfuse.ir.graph import Graph, Node, TensorType, format_name
-from polyfuse.ir.sizes import bind_sizes, sizes_of_shapes
+from polyfuse.ir.sizes import sizes_of_shapes
 from polyfuse.ir.steps import (BranchStep, ControlFlow, KernelStep, LoopStep, Step, ViewStep, leaves,
                                live_ranges, view_roots)
 from polyfuse.ir.symbolic import evaluate_int
@@ -304,8 +304,8 @@ class Plan:
             sizes = sizes_of_shapes(d, [tuple(int(x) for x in self.types[n].shape) for n in st.inputs])
         except ShapeError as err:   # the buffers disagree with the definition
             raise IRVerificationError(f"{where}: {err}") from None
-        for decl, name in zip(bind_sizes(d, sizes).outputs, st.defines):
-            shape = tuple(evaluate_int(e, {}) for e in decl.shape)
+        for decl, name in zip(d.outputs, st.defines):
+            shape = tuple(evaluate_int(e, sizes) for e in decl.shape)
             if decl.dtype is not self.types[name].dtype or shape != tuple(self.types[name].shape):
                 raise IRVerificationError(f"{where}: {d.name} defines '{decl.name}' as "
                                           f"{decl.dtype}{list(shape)}; buffer '{name}' is {self.types[name]}")
