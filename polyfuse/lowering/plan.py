@@ -122,6 +122,20 @@ class Memos:
         self.lowered = _Memo(2048)
         self.bound = _Memo(4096)
         self.composed = _Memo(1024)
+        self.folded = _Memo(2048)
+
+
+# a constant input of at most this many bytes is keyed by its value (a shape computed at
+# plan time: the same at every past length); a larger one by its identity (weights)
+VALUE_KEY_BYTES = 512
+
+
+def _value_key(v: np.ndarray | None) -> object:
+    if v is None:
+        return None
+    if v.nbytes <= VALUE_KEY_BYTES and not v.dtype.hasobject:
+        return (v.dtype.str, v.shape, v.tobytes())
+    return id(v)
 
 
 class _Planner:
@@ -366,7 +380,10 @@ class _Planner:
             types = self.output_types(what, d, sizes, outs)
             self.hold(outs, lowered)
             if all(n in self.consts for n in names):  # fold at compile time with the interpreter
-                results = interpret(d, {p.name: self.consts[n] for p, n in zip(d.params, names)}, sizes)
+                arrays = {p.name: self.consts[n] for p, n in zip(d.params, names)}
+                results = self.memo.folded.get(
+                    (id(d), tuple(_value_key(a) for a in arrays.values()), tuple(sorted(sizes.items()))),
+                    lambda: interpret(d, arrays, sizes), keep=(d, list(arrays.values())))
                 for name, t in zip(outs, d.outputs):
                     self.consts[name] = aligned_array(results[t.name])
                     self.define(what, name, _type(results[t.name]))
@@ -407,7 +424,7 @@ class _Planner:
         if node.name not in self._lowered:
             context = self.context(node)
             values = [v for v in context.values if v is not None]
-            key = (id(node), tuple(context.types), tuple(None if v is None else id(v) for v in context.values),
+            key = (id(node), tuple(context.types), tuple(_value_key(v) for v in context.values),
                    context.opset, tuple(context.narrow))
             lowered = self.memo.lowered.get(key, lambda: lower(context), keep=(node, values))
             d = None

@@ -50,3 +50,30 @@ def test_a_new_shape_lowers_only_the_nodes_it_changes(monkeypatch):
         assert plan.constants.keys() == fresh.constants.keys()
         assert 0 < len(again) < len(first), (again, first)
         assert "MatMul_0" not in again and "Softmax_6" in again
+
+
+def test_shapes_computed_at_plan_time_are_remembered_by_value(monkeypatch):
+    """A node whose constant inputs are computed while planning (a Reshape's shape from
+    Shape -> Gather -> Concat: new arrays in every plan) is lowered again only where their
+    values change, and the folded computation likewise; the plan is a fresh planner's."""
+    init = {"idx": np.array([1], np.int64), "neg": np.array([-1], np.int64)}
+    nodes = [node("Shape", ["x"], ["s"]), node("Gather", ["s", "idx"], ["d"]),
+             node("Concat", ["neg", "d"], ["shape"], axis=0), node("Reshape", ["x", "shape"], ["r"]),
+             node("Relu", ["r"], ["y"])]
+    model = make_model(nodes, {"x": (TensorProto.FLOAT, ["n", 6])}, {"y": (TensorProto.FLOAT, ["m", 6])}, init)
+    graph, _ = _optimized(_front_end(model))
+    planner = planning.GraphPlanner(graph)
+    folded: list[int] = []
+    real = planning.interpret
+
+    def counting(*args):
+        folded.append(1)
+        return real(*args)
+    monkeypatch.setattr(planning, "interpret", counting)
+    for n in (3, 4, 7):
+        plan = planner.plan({"x": (n, 6)}, {})
+        assert str(plan) == str(planning.GraphPlanner(graph).plan({"x": (n, 6)}, {}))
+    total = len(folded)
+    folded.clear()
+    planner.plan({"x": (9, 6)}, {})
+    assert len(folded) < total / 3, (folded, total)
