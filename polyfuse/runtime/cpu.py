@@ -150,12 +150,13 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
         text = emit_llvm(kernel, target, options.num_threads)
     if runs_natively(target):
         with cache.CODEGEN:
-            jit = compile_kernel(text, target, parallel_for=native.parallel_for_threads_address())
+            jit = compile_kernel(text, target, parallel_for=native.parallel_for_threads_address(),
+                                 unroll=not symbolic)
         jit.stages.update(stages)
         cache.store(key, jit.object, layout, jit.stages)
         return CpuExecutable(jit, layout, target)
     with cache.CODEGEN:
-        obj, code_stages = compile_object(text, target)
+        obj, code_stages = compile_object(text, target, not symbolic)
     stages.update(code_stages)
     cache.store(key, obj, layout, stages)
     return executable(obj, layout, stages, target)

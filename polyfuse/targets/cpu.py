@@ -252,11 +252,16 @@ def _tiles_permitted() -> bool:
     return libc.syscall(*PERMISSION) == 0
 
 
-def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
+def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine, unroll: bool = True) -> None:
+    """LLVM's O3 pipeline (the unroll budget set in :func:`_initialize`); without
+    ``unroll``, no loop unroller: a kernel for symbolic sizes has its register blocks and
+    the pieces of its partial tiles jammed in the loop IR already, and the unroller only
+    doubled its compile time (BERT's attention scores: 5.0 -> 2.2 s, the same speed;
+    benchmarks/LOG.md)."""
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
-    pto.loop_unrolling = True
+    pto.loop_unrolling = unroll
     pto.loop_interleaving = True
     pb = llvm.create_pass_builder(tm, pto)
     with quiet_remarks():  # "loop not vectorized" where a vector width could not be used
@@ -308,12 +313,13 @@ class LlvmText(NamedTuple):
     text: str
 
 
-def compile_kernel(llvm_ir: LlvmText, target: Target, *, parallel_for: int) -> JitKernel:
+def compile_kernel(llvm_ir: LlvmText, target: Target, *, parallel_for: int, unroll: bool = True) -> JitKernel:
     """JIT-compile a loop kernel's LLVM IR (:func:`emit_llvm`) for this machine; stages get
     "llvm" and "llvm_opt" (:func:`assembly` prints "asm" from the latter when it is asked
     for). ``parallel_for`` is the address of the runtime's ``PARALLEL_FOR``
-    (``polyfuse.runtime.native.parallel_for_threads_address()``)."""
-    obj, stages = compile_object(llvm_ir, target)
+    (``polyfuse.runtime.native.parallel_for_threads_address()``); ``unroll`` as
+    :func:`optimize` takes it."""
+    obj, stages = compile_object(llvm_ir, target, unroll)
     return load_object(llvm_ir.name, obj, stages, parallel_for=parallel_for)
 
 
@@ -341,12 +347,12 @@ def _compiling_machine(target: Target) -> llvm.TargetMachine:
     return target_machine(target)
 
 
-def compile_object(llvm_ir: LlvmText, target: Target) -> tuple[bytes, dict[str, str]]:
+def compile_object(llvm_ir: LlvmText, target: Target, unroll: bool = True) -> tuple[bytes, dict[str, str]]:
     """Compile a loop kernel's LLVM IR (:func:`emit_llvm`) to a relocatable object for any
     CPU target (no JIT): the object and the stages "llvm" and "llvm_opt"."""
     tm = _compiling_machine(target)
     mod = parse_module(llvm_ir.text, f"kernel '{llvm_ir.name}'")
-    optimize(mod, tm)
+    optimize(mod, tm, unroll)
     inline_dot_products(mod, tm, native_dots(target))
     link_tile_products(mod)
     return tm.emit_object(mod), {"llvm": llvm_ir.text, "llvm_opt": str(mod)}
