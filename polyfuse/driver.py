@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -118,12 +117,12 @@ def compile(model: Any, *, target: str | Target = "reference",
     source = None
     if not is_torch_program(model):
         from polyfuse.frontends.onnx import read_model
-        from polyfuse.frontends.onnx_quantize import quantize
+        from polyfuse.frontends.onnx_quantize import model_digest, quantize
         if precision == "int8":
             model = quantize(model, profile, quantization or QuantizeOptions())  # type: ignore[arg-type]
         proto, data = read_model(model)   # (a file read once: the front end's and the digest's)
         graph = _front_end(proto)
-        source = ModelSource(graph, hashlib.sha256(data).hexdigest())
+        source = ModelSource(graph, model_digest(data))
     else:
         graph = _front_end(model)
     graph, stages = _optimized(graph, precision)

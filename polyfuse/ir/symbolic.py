@@ -185,18 +185,21 @@ def canonical(e: Expr) -> Expr:
     """``e`` in sympy's normal form (constants folded, terms ordered). An expression of
     integers alone (a specialized shape or range, most of them) is evaluated directly,
     as :func:`evaluate_int` does; one that divides by 0 goes through sympy."""
-    if isinstance(e, Literal) and isinstance(e.value, int) and not isinstance(e.value, bool) \
-            and e == _int(e.value):
-        return e
-    if all(isinstance(n.value, int) and not isinstance(n.value, bool) for n in walk(e) if isinstance(n, Literal)) \
-            and not any(isinstance(n, SizeVar) for n in walk(e)) and not any(
-            isinstance(n, Binary) and n.op in (BinaryOp.DIV, BinaryOp.MOD) or isinstance(n, Call)
-            and n.fn in ("floordiv", "floormod") for n in walk(e)):
+    if all(_plain_integer(n) for n in walk(e)):
         try:
             return _int(_evaluate(e, {}))
         except _NotDirect:
             pass
     return from_sympy(to_sympy(e))
+
+
+def _plain_integer(n: Expr) -> bool:
+    """Whether node ``n`` lets its expression be evaluated without sizes or sympy: not a
+    size, a non-integer literal or a division (one by 0 means what sympy says)."""
+    if isinstance(n, Literal):
+        return isinstance(n.value, int) and not isinstance(n.value, bool)
+    return not (isinstance(n, SizeVar) or isinstance(n, Binary) and n.op in (BinaryOp.DIV, BinaryOp.MOD)
+                or isinstance(n, Call) and n.fn in ("floordiv", "floormod"))
 
 
 def zero_divisor(e: Expr, sizes: Mapping[str, int]) -> Expr | None:

@@ -115,8 +115,9 @@ _PARSED = _Memo(4096)
 class Memos:
     """What one graph's plans share (each a pure function of its key): a node's lowering
     for its input types and constant inputs, a definition with sizes bound, a fusion
-    group's composition of its bound members. A model's planner holds them (the
-    constant inputs a key holds, weights among them, live with the model)."""
+    group's composition of its bound members, and what the interpreter folds at plan
+    time. A model's planner holds them (the constant inputs a key holds, weights among
+    them, live with the model)."""
 
     def __init__(self) -> None:
         self.lowered = _Memo(2048)
@@ -342,8 +343,8 @@ class _Planner:
         """The types of what ``d`` defines at these sizes (values ``names``, then its
         temporaries), each checked to fit in memory before anything is allocated."""
         types = []
-        for k, t in enumerate(self.bound(d, sizes).outputs):
-            shape = tuple(evaluate_int(e, {}) for e in t.shape)
+        for k, t in enumerate(d.outputs):
+            shape = tuple(evaluate_int(e, sizes) for e in t.shape)
             name = f"value '{names[k]}'" if k < len(names) else f"temporary '{t.name}'"
             if any(e < 0 for e in shape):
                 raise ShapeError(f"{what}: {name} would have shape {shape} for sizes {sizes}: the "

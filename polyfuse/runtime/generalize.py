@@ -54,25 +54,16 @@ class Text:
 
     @staticmethod
     def of(source: str) -> Text:
-        pieces = _NUMBER.split(source)
-        parts, values = [pieces[0]], []
-        for number, after in zip(pieces[1::2], pieces[2::2]):
-            if number.isdigit():
-                values.append(int(number))
-                parts.append(after)
-            else:   # a float literal: part of the skeleton
-                parts[-1] += number + after
         arrow = source.find("->")
-        declared = len(_integers(source[:arrow])) if arrow >= 0 else 0
+        parts, values, declared, at = [], [], 0, 0
+        for m in _NUMBER.finditer(source):
+            if m.group().isdigit():   # (a float literal stays part of the skeleton)
+                parts.append(source[at:m.start()])
+                values.append(int(m.group()))
+                declared += m.start() < arrow
+                at = m.end()
+        parts.append(source[at:])
         return Text(tuple(parts), tuple(values), declared)
-
-    @property
-    def skeleton(self) -> tuple[str, ...]:
-        return self.parts
-
-
-def _integers(text: str) -> list[str]:
-    return [n for n in _NUMBER.findall(text) if n.isdigit()]
 
 
 # an expression of the declared sizes: (coefficient, sizes multiplied, constant added)
@@ -100,8 +91,7 @@ class Template:
             if slot is None:
                 if value != constant:
                     return None
-            elif _size(slot) is not None:   # a size itself: binds it (derived ones checked after)
-                k = _size(slot)
+            elif (k := _size(slot)) is not None:   # a size itself: binds it (derived ones checked after)
                 if sizes[k] not in (None, value):
                     return None
                 sizes[k] = value
@@ -233,10 +223,10 @@ class Generalizer:
         of an earlier plan; None where there is none (the text is compiled as it is)."""
         text = Text.of(source)
         with self._lock:
-            for template in self._templates.get(text.parts, ()):
-                sizes = template.match(text)
+            for known in self._templates.get(text.parts, ()):
+                sizes = known.match(text)
                 if sizes is not None:
-                    return Generalized(template, sizes)
+                    return Generalized(known, sizes)
             earlier = [t for t in self._texts.get(text.parts, ()) if t.values != text.values]
             if not earlier:
                 return None

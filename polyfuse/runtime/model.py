@@ -87,6 +87,10 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
             discarded = frozenset(t.name for t in st.definition.outputs[len(st.outputs):])
             groups.setdefault((st.source, tuple(plan.types[n] for n in st.inputs), discarded), []).append(i)
 
+    # the texts generalized: the definitions as the lowering left them, printed
+    texts = {indices[0]: str(steps[indices[0]].definition) for indices in groups.values()} \
+        if generalizer is not None else {}
+
     def compile_group(group: tuple[tuple, list[int]]) -> None:
         (_, _, discarded), indices = group
         general = generalizer.find(texts[indices[0]]) if generalizer is not None else None
@@ -112,9 +116,6 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                                           f"{[plan.types[n] for n in st.defines]}")
             kernels[i] = spec
 
-    # the texts generalized: the definitions as the lowering left them, printed
-    texts = {indices[0]: str(steps[indices[0]].definition) for indices in groups.values()} \
-        if generalizer is not None else {}
     compile_threads.each(compile_group, list(groups.items()))
     if generalizer is not None:
         generalizer.remember(texts.values())

@@ -244,7 +244,7 @@ class ProgramLayout:
             constants.setdefault(UNREAD, np.zeros(1, np.uint8))
             return (CONSTANT, UNREAD, 0)
 
-        def size(name: str, value: int) -> tuple[int, Any, int]:
+        def size(value: int) -> tuple[int, Any, int]:
             """A size a kernel compiled for symbolic sizes takes: an int64 the call points at."""
             key = f"<size {value}>"
             constants.setdefault(key, np.array([value], np.int64))
@@ -276,7 +276,7 @@ class ProgramLayout:
             scratch_end = max(scratch_end, start)
             if layout.checks_indices:
                 args.append((ERROR, 0, 0))
-            args += [size(n, kernel.run.sizes[n]) for n in layout.scalars]   # a symbolic kernel's sizes
+            args += [size(kernel.run.sizes[n]) for n in layout.scalars]   # a symbolic kernel's sizes
             calls.append(Call(st.label, kernel.run, kernel.stages, tuple(args), tuple(zero)))
 
         def tensor(name: str) -> Tensor:

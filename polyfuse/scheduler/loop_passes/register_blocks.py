@@ -89,12 +89,8 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
             block = _block(s, kernel) if s.kind is LoopKind.SERIAL else None
             if block is None:
                 pieces = _pieces_outside(s) if s.kind is LoopKind.SERIAL else None
-                if pieces is None:
-                    return super().loop(s, scope)
-                out: list[Stmt] = []
-                for piece in pieces:
-                    out += _flat(super().loop(piece, scope))
-                return tuple(out)
+                # (each piece, as a statement of this body: neither a block nor pieces itself)
+                return super().loop(s, scope) if pieces is None else super().body(pieces, scope)
             target = block[2][0].buffer
             used = {n.name for st in block[2] for i in st.indices for n in walk(i) if isinstance(n, IndexVar)}
             zero = target in zeroed and target not in self.shared and all(lp.var in used for lp in scope.loops)
@@ -109,10 +105,6 @@ def promote_register_blocks(kernel: LoopKernel, zeroed: frozenset[str] = frozens
     if initialized is not None:
         initialized |= {t for t in from_zero - loaded if not _reads_before_written(body, t)}
     return replace(kernel, buffers=kernel.buffers + tuple(buffers), body=body)
-
-
-def _flat(s: Stmt | tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-    return s if isinstance(s, tuple) else (s,)
 
 
 def _apart(x: Stmt, y: Stmt, buffer: str) -> bool:
@@ -160,23 +152,23 @@ def _rows(top: For, buffer: str) -> list[list[tuple[dict[str, int], int, int | N
             inner = {lp.var: lp for lp in scope.loops if isinstance(lp, For)}
             if len(inner) != len(scope.loops):
                 return []
+            least = {v: _least(lp, top) for v, lp in inner.items()}
             dims: list[tuple[dict[str, int], int, int | None] | None] = []
             for index in s.indices:
                 f = affine(index)
                 if f is None or f.get(top.var) != 1 or any(
-                        c < 0 or v in inner and _least(inner[v], top) is None for v, c in f.items() if v):
+                        c < 0 or v in inner and least[v] is None for v, c in f.items() if v):
                     dims.append(None)
                     continue
                 lo = f.get("", 0)
                 hi: int | None = lo
                 for v, c in f.items():
                     if v in inner:
-                        lp = inner[v]
-                        least = _least(lp, top)
-                        assert least is not None
+                        lp, first = inner[v], least[v]
+                        assert first is not None
                         trips = max_trips(lp.lo, lp.hi, lp.step) if isinstance(lp.lo, Literal) else None
-                        lo += c * least
-                        hi = None if hi is None or not trips else hi + c * (least + (trips - 1) * lp.step)
+                        lo += c * first
+                        hi = None if hi is None or not trips else hi + c * (first + (trips - 1) * lp.step)
                 dims.append(({v: c for v, c in f.items() if v and v not in inner and v != top.var}, lo, hi))
             found.append(dims)
     return found
@@ -207,19 +199,15 @@ def _pieces_outside(top: For) -> tuple[For, ...] | None:
     * jammed rows, ``for r in 0:min(5, N - x) + 1``: pieces of 4, 2 and 1 rows, each
       piece's rows jammed (:func:`_pieces`);
     * the vector's columns, ``for v in 0:min(63, N - x) + 1 vectorize(16)``: pieces of
-      64, 32 and 16 columns (whole vectors), then the last, partial vector's columns as
-      they were (:func:`_columns`).
+      64, 32 and 16 columns (whole vectors), then the last, partial vector
+      (:func:`_columns`).
 
     Each statement accumulates into its own element, indexed by the loop's variable, so
     every element keeps its order of sums."""
-    loops = perfect_nest(top)
-    stores = [s for s in loops[-1].body if isinstance(s, Store)]
-    if not stores or len(stores) != len(loops[-1].body):
+    parts = _nest_parts(top)
+    if parts is None:
         return None
-    used = {n.name for s in stores for i in s.indices for n in walk(i) if isinstance(n, IndexVar)}
-    inner = [k for k, lp in enumerate(loops) if lp.var in used]
-    if not inner or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
-        return None
+    loops, stores, inner = parts
     loose = [k for k in inner if constant_trips(loops[k]) is None]
     if not loose:
         return None
@@ -282,23 +270,22 @@ def _columns(loops: list[For], most: int) -> tuple[For, ...]:
     """The nest ``loops`` whose last loop, the vector's, runs ``0:T`` (at most ``most``
     trips) as pieces of columns, each a loop ``o`` of whole vectors (``T`` cut at
     multiples of the piece, as :func:`_pieces` cuts rows) outside the reduction around
-    the nest with a vector loop of constant trips at ``o + v``; then the nest as it was
-    from where the whole vectors end (the last, partial vector)."""
+    the nest with a vector loop of constant trips at ``o + v``; then, where the whole
+    vectors end, a piece of the last, partial vector (``0:min(w - 1, T - o - 1) + 1``)."""
     vec = loops[-1]
     offset = f"{vec.var}_o"
+    body = map_body_exprs(vec.body, _shifted(vec.var, IndexVar(offset)))
     out = []
     start: Expr = Literal(0, _I64)
     size = 1 << (most.bit_length() - 1)
     while size >= vec.vector:
         end = _cut(vec.hi, start, size)
-        inner = replace(vec, hi=Literal(size, _I64), unroll=max(1, size // vec.vector),
-                        body=map_body_exprs(vec.body, _shifted(vec.var, IndexVar(offset))))
+        inner = replace(vec, hi=Literal(size, _I64), unroll=max(1, size // vec.vector), body=body)
         out.append(For(offset, start, end, _nest(loops[:-1], (inner,)), step=size))
         start, size = end, size // 2
-    # the last, partial vector: a piece of its own whose vector loop runs from 0
     left = Binary(BinaryOp.SUB, Binary(BinaryOp.SUB, vec.hi, IndexVar(offset), _I64), Literal(1, _I64), _I64)
     lanes = Binary(BinaryOp.ADD, Call("min", (Literal(vec.vector - 1, _I64), left), _I64), Literal(1, _I64), _I64)
-    last = replace(vec, hi=lanes, unroll=1, body=map_body_exprs(vec.body, _shifted(vec.var, IndexVar(offset))))
+    last = replace(vec, hi=lanes, unroll=1, body=body)
     out.append(For(offset, start, vec.hi, _nest(loops[:-1], (last,)), step=vec.vector))
     return tuple(out)
 
@@ -340,22 +327,32 @@ def _reads_before_written(body: tuple[Stmt, ...], tensor: str) -> bool:
                for s in nests[:last + 1] for t in walk_stmts((s,)) for r in stmt_nodes(t))
 
 
-def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[Store, ...]] | None:
-    """``top``'s nest split into reduction loops (``top`` first), block loops (the last
-    one vectorized) and the accumulating stores, or None if it is not a register block
-    whose reduction starts at ``top``."""
+def _nest_parts(top: For) -> tuple[list[For], list[Store], list[int]] | None:
+    """``top``'s perfect nest, the stores at its bottom and the positions of the loops
+    their elements use, or None unless every statement there is a store and those loops
+    are the innermost ones, below at least one they do not use (the reduction must run
+    outside every loop the block's elements use)."""
     loops = perfect_nest(top)
-    if loops[-1].vector < MIN_VECTOR:
-        return None
-    stores = loops[-1].body
-    if not stores or not all(isinstance(s, Store) for s in stores):
-        return None
-    if any(lp.kind is not LoopKind.SERIAL for lp in loops):
+    stores = [s for s in loops[-1].body if isinstance(s, Store)]
+    if not stores or len(stores) != len(loops[-1].body):
         return None
     used = {n.name for s in stores for i in s.indices for n in walk(i) if isinstance(n, IndexVar)}
     inner = [k for k, lp in enumerate(loops) if lp.var in used]
     if not inner or inner[0] == 0 or inner != list(range(inner[0], len(loops))):
-        return None  # the reduction must run outside every loop the block's elements use
+        return None
+    return loops, stores, inner
+
+
+def _block(top: For, kernel: LoopKernel) -> tuple[list[For], list[For], tuple[Store, ...]] | None:
+    """``top``'s nest split into reduction loops (``top`` first), block loops (the last
+    one vectorized) and the accumulating stores, or None if it is not a register block
+    whose reduction starts at ``top``."""
+    parts = _nest_parts(top)
+    if parts is None:
+        return None
+    loops, stores, inner = parts
+    if loops[-1].vector < MIN_VECTOR or any(lp.kind is not LoopKind.SERIAL for lp in loops):
+        return None
     reduction, block = loops[:inner[0]], loops[inner[0]:]   # (a reduction of a symbolic size may)
     if any(constant_trips(lp) is None for lp in block[:-1]) or _most(block[-1]) is None:
         return None   # (the vector loop may be one partial vector: a symbolic kernel's last)
