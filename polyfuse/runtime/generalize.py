@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from itertools import combinations_with_replacement
 from typing import Any
 
+from polyfuse.errors import FrontendError
 from polyfuse.ir.comprehension import Definition, SizeVar, walk
 
 # a number literal of TC text, not a part of a name (i0, float32); integers are the
@@ -198,6 +199,7 @@ class Generalizer:
         self._definition = definition
         self._texts: dict[tuple[str, ...], list[Text]] = {}
         self._templates: dict[tuple[str, ...], list[Template]] = {}
+        self._definitions: dict[str, Definition] = {}   # each template's text, parsed
         self._kernels: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
@@ -212,7 +214,7 @@ class Generalizer:
         with self._lock:
             found = self._kernels.get(key)
             if found is None:
-                definition = self._definition(template.source)
+                definition = self._definitions[template.source]
                 fixed = frozenset(p.name for p in definition.inputs if p.name in constants
                                   and not any(isinstance(n, SizeVar) for e in p.shape for n in walk(e)))
                 found = self._kernels[key] = make(definition, fixed)
@@ -220,7 +222,8 @@ class Generalizer:
 
     def find(self, source: str) -> Generalized | None:
         """A template ``source`` matches: a known one, else one made from the nearest text
-        of an earlier plan; None where there is none (the text is compiled as it is)."""
+        of an earlier plan; None where there is none, or TC refuses the template's text
+        (the text is compiled as it is)."""
         text = Text.of(source)
         with self._lock:
             for known in self._templates.get(text.parts, ()):
@@ -233,6 +236,10 @@ class Generalizer:
             nearest = min(earlier, key=lambda t: sum(a != b for a, b in zip(t.values, text.values)))
             template = generalize(nearest, text)
             if template is None:
+                return None
+            try:   # (a size where TC takes none, an int size in a float context: the text as it is)
+                self._definitions[template.source] = self._definition(template.source)
+            except FrontendError:
                 return None
             sizes = template.match(text)
             assert sizes is not None, "a template matches the texts it was made from"

@@ -99,3 +99,18 @@ def test_a_generalizer_generalizes_across_plans_only_and_keeps_constants():
     g.remember([dense(33, 768), dense(33, 3072)])
     again = g.find(dense(50, 3072))
     assert again is not None and again.template is wide.template and again.sizes == {"S0": 50}
+
+
+def test_a_template_tc_refuses_leaves_the_text_as_it_is():
+    """Where the template's text does not parse (a size where TC takes none), the text is
+    compiled as it is: no template, and no error for the caller."""
+    from polyfuse.errors import TCSemanticError
+
+    def refuse(source):
+        raise TCSemanticError("expected an integer literal here", None, source)
+    g = Generalizer(refuse)
+    g.remember([dense(7, 768)])
+    assert g.find(dense(33, 768)) is None
+    real = Generalizer(parse_definition)
+    real.remember([dense(7, 768)])
+    assert real.find(dense(33, 768)) is not None
