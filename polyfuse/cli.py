@@ -223,7 +223,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         mod = pf.define(source, target=args.target, tuning_records=args.tuning_records, sizes=args.sizes,
                         precision=args.precision)
         spec = mod[d.name].specialize(*arrays)
-        stages = dict(spec.stages)
+        stages = spec.stages.printed() if hasattr(spec.stages, "printed") else dict(spec.stages)
         texts = {"kernels": stages.get("specialized", ""), **stages}
         if args.dump:
             if args.dump not in texts:

@@ -294,13 +294,17 @@ class Definition:
 
     @property
     def sizes(self) -> tuple[str, ...]:
-        """Size names bound by the inputs' shapes, in order of first appearance."""
+        """Size names bound by the inputs' shapes, in order of first appearance, then
+        those only the outputs' shapes or the statements name (a plan's kernel may leave
+        them to its caller: :func:`polyfuse.frontends.tc.parse`'s ``given_sizes``)."""
         seen: dict[str, None] = {}
-        for t in self.inputs:
-            for e in t.shape:
-                for v in walk(e):
-                    if isinstance(v, SizeVar):
-                        seen.setdefault(v.name)
+        exprs = [e for t in (*self.inputs, *self.outputs) for e in t.shape]
+        exprs += [e for st in self.statements for r in st.ranges for e in (r.lo, r.hi)]
+        exprs += [st.rhs for st in self.statements]
+        for e in exprs:
+            for v in walk(e):
+                if isinstance(v, SizeVar):
+                    seen.setdefault(v.name)
         return tuple(seen)
 
     def tensor(self, name: str) -> TensorDecl:

@@ -411,7 +411,8 @@ class Planner(Protocol):
         passes first) or the rest of this graph after data-dependent control flow."""
         ...
 
-    def definition(self, source: str) -> Definition:
+    def definition(self, source: str, sizes: tuple[str, ...] = ()) -> Definition:
         """A kernel's TC text parsed, as the lowering parses its kernels' (a kernel of a
-        plan generalized over its sizes: :mod:`polyfuse.runtime.generalize`)."""
+        plan generalized over its sizes: :mod:`polyfuse.runtime.generalize`); ``sizes``
+        are sizes though no input's shape declares them (the caller gives them)."""
         ...

@@ -58,7 +58,28 @@ def plan_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     op library's errors (naming the node), a ShapeError where sizes disagree and a
     SizeLimitError where a tensor would not fit in memory. ``memo``: what earlier plans
     of ``graph`` lowered (:class:`Memos`)."""
-    return _Planner(graph, dict(shapes), dict(values or {}), memo or Memos()).plan()
+    memo = memo or Memos()
+    while True:
+        planner = _Planner(graph, dict(shapes), dict(values or {}), memo)
+        try:
+            plan = planner.plan()
+        except _Needed as need:   # a lowering needs the value after all: it folds again
+            memo.unfolded -= need.names
+            memo.needed |= need.names
+            continue
+        shaped = {n for n in plan.constants if n in planner.shaped} - memo.unfolded - memo.needed
+        if not shaped:
+            return plan
+        memo.unfolded |= shaped   # computed by kernels from now on: plan again
+
+
+class _Needed(Exception):
+    """A lowering needs a value computed from ``names``, which the planner had kernels
+    compute."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__(sorted(names))
+        self.names = names
 
 
 @dataclass(frozen=True)
@@ -78,8 +99,8 @@ class GraphPlanner:
             graph = PassManager(graph_passes(), verify=True).run(graph)
         return GraphPlanner(graph)
 
-    def definition(self, source: str) -> Definition:
-        return parse_definition(source)
+    def definition(self, source: str, sizes: tuple[str, ...] = ()) -> Definition:
+        return parse_definition(source, sizes)
 
 
 class _Memo:
@@ -124,6 +145,10 @@ class Memos:
         self.bound = _Memo(4096)
         self.composed = _Memo(1024)
         self.folded = _Memo(2048)
+        # values computed from the input shapes that kernels read: computed by kernels
+        # (see _Planner.shaped), so that a plan's constants are the same at every shape
+        self.unfolded: set[str] = set()
+        self.needed: set[str] = set()   # ... except where a lowering needs the value
 
 
 # a constant input of at most this many bytes is keyed by its value (a shape computed at
@@ -157,6 +182,15 @@ class _Planner:
             self.constant(c.name, c.array)
         self._lowered: dict[str, tuple[Lowered, Definition | None]] = {}
         self._history: dict[str, History] = {}   # node -> its definition's comprehension passes
+        # Constants whose values the input shapes decide (a Shape's output, and what
+        # folds from one: positions, masks, a position embedding's rows). Where a kernel
+        # reads one, plan_graph plans again with its node in memo.unfolded: a kernel
+        # computes it at run time, so a plan's constants are its weights and values
+        # alone, and plans at other shapes differ only in sizes (plan templates).
+        self.shaped: set[str] = set()
+        self.unfolded = memo.unfolded
+        # (a graph of fixed input shapes has one plan: its values of the shapes fold)
+        self.dynamic = not all(isinstance(d, int) for v in graph.inputs for d in v.type.shape)
 
     def plan(self) -> Plan:
         g = self.graph
@@ -212,6 +246,9 @@ class _Planner:
                     try:
                         trims = self.node(node)
                     except NeedsValue as need:
+                        refold = self.unfolded_sources(need.value_name)
+                        if refold:
+                            raise _Needed(refold) from None
                         if need.value_name in self.shapes or need.value_name not in self.types:
                             raise   # a graph input: the model specializes its plans to it
                         # a value computed from data (e.g. TopK's k): the rest is planned
@@ -231,6 +268,31 @@ class _Planner:
         finally:
             self.steps = outer
         return None if ended is not None else Block(steps, tuple(results))
+
+    def of_shapes(self, names: list[str] | tuple[str, ...]) -> None:
+        """Record values whose values the input shapes decide (of a graph whose input
+        shapes can change)."""
+        if self.dynamic:
+            self.shaped.update(names)
+
+    def unfolded_sources(self, name: str) -> set[str]:
+        """The values in :attr:`unfolded` that value ``name`` is computed from (itself
+        included): what must fold again for ``name`` to be known at plan time."""
+        if not self.unfolded:
+            return set()
+        producer = {out: node for node in self.graph.nodes for out in node.outputs}
+        found, seen, pending = set(), set(), [name]
+        while pending:
+            value = pending.pop()
+            if value in seen or not value:
+                continue
+            seen.add(value)
+            if value in self.unfolded:
+                found.add(value)
+            node = producer.get(value)
+            if node is not None:
+                pending.extend(node.inputs)
+        return found
 
     def snapshot(self) -> tuple[dict, dict, dict]:
         """What planning records besides steps (to undo a block the program cannot run)."""
@@ -362,13 +424,17 @@ class _Planner:
             assert d is not None
             return self.counted(node, lowered, d)
         if isinstance(lowered, Folded):
+            if any(i and (i in self.shaped or i not in self.consts) for i in node.inputs):
+                self.of_shapes(node.outputs)   # (a Shape, or a fold of one)
             for name, array in zip(node.outputs, lowered.arrays):
                 self.define(what, name, self.constant(name, array))
         elif isinstance(lowered, View):
             src, shape, start = node.inputs[lowered.input], tuple(lowered.shape), lowered.offset
             self.define(what, node.outputs[0], TensorType(self.types[src].dtype, shape))
             self.hold(node.outputs[:1], lowered)
-            if src in self.consts:
+            if any(i in self.shaped for i in node.inputs):
+                self.of_shapes(node.outputs[:1])
+            if src in self.consts and node.outputs[0] not in self.unfolded:
                 flat = self.consts[src].reshape(-1)
                 self.consts[node.outputs[0]] = flat[start:start + int(np.prod(shape))].reshape(shape)
             else:
@@ -380,7 +446,10 @@ class _Planner:
             sizes = self.sizes(what, d, names)
             types = self.output_types(what, d, sizes, outs)
             self.hold(outs, lowered)
-            if all(n in self.consts for n in names):  # fold at compile time with the interpreter
+            if any(i in self.shaped for i in node.inputs):   # (a kernel input, or a size the lowering read)
+                self.of_shapes(outs)
+            if all(n in self.consts for n in names) and not self.unfolded.intersection(outs):
+                # fold at compile time with the interpreter
                 arrays = {p.name: self.consts[n] for p, n in zip(d.params, names)}
                 results = self.memo.folded.get(
                     (id(d), tuple(_value_key(a) for a in arrays.values()), tuple(sorted(sizes.items()))),
@@ -470,7 +539,9 @@ class _Planner:
         """A kernel step of the definition ``history`` ends at (its comprehension passes so
         far), on values ``names``, after the passes every kernel gets."""
         d = history[-1][1]
-        values = {p.name: self.consts[n] for p, n in zip(d.params, names) if n in self.consts}
+        # (a value of the shapes stays an argument: written into the text, the kernels
+        # of plans at other shapes would differ in more than their sizes)
+        values = {p.name: self.consts[n] for p, n in zip(d.params, names) if n in self.consts and n not in self.shaped}
         history = run_definition_passes(history, (Pass("inline_scalars", lambda d: inline_scalars(d, values)),))
         inlined = history[-1][1]
         if inlined is not d:
@@ -491,7 +562,7 @@ class _Planner:
             if d is None or isinstance(lowered, Counted):
                 return False
             names = [node.inputs[i] for i in lowered.inputs] + self.bind_constants(node, lowered)
-            if not members and all(n in self.consts for n in names):
+            if not members and all(n in self.consts for n in names) and not self.unfolded.intersection(node.outputs):
                 return False
             what = f"node '{node.name}' ({node.op})"
             bound = self.bound(d, self.sizes(what, d, names))

@@ -113,10 +113,16 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
         key, _COMPILED, STATS, Layout,
         lambda obj, layout, stages: executable(obj, layout, stages, target),
         lambda: _compile(d, sizes, target, options, key, usage, symbolic))
+    staged(exe, stages, target)
+    return exe
+
+
+def staged(exe: Any, stages: dict[str, str], target: Target) -> None:
+    """``exe``'s stages (its LLVM IR, ...) added to ``stages``, its assembly printed
+    when first read."""
     stages.update(exe.stages)
     if "asm" not in stages and "llvm_opt" in stages and hasattr(stages, "later"):
         stages.later("asm", lambda: _assembly(stages["llvm_opt"], target))
-    return exe
 
 
 def _assembly(llvm_opt: str, target: Target) -> str:

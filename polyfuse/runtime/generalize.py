@@ -26,12 +26,14 @@ sizes and the rest stay constants:
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import combinations_with_replacement
 from typing import Any
+
+import numpy as np
 
 from polyfuse.errors import FrontendError
 from polyfuse.ir.comprehension import Definition, SizeVar, walk
@@ -46,34 +48,39 @@ TEXTS_PER_SKELETON = 8   # earlier texts a Generalizer keeps per skeleton (the l
 @dataclass(frozen=True)
 class Text:
     """A TC text split at its integer literals: ``parts`` (the text between them, one
-    more than ``values``), the integers, and how many of them stand in the inputs'
-    declared shapes (those before the signature's ``->``)."""
+    more than ``values``), the integers, how many of them stand in the inputs'
+    declared shapes (those before the signature's ``->``) and how many in the whole
+    signature (the outputs' shapes too, before the body's ``{``)."""
 
     parts: tuple[str, ...]
     values: tuple[int, ...]
     declared: int
+    signed: int
 
     @staticmethod
     def of(source: str) -> Text:
         arrow = source.find("->")
-        parts, values, declared, at = [], [], 0, 0
+        body = source.find("{", arrow)
+        parts, values, declared, signed, at = [], [], 0, 0, 0
         for m in _NUMBER.finditer(source):
             if m.group().isdigit():   # (a float literal stays part of the skeleton)
                 parts.append(source[at:m.start()])
                 values.append(int(m.group()))
                 declared += m.start() < arrow
+                signed += m.start() < body
                 at = m.end()
         parts.append(source[at:])
-        return Text(tuple(parts), tuple(values), declared)
+        return Text(tuple(parts), tuple(values), declared, signed)
 
 
-# an expression of the declared sizes: (coefficient, sizes multiplied, constant added)
-Expression = tuple[int, tuple[int, ...], int]
+# An expression of sizes S0, S1, ...: ``(constant, terms)``, each term a ``(coefficient,
+# sizes multiplied)``; ``(-1, ((1, (0,)), (1, (1,))))`` is S0 + S1 - 1.
+Expression = tuple[int, tuple[tuple[int, tuple[int, ...]], ...]]
 
 
 @dataclass(frozen=True)
 class Template:
-    """A TC text with sizes where two plans' texts differed. ``slots[k]`` is, for the
+    """A TC text with sizes where plans' texts differed. ``slots[k]`` is, for the
     ``k``-th integer of the skeleton, None (a constant: ``constants[k]``) or an
     expression of the sizes; ``source`` is the general text (sizes named ``names``)."""
 
@@ -98,76 +105,127 @@ class Template:
                 sizes[k] = value
         bound = [s for s in sizes if s is not None]
         if len(bound) < len(sizes) or any(
-                slot is not None and _evaluate(slot, bound) != value for value, slot in zip(text.values, self.slots)):
+                slot is not None and evaluate(slot, bound) != value for value, slot in zip(text.values, self.slots)):
             return None
         return dict(zip(self.names, bound))
 
 
+def size(k: int) -> Expression:
+    """Size ``k`` alone."""
+    return (0, ((1, (k,)),))
+
+
 def _size(e: Expression) -> int | None:
     """The size an expression is, where it is one size alone."""
-    return e[1][0] if e[0] == 1 and len(e[1]) == 1 and e[2] == 0 else None
+    constant, terms = e
+    return terms[0][1][0] if constant == 0 and len(terms) == 1 and terms[0][0] == 1 and len(terms[0][1]) == 1 \
+        else None
 
 
-def _evaluate(e: Expression, sizes: list[int]) -> int:
-    coefficient, factors, constant = e
-    product = coefficient
-    for k in factors:
-        product *= sizes[k]
-    return product + constant
+def evaluate(e: Expression | int, sizes: list[int]) -> int:
+    if isinstance(e, int):
+        return e
+    constant, terms = e
+    for coefficient, factors in terms:
+        product = coefficient
+        for k in factors:
+            product *= sizes[k]
+        constant += product
+    return constant
 
 
-def _fit(a: int, b: int, declared: list[tuple[int, int]]) -> Expression | None:
-    """An expression of the declared sizes (their values in the two texts) that is ``a``
-    in the first and ``b`` in the second: ``c * S``, ``c * S * T`` or ``c * S + d``, the
-    simplest that fits (two values fit many lines; a later text that another fits
-    instead only misses the template)."""
-    fits: list[Expression] = []
-    for k, (x, y) in enumerate(declared):
-        if x != y and (a - b) % (x - y) == 0:
-            c = (a - b) // (x - y)
-            if c:
-                fits.append((c, (k,), a - c * x))
-    for k, j in combinations_with_replacement(range(len(declared)), 2):
-        x = declared[k][0] * declared[j][0]
-        y = declared[k][1] * declared[j][1]
-        if x and y and a % x == 0 and b % y == 0 and a // x == b // y:
-            fits.append((a // x, (k, j), 0))
-    return min(fits, key=lambda e: (abs(e[2]), len(e[1]), abs(e[0])), default=None)
+def fit(values: list[int], rows: list[list[int]]) -> Expression | int | None:
+    """The simplest expression of the sizes that is ``values[s]`` at the sizes of each
+    sample ``rows[s]``: a constant; an affine function with integer coefficients of one
+    size (``2 * S0 - 1``), of two (``S0 + S1``) or of all; or one product of two sizes,
+    scaled and shifted (``S0 * S1``, ``12 * S0 * S0``). A form is tried only where the
+    samples determine it (two samples fix ``c * S + d``; ``a * S + b * T + d`` takes
+    three, where two samples try sums and differences alone). None where nothing is
+    exact at every sample: more samples than a form needs make a fit a check too."""
+    if len(set(values)) == 1:
+        return values[0]
+    n = len(rows[0])
+    if not n:
+        return None
+    forms: list[tuple[tuple[int, ...], ...]] = [((k,),) for k in range(n)]
+    forms += [((k,), (j,)) for k in range(n) for j in range(k + 1, n)]
+    if n > 2:
+        forms.append(tuple((k,) for k in range(n)))
+    forms += [((k, j),) for k in range(n) for j in range(k, n)]
+    for form in forms:
+        if len(form) + 1 <= len(rows):
+            e = _solve(form, values, rows)
+            if e is not None:
+                return e
+    for k in range(n):   # a * S + b * T + d from two samples: a and b of 1 and -1
+        for j in range(n):
+            for a, b in ((1, 1), (1, -1)) if k < j else ((1, -1),) if k != j else ():
+                e = (values[0] - a * rows[0][k] - b * rows[0][j], ((a, (k,)), (b, (j,))))
+                if all(evaluate(e, row) == v for row, v in zip(rows, values)):
+                    return e
+    return None
+
+
+def _solve(form: tuple[tuple[int, ...], ...], values: list[int], rows: list[list[int]]) -> Expression | None:
+    """The integer coefficients of ``d + sum(c_t * term_t)`` that give ``values`` at
+    ``rows`` exactly, or None."""
+    basis = np.array([[1.0] + [float(math.prod(row[k] for k in term)) for term in form] for row in rows])
+    solution, *_ = np.linalg.lstsq(basis, np.array(values, dtype=np.float64), rcond=None)
+    coefficients = [int(round(c)) for c in solution]
+    e: Expression = (coefficients[0], tuple((c, term) for c, term in zip(coefficients[1:], form) if c))
+    if not e[1] or not all(evaluate(e, row) == v for row, v in zip(rows, values)):
+        return None
+    return e
 
 
 def _written(e: Expression, names: tuple[str, ...]) -> str:
-    coefficient, factors, constant = e
-    term = " * ".join([str(coefficient)] * (coefficient != 1) + [names[k] for k in factors])
-    if constant > 0:
-        return f"({term} + {constant})"
-    if constant < 0:
-        return f"({term} - {-constant})"
-    return f"({term})" if coefficient != 1 or len(factors) > 1 else term
+    constant, terms = e
+    text = ""
+    for coefficient, factors in terms:
+        term = " * ".join([str(abs(coefficient))] * (abs(coefficient) != 1) + [names[k] for k in factors])
+        text += (f" - {term}" if coefficient < 0 else f" + {term}") if text else (f"-{term}" if coefficient < 0 else term)
+    if constant:
+        text += f" - {-constant}" if constant < 0 else f" + {constant}"
+    return text if _size(e) is not None else f"({text})"
 
 
-def generalize(first: Text, second: Text) -> Template | None:
-    """The template of two texts of one skeleton (see the module docstring), or None
-    where they are equal or a differing integer fits no expression of the declared sizes."""
-    if first.parts != second.parts or first.values == second.values:
+def generalize(texts: list[Text]) -> Template | None:
+    """The template of texts of one skeleton (``texts[0]`` the latest; see the module
+    docstring), or None where they are equal or a differing integer fits no expression
+    of the sizes. Integers of the inputs' declared shapes that differ become sizes, one
+    per distinct run of values over the texts; an output's dimension, then an integer
+    of the statements, that fits no expression of the sizes so far is a size of its own
+    (a Range's length and start: the caller gives them,
+    :meth:`~polyfuse.runtime.kernel.Kernel.specialize_at`)."""
+    first = texts[0]
+    if any(t.parts != first.parts for t in texts) or all(t.values == first.values for t in texts[1:]):
         return None
-    pairs: dict[tuple[int, int], int] = {}
-    for k, (a, b) in enumerate(zip(first.values, second.values)):
-        if a != b and k < first.declared:
-            pairs.setdefault((a, b), len(pairs))
-    declared = list(pairs)
+    columns = list(zip(*(t.values for t in texts)))
+    runs: dict[tuple[int, ...], int] = {}
+    for k, column in enumerate(columns):
+        if k < first.declared and len(set(column)) > 1:
+            runs.setdefault(column, len(runs))
+    declared = len(runs)
+    for part in (range(first.declared, first.signed), range(first.signed, len(columns))):
+        known = [[run[t] for run in runs] for t in range(len(texts))]
+        for k in part:
+            column = columns[k]
+            if len(set(column)) > 1 and column not in runs and fit(list(column), known) is None:
+                runs[column] = len(runs)
+    rows = [[run[t] for run in runs] for t in range(len(texts))]
     slots: list[Expression | None] = []
-    for a, b in zip(first.values, second.values):
-        if a == b:
+    for k, column in enumerate(columns):
+        if len(set(column)) == 1:
             slots.append(None)
-        elif (a, b) in pairs:
-            slots.append((1, (pairs[a, b],), 0))
-        else:
-            e = _fit(a, b, declared)
-            if e is None:
+        elif column in runs:
+            slots.append(size(runs[column]))
+        else:   # (a derived size: of the inputs' where the signature has it)
+            e = fit(list(column), [r[:declared] for r in rows] if k < first.signed else rows)
+            if e is None or isinstance(e, int):
                 return None
             slots.append(e)
     source = "".join(first.parts)
-    names = tuple(_fresh(f"S{k}", source) for k in range(len(declared)))
+    names = tuple(_fresh(f"S{k}", source) for k in range(len(runs)))
     pieces = [first.parts[0]]
     for slot, value, part in zip(slots, first.values, first.parts[1:]):
         pieces.append(str(value) if slot is None else _written(slot, names))
@@ -189,13 +247,22 @@ class Generalized:
     sizes: dict[str, int]
 
 
+@dataclass(frozen=True)
+class Generic:
+    """A plan step's kernel compiled for symbolic sizes (a
+    :class:`~polyfuse.runtime.kernel.Kernel`) and the template whose text it compiles."""
+
+    template: Template
+    kernel: Any
+
+
 class Generalizer:
     """A model's texts of earlier plans, and the templates made from them (see the
     module docstring). ``find`` is called for each kernel text of a plan, from the
     threads compiling the plan's kernels; ``remember`` after the plan is compiled.
     ``definition`` parses a template's text (the planner's, :class:`~polyfuse.ir.plan.Planner`)."""
 
-    def __init__(self, definition: Callable[[str], Definition]) -> None:
+    def __init__(self, definition: Callable[[str, tuple[str, ...]], Definition]) -> None:
         self._definition = definition
         self._texts: dict[tuple[str, ...], list[Text]] = {}
         self._templates: dict[tuple[str, ...], list[Template]] = {}
@@ -233,12 +300,18 @@ class Generalizer:
             earlier = [t for t in self._texts.get(text.parts, ()) if t.values != text.values]
             if not earlier:
                 return None
+            # the nearest text (fewest integers differing), with every other that differs
+            # from this one only where it does (more samples: the fits are checks), else
+            # the nearest alone
             nearest = min(earlier, key=lambda t: sum(a != b for a, b in zip(t.values, text.values)))
-            template = generalize(nearest, text)
+            same = [k for k, (a, b) in enumerate(zip(nearest.values, text.values)) if a == b]
+            alike = [t for t in reversed(earlier) if t is not nearest and all(t.values[k] == text.values[k] for k in same)]
+            template = generalize([text, nearest, *alike]) if alike else None
+            template = template or generalize([text, nearest])
             if template is None:
                 return None
             try:   # (a size where TC takes none, an int size in a float context: the text as it is)
-                self._definitions[template.source] = self._definition(template.source)
+                self._definitions[template.source] = self._definition(template.source, template.names)
             except FrontendError:
                 return None
             sizes = template.match(text)

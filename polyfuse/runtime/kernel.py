@@ -35,7 +35,7 @@ from polyfuse.runtime.arguments import BoundArguments, bind_arguments, check_sca
 from polyfuse.scheduler.model import SYMBOLIC_MAX, initial_outputs, skipped_inits
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.options import MappingOptions, check_options
-from polyfuse.scheduler.pipeline import Usage
+from polyfuse.scheduler.pipeline import Usage, symbolic_signature
 from polyfuse.targets import BACKENDS, Codegen, Device, Target
 
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
@@ -136,6 +136,10 @@ class Stages(dict):
     def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self else default
 
+    def printed(self) -> dict[str, str]:
+        """Every stage's text, those registered with :meth:`later` printed now."""
+        return {name: self[name] for name in [*self.keys(), *self._later]}
+
 
 @dataclass(frozen=True)
 class SpecializedKernel:
@@ -234,6 +238,7 @@ class Kernel:
         check_target(target)
         self.symbolic = symbolic
         self._symbolic_options: MappingOptions | None = None   # a symbolic kernel's, from its first call
+        self._symbolic_runs: dict[str, Executable] = {}   # its code per symbolic_signature
         self.usage = usage
         self.definition = definition
         self.target = target
@@ -284,8 +289,22 @@ class Kernel:
         _take_out(self.definition, kwargs)
         return self._specialized(bind_arguments(self.definition, args, kwargs))
 
+    def specialize_at(self, sizes: Mapping[str, int], *args: Any) -> SpecializedKernel:
+        """:meth:`specialize`, with ``sizes`` that no argument's shape fixes (an output's
+        extent the caller knows, as a plan knows a Range's length) given; a size an
+        argument fixes must agree (else a ShapeError)."""
+        bound = bind_arguments(self.definition, args)
+        for name, value in sizes.items():
+            if bound.sizes.get(name, value) != value:
+                raise ShapeError(f"{self.name}: size {name} is {bound.sizes[name]} from the arguments, "
+                                 f"not {value}")
+        missing = set(self.definition.sizes) - set(bound.sizes) - set(sizes)
+        if missing:
+            raise ShapeError(f"{self.name}: sizes {sorted(missing)} are fixed by no argument; give them")
+        return self._specialized(BoundArguments(bound.values, {**sizes, **bound.sizes}))
+
     def _specialized(self, bound: BoundArguments) -> SpecializedKernel:
-        key = bound.signature()
+        key = (bound.signature(), tuple(sorted(bound.sizes.items())))
         with self._cache_lock:
             kernel = self._cache.get(key)
             if kernel is not None:
@@ -326,8 +345,9 @@ class Kernel:
                     f"{sizes}: the inputs are too small for the statement that writes it")
             # a shift by 2**62 asks for more memory than any machine has
             check_tensor_size(f"{self.name}: output '{t.name}'", t.dtype, extents)
-        stages = Stages({"source": self.source, "comprehension": str(self.definition),
-                         "specialized": str(specialized)})
+        stages = Stages({"source": self.source})
+        stages.later("comprehension", lambda: str(self.definition))
+        stages.later("specialized", lambda: str(specialized))
         try:
             symbolic = self.symbolic_sizes
             if symbolic and all(1 <= sizes[n] <= SYMBOLIC_MAX for n in symbolic):
@@ -354,7 +374,16 @@ class Kernel:
                     options or default_options(self.definition, sizes, machine(self.target), symbolic),
                     fix_sizes=False)
             chosen = self._symbolic_options
-        exe = cpu.build(self.definition, sizes, self.target, chosen, stages, self.usage, symbolic)
+        # the code for these sizes' signature: compiled (or read from disk) once per kernel
+        signature = symbolic_signature(self.definition, sizes, symbolic)
+        with self._cache_lock:
+            exe = self._symbolic_runs.get(signature)
+        if exe is None:
+            exe = cpu.build(self.definition, sizes, self.target, chosen, stages, self.usage, symbolic)
+            with self._cache_lock:
+                self._symbolic_runs[signature] = exe
+        else:
+            cpu.staged(exe, stages, self.target)
         return SizesBound(exe, {n: sizes[n] for n in symbolic}, shapes)
 
 

@@ -31,8 +31,9 @@ from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Planner, ViewStep
 from polyfuse.ir.steps import leaves
 from polyfuse.runtime import compile_threads, native
 from polyfuse.runtime.arguments import placeholder
-from polyfuse.runtime.generalize import Generalizer
+from polyfuse.runtime.generalize import Generalizer, Generic
 from polyfuse.runtime.interpreted_control import retyped, run_tail
+from polyfuse.runtime.plan_template import PlanTemplates
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning, compiles_symbolic
@@ -81,6 +82,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     run one kernel at a time)."""
     steps = list(leaves(plan.steps))
     kernels: list[SpecializedKernel | None] = [None] * len(steps)
+    generic: list[Generic | None] = [None] * len(steps)
     groups: dict[tuple, list[int]] = {}
     for i, st in enumerate(steps):
         if not isinstance(st, ViewStep):
@@ -108,8 +110,12 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                     kernel = generalizer.kernel(general.template, constants, discarded, lambda d, fixed: Kernel(
                         d, target, general.template.source, options, tuning, Usage(fixed, discarded, precision),
                         symbolic=True))
-                spec = kernel.specialize(*(_placeholder(plan.types[n]) for n in st.inputs))
+                    generic[i] = Generic(general.template, kernel)
+                spec = kernel.specialize_at(general.sizes if general is not None else {},
+                                            *(_placeholder(plan.types[n]) for n in st.inputs))
                 alike.append(spec)
+            else:
+                generic[i] = next((generic[j] for j in indices if kernels[j] is spec), None)
             if spec.output_shapes != tuple(tuple(plan.types[n].shape) for n in st.defines):
                 raise IRVerificationError(f"step {st.label}: the kernel's outputs have shapes "
                                           f"{spec.output_shapes}, the plan's buffers "
@@ -119,7 +125,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     compile_threads.each(compile_group, list(groups.items()))
     if generalizer is not None:
         generalizer.remember(texts.values())
-    compiled = CompiledPlan(plan, tuple(kernels))
+    compiled = CompiledPlan(plan, tuple(kernels), generic=tuple(generic) if any(generic) else ())
     return dataclasses.replace(compiled, program=_program(compiled, target))
 
 
@@ -231,6 +237,10 @@ class CompiledModel:
         # kernels for the sizes that change between plans (CPU code this process runs)
         self.sizes = sizes
         self._generalizer = Generalizer(planner.definition) if sizes == "symbolic" and compiles_symbolic(target) else None
+        # plans at new shapes made from earlier ones that differ only in sizes
+        self._templates = PlanTemplates(_placeholder) if self._generalizer is not None else None
+        # plans made by the planner, and from plan templates (polyfuse.runtime.plan_template)
+        self.plan_counts = {"planned": 0, "templated": 0}
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
                              f"{type(input_shapes).__name__}; the inputs are {signature(self.graph.inputs)}")
@@ -265,9 +275,17 @@ class CompiledModel:
             compiled = self._plans.get(key)
             if compiled is None:
                 check_shapes(self.graph.inputs, shapes)
-                plan = self._planner.plan(dict(shapes), dict(values))
-                compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision,
-                                         self._generalizer)
+                compiled = self._templates.find(shapes, key[1]) if self._templates is not None else None
+                if compiled is not None:
+                    compiled = dataclasses.replace(compiled, program=_program(compiled, self.target))
+                    self.plan_counts["templated"] += 1
+                else:
+                    self.plan_counts["planned"] += 1
+                    plan = self._planner.plan(dict(shapes), dict(values))
+                    compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision,
+                                             self._generalizer)
+                    if self._templates is not None:
+                        self._templates.learn(compiled, key[1])
                 with self._plans_lock:
                     self._plans[key] = compiled
                     self._drop_plans()

@@ -34,6 +34,7 @@ from polyfuse.ir.loops import ERROR_BUFFER, BufferRole, LoopKernel, Packing, stm
 from polyfuse.ir.plan import KernelStep, Plan, aligned
 from polyfuse.ir.steps import events, leaves
 from polyfuse.ir.types import aligned_array
+from polyfuse.runtime.generalize import Generic
 from polyfuse.runtime.instructions import Instruction, Run, program_code
 
 
@@ -58,11 +59,15 @@ class CompiledPlan:
     (``kernels[k]`` for the ``k``-th of the plan's kernel and view steps, those in loops and
     branches included: :func:`~polyfuse.ir.steps.leaves`; None for a view) and what runs
     them all as one unit (``program``: native, emulated or on the GPU), or None where each
-    step runs by itself."""
+    step runs by itself. ``generic[k]``: where the ``k``-th kernel is a kernel compiled
+    for symbolic sizes bound to the plan's, that kernel and its template (the plan
+    templates bind it again at other sizes: :mod:`polyfuse.runtime.plan_template`);
+    empty where none is."""
 
     plan: Plan
     kernels: tuple[CompiledKernel | None, ...]
     program: Any = None
+    generic: tuple[Generic | None, ...] = ()
 
     def steps(self) -> Iterator[tuple[KernelStep, CompiledKernel]]:
         """The kernel steps and their compiled kernels, in order."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import islpy as isl
 
@@ -97,27 +98,27 @@ class _Checker:
         try:
             cons = [c for n in its for c in _bound_constraints(names[n], st.range_of(n).lo,
                                                                st.range_of(n).hi, names)]
-            domain = isl.Set.read_from_str(self.ctx, f"{{ {tup} : {' and '.join(cons) or '1 = 1'} }}")
         except ScheduleError:  # a range isl cannot model: the scheduler reports it
             return st
-        if domain.is_empty():
-            return st
+        domain = _Domain(self.ctx, f"{{ {tup} : {' and '.join(cons) or '1 = 1'} }}")
         box = {n: (evaluate_int(st.range_of(n).lo, self.sizes),
                    evaluate_int(st.range_of(n).hi, self.sizes) - 1) for n in its}
+        if any(lo > hi for lo, hi in box.values()):   # (the ranges are boxes: of sizes only)
+            return st
         self.writes(st, domain, tup, names, box)
         self.proofs = {}
         return replace(st, rhs=_Rewrite(self, st, domain, tup, names, box).expr(st.rhs, _Path()))
 
-    def writes(self, st: Statement, domain: isl.Set, tup: str, names: dict[str, str],
+    def writes(self, st: Statement, domain: _Domain, tup: str, names: dict[str, str],
                box: dict[str, Interval]) -> None:
         shape = tuple(evaluate_int(s, self.sizes) for s in self.d.tensor(st.tensor).shape)
         for dim, (index, extent) in enumerate(zip(st.indices, shape)):
             if _within(box[index], extent):
                 continue
             self.affine(st, f"{st.tensor}({', '.join(st.indices)})", st.tensor, dim, names[index],
-                        extent, domain, tup, names, "writes")
+                        extent, domain.set, tup, names, "writes")
 
-    def proven(self, st: Statement, r: Read, dim: int, extent: int, path: _Path, domain: isl.Set,
+    def proven(self, st: Statement, r: Read, dim: int, extent: int, path: _Path, domain: _Domain,
                tup: str, names: dict[str, str], box: dict[str, Interval]) -> bool:
         """Whether dimension ``dim`` of ``r`` stays in bounds wherever ``r`` runs; raises
         when it certainly does not. An index inside the dimension over the statement's
@@ -135,12 +136,12 @@ class _Checker:
             self.proofs[key] = self._proven(st, r, dim, extent, path, domain, tup, names, index)
         return self.proofs[key]
 
-    def _proven(self, st: Statement, r: Read, dim: int, extent: int, path: _Path, domain: isl.Set,
+    def _proven(self, st: Statement, r: Read, dim: int, extent: int, path: _Path, domain: _Domain,
                 tup: str, names: dict[str, str], index: str) -> bool:
-        runs = domain
+        runs = domain.set
         if path.constraints:
             where = isl.Set.read_from_str(self.ctx, f"{{ {tup} : {' and '.join(path.constraints)} }}")
-            runs = domain.intersect(where)
+            runs = runs.intersect(where)
         return self.affine(st, str(r), r.tensor, dim, index, extent, runs, tup, names, "reads",
                            certain=not path.opaque, loc=r.loc)
 
@@ -169,13 +170,26 @@ class _Checker:
                  "keep the access inside the tensor")
 
 
+class _Domain:
+    """A statement's instances as an isl set, read when a proof first needs isl (most
+    accesses are proven inside their tensors over the statement's box alone)."""
+
+    def __init__(self, ctx: isl.Context, text: str) -> None:
+        self.ctx = ctx
+        self.text = text
+
+    @cached_property
+    def set(self) -> isl.Set:
+        return isl.Set.read_from_str(self.ctx, self.text)
+
+
 @dataclass
 class _Rewrite:
     """One statement's right-hand side with each read's unproven dimensions marked."""
 
     checker: _Checker
     st: Statement
-    domain: isl.Set
+    domain: _Domain
     tup: str
     names: dict[str, str]
     box: dict[str, Interval]

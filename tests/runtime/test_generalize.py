@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+import polyfuse as pf
 from polyfuse.frontends.tc import parse_definition
 from polyfuse.runtime.generalize import Generalizer, Text, generalize
 
@@ -34,7 +35,7 @@ def sized(template_source: str, sizes: dict[str, int]) -> str:
 
 
 def test_integers_that_differ_become_one_size_per_pair_of_values():
-    t = generalize(Text.of(gather(1, 7)), Text.of(gather(2, 33)))
+    t = generalize([Text.of(gather(1, 7)), Text.of(gather(2, 33))])
     assert t is not None and t.names == ("S0", "S1", "S2")
     # 7 -> 66 is the table's rows (declared by X); 1 -> 2 the batch; 7 -> 33 the sequence
     assert "bool(S0, 1) X" in t.source and "int64(S1, 1, 1, S2) I" in t.source and "+ S0 :" in t.source
@@ -49,7 +50,7 @@ def test_integers_that_differ_become_one_size_per_pair_of_values():
 def test_a_size_no_input_declares_is_an_expression_of_those_that_are():
     first = dense(7, 768).replace("where m in 0:7, n", "where m in 0:14, n", 1)
     second = dense(33, 768).replace("where m in 0:33, n", "where m in 0:66, n", 1)
-    t = generalize(Text.of(first), Text.of(second))
+    t = generalize([Text.of(first), Text.of(second)])
     assert t is not None and "m in 0:(2 * S0)" in t.source
     third = dense(50, 768).replace("where m in 0:50, n", "where m in 0:100, n", 1)
     assert t.match(Text.of(third)) == {"S0": 50}
@@ -62,28 +63,56 @@ def test_a_size_no_input_declares_is_an_expression_of_those_that_are():
     dense(40, 768).replace("Y(m, n) = T(m, n)", "Y(n, m) = T(m, n)"),
 ])
 def test_a_text_matches_only_with_the_template_s_constants_and_skeleton(other):
-    t = generalize(Text.of(dense(7, 768)), Text.of(dense(33, 768)))
+    t = generalize([Text.of(dense(7, 768)), Text.of(dense(33, 768))])
     assert t is not None and t.match(Text.of(dense(40, 768))) == {"S0": 40}
     assert t.match(Text.of(other)) is None
 
 
 def test_one_size_must_have_one_value_in_a_match():
-    t = generalize(Text.of(dense(7, 768)), Text.of(dense(33, 768)))
+    t = generalize([Text.of(dense(7, 768)), Text.of(dense(33, 768))])
     assert t is not None
     assert t.match(Text.of(dense(40, 768).replace("float32(40, 768) T", "float32(41, 768) T"))) is None
 
 
-def test_texts_that_differ_in_a_float_or_an_unfit_integer_have_no_template():
-    assert generalize(Text.of(dense(7, 768, 0.5)), Text.of(dense(33, 768, 0.25))) is None
-    a = dense(7, 768).replace("k in 0:768\n", "k in 0:768, j in 0:3\n")
-    b = dense(33, 768).replace("k in 0:768\n", "k in 0:768, j in 0:5\n")   # 3 -> 5: no size fits
-    assert generalize(Text.of(a), Text.of(b)) is None
-    assert generalize(Text.of(dense(7, 768)), Text.of(dense(7, 768))) is None
+def test_texts_that_differ_in_a_float_or_not_at_all_have_no_template():
+    assert generalize([Text.of(dense(7, 768, 0.5)), Text.of(dense(33, 768, 0.25))]) is None
+    assert generalize([Text.of(dense(7, 768)), Text.of(dense(7, 768))]) is None
+
+
+def test_an_integer_no_size_gives_is_a_size_the_caller_gives():
+    """3 -> 5 where the rows go 7 -> 33: no expression of the inputs' sizes, so a size of
+    its own (a Range's start, say), bound by a match and given by the caller."""
+    def ranged(rows, start):
+        return (f"def k(float32({rows}) X) -> (float32({rows}) Y) {{\n"
+                f"  Y(i) = X(i) + float32(int64(i) + int64({start})) where i in 0:{rows}\n}}")
+    t = generalize([Text.of(ranged(7, 3)), Text.of(ranged(33, 5))])
+    assert t is not None and t.names == ("S0", "S1") and "int64(S1)" in t.source
+    assert t.match(Text.of(ranged(40, 9))) == {"S0": 40, "S1": 9}
+    d = parse_definition(t.source, t.names)
+    assert d.sizes == ("S0", "S1")
+    with pytest.raises(pf.errors.TCSemanticError):
+        parse_definition(t.source)   # only a caller that gives S1 may parse it
+
+
+def test_three_texts_fit_sums_and_check_the_fits():
+    """With a third text, a + b * S0 + c * S1 is determined: the total of two lengths
+    (an output of S0 + S1 rows) fits, and a wrong two-text fit is refused."""
+    def concat(n, m):
+        return (f"def k(float32({n}, 4) A, float32({m}, 4) B) -> (float32({n + m}, 4) Y) {{\n"
+                f"  Y(i, j) = A(i, j) where i in 0:{n}, j in 0:4\n"
+                f"  Y(i + {n}, j) = B(i, j) where i in 0:{m}, j in 0:4\n}}")
+    texts = [Text.of(concat(n, m)) for n, m in ((5, 3), (2, 9), (7, 7))]
+    t = generalize(texts)
+    assert t is not None and "float32((S0 + S1), 4) Y" in t.source
+    assert t.match(Text.of(concat(11, 4))) == {"S0": 11, "S1": 4}
+    squares = [Text.of(dense(n, 768).replace("n in 0:768\n", f"n in 0:{n * n}\n", 1)) for n in (7, 100, 128)]
+    t = generalize(squares)   # 49, 10000 fit 107 * S0 - 700 too; 16384 does not
+    assert t is None or "S0 * S0" in t.source
 
 
 def test_size_names_avoid_the_text_s_names():
     text = dense(7, 768).replace("A", "S0")
-    t = generalize(Text.of(text), Text.of(dense(33, 768).replace("A", "S0")))
+    t = generalize([Text.of(text), Text.of(dense(33, 768).replace("A", "S0"))])
     assert t is not None and t.names == ("S0_",)
     parse_definition(t.source)
 
@@ -106,7 +135,7 @@ def test_a_template_tc_refuses_leaves_the_text_as_it_is():
     compiled as it is: no template, and no error for the caller."""
     from polyfuse.errors import TCSemanticError
 
-    def refuse(source):
+    def refuse(source, sizes):
         raise TCSemanticError("expected an integer literal here", None, source)
     g = Generalizer(refuse)
     g.remember([dense(7, 768)])

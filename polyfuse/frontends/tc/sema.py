@@ -27,9 +27,10 @@ _OPS = {"": ReduceOp.ASSIGN, "+": ReduceOp.ADD, "*": ReduceOp.MUL, "max": Reduce
 
 
 class DefinitionAnalyzer:
-    def __init__(self, node: ast.DefAST, source: str) -> None:
+    def __init__(self, node: ast.DefAST, source: str, given_sizes: tuple[str, ...] = ()) -> None:
         self.node = node
         self.source = source
+        self.given_sizes = given_sizes   # sizes no input's shape need declare: the caller gives them
         self.tensors: dict[str, TensorInfo] = {}
         self.scalars: dict[str, DType] = {}
         self.sizes: dict[str, None] = {}
@@ -103,6 +104,10 @@ class DefinitionAnalyzer:
     def definition(self) -> Definition:
         node = self.node
         params = tuple(self.param(p) for p in node.params)
+        for name in self.given_sizes:
+            if name in self.tensors or name in self.scalars:
+                raise self.error(f"size '{name}' has the name of a parameter", node.name.loc)
+            self.sizes.setdefault(name)
         for o in node.outputs:
             self.output(o)
         statements = tuple(self.statement(s) for s in node.statements)
@@ -249,5 +254,5 @@ class DefinitionAnalyzer:
         return e
 
 
-def analyze_definition(node: ast.DefAST, source: str) -> Definition:
-    return DefinitionAnalyzer(node, source).definition()
+def analyze_definition(node: ast.DefAST, source: str, given_sizes: tuple[str, ...] = ()) -> Definition:
+    return DefinitionAnalyzer(node, source, given_sizes).definition()

@@ -1,0 +1,141 @@
+"""Plan templates: after two plans of a model that differ only in sizes, a new shape is
+planned by evaluating sizes (:mod:`polyfuse.runtime.plan_template`). A decoder step with
+a growing past, its positions, causal mask and a length computed from the input shapes:
+outputs against onnxruntime at every shape, the planner not called once a template
+exists, and each templated plan equal, buffer by buffer and kernel by kernel, to the
+plan the planner makes for that shape."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import polyfuse as pf
+from polyfuse.ir.steps import KernelStep, ViewStep
+from polyfuse.lowering import plan as planning
+from tests.onnx.ort_compare import onnxruntime_outputs
+from tests.onnx.test_models import make_model
+
+RNG = np.random.default_rng(11)
+node = helper.make_node
+WIDTH = 16
+VOCAB = 50
+POSITIONS = 64
+
+
+def decoder_step():
+    """Token and position embeddings (positions past .. past + seq, a Range of values
+    the shapes give), the rows concatenated after a past, causal scores, a softmax, and
+    the result divided by the total length (a value of the shapes read as data)."""
+    init = {"E": RNG.standard_normal((VOCAB, WIDTH)).astype(np.float32),
+            "P": RNG.standard_normal((POSITIONS, WIDTH)).astype(np.float32),
+            "one": np.array(1, np.int64), "zero": np.array(0, np.int64), "axis1": np.array([1], np.int64),
+            "i0": np.array(1, np.int64), "i1": np.array(1, np.int64), "low": np.float32(-1e9)}
+    nodes = [node("Shape", ["ids"], ["ids_shape"]), node("Gather", ["ids_shape", "i0"], ["seq"], axis=0),
+             node("Shape", ["past"], ["past_shape"]), node("Gather", ["past_shape", "i1"], ["plen"], axis=0),
+             node("Add", ["plen", "seq"], ["total"]),
+             node("Range", ["plen", "total", "one"], ["positions"]),
+             node("Gather", ["P", "positions"], ["pos"], axis=0),
+             node("Gather", ["E", "ids"], ["tok"], axis=0), node("Add", ["tok", "pos"], ["x"]),
+             node("Concat", ["past", "x"], ["kv"], axis=1),
+             node("Transpose", ["kv"], ["kvt"], perm=[0, 2, 1]), node("MatMul", ["x", "kvt"], ["scores"]),
+             node("Unsqueeze", ["positions", "axis1"], ["rows"]),
+             node("Range", ["zero", "total", "one"], ["cols"]),
+             node("LessOrEqual", ["cols", "rows"], ["causal"]),
+             node("Where", ["causal", "scores", "low"], ["masked"]),
+             node("Softmax", ["masked"], ["p"], axis=-1), node("MatMul", ["p", "kv"], ["att"]),
+             node("Cast", ["total"], ["length"], to=TensorProto.FLOAT), node("Div", ["att", "length"], ["z"])]
+    return make_model(nodes, {"ids": (TensorProto.INT64, ["batch", "seq"]),
+                              "past": (TensorProto.FLOAT, ["batch", "past", WIDTH])},
+                      {"z": (TensorProto.FLOAT, ["batch", "seq", WIDTH]),
+                       "kv": (TensorProto.FLOAT, ["batch", "total", WIDTH])}, init)
+
+
+def feed(batch, seq, past):
+    return {"ids": RNG.integers(0, VOCAB, (batch, seq)).astype(np.int64),
+            "past": RNG.standard_normal((batch, past, WIDTH)).astype(np.float32)}
+
+
+def check(model, compiled, shape):
+    f = feed(*shape)
+    got = compiled.run(f)
+    for name, want in zip(("z", "kv"), onnxruntime_outputs(model, f)):
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """Counts the planner's plans."""
+    calls = []
+    plan_graph = planning.plan_graph
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return plan_graph(*args, **kwargs)
+    monkeypatch.setattr(planning, "plan_graph", counted)
+    return calls
+
+
+FIRST = [(2, 3, 4), (2, 5, 9), (3, 4, 6), (2, 7, 3), (4, 2, 8)]
+LATER = [(2, 6, 20), (3, 2, 2), (2, 9, 31), (4, 4, 5), (2, 2, 50)]
+
+
+def test_later_shapes_are_planned_from_the_template(planned):
+    model = decoder_step()
+    compiled = pf.compile(model, target="host")
+    for shape in FIRST:
+        check(model, compiled, shape)
+    assert len(planned) == len(FIRST)
+    for shape in LATER:
+        check(model, compiled, shape)
+    assert len(planned) == len(FIRST)   # each a template's plan
+    assert compiled._plans   # (every plan kept, templated ones too)
+
+
+def test_a_size_of_one_is_planned(planned):
+    """A size of 1 broadcasts: its own bucket, planned (and then correct)."""
+    model = decoder_step()
+    compiled = pf.compile(model, target="host")
+    for shape in FIRST:
+        check(model, compiled, shape)
+    for shape in [(2, 1, 7), (1, 3, 7), (2, 4, 1)]:
+        before = len(planned)
+        check(model, compiled, shape)
+        assert len(planned) == before + 1
+
+
+def test_template_plans_equal_the_planners():
+    model = decoder_step()
+    compiled = pf.compile(model, target="host")
+    for shape in FIRST:
+        check(model, compiled, shape)
+    for batch, seq, past in LATER:
+        shapes = {"ids": (batch, seq), "past": (batch, past, WIDTH)}
+        templated = compiled._templates.find(shapes, ())
+        assert templated is not None
+        want = compiled._planner.plan(shapes, {})
+        got = templated.plan
+        assert dict(got.types) == dict(want.types)
+        assert got.constants.keys() == want.constants.keys()
+        for name, array in want.constants.items():
+            np.testing.assert_array_equal(got.constants[name], array)
+        assert [type(s) for s in got.steps] == [type(s) for s in want.steps]
+        for st, w, kernel in zip(got.steps, want.steps, templated.kernels):
+            assert (st.label, st.inputs, st.defines) == (w.label, w.inputs, w.defines)
+            if isinstance(st, ViewStep):
+                assert (st.shape, st.offset) == (w.shape, w.offset)
+            else:
+                assert isinstance(st, KernelStep)
+                assert str(kernel.definition) == str(w.definition)   # the kernel at its sizes is the lowering's
+        got.verify()
+
+
+def test_values_of_the_shapes_that_kernels_read_are_computed_by_kernels():
+    """The position rows (a Gather of the shapes' Range) are not folded into a constant
+    of each plan: a kernel computes them, so plans differ only in sizes."""
+    model = decoder_step()
+    compiled = pf.compile(model, target="host")
+    check(model, compiled, (2, 3, 4))
+    plan = compiled._latest_plan("test").plan
+    assert "pos" not in plan.constants and "positions" not in plan.constants
+    assert any(st.label == "Gather_1" or "pos" in st.defines for st in plan.steps)
+    assert all(a.size <= 64 or a.dtype.kind == "f" for a in plan.constants.values())
