@@ -15,6 +15,8 @@ per row). Columns per shape: the first call's seconds (polyfuse's includes the p
 and compiling that shape costs), the steady latency (median ms of the new-feed calls),
 polyfuse's plans and kernels compiled for the shape, and with a shape-specialized polyfuse
 compile of the same model (``input_shapes`` fixed, same process) its steady latency.
+"pf planned" counts the shapes the planner planned (0: the plan came from a plan template,
+:mod:`polyfuse.runtime.plan_template`; probes a second plan makes are not counted).
 "total" is the wall time from loading the model to the last result of the stream.
 
 **GPT-2 decoding.** A 4-layer ``GPT2LMHeadModel`` exported with its past keys and values
@@ -186,7 +188,7 @@ def bert(path: Path, repeat: int, specialized: bool) -> None:
     ort_stream, pf_stream = Stream(repeat), Stream(repeat)
     ort_stream.run(lambda: ort_session(str(path), THREADS), lambda s, f: s.run(None, f)[0])
     pf_stream.run(lambda: pf.compile(str(path), target="host"), lambda m, f: m(**f),
-                  lambda m: (len(m._plans), cpu.STATS["compiled"]))
+                  lambda m: (m.plan_counts["planned"], cpu.STATS["compiled"]))
     fixed: dict[tuple, float | str] = {}
     if specialized:
         for k, shape in enumerate(SHAPES):
@@ -205,7 +207,7 @@ def bert(path: Path, repeat: int, specialized: bool) -> None:
                 fixed[shape] = type(e).__name__
     print(f"\nBERT ({LAYERS} layers) stream, {len(SHAPES)} shapes, {repeat} new-feed calls each; "
           "first call s, steady ms (median)")
-    header = ["batch x seq", "ort first", "pf first", "pf plans", "pf kernels", "ort ms", "pf ms",
+    header = ["batch x seq", "ort first", "pf first", "pf planned", "pf kernels", "ort ms", "pf ms",
               "pf fixed-shape ms", "ort/pf", "fixed/pf", "err"]
     rows = []
     for shape in SHAPES:
@@ -256,11 +258,12 @@ def gpt2(path: Path, layers: int, heads: int, width: int, tokens: int) -> None:
     err = max(error(g, w) for g, w in zip(got, want))
     same = sum(int(np.argmax(g[0])) == c for g, c in zip(got, chosen))
     print(f"\nGPT-2 ({layers} layers) greedy decoding: a prompt of {PROMPT}, then {tokens} steps of one token")
-    header = ["runtime", "load s", "prompt s", "tokens/s (all steps)", "tokens/s (second half)", "plans",
+    header = ["runtime", "load s", "prompt s", "tokens/s (all steps)", "tokens/s (second half)",
+              "plans (planned + templated)",
               "kernels compiled", "err", "same tokens"]
     rows = []
     for name, load, seconds, plans, kernels in (("onnxruntime", ort_load, ort_seconds, "-", "-"),
-                                                ("polyfuse", pf_load, pf_seconds, str(len(model._plans)),
+                                                ("polyfuse", pf_load, pf_seconds, f"{model.plan_counts['planned']} + {model.plan_counts['templated']}",
                                                  str(cpu.STATS["compiled"] - before))):
         steps = seconds[1:]
         rows.append([name, f"{load:.2f}", f"{seconds[0]:.3f}", f"{len(steps) / sum(steps):.1f}",

@@ -389,7 +389,7 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr]) -> Expr:
     kids = children(e)
     if kids:
         new = tuple(map_expr(c, fn) for c in kids)
-        if new != kids:
+        if any(a is not b for a, b in zip(new, kids)):   # (identity: equality compares whole subtrees)
             e = with_children(e, new)
     return fn(e)
 

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
+
 import numpy as np
 
 from polyfuse.errors import AccessRangeError, IRVerificationError, ShapeError
@@ -51,6 +53,7 @@ Slot = int | Expression
 
 TEMPLATES = 8   # templates a model keeps (the latest)
 SAMPLES = 6     # the most plans a template is fitted to (the latest)
+BOUND_KERNELS = 512   # kernels bound at earlier instances' sizes a template keeps
 SHAPED_VALUES = 64   # the most elements of a constant the shapes decide that a template computes
 
 
@@ -77,6 +80,9 @@ class PlanTemplate:
     sizes: Mapping[int, Mapping[str, Slot]]   # a symbolic kernel's sizes, per step index
     base_sizes: Mapping[int, Mapping[str, int]]   # ... in the base plan
     expressions: tuple[tuple[Expression, int], ...]   # each with its bucket
+    # kernels bound at sizes of earlier instances (a decoder's step at the past of the
+    # last: most of its kernels' sizes are the last step's)
+    _bound: dict[tuple, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def make(samples: list[CompiledPlan]) -> PlanTemplate | None:
@@ -236,7 +242,13 @@ class PlanTemplate:
                 given = {n: evaluate(e, values) for n, e in self.sizes[index].items()}
                 if given == self.base_sizes[index]:
                     continue   # the base plan's kernel at its sizes
-                spec = g.kernel.specialize_at(given, *(placeholder(types[n]) for n in st.inputs))
+                key = (index, tuple(given.values()), tuple(types[n] for n in st.inputs))
+                spec = self._bound.get(key)
+                if spec is None:
+                    spec = g.kernel.specialize_at(given, *(placeholder(types[n]) for n in st.inputs))
+                    self._bound[key] = spec
+                    if len(self._bound) > BOUND_KERNELS:
+                        del self._bound[next(iter(self._bound))]
                 if spec.output_shapes != tuple(tuple(types[n].shape) for n in st.defines):
                     raise IRVerificationError(f"step {st.label}: the kernel's outputs have shapes "
                                               f"{spec.output_shapes}, the template's buffers "
@@ -282,10 +294,16 @@ class PlanTemplates:
                     self._templates = [(v, t) for v, t in self._templates if t is not template]
         return None
 
-    def learn(self, compiled: CompiledPlan, values: object) -> None:
+    def learn(self, compiled: CompiledPlan, values: object,
+              probe: Callable[[dict[str, tuple[int, ...]]], Plan | None] | None = None,
+              names: Mapping[tuple[str, int], str] | None = None) -> None:
         """Keep ``compiled`` (just planned, for the specialized ``values``) as a sample,
         and make a template from it and the latest earlier plans of its kind (the same
-        steps, each input dimension in the same bucket)."""
+        steps, each input dimension in the same bucket). Where two plans of the kind
+        are too few and ``compiled`` runs symbolic kernels, ``probe`` plans the model at
+        made-up shapes of the kind (no kernels compiled: plans only, each a sample whose
+        texts the template's kernels must match); ``names`` gives the input dimensions
+        that must change together (a dimension's name in the model)."""
         plan = compiled.plan
         kind = (tuple(st.label for st in plan.steps),
                 tuple(tuple(_bucket(int(d)) for d in plan.types[n].shape) for n in plan.inputs))
@@ -294,7 +312,38 @@ class PlanTemplates:
             del self._samples[SAMPLES * TEMPLATES:]
             samples = [c for v, k, c in self._samples if v == values and k == kind][:SAMPLES]
         template = PlanTemplate.make(samples) if len(samples) >= 3 else None
+        if template is None and probe is not None and len(samples) == 2 and compiled.generic:
+            probes = [CompiledPlan(p, (None,) * len(compiled.kernels)) for p in
+                      (probe(shapes) for shapes in _probe_shapes([c.plan for c in samples], names or {}))
+                      if p is not None]
+            template = PlanTemplate.make(samples + probes)
         if template is not None:
             with self._lock:
                 self._templates.insert(0, (values, template))
                 del self._templates[TEMPLATES:]
+
+
+def _probe_shapes(plans: list[Plan], names: Mapping[tuple[str, int], str]) -> list[dict[str, tuple[int, ...]]]:
+    """Input shapes of ``plans``' kind at which to plan samples for a template: the
+    dimensions that differ between them moved off the latest plan's (dimensions of one
+    name together), the k-th probe's j-th dimension by ``k ** (j + 1)`` (points in
+    general position: the affine fits are determined, and the last one checks them)."""
+    latest = plans[0]
+    shapes = {n: tuple(int(d) for d in latest.types[n].shape) for n in latest.inputs}
+    moving: dict[object, int] = {}
+    for n in latest.inputs:
+        for axis in range(len(shapes[n])):
+            if len({int(p.types[n].shape[axis]) for p in plans}) > 1:
+                moving.setdefault(names.get((n, axis), (n, axis)), len(moving))
+    probes = []
+    for k in range(1, len(moving) + 2 - len(plans) + 1):
+        probe = {}
+        for n, shape in shapes.items():
+            dims = list(shape)
+            for axis in range(len(dims)):
+                j = moving.get(names.get((n, axis), (n, axis)))
+                if j is not None:
+                    dims[axis] += k ** (j + 1)
+            probe[n] = tuple(dims)
+        probes.append(probe)
+    return probes

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from polyfuse.ir.comprehension import Definition
+from polyfuse.ir.comprehension import Definition, Read, walk
 from polyfuse.ir.gpu import GpuKernel
 from polyfuse.ir.loops import BufferRole, LoopKernel
 from polyfuse.ir.loops_verify import verify_kernel
@@ -144,8 +144,10 @@ def symbolic_signature(d: Definition, sizes: dict[str, int], symbolic: frozenset
     leaves to run-time checks, and the outputs the runtime must zero. Two sizes with the
     same signature run the same code (the symbolic sizes from 1 to
     :data:`~polyfuse.scheduler.model.SYMBOLIC_MAX`)."""
+    checked = tuple(r.checked for st in check_accesses(d, sizes).statements for r in walk(st.rhs)
+                    if isinstance(r, Read))   # (each read's checked dimensions, in order)
     return repr((sorted((n, v) for n, v in sizes.items() if n not in symbolic), sorted(symbolic),
-                 str(check_accesses(d, sizes)), sorted(zero_filled_outputs(d, sizes))))
+                 checked, sorted(zero_filled_outputs(d, sizes))))
 
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

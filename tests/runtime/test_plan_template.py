@@ -6,7 +6,6 @@ exists, and each templated plan equal, buffer by buffer and kernel by kernel, to
 plan the planner makes for that shape."""
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper
 
 import polyfuse as pf
@@ -62,45 +61,48 @@ def check(model, compiled, shape):
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.fixture
-def planned(monkeypatch):
-    """Counts the planner's plans."""
-    calls = []
-    plan_graph = planning.plan_graph
-
-    def counted(*args, **kwargs):
-        calls.append(args[1])
-        return plan_graph(*args, **kwargs)
-    monkeypatch.setattr(planning, "plan_graph", counted)
-    return calls
-
-
-FIRST = [(2, 3, 4), (2, 5, 9), (3, 4, 6), (2, 7, 3), (4, 2, 8)]
+FIRST = [(2, 3, 4), (2, 5, 9), (3, 4, 6), (2, 7, 3), (4, 2, 8), (3, 6, 5)]
 LATER = [(2, 6, 20), (3, 2, 2), (2, 9, 31), (4, 4, 5), (2, 2, 50)]
 
 
-def test_later_shapes_are_planned_from_the_template(planned):
+def test_later_shapes_are_planned_from_the_template():
     model = decoder_step()
     compiled = pf.compile(model, target="host")
     for shape in FIRST:
         check(model, compiled, shape)
-    assert len(planned) == len(FIRST)
+    planned = compiled.plan_counts["planned"]
+    assert planned <= len(FIRST)
     for shape in LATER:
         check(model, compiled, shape)
-    assert len(planned) == len(FIRST)   # each a template's plan
-    assert compiled._plans   # (every plan kept, templated ones too)
+    assert compiled.plan_counts == {"planned": planned, "templated": len(FIRST) + len(LATER) - planned}
 
 
-def test_a_size_of_one_is_planned(planned):
+def test_a_second_plan_probes_for_a_template(monkeypatch):
+    """At the second plan of a kind (its kernels then symbolic), the model plans made-up
+    shapes of the kind too (plans only: nothing compiled), enough to fit a template: the
+    third shape is templated."""
+    calls = []
+    plan_graph = planning.plan_graph
+    monkeypatch.setattr(planning, "plan_graph", lambda *a, **k: calls.append(a[1]) or plan_graph(*a, **k))
+    model = decoder_step()
+    compiled = pf.compile(model, target="host")
+    for shape in [(2, 3, 4), (2, 5, 9), (2, 8, 17), (2, 4, 40)]:
+        check(model, compiled, shape)
+    assert compiled.plan_counts == {"planned": 2, "templated": 2}
+    probes = [c for c in calls if c not in ({"ids": (2, 3), "past": (2, 4, WIDTH)}, {"ids": (2, 5), "past": (2, 9, WIDTH)})]
+    assert len(probes) == 2 and all(c["ids"][0] == 2 and c["past"][1] > 9 for c in probes)
+
+
+def test_a_size_of_one_is_planned():
     """A size of 1 broadcasts: its own bucket, planned (and then correct)."""
     model = decoder_step()
     compiled = pf.compile(model, target="host")
     for shape in FIRST:
         check(model, compiled, shape)
     for shape in [(2, 1, 7), (1, 3, 7), (2, 4, 1)]:
-        before = len(planned)
+        before = compiled.plan_counts["planned"]
         check(model, compiled, shape)
-        assert len(planned) == before + 1
+        assert compiled.plan_counts["planned"] == before + 1
 
 
 def test_template_plans_equal_the_planners():
