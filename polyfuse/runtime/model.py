@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import (ArgumentError, BoundsError, IRVerificationError, NeedsValue, OptionError,
-                             PolyfuseError, ShapeError, TargetError)
+from polyfuse.errors import (ArgumentError, BoundsError, IRVerificationError, NeedsValue, OptionError, ShapeError,
+                             TargetError)
 from polyfuse.ir.graph import Graph, TensorType, Value, value_sources
 from polyfuse.ir.profile import Profile
 from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Planner, ViewStep
@@ -285,27 +285,11 @@ class CompiledModel:
                     compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision,
                                              self._generalizer)
                     if self._templates is not None:
-                        self._templates.learn(compiled, key[1], lambda probe: self._probe(probe, values),
-                                              self._dim_names)
+                        self._templates.learn(compiled, key[1], self._planner, values)
                 with self._plans_lock:
                     self._plans[key] = compiled
                     self._drop_plans()
         return compiled
-
-    def _probe(self, shapes: dict[str, tuple[int, ...]], values: dict[str, np.ndarray]) -> Plan | None:
-        """The plan at made-up ``shapes`` (a sample for a plan template), or None where the
-        model refuses them."""
-        try:
-            check_shapes(self.graph.inputs, shapes)
-            return self._planner.plan(dict(shapes), dict(values))
-        except PolyfuseError:
-            return None
-
-    @property
-    def _dim_names(self) -> dict[tuple[str, int], str]:
-        """The input dimensions the model names (one name: one size)."""
-        return {(v.name, axis): d for v in self.graph.inputs for axis, d in enumerate(v.type.shape)
-                if isinstance(d, str)}
 
     @property
     def max_plans(self) -> int:

@@ -40,11 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import AccessRangeError, IRVerificationError, ShapeError
+from polyfuse.errors import AccessRangeError, IRVerificationError, PolyfuseError, ShapeError
 from polyfuse.ir.graph import TensorType
 from polyfuse.ir.limits import check_tensor_size
-from polyfuse.ir.plan import Plan, nbytes, plan_memory
+from polyfuse.ir.plan import Plan, Planner, nbytes, plan_memory
 from polyfuse.ir.steps import KernelStep, Step, ViewStep
+from polyfuse.runtime.feeds import check_shapes
 from polyfuse.runtime.generalize import Expression, Generic, Text, evaluate, fit
 from polyfuse.runtime.program import CompiledPlan
 
@@ -294,16 +295,15 @@ class PlanTemplates:
                     self._templates = [(v, t) for v, t in self._templates if t is not template]
         return None
 
-    def learn(self, compiled: CompiledPlan, values: object,
-              probe: Callable[[dict[str, tuple[int, ...]]], Plan | None] | None = None,
-              names: Mapping[tuple[str, int], str] | None = None) -> None:
-        """Keep ``compiled`` (just planned, for the specialized ``values``) as a sample,
-        and make a template from it and the latest earlier plans of its kind (the same
-        steps, each input dimension in the same bucket). Where two plans of the kind
-        are too few and ``compiled`` runs symbolic kernels, ``probe`` plans the model at
-        made-up shapes of the kind (no kernels compiled: plans only, each a sample whose
-        texts the template's kernels must match); ``names`` gives the input dimensions
-        that must change together (a dimension's name in the model)."""
+    def learn(self, compiled: CompiledPlan, values: object, planner: Planner | None = None,
+              arrays: Mapping[str, np.ndarray] | None = None) -> None:
+        """Keep ``compiled`` (just planned, for the specialized ``values``: ``arrays``) as
+        a sample, and make a template from it and the latest earlier plans of its kind
+        (the same steps, each input dimension in the same bucket). Where two plans of the
+        kind are too few and ``compiled`` runs symbolic kernels, the model's ``planner``
+        plans it at made-up shapes of the kind (no kernels compiled: plans only, each a
+        sample whose texts the template's kernels must match; input dimensions of one
+        name in the model change together)."""
         plan = compiled.plan
         kind = (tuple(st.label for st in plan.steps),
                 tuple(tuple(_bucket(int(d)) for d in plan.types[n].shape) for n in plan.inputs))
@@ -312,15 +312,26 @@ class PlanTemplates:
             del self._samples[SAMPLES * TEMPLATES:]
             samples = [c for v, k, c in self._samples if v == values and k == kind][:SAMPLES]
         template = PlanTemplate.make(samples) if len(samples) >= 3 else None
-        if template is None and probe is not None and len(samples) == 2 and compiled.generic:
+        if template is None and planner is not None and len(samples) == 2 and compiled.generic:
+            names = {(v.name, axis): d for v in planner.graph.inputs for axis, d in enumerate(v.type.shape)
+                     if isinstance(d, str)}
             probes = [CompiledPlan(p, (None,) * len(compiled.kernels)) for p in
-                      (probe(shapes) for shapes in _probe_shapes([c.plan for c in samples], names or {}))
-                      if p is not None]
+                      (_probe(planner, shapes, arrays or {}) for shapes in
+                       _probe_shapes([c.plan for c in samples], names)) if p is not None]
             template = PlanTemplate.make(samples + probes)
         if template is not None:
             with self._lock:
                 self._templates.insert(0, (values, template))
                 del self._templates[TEMPLATES:]
+
+
+def _probe(planner: Planner, shapes: dict[str, tuple[int, ...]], values: Mapping[str, np.ndarray]) -> Plan | None:
+    """The plan at made-up ``shapes``, or None where the model refuses them."""
+    try:
+        check_shapes(planner.graph.inputs, shapes)
+        return planner.plan(shapes, values)
+    except PolyfuseError:
+        return None
 
 
 def _probe_shapes(plans: list[Plan], names: Mapping[tuple[str, int], str]) -> list[dict[str, tuple[int, ...]]]:
