@@ -3,32 +3,39 @@
 Planning a model for a new shape runs every node through the op library, composes the
 fusion groups and verifies the result: tens of milliseconds for a transformer, paid by
 every decoding step (the past grows by one) and every request at a new sequence length.
-Once two plans of a model differ only in sizes, a third is an evaluation:
+Once plans of a model differ only in sizes, the next one is an evaluation:
 
-* :meth:`PlanTemplate.make` anti-unifies two compiled plans of one model (the same
-  specialized values): the same steps on the same buffers, each kernel step either the
-  same text in both or the instance of one template compiled for symbolic sizes
-  (:mod:`polyfuse.runtime.generalize`) in both. Every integer of the plan that differs
-  (a buffer's dimension, a view's shape and offset) becomes an expression of the input
-  dimensions that differ (``seq``, ``2 * seq``, ``batch * seq``, ``past + 1``: fitted as
-  :func:`~polyfuse.runtime.generalize.fit` fits a kernel's sizes); one that fits no
-  expression leaves the model without a template.
-* :meth:`PlanTemplate.instantiate` at new input shapes: every other input dimension
-  must be the one both plans had, and every dimension and expression must stay in the
-  **bucket** it had in both (0, 1, or at least 2: a size of 1 broadcasts, so plans at
-  1 are made of other texts, as torch.compile specializes 0 and 1). Then the buffers'
-  types are the expressions' values, the memory plan is laid out for them
-  (:func:`~polyfuse.ir.plan.plan_memory`), and each kernel step's symbolic kernel is
-  bound to the sizes its input buffers give it (its outputs must then have the types
-  the template gives them, and views must read inside their sources: a plan that is
-  not consistent is refused, and the model plans that shape).
+* Plans of one **kind** (the same steps; each input dimension in the same **bucket**, 0,
+  1 or at least 2: a size of 1 broadcasts, so plans at 1 are made of other texts, as
+  torch.compile specializes 0 and 1) are the samples. The planner has kernels compute
+  the values of the shapes that kernels read (``lowering.plan``), so that samples
+  differ only in sizes.
+* :meth:`PlanTemplate.make` anti-unifies the samples: the same steps on the same
+  buffers, each kernel step either the same text in all or, in all, an instance of the
+  template the latest one's kernel was compiled from for symbolic sizes
+  (:mod:`polyfuse.runtime.generalize`). Each input dimension that differs is a size
+  (dimensions whose values agree in every sample are one size); every integer of the
+  plan that differs (a buffer's dimension, a view's shape and offset, an element of a
+  small value of the shapes, a symbolic kernel's size) is :func:`~polyfuse.runtime.generalize.fit`
+  to them (``seq``, ``past + seq``, ``batch * seq``). A template takes at least one
+  sample more than an affine function of its sizes has coefficients, so every fit is
+  checked by a sample it was not determined by; one that fits nothing leaves no
+  template. The second plan of a kind (its kernels then symbolic) makes up the number
+  with plans at made-up shapes of the kind (:func:`_probe_shapes`: plans only).
+* :meth:`PlanTemplate.instantiate` at new input shapes of the kind (its fixed
+  dimensions equal, every size and expression in its bucket): the buffers' types, views
+  and values of the shapes are the expressions' values, the memory plan is laid out for
+  them (:func:`~polyfuse.ir.plan.plan_memory`), and each symbolic kernel is bound to its
+  sizes: they must agree with its input buffers, its outputs must have the template's
+  types and views must read inside their sources, or the template is dropped and the
+  model plans that shape.
 
-What a template assumes: that the lowering's decisions that two plans share hold at
-every shape of their buckets, so the plan there differs only in its sizes. The buckets
-keep the size-1 special cases apart; the consistency checks make a wrong fit a refusal
-and never a read outside a buffer. ``tests/runtime/test_plan_template.py`` compares
-instantiated plans with plans made by the planner, buffer by buffer and kernel by
-kernel, at shapes the templates were not made from.
+What a template assumes: that the lowering's decisions its samples share hold at every
+shape of the kind, so the plan there differs only in its sizes. The buckets keep the
+size-1 special cases apart, and the consistency checks make a wrong fit a refusal, never
+a read outside a buffer. ``tests/runtime/test_plan_template.py`` compares instantiated
+plans with plans the planner makes, buffer by buffer and kernel by kernel, at shapes the
+templates were not made from.
 """
 
 from __future__ import annotations
@@ -65,10 +72,11 @@ def _bucket(n: int) -> int:
 @dataclass(frozen=True)
 class PlanTemplate:
     """A compiled plan (``base``) generalized over its model's input dimensions: each
-    (input, axis) is a size of the template (``dims[k]``: the index of its size, in the
+    (input, axis) is a size of the template (``dims``: the index of its size, in the
     bucket ``buckets[index]``) or ``fixed``. ``types`` holds the buffers whose dimensions
     change (slots), ``views`` the view steps that change (step index: shape slots,
-    offset slot), ``constants`` the values of the shapes (each element a slot)."""
+    offset slot), ``constants`` the values of the shapes (each element a slot),
+    ``sizes`` each symbolic kernel's sizes (step index: size name: slot)."""
 
     base: CompiledPlan
     dims: Mapping[tuple[str, int], int]
