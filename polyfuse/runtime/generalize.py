@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+from itertools import repeat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -265,6 +266,7 @@ class Generalizer:
     def __init__(self, definition: Callable[[str, tuple[str, ...]], Definition]) -> None:
         self._definition = definition
         self._texts: dict[tuple[str, ...], list[Text]] = {}
+        self._labels: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}   # each text's step
         self._templates: dict[tuple[str, ...], list[Template]] = {}
         self._definitions: dict[str, Definition] = {}   # each template's text, parsed
         self._kernels: dict[tuple, Any] = {}
@@ -287,17 +289,21 @@ class Generalizer:
                 found = self._kernels[key] = make(definition, fixed)
             return found
 
-    def find(self, source: str) -> Generalized | None:
-        """A template ``source`` matches: a known one, else one made from the nearest text
-        of an earlier plan; None where there is none, or TC refuses the template's text
-        (the text is compiled as it is)."""
+    def find(self, source: str, label: str = "") -> Generalized | None:
+        """A template ``source`` (the text of step ``label``) matches: a known one, else one
+        made from the nearest text of an earlier plan (of the same step, where an earlier
+        plan has it); None where there is none, TC refuses the template's text, or
+        a size would be 0 (kernels for symbolic sizes take sizes from 1): the text is
+        compiled as it is."""
         text = Text.of(source)
         with self._lock:
             for known in self._templates.get(text.parts, ()):
                 sizes = known.match(text)
-                if sizes is not None:
+                if sizes is not None and min(sizes.values()) >= 1:   # (a size of 0 compiles as it is)
                     return Generalized(known, sizes)
             earlier = [t for t in self._texts.get(text.parts, ()) if t.values != text.values]
+            # the same step's texts in earlier plans, where there are some
+            earlier = [t for t in earlier if self._labels.get((text.parts, t.values)) == label] or earlier
             if not earlier:
                 return None
             # the nearest text (fewest integers differing), with every other that differs
@@ -317,14 +323,18 @@ class Generalizer:
             sizes = template.match(text)
             assert sizes is not None, "a template matches the texts it was made from"
             self._templates.setdefault(text.parts, []).append(template)
-            return Generalized(template, sizes)
+            return Generalized(template, sizes) if min(sizes.values()) >= 1 else None
 
-    def remember(self, sources: Iterable[str]) -> None:
-        """The kernel texts of a plan compiled (what later plans' texts are compared with)."""
+    def remember(self, sources: Iterable[str], labels: Iterable[str] | None = None) -> None:
+        """The kernel texts of a plan compiled (what later plans' texts are compared with),
+        and the labels of their steps."""
         with self._lock:
-            for source in sources:
+            for source, label in zip(sources, labels if labels is not None else repeat("")):
                 text = Text.of(source)
                 texts = self._texts.setdefault(text.parts, [])
+                self._labels[text.parts, text.values] = label
                 if text not in texts:
                     texts.append(text)
+                    for dropped in texts[:-TEXTS_PER_SKELETON]:
+                        self._labels.pop((text.parts, dropped.values), None)
                     del texts[:-TEXTS_PER_SKELETON]

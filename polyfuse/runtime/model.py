@@ -33,7 +33,7 @@ from polyfuse.runtime import compile_threads, native
 from polyfuse.runtime.arguments import placeholder
 from polyfuse.runtime.generalize import Generalizer, Generic
 from polyfuse.runtime.interpreted_control import retyped, run_tail
-from polyfuse.runtime.plan_template import PlanTemplates
+from polyfuse.runtime.plan_template import PlanTemplates, probe
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning, compiles_symbolic
@@ -58,6 +58,11 @@ KERNEL_STAGES = ("specialized", "loops", "llvm", "asm", "gpu", "cuda", "ptx", "c
 # branch taken). Every other input is data, whatever its dtype and size: token ids,
 # positions, masks and the indices of a Gather never make a plan per value.
 VALUE_INPUT_MAX = 64
+
+# the size of each named input dimension at which compile(input_shapes=...) with names
+# compiles ahead of the first call (kernels for symbolic sizes: the heuristics choose
+# for any value of them, so this only needs to be in the bucket of sizes >= 2)
+AHEAD_SIZE = 16
 
 # the plans a model keeps by default (see CompiledModel.max_plans): the least recently
 # used goes first, with its program, arena layout, packed copies of the weights and the
@@ -95,7 +100,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
 
     def compile_group(group: tuple[tuple, list[int]]) -> None:
         (_, _, discarded), indices = group
-        general = generalizer.find(texts[indices[0]]) if generalizer is not None else None
+        general = generalizer.find(texts[indices[0]], steps[indices[0]].label) if generalizer is not None else None
         alike: list[SpecializedKernel] = []
         for i in indices:
             st = steps[i]
@@ -124,7 +129,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
 
     compile_threads.each(compile_group, list(groups.items()))
     if generalizer is not None:
-        generalizer.remember(texts.values())
+        generalizer.remember(texts.values(), (steps[i].label for i in texts))
     compiled = CompiledPlan(plan, tuple(kernels), generic=tuple(generic) if any(generic) else ())
     return dataclasses.replace(compiled, program=_program(compiled, target))
 
@@ -247,7 +252,32 @@ class CompiledModel:
         self.input_shapes = {n: shape_arg(n, s, symbolic=True) for n, s in (input_shapes or {}).items()}
         if self.input_shapes:
             check_shapes(self.graph.inputs, self.input_shapes)
-            self._plan({v.name: tuple(self.input_shapes.get(v.name, v.type.shape)) for v in graph.inputs})
+            shapes = {v.name: tuple(self.input_shapes.get(v.name, v.type.shape)) for v in graph.inputs}
+            if self._templates is not None and any(isinstance(d, str) for s in shapes.values() for d in s):
+                self._compile_ahead(shapes)
+            else:
+                self._plan(shapes)
+
+    def _compile_ahead(self, named: dict[str, tuple]) -> None:
+        """Compile now for every size of the named dimensions in ``named`` (input shapes
+        with names where a size is left open; one name, one size): the model is planned
+        with each name at :data:`AHEAD_SIZE` and at made-up sizes above it (plans only,
+        moved as a plan template's probes are), so the first plan's kernels
+        whose texts the sizes change compile for symbolic sizes, and the plans make the
+        plan template that serves every later shape whose named dimensions are 2 or more
+        (a size of 1 or 0 is its own kind, planned and compiled when a call brings it)."""
+        assert self._generalizer is not None and self._templates is not None
+        names = list(dict.fromkeys(d for s in named.values() for d in s if isinstance(d, str)))
+
+        def at(moved: dict[str, int]) -> dict[str, tuple[int, ...]]:
+            return {n: tuple(AHEAD_SIZE + moved.get(d, 0) if isinstance(d, str) else d for d in s)
+                    for n, s in named.items()}
+        probes = [plan for plan in (probe(self._planner, at({d: k ** (j + 1) for j, d in enumerate(names)}), {})
+                                    for k in range(1, len(names) + 2)) if plan is not None]
+        self._generalizer.remember([str(st.definition) for plan in probes for st in plan.kernels],
+                                   [st.label for plan in probes for st in plan.kernels])
+        compiled = self._plan(at({}))
+        self._templates.learn(compiled, (), probes=probes)
 
     @property
     def inputs(self) -> tuple[Value, ...]:
@@ -262,7 +292,9 @@ class CompiledModel:
                    if not isinstance(d, int)}
         if unbound:
             raise ShapeError(f"input dimensions {sorted(unbound)} are symbolic; call the model "
-                             "with arrays, or pass input_shapes={name: shape} to compile()")
+                             "with arrays, or pass input_shapes={name: shape} to compile() (names "
+                             "there compile ahead for every size with sizes='symbolic' on a CPU "
+                             "this process runs)")
         values = values or {}
         key = (tuple(sorted(shapes.items())),
                tuple((n, v.tobytes()) for n, v in sorted(values.items())))

@@ -304,14 +304,15 @@ class PlanTemplates:
         return None
 
     def learn(self, compiled: CompiledPlan, values: object, planner: Planner | None = None,
-              arrays: Mapping[str, np.ndarray] | None = None) -> None:
+              arrays: Mapping[str, np.ndarray] | None = None, probes: list[Plan] | None = None) -> None:
         """Keep ``compiled`` (just planned, for the specialized ``values``: ``arrays``) as
         a sample, and make a template from it and the latest earlier plans of its kind
         (the same steps, each input dimension in the same bucket). Where two plans of the
         kind are too few and ``compiled`` runs symbolic kernels, the model's ``planner``
         plans it at made-up shapes of the kind (no kernels compiled: plans only, each a
         sample whose texts the template's kernels must match; input dimensions of one
-        name in the model change together)."""
+        name in the model change together). ``probes``: plans at made-up shapes already
+        made (a compile ahead of the first call's)."""
         plan = compiled.plan
         kind = (tuple(st.label for st in plan.steps),
                 tuple(tuple(_bucket(int(d)) for d in plan.types[n].shape) for n in plan.inputs))
@@ -319,12 +320,14 @@ class PlanTemplates:
             self._samples.insert(0, (values, kind, compiled))
             del self._samples[SAMPLES * TEMPLATES:]
             samples = [c for v, k, c in self._samples if v == values and k == kind][:SAMPLES]
+        if probes:
+            samples = [compiled, *(CompiledPlan(p, (None,) * len(compiled.kernels)) for p in probes)]
         template = PlanTemplate.make(samples) if len(samples) >= 3 else None
         if template is None and planner is not None and len(samples) == 2 and compiled.generic:
             names = {(v.name, axis): d for v in planner.graph.inputs for axis, d in enumerate(v.type.shape)
                      if isinstance(d, str)}
             probes = [CompiledPlan(p, (None,) * len(compiled.kernels)) for p in
-                      (_probe(planner, shapes, arrays or {}) for shapes in
+                      (probe(planner, shapes, arrays or {}) for shapes in
                        _probe_shapes([c.plan for c in samples], names)) if p is not None]
             template = PlanTemplate.make(samples + probes)
         if template is not None:
@@ -333,7 +336,7 @@ class PlanTemplates:
                 del self._templates[TEMPLATES:]
 
 
-def _probe(planner: Planner, shapes: dict[str, tuple[int, ...]], values: Mapping[str, np.ndarray]) -> Plan | None:
+def probe(planner: Planner, shapes: dict[str, tuple[int, ...]], values: Mapping[str, np.ndarray]) -> Plan | None:
     """The plan at made-up ``shapes``, or None where the model refuses them."""
     try:
         check_shapes(planner.graph.inputs, shapes)

@@ -6,6 +6,7 @@ exists, and each templated plan equal, buffer by buffer and kernel by kernel, to
 plan the planner makes for that shape."""
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper
 
 import polyfuse as pf
@@ -141,3 +142,30 @@ def test_values_of_the_shapes_that_kernels_read_are_computed_by_kernels():
     assert "pos" not in plan.constants and "positions" not in plan.constants
     assert any(st.label == "Gather_1" or "pos" in st.defines for st in plan.steps)
     assert all(a.size <= 64 or a.dtype.kind == "f" for a in plan.constants.values())
+
+
+def test_named_input_shapes_compile_ahead_of_the_first_call():
+    """``input_shapes`` with names where sizes are left open: the model compiles its
+    kernels for symbolic sizes and makes its plan template when it is compiled; every
+    later shape whose named dimensions are 2 or more is then a template's plan with no
+    kernel built, and a size of 1 is planned (its kernels the same templates)."""
+    from polyfuse.runtime import cpu
+
+    def built():
+        return cpu.STATS["compiled"] + cpu.STATS["disk"] + cpu.STATS["memory"]
+    model = decoder_step()
+    compiled = pf.compile(model, target="host", input_shapes={"ids": ("batch", "seq"), "past": ("batch", "past", WIDTH)})
+    assert compiled.plan_counts == {"planned": 1, "templated": 0}
+    assert "int64 S0" in compiled.dump("loops")   # compiled for symbolic sizes
+    before = built()
+    for shape in [(2, 3, 4), (3, 5, 9), (2, 40, 7), (5, 2, 2)]:
+        check(model, compiled, shape)
+    assert compiled.plan_counts == {"planned": 1, "templated": 4}
+    assert built() == before
+    check(model, compiled, (1, 3, 3))
+    assert compiled.plan_counts["planned"] == 2
+
+
+def test_named_input_shapes_need_symbolic_sizes():
+    with pytest.raises(pf.errors.ShapeError, match="symbolic"):
+        pf.compile(decoder_step(), target="host", sizes="specialized", input_shapes={"ids": ("batch", "seq")})
