@@ -276,7 +276,12 @@ class CompiledModel:
                                     for k in range(1, len(names) + 2)) if plan is not None]
         self._generalizer.remember([str(st.definition) for plan in probes for st in plan.kernels],
                                    [st.label for plan in probes for st in plan.kernels])
-        compiled = self._plan(at({}))
+        try:
+            compiled = self._plan(at({}))
+        except ShapeError as err:
+            raise ShapeError(f"compiling ahead plans each named input dimension ({', '.join(names)}) at "
+                             f"{AHEAD_SIZE}, where the model refuses: {err}; give those dimensions sizes "
+                             "in input_shapes instead, or leave them to the first call") from None
         self._templates.learn(compiled, (), probes=probes)
 
     @property
