@@ -41,6 +41,9 @@ from polyfuse.targets import BACKENDS, Codegen, Device, Target
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
 
 SPECIALIZATIONS = 64   # the specializations (sizes, dtypes) a Kernel keeps at hand, most recent first
+# ... one compiled for symbolic sizes (binding another costs milliseconds, and a model's
+# plans keep the ones they run: more would only hold IR for the garbage collector to scan)
+SYMBOLIC_SPECIALIZATIONS = 8
 
 
 class Tuning(Protocol):
@@ -315,9 +318,10 @@ class Kernel:
             arrays = [bound.values[t.name] for t in self.definition.inputs]
             options = self.tuning.options(self.definition, arrays, self.target)
         kernel = self._build(bound.sizes, options)
+        limit = SYMBOLIC_SPECIALIZATIONS if self.symbolic_sizes else SPECIALIZATIONS
         with self._cache_lock:
             self._cache[key] = kernel
-            while len(self._cache) > SPECIALIZATIONS:
+            while len(self._cache) > limit:
                 self._cache.popitem(last=False)
         return kernel
 

@@ -61,7 +61,7 @@ Slot = int | Expression
 
 TEMPLATES = 8   # templates a model keeps (the latest)
 SAMPLES = 6     # the most plans a template is fitted to (the latest)
-BOUND_KERNELS = 512   # kernels bound at earlier instances' sizes a template keeps
+BOUND_KERNELS = 64   # kernels bound at earlier instances' sizes a template keeps
 SHAPED_VALUES = 64   # the most elements of a constant the shapes decide that a template computes
 
 
