@@ -142,6 +142,9 @@ def test_values_of_the_shapes_that_kernels_read_are_computed_by_kernels():
     assert "pos" not in plan.constants and "positions" not in plan.constants
     assert any(st.label == "Gather_1" or "pos" in st.defines for st in plan.steps)
     assert all(a.size <= 64 or a.dtype.kind == "f" for a in plan.constants.values())
+    memo = compiled._planner.memo
+    assert {"pos", "positions", "length"} <= memo.unfolded   # computed by kernels
+    assert "total" in memo.needed and "total" not in memo.unfolded   # a Range's limit: folded again
 
 
 def test_named_input_shapes_compile_ahead_of_the_first_call():
