@@ -334,6 +334,8 @@ class PlanTemplates:
             with self._lock:
                 self._templates.insert(0, (values, template))
                 del self._templates[TEMPLATES:]
+                # (the kind's samples are no longer needed: plans the model dropped go)
+                self._samples = [(v, k, c) for v, k, c in self._samples if (v, k) != (values, kind)]
 
 
 def probe(planner: Planner, shapes: dict[str, tuple[int, ...]], values: Mapping[str, np.ndarray]) -> Plan | None:
