@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.errors import (ArgumentError, BoundsError, IRVerificationError, NeedsValue, OptionError, ShapeError,
-                             TargetError)
+                             TargetError, UnsupportedOpError)
 from polyfuse.ir.graph import Graph, TensorType, Value, value_sources
 from polyfuse.ir.profile import Profile
 from polyfuse.ir.plan import ControlStep, MemoryPlan, Plan, Planner, ViewStep
@@ -278,7 +278,7 @@ class CompiledModel:
                                    [st.label for plan in probes for st in plan.kernels])
         try:
             compiled = self._plan(at({}))
-        except ShapeError as err:
+        except (ShapeError, UnsupportedOpError) as err:
             raise ShapeError(f"compiling ahead plans each named input dimension ({', '.join(names)}) at "
                              f"{AHEAD_SIZE}, where the model refuses: {err}; give those dimensions sizes "
                              "in input_shapes instead, or leave them to the first call") from None

@@ -172,3 +172,13 @@ def test_named_input_shapes_compile_ahead_of_the_first_call():
 def test_named_input_shapes_need_symbolic_sizes():
     with pytest.raises(pf.errors.ShapeError, match="symbolic"):
         pf.compile(decoder_step(), target="host", sizes="specialized", input_shapes={"ids": ("batch", "seq")})
+
+
+def test_compiling_ahead_says_where_the_model_refuses_the_named_sizes():
+    model = make_model([helper.make_node("Reshape", ["x", "s"], ["y"])], {"x": (TensorProto.FLOAT, ["n"])},
+                       {"y": (TensorProto.FLOAT, [2, 5])}, {"s": np.array([2, 5], np.int64)})
+    with pytest.raises(pf.errors.ShapeError, match="compiling ahead plans each named input dimension .n. at 16"):
+        pf.compile(model, target="host", input_shapes={"x": ("n",)})
+    compiled = pf.compile(model, target="host", input_shapes={"x": (10,)})   # sizes: planned as given
+    x = RNG.standard_normal(10).astype(np.float32)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], x.reshape(2, 5))
