@@ -220,7 +220,7 @@ class Plan:
             if isinstance(st, KernelStep):
                 self._verify_kernel(st, where)
             elif isinstance(st, ViewStep):
-                self._verify_view(st, where)
+                self.verify_view(st, where)
             else:
                 for block in st.blocks:
                     inner = set(visible)
@@ -231,7 +231,9 @@ class Plan:
                                                       "nothing before it defines")
                 self._verify_control(st, where)
 
-    def _verify_view(self, st: ViewStep, where: str) -> None:
+    def verify_view(self, st: ViewStep, where: str) -> None:
+        """View step ``st`` keeps its source's storage and reads inside it (a graph output
+        is no slice); ``where`` heads the error."""
         src, dst = self.types[st.input], self.types[st.output]
         if src.dtype is not dst.dtype or tuple(dst.shape) != tuple(st.shape):
             raise IRVerificationError(f"{where}: a view of {src} as {dst} (shape "

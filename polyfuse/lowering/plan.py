@@ -423,17 +423,17 @@ class _Planner:
         if isinstance(lowered, Counted):
             assert d is not None
             return self.counted(node, lowered, d)
+        # (a Shape's output or a fold of one; a value or kernel input the lowering read
+        # decides outputs that are not constants, which only constants' marks matter to)
+        if any(i and (i in self.shaped or i not in self.consts) for i in node.inputs):
+            self.of_shapes(node.outputs)
         if isinstance(lowered, Folded):
-            if any(i and (i in self.shaped or i not in self.consts) for i in node.inputs):
-                self.of_shapes(node.outputs)   # (a Shape, or a fold of one)
             for name, array in zip(node.outputs, lowered.arrays):
                 self.define(what, name, self.constant(name, array))
         elif isinstance(lowered, View):
             src, shape, start = node.inputs[lowered.input], tuple(lowered.shape), lowered.offset
             self.define(what, node.outputs[0], TensorType(self.types[src].dtype, shape))
             self.hold(node.outputs[:1], lowered)
-            if any(i in self.shaped for i in node.inputs):
-                self.of_shapes(node.outputs[:1])
             if src in self.consts and node.outputs[0] not in self.unfolded:
                 flat = self.consts[src].reshape(-1)
                 self.consts[node.outputs[0]] = flat[start:start + int(np.prod(shape))].reshape(shape)
@@ -446,8 +446,6 @@ class _Planner:
             sizes = self.sizes(what, d, names)
             types = self.output_types(what, d, sizes, outs)
             self.hold(outs, lowered)
-            if any(i in self.shaped for i in node.inputs):   # (a kernel input, or a size the lowering read)
-                self.of_shapes(outs)
             if all(n in self.consts for n in names) and not self.unfolded.intersection(outs):
                 # fold at compile time with the interpreter
                 arrays = {p.name: self.consts[n] for p, n in zip(d.params, names)}

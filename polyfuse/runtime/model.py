@@ -33,7 +33,7 @@ from polyfuse.runtime import compile_threads, native
 from polyfuse.runtime.arguments import placeholder
 from polyfuse.runtime.generalize import Generalizer, Generic
 from polyfuse.runtime.interpreted_control import retyped, run_tail
-from polyfuse.runtime.plan_template import PlanTemplates, probe
+from polyfuse.runtime.plan_template import PlanTemplates, probe, probe_shapes
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning, compiles_symbolic
@@ -268,16 +268,17 @@ class CompiledModel:
         (a size of 1 or 0 is its own kind, planned and compiled when a call brings it)."""
         assert self._generalizer is not None and self._templates is not None
         names = list(dict.fromkeys(d for s in named.values() for d in s if isinstance(d, str)))
+        shapes = {n: tuple(AHEAD_SIZE if isinstance(d, str) else d for d in s) for n, s in named.items()}
 
-        def at(moved: dict[str, int]) -> dict[str, tuple[int, ...]]:
-            return {n: tuple(AHEAD_SIZE + moved.get(d, 0) if isinstance(d, str) else d for d in s)
-                    for n, s in named.items()}
-        probes = [plan for plan in (probe(self._planner, at({d: k ** (j + 1) for j, d in enumerate(names)}), {})
-                                    for k in range(1, len(names) + 2)) if plan is not None]
+        def name(n: str, axis: int) -> str | None:
+            d = named[n][axis]
+            return d if isinstance(d, str) else None
+        probes = [plan for plan in (probe(self._planner, moved, {}) for moved in probe_shapes(shapes, name, 1))
+                  if plan is not None]
         self._generalizer.remember([str(st.definition) for plan in probes for st in plan.kernels],
                                    [st.label for plan in probes for st in plan.kernels])
         try:
-            compiled = self._plan(at({}))
+            compiled = self._plan(shapes)
         except (ShapeError, UnsupportedOpError) as err:
             raise ShapeError(f"compiling ahead plans each named input dimension ({', '.join(names)}) at "
                              f"{AHEAD_SIZE}, where the model refuses: {err}; give those dimensions sizes "

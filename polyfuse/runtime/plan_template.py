@@ -21,7 +21,7 @@ Once plans of a model differ only in sizes, the next one is an evaluation:
   sample more than an affine function of its sizes has coefficients, so every fit is
   checked by a sample it was not determined by; one that fits nothing leaves no
   template. The second plan of a kind (its kernels then symbolic) makes up the number
-  with plans at made-up shapes of the kind (:func:`_probe_shapes`: plans only).
+  with plans at made-up shapes of the kind (:func:`probe_shapes`: plans only).
 * :meth:`PlanTemplate.instantiate` at new input shapes of the kind (its fixed
   dimensions equal, every size and expression in its bucket): the buffers' types, views
   and values of the shapes are the expressions' values, the memory plan is laid out for
@@ -42,15 +42,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from polyfuse.errors import AccessRangeError, IRVerificationError, PolyfuseError, ShapeError
 from polyfuse.ir.graph import TensorType
 from polyfuse.ir.limits import check_tensor_size
-from polyfuse.ir.plan import Plan, Planner, nbytes, plan_memory
+from polyfuse.ir.plan import Plan, Planner, plan_memory
 from polyfuse.ir.steps import KernelStep, Step, ViewStep
 from polyfuse.runtime.feeds import check_shapes
 from polyfuse.runtime.generalize import Expression, Generic, Text, evaluate, fit
@@ -61,7 +60,6 @@ Slot = int | Expression
 
 TEMPLATES = 8   # templates a model keeps (the latest)
 SAMPLES = 6     # the most plans a template is fitted to (the latest)
-BOUND_KERNELS = 64   # kernels bound at earlier instances' sizes a template keeps
 SHAPED_VALUES = 64   # the most elements of a constant the shapes decide that a template computes
 
 
@@ -89,9 +87,6 @@ class PlanTemplate:
     sizes: Mapping[int, Mapping[str, Slot]]   # a symbolic kernel's sizes, per step index
     base_sizes: Mapping[int, Mapping[str, int]]   # ... in the base plan
     expressions: tuple[tuple[Expression, int], ...]   # each with its bucket
-    # kernels bound at sizes of earlier instances (a decoder's step at the past of the
-    # last: most of its kernels' sizes are the last step's)
-    _bound: dict[tuple, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def make(samples: list[CompiledPlan]) -> PlanTemplate | None:
@@ -240,24 +235,12 @@ class PlanTemplate:
                                    offset=evaluate(offset, values))
         kernels = list(self.base.kernels)
         for index, (st, g) in enumerate(zip(steps, _generic(self.base))):
-            if isinstance(st, ViewStep):
-                src, dst = types[st.input], types[st.output]
-                if st.offset < 0 or st.offset * src.dtype.bits // 8 + nbytes(dst) > nbytes(src) or \
-                        tuple(dst.shape) != tuple(st.shape):
-                    raise IRVerificationError(f"step {st.label}: a view of {src} as {dst} at offset "
-                                              f"{st.offset} does not fit its source")
-            elif g is not None:
+            if g is not None:
                 assert isinstance(st, KernelStep)
                 given = {n: evaluate(e, values) for n, e in self.sizes[index].items()}
                 if given == self.base_sizes[index]:
                     continue   # the base plan's kernel at its sizes
-                key = (index, tuple(given.values()), tuple(types[n] for n in st.inputs))
-                spec = self._bound.get(key)
-                if spec is None:
-                    spec = g.kernel.specialize_at(given, *(placeholder(types[n]) for n in st.inputs))
-                    self._bound[key] = spec
-                    if len(self._bound) > BOUND_KERNELS:
-                        del self._bound[next(iter(self._bound))]
+                spec = g.kernel.specialize_at(given, *(placeholder(types[n]) for n in st.inputs))
                 if spec.output_shapes != tuple(tuple(types[n].shape) for n in st.defines):
                     raise IRVerificationError(f"step {st.label}: the kernel's outputs have shapes "
                                               f"{spec.output_shapes}, the template's buffers "
@@ -271,11 +254,20 @@ class PlanTemplate:
         memory = plan_memory(tuple(steps), types, set(base.outputs))
         plan = Plan(base.name, base.inputs, base.outputs, types, constants, tuple(steps), memory, None,
                     base.specialized)
+        for index in self.views:
+            view = plan.steps[index]
+            assert isinstance(view, ViewStep)
+            plan.verify_view(view, f"step {view.label}")
         return CompiledPlan(plan, tuple(kernels), generic=self.base.generic)
 
 
 def _generic(compiled: CompiledPlan) -> tuple[Generic | None, ...]:
     return compiled.generic or (None,) * len(compiled.kernels)
+
+
+def _sample(plan: Plan, like: CompiledPlan) -> CompiledPlan:
+    """A probe's plan as a sample beside compiled plans like ``like`` (no kernels)."""
+    return CompiledPlan(plan, (None,) * len(like.kernels))
 
 
 class PlanTemplates:
@@ -321,15 +313,19 @@ class PlanTemplates:
             del self._samples[SAMPLES * TEMPLATES:]
             samples = [c for v, k, c in self._samples if v == values and k == kind][:SAMPLES]
         if probes:
-            samples = [compiled, *(CompiledPlan(p, (None,) * len(compiled.kernels)) for p in probes)]
+            samples = [compiled, *(_sample(p, compiled) for p in probes)]
         template = PlanTemplate.make(samples) if len(samples) >= 3 else None
         if template is None and planner is not None and len(samples) == 2 and compiled.generic:
             names = {(v.name, axis): d for v in planner.graph.inputs for axis, d in enumerate(v.type.shape)
                      if isinstance(d, str)}
-            probes = [CompiledPlan(p, (None,) * len(compiled.kernels)) for p in
-                      (probe(planner, shapes, arrays or {}) for shapes in
-                       _probe_shapes([c.plan for c in samples], names)) if p is not None]
-            template = PlanTemplate.make(samples + probes)
+            shapes = {n: tuple(int(d) for d in plan.types[n].shape) for n in plan.inputs}
+
+            def moving(n: str, axis: int) -> object:
+                """The dimensions that differ between the samples (one name: one size)."""
+                differ = len({int(c.plan.types[n].shape[axis]) for c in samples}) > 1
+                return names.get((n, axis), (n, axis)) if differ else None
+            made = (probe(planner, moved, arrays or {}) for moved in probe_shapes(shapes, moving, len(samples)))
+            template = PlanTemplate.make(samples + [_sample(p, compiled) for p in made if p is not None])
         if template is not None:
             with self._lock:
                 self._templates.insert(0, (values, template))
@@ -347,27 +343,17 @@ def probe(planner: Planner, shapes: dict[str, tuple[int, ...]], values: Mapping[
         return None
 
 
-def _probe_shapes(plans: list[Plan], names: Mapping[tuple[str, int], str]) -> list[dict[str, tuple[int, ...]]]:
-    """Input shapes of ``plans``' kind at which to plan samples for a template: the
-    dimensions that differ between them moved off the latest plan's (dimensions of one
-    name together), the k-th probe's j-th dimension by ``k ** (j + 1)`` (points in
-    general position: the affine fits are determined, and the last one checks them)."""
-    latest = plans[0]
-    shapes = {n: tuple(int(d) for d in latest.types[n].shape) for n in latest.inputs}
-    moving: dict[object, int] = {}
-    for n in latest.inputs:
-        for axis in range(len(shapes[n])):
-            if len({int(p.types[n].shape[axis]) for p in plans}) > 1:
-                moving.setdefault(names.get((n, axis), (n, axis)), len(moving))
-    probes = []
-    for k in range(1, len(moving) + 2 - len(plans) + 1):
-        probe = {}
-        for n, shape in shapes.items():
-            dims = list(shape)
-            for axis in range(len(dims)):
-                j = moving.get(names.get((n, axis), (n, axis)))
-                if j is not None:
-                    dims[axis] += k ** (j + 1)
-            probe[n] = tuple(dims)
-        probes.append(probe)
-    return probes
+def probe_shapes(shapes: Mapping[str, tuple[int, ...]], moving: Callable[[str, int], object],
+                 samples: int) -> list[dict[str, tuple[int, ...]]]:
+    """Input shapes at which to plan probes for a template beside ``samples`` plans:
+    ``shapes`` with each dimension ``moving`` names (None: it stays; one name, one size)
+    moved up, the k-th probe's j-th size by ``k ** (j + 1)`` (points in general position:
+    the affine fits are determined, and the last one checks them), as many as make the
+    samples one more than an affine function of the sizes has coefficients."""
+    sizes = list(dict.fromkeys(m for n, s in shapes.items() for axis in range(len(s))
+                               if (m := moving(n, axis)) is not None))
+
+    def moved(k: int) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(d if (m := moving(n, axis)) is None else d + k ** (sizes.index(m) + 1)
+                         for axis, d in enumerate(s)) for n, s in shapes.items()}
+    return [moved(k) for k in range(1, len(sizes) + 3 - samples)]
