@@ -255,6 +255,7 @@ class Kernel:
         # positional calls whose argument types, shapes and dtypes were checked before
         self._checked: dict[tuple, SpecializedKernel] = {}
         self._names = tuple(p.name for p in definition.params)
+        self._sizes = frozenset(definition.sizes)   # (a walk of the whole definition: once)
         self._needs_out = bool(initial_outputs(definition))
 
     @property
@@ -301,7 +302,7 @@ class Kernel:
             if bound.sizes.get(name, value) != value:
                 raise ShapeError(f"{self.name}: size {name} is {bound.sizes[name]} from the arguments, "
                                  f"not {value}")
-        missing = set(self.definition.sizes) - set(bound.sizes) - set(sizes)
+        missing = self._sizes - set(bound.sizes) - set(sizes)
         if missing:
             raise ShapeError(f"{self.name}: sizes {sorted(missing)} are fixed by no argument; give them")
         return self._specialized(BoundArguments(bound.values, {**sizes, **bound.sizes}))
@@ -337,7 +338,7 @@ class Kernel:
         :data:`~polyfuse.scheduler.model.SYMBOLIC_MAX` gets a specialized kernel."""
         if not self.symbolic or not compiles_symbolic(self.target):
             return frozenset()
-        return frozenset(self.definition.sizes) - set(self._names)
+        return self._sizes - set(self._names)
 
     def _build(self, sizes: dict[str, int], options: MappingOptions | None) -> SpecializedKernel:
         specialized = bind_sizes(self.definition, sizes)
