@@ -172,6 +172,8 @@ def _solve(form: tuple[tuple[int, ...], ...], values: list[int], rows: list[list
     ``rows`` exactly, or None."""
     basis = np.array([[1.0] + [float(math.prod(row[k] for k in term)) for term in form] for row in rows])
     solution, *_ = np.linalg.lstsq(basis, np.array(values, dtype=np.float64), rcond=None)
+    if not np.all(np.isfinite(solution)):
+        return None
     coefficients = [int(round(c)) for c in solution]
     e: Expression = (coefficients[0], tuple((c, term) for c, term in zip(coefficients[1:], form) if c))
     if not e[1] or not all(evaluate(e, row) == v for row, v in zip(rows, values)):
