@@ -9,9 +9,11 @@ Randomness is fixed: hypothesis derandomized, fuzz seeds 0. ``POLYFUSE_RANDOM_TE
 explores new cases instead (the seeds a run used are printed with its failures).
 """
 
+import atexit
 import multiprocessing.process
 import os
 import subprocess
+import shutil
 import tempfile
 
 import pytest
@@ -26,6 +28,7 @@ settings.load_profile("random" if RANDOM_TESTS else "fixed")
 # Kernels compiled by the tests go to a fresh cache, not the user's.
 if "POLYFUSE_CACHE_DIR" not in os.environ:
     os.environ["POLYFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="polyfuse-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["POLYFUSE_CACHE_DIR"], ignore_errors=True)
 
 
 # modules with no unit test that are slow to collect: left out when -m unit alone selects

@@ -13,6 +13,7 @@ calls a GPU would see.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import re
@@ -185,6 +186,19 @@ def emulated_source(cuda: str) -> str:
     return PRELUDE + body + "".join(launchers)
 
 
+def _libraries() -> Path:
+    """The folder this process builds emulated kernels in (one per process, so a kernel
+    built for one test serves the next), removed when the process exits."""
+    global _LIBRARIES
+    if _LIBRARIES is None:
+        _LIBRARIES = Path(tempfile.mkdtemp(prefix="polyfuse-cuda-emulation-"))
+        atexit.register(shutil.rmtree, _LIBRARIES, ignore_errors=True)
+    return _LIBRARIES
+
+
+_LIBRARIES: Path | None = None
+
+
 class EmulatedDevice:
     """Device 0 as the CUDA runtime sees it, emulated on the CPU (see the module doc)."""
 
@@ -196,7 +210,7 @@ class EmulatedDevice:
         self.memory: dict[int, np.ndarray] = {}
         self.libraries: list[ctypes.CDLL] = []
         self.launches: list[tuple[str, int, tuple[int, int, int]]] = []
-        self._dir = Path(tempfile.mkdtemp(prefix="polyfuse-cuda-emulation-"))
+        self._dir = _libraries()
 
     def activate(self) -> None:
         pass
