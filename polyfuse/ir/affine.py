@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from polyfuse.ir.comprehension import Binary, BinaryOp, Call, Expr, IndexVar, Literal, ScalarRef, Unary, UnaryOp
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Expr, IndexVar, Literal, ScalarRef, SizeVar, Unary,
+                                       UnaryOp)
 from polyfuse.ir.loops import For, constant_trips
 from polyfuse.ir.types import DType
 
@@ -36,12 +37,22 @@ def linear(e: Expr) -> dict[Expr, int] | None:
     return _form(e, _size_atom, ONE)
 
 
+def size_form(e: Expr) -> Affine | None:
+    """The affine form of an integer expression over the sizes it names (``SizeVar``
+    names; ``""`` the constant), or None when it is not affine in them."""
+    return _form(e, _size_name, "")
+
+
 ONE = Literal(1, DType.INT64)
 K = TypeVar("K", str, Expr)
 
 
 def _index_atom(e: Expr) -> str | None:
     return e.name if isinstance(e, IndexVar) else None
+
+
+def _size_name(e: Expr) -> str | None:
+    return e.name if isinstance(e, SizeVar) else None
 
 
 def _size_atom(e: Expr) -> Expr | None:

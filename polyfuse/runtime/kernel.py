@@ -35,7 +35,7 @@ from polyfuse.runtime.arguments import BoundArguments, bind_arguments, check_sca
 from polyfuse.scheduler.model import SYMBOLIC_MAX, initial_outputs, skipped_inits
 from polyfuse.scheduler.bounds import check_accesses
 from polyfuse.scheduler.options import MappingOptions, check_options
-from polyfuse.scheduler.pipeline import Usage, symbolic_signature
+from polyfuse.scheduler.pipeline import SymbolicSignatures, Usage
 from polyfuse.targets import BACKENDS, Codegen, Device, Target
 
 Executable = Callable[[Mapping[str, object]], dict[str, np.ndarray]]
@@ -340,6 +340,11 @@ class Kernel:
             return frozenset()
         return self._sizes - set(self._names)
 
+    @cached_property
+    def _signatures(self) -> SymbolicSignatures:
+        """The symbolic signature of each size this kernel is bound at."""
+        return SymbolicSignatures(self.definition, self.symbolic_sizes)
+
     def _build(self, sizes: dict[str, int], options: MappingOptions | None) -> SpecializedKernel:
         specialized = bind_sizes(self.definition, sizes)
         shapes = tuple(tuple(evaluate_int(s, {}) for s in t.shape) for t in specialized.outputs)
@@ -380,7 +385,7 @@ class Kernel:
                     fix_sizes=False)
             chosen = self._symbolic_options
         # the code for these sizes' signature: compiled (or read from disk) once per kernel
-        signature = symbolic_signature(self.definition, sizes, symbolic)
+        signature = self._signatures(sizes)
         with self._cache_lock:
             exe = self._symbolic_runs.get(signature)
         if exe is None:

@@ -21,17 +21,23 @@ checked here, with isl, for concrete sizes:
 
 Writes go to the left-hand side indices over their ranges, which are checked as
 unconditional affine accesses. Indices read from tensors stay checked at run time.
+
+A kernel compiled for symbolic sizes runs at sizes where these checks come out the same.
+:func:`in_bounds` gives the affine conditions on the sizes under which interval
+arithmetic alone proves every access (most definitions' accesses, at most sizes): a new
+size that meets them needs no check at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 
 import islpy as isl
 
 from polyfuse.errors import AccessRangeError, ScheduleError, SourceLocation
+from polyfuse.ir.affine import Affine, combine, scale, size_form
 from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Cast, Definition, Expr, IndexVar,
                                        Literal, Read, Select, SizeVar, Statement, Unary, UnaryOp,
                                        children, walk, with_children)
@@ -271,3 +277,121 @@ def _arith(op: BinaryOp, a: Interval, b: Interval) -> Interval | None:
         reach = b[1] - 1
         return (0 if a[0] >= 0 else -reach), (min(reach, a[1]) if a[0] >= 0 else reach)
     return None
+
+
+Reach = tuple[list[Affine], list[Affine]]   # forms whose least is at most / greatest at least a value
+_MOST_FORMS = 16
+
+
+def in_bounds(d: Definition, sizes: Mapping[str, int], symbolic: frozenset[str]) -> tuple[Affine, ...] | None:
+    """Conditions on ``d``'s ``symbolic`` sizes (its other sizes at their values in
+    ``sizes``), each an affine form of them that must be at least 0, under which the
+    intervals of every write's and every read's indices over their statement's box lie
+    inside their tensors (indices read from tensors aside, which are checked anyway).
+    Where they hold, :func:`check_accesses` proves every access without isl and marks no
+    dimension: every such size runs the same code. None where some range, shape or index
+    is not affine in the sizes (a division, a product of two sizes): then only
+    :func:`check_accesses` can tell."""
+    def form(e: Expr) -> Affine | None:
+        f = size_form(e)
+        if f is None or any(n and n not in symbolic and n not in sizes for n in f):
+            return None
+        out = {n: c for n, c in f.items() if n in symbolic}
+        out[""] = f.get("", 0) + sum(c * sizes[n] for n, c in f.items() if n and n not in symbolic)
+        return out
+
+    def ends(e: Expr, fn: str) -> list[Affine] | None:
+        """Forms of ``e`` or, for ``fn`` (max of a range's start, min of its end), of
+        each argument: any one bounds the range from its side."""
+        parts = e.args if isinstance(e, Call) and e.fn == fn else (e,)
+        forms = [form(p) for p in parts]
+        return None if any(f is None for f in forms) else forms  # type: ignore[return-value]
+
+    conditions: dict[tuple[tuple[str, int], ...], Affine] = {}
+
+    def inside(reach: Reach, extent: Affine) -> None:
+        """The least index at least 0, the greatest at most extent - 1."""
+        lows, highs = reach
+        for f in lows + [combine(combine(extent, h, -1), {"": -1}) for h in highs]:
+            conditions.setdefault(tuple(sorted(f.items())), f)
+
+    for st in d.statements:
+        box: dict[str, Reach] = {}
+        for n in st.indices + st.reduction_indices:
+            lows, highs = ends(st.range_of(n).lo, "max"), ends(st.range_of(n).hi, "min")
+            if lows is None or highs is None:
+                return None
+            box[n] = (lows, [combine(h, {"": -1}) for h in highs])
+        shapes = {}
+        for t in {st.tensor} | {r.tensor for r in walk(st.rhs) if isinstance(r, Read)}:
+            shape = [form(e) for e in d.tensor(t).shape]
+            if any(f is None for f in shape):
+                return None
+            shapes[t] = shape
+        for index, extent in zip(st.indices, shapes[st.tensor]):
+            inside(box[index], extent)  # type: ignore[arg-type]
+        for r in walk(st.rhs):
+            if not isinstance(r, Read):
+                continue
+            for index, extent in zip(r.indices, shapes[r.tensor]):
+                if any(isinstance(n, Read) for n in walk(index)):
+                    continue
+                reach = _reach(index, box, form)
+                if reach is None:
+                    return None
+                inside(reach, extent)  # type: ignore[arg-type]
+    return tuple(conditions.values())
+
+
+def _reach(e: Expr, box: Mapping[str, Reach], form: Callable[[Expr], Affine | None]) -> Reach | None:
+    """Bounds of an index expression over the box as forms of the sizes: its value is at
+    least the least of the first list and at most the greatest of the second (as
+    :func:`_interval` bounds it, or looser); None where it is not affine."""
+    def sub(x: Expr) -> Reach | None:
+        return _reach(x, box, form)
+
+    def pairs(a: list[Affine], b: list[Affine], k: int) -> list[Affine] | None:
+        out = [combine(x, y, k) for x in a for y in b]
+        return out if len(out) <= _MOST_FORMS else None
+
+    match e:
+        case IndexVar(name=n) if n in box:
+            return box[n]
+        case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
+            return sub(a)
+        case Unary(op=UnaryOp.NEG, operand=a):
+            r = sub(a)
+            return None if r is None else ([scale(h, -1) for h in r[1]], [scale(lo, -1) for lo in r[0]])
+        case Select(then=a, other=b) | Call(fn="min" | "max", args=(a, b)):
+            ra, rb = sub(a), sub(b)
+            if ra is None or rb is None:
+                return None
+            lows, highs = ra[0] + rb[0], ra[1] + rb[1]
+            if isinstance(e, Call):   # max(a, b) is at least a, and at least b: a constant's side
+                side = 0 if e.fn == "max" else 1
+                ends = [r[side] for r in (ra, rb) if all(set(f) <= {""} for f in r[side])]
+                if ends:   # the list whose bound (its least low, greatest high) is tightest
+                    bound = min if side == 0 else max
+                    best = (max if side == 0 else min)(ends, key=lambda fs: bound(f.get("", 0) for f in fs))
+                    lows, highs = (best, highs) if side == 0 else (lows, best)
+            return lows, highs
+        case Binary(op=BinaryOp.ADD | BinaryOp.SUB, lhs=a, rhs=b) if e.dtype.is_int:
+            ra, rb = sub(a), sub(b)
+            if ra is None or rb is None:
+                return None
+            k = 1 if e.op is BinaryOp.ADD else -1
+            lows, highs = pairs(ra[0], rb[0 if k == 1 else 1], k), pairs(ra[1], rb[1 if k == 1 else 0], k)
+            return None if lows is None or highs is None else (lows, highs)
+        case Binary(op=BinaryOp.MUL, lhs=a, rhs=b) if e.dtype.is_int:
+            for x, y in ((a, b), (b, a)):
+                f = form(x)
+                if f is not None and set(f) <= {""}:
+                    r = sub(y)
+                    if r is None:
+                        return None
+                    c = f.get("", 0)
+                    lows, highs = (r[0], r[1]) if c >= 0 else (r[1], r[0])
+                    return [scale(lo, c) for lo in lows], [scale(h, c) for h in highs]
+            return None
+    f = form(e) if isinstance(e, Literal | SizeVar) else None
+    return None if f is None else ([f], [f])

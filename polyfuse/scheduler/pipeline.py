@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from polyfuse.ir.affine import Affine
 from polyfuse.ir.comprehension import Definition, Read, walk
 from polyfuse.ir.gpu import GpuKernel
 from polyfuse.ir.loops import BufferRole, LoopKernel
@@ -15,7 +16,7 @@ from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.ir.machine import DEFAULT_MACHINE, Machine
 from polyfuse.ir.passes import IR, Pass, PassManager
 from polyfuse.scheduler.ast_lowering import lower_schedule
-from polyfuse.scheduler.bounds import check_accesses
+from polyfuse.scheduler.bounds import check_accesses, in_bounds
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_epilogues import fuse_epilogues as fuse_gpu_epilogues
 from polyfuse.scheduler.gpu_launches import fuse_launches
@@ -144,10 +145,48 @@ def symbolic_signature(d: Definition, sizes: dict[str, int], symbolic: frozenset
     leaves to run-time checks, and the outputs the runtime must zero. Two sizes with the
     same signature run the same code (the symbolic sizes from 1 to
     :data:`~polyfuse.scheduler.model.SYMBOLIC_MAX`)."""
-    checked = tuple(r.checked for st in check_accesses(d, sizes).statements for r in walk(st.rhs)
-                    if isinstance(r, Read))   # (each read's checked dimensions, in order)
+    return _signature(d, sizes, symbolic, _checked(d, sizes))
+
+
+def _checked(d: Definition, sizes: dict[str, int]) -> tuple[tuple[int, ...], ...]:
+    """Each read's checked dimensions at ``sizes``, in order."""
+    return tuple(r.checked for st in check_accesses(d, sizes).statements for r in walk(st.rhs)
+                 if isinstance(r, Read))
+
+
+def _signature(d: Definition, sizes: dict[str, int], symbolic: frozenset[str],
+               checked: tuple[tuple[int, ...], ...]) -> str:
     return repr((sorted((n, v) for n, v in sizes.items() if n not in symbolic), sorted(symbolic),
                  checked, sorted(zero_filled_outputs(d, sizes))))
+
+
+class SymbolicSignatures:
+    """:func:`symbolic_signature` of one definition, cheaper at each new size: sizes that
+    meet the definition's :func:`~polyfuse.scheduler.bounds.in_bounds` conditions (for
+    its other sizes' values) have every access proven without a check, as at the first
+    such sizes, so only the conditions and the zero-filled outputs are evaluated again."""
+
+    def __init__(self, d: Definition, symbolic: frozenset[str]) -> None:
+        self.d = d
+        self.symbolic = symbolic
+        # per value of the other sizes: the conditions, and the checks where they hold
+        self._proven: dict[tuple[tuple[str, int], ...], tuple[tuple[Affine, ...] | None, list]] = {}
+        self._unchecked = all(not r.checked for st in d.statements for r in walk(st.rhs)
+                              if isinstance(r, Read))
+
+    def __call__(self, sizes: dict[str, int]) -> str:
+        fixed = tuple(sorted((n, v) for n, v in sizes.items() if n not in self.symbolic))
+        entry = self._proven.get(fixed)
+        if entry is None:
+            conditions = in_bounds(self.d, sizes, self.symbolic) if self._unchecked else None
+            entry = self._proven[fixed] = (conditions, [])
+        conditions, checked = entry
+        if conditions is None or not all(f.get("", 0) + sum(c * sizes[n] for n, c in f.items() if n) >= 0
+                                         for f in conditions):
+            return symbolic_signature(self.d, sizes, self.symbolic)
+        if not checked:
+            checked.append(_checked(self.d, sizes))
+        return _signature(self.d, sizes, self.symbolic, checked[0])
 
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

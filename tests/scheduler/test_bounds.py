@@ -2,6 +2,7 @@
 unproven are refused for the sizes of a call (AccessRangeError, before any code runs) or
 checked when they run (BoundsError), on every target, against numpy oracles."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -201,3 +202,47 @@ def test_random_accesses_match_the_interpreter_or_raise_never_a_signal(target, e
     assert child.returncode >= 0, f"killed by signal {-child.returncode} running:\n{child.stderr[-2000:]}"
     assert child.returncode == 0, child.stdout[-4000:]
     assert " passed" in child.stdout
+
+
+SIGNATURE_CASES = [source for source, *_ in REFUSED.values()] + [source for source, _ in GUARDED] + [
+    "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) }",
+    "def shift(float(N) X, float(S) Y) -> (O) { O(i) = X(i + S) + Y(S - 1) where i in 0:N - S }",
+    "def win(float(N) X) -> (O) { O(i) +=! X(i + k) where i in 0:N - 2, k in 0:3 }",
+    "def rev(float(N) X) -> (O) { O(i) = X(N - 1 - i) }",
+    "def tail(float(N, D) X) -> (O) { O(i, d) = X(max(i, 1) - 1, d) where i in 0:N }",
+    "def half(float(N) X) -> (O) { O(i) = X(2 * i) where i in 0:N }",
+    "def gather(float(N) X, int32(M) I) -> (O) { O(m) = X(I(m)) }",
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("source", SIGNATURE_CASES)
+def test_sizes_that_meet_the_conditions_have_the_signature_that_checking_gives(source):
+    """Issue 36: a symbolic kernel bound at a new size skips the access checks where the
+    :func:`in_bounds` conditions hold; its signature must be what checking gives, at
+    every size, and sizes that are refused must not meet the conditions."""
+    from polyfuse.ir.symbolic import evaluate_int
+    from polyfuse.scheduler.bounds import in_bounds
+    from polyfuse.scheduler.pipeline import SymbolicSignatures, symbolic_signature
+
+    d = list(pf.define(source, target="reference"))[0].definition
+    names = sorted(d.sizes)
+    symbolic = frozenset(names)
+    signatures = SymbolicSignatures(d, symbolic)
+    met = 0
+    for values in itertools.product(*([range(1, 6)] * len(names))):
+        sizes = dict(zip(names, values))
+        if any(evaluate_int(e, sizes) < 0 for t in d.outputs for e in t.shape):
+            continue
+        conditions = in_bounds(d, sizes, symbolic)
+        holds = conditions is not None and all(
+            f.get("", 0) + sum(c * sizes[n] for n, c in f.items() if n) >= 0 for f in conditions)
+        met += holds
+        try:
+            want = symbolic_signature(d, sizes, symbolic)
+        except pf.AccessRangeError:
+            assert not holds, sizes
+            continue
+        assert signatures(sizes) == want, sizes
+    if source.startswith(("def mm", "def shift", "def win", "def rev", "def tail", "def half", "def gather")):
+        assert met > 0   # the fast path serves these
