@@ -5,11 +5,12 @@ a constant)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import threading
 from dataclasses import replace
 
 from polyfuse.errors import ShapeError
 from polyfuse.ir.comprehension import (Definition, Expr, Literal, Range, SizeVar, Statement, TensorDecl,
-                                       map_definition_exprs, walk)
+                                       map_expr, walk)
 from polyfuse.ir.symbolic import canonical, zero_divisor
 from polyfuse.ir.types import DType
 
@@ -22,18 +23,37 @@ def bind_sizes(d: Definition, sizes: Mapping[str, int]) -> Definition:
             return Literal(int(sizes[e.name]), DType.INT32, e.loc)
         return e
 
-    bound = map_definition_exprs(d, substitute)
-
     def fold_tensor(t: TensorDecl) -> TensorDecl:
-        return replace(t, shape=tuple(canonical(s) for s in t.shape))
+        return replace(t, shape=tuple(canonical(map_expr(s, substitute)) for s in t.shape))
 
-    def fold_statement(s: Statement) -> Statement:
-        return replace(s, ranges=tuple(Range(r.index, canonical(r.lo), canonical(r.hi))
-                                       for r in s.ranges))
+    def fold_statement(s: Statement, sized: bool) -> Statement:
+        return replace(s, rhs=map_expr(s.rhs, substitute) if sized else s.rhs,
+                       ranges=tuple(Range(r.index, canonical(map_expr(r.lo, substitute)),
+                                          canonical(map_expr(r.hi, substitute))) for r in s.ranges))
 
-    params = tuple(fold_tensor(p) if isinstance(p, TensorDecl) else p for p in bound.params)
-    return replace(bound, params=params, outputs=tuple(fold_tensor(t) for t in bound.outputs),
-                   statements=tuple(fold_statement(s) for s in bound.statements))
+    params = tuple(fold_tensor(p) if isinstance(p, TensorDecl) else p for p in d.params)
+    return replace(d, params=params, outputs=tuple(fold_tensor(t) for t in d.outputs),
+                   statements=tuple(fold_statement(s, sized)
+                                    for s, sized in zip(d.statements, _sized_bodies(d))))
+
+
+def _sized_bodies(d: Definition) -> tuple[bool, ...]:
+    """Whether each statement's body names a size (most do not: binding a symbolic
+    kernel at each new size then walks only shapes and ranges)."""
+    with _SIZED_LOCK:
+        found = _SIZED.get(id(d))
+        if found is not None and found[0] is d:
+            return found[1]
+    sized = tuple(any(isinstance(n, SizeVar) for n in walk(s.rhs)) for s in d.statements)
+    with _SIZED_LOCK:
+        _SIZED[id(d)] = (d, sized)
+        while len(_SIZED) > 512:
+            del _SIZED[next(iter(_SIZED))]
+    return sized
+
+
+_SIZED: dict[int, tuple[Definition, tuple[bool, ...]]] = {}   # by id, the definition kept alive with it
+_SIZED_LOCK = threading.Lock()
 
 
 def sizes_of_shapes(d: Definition, shapes: Sequence[tuple[int, ...] | None]) -> dict[str, int]:
