@@ -11,6 +11,7 @@ kernels and by model plans alike.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
@@ -78,10 +79,7 @@ def max_tensor_bytes() -> int:
         except ValueError:
             raise ShapeError(f"{MAX_TENSOR_BYTES_VARIABLE}={text!r} is not a number of bytes; "
                              "set it to e.g. 8e9 or unset it") from None
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf: assume a 16 GiB machine
-        memory = 16 << 30
+    memory = _physical_memory()
     try:
         import resource
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
@@ -90,6 +88,15 @@ def max_tensor_bytes() -> int:
     except (ImportError, OSError, ValueError):
         pass
     return memory // 2
+
+
+@functools.cache
+def _physical_memory() -> int:
+    """This machine's memory in bytes (read once: every tensor a plan makes is checked)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # no sysconf: assume a 16 GiB machine
+        return 16 << 30
 
 
 def check_tensor_size(what: str, dtype: DType, shape: tuple[int, ...]) -> None:
@@ -101,7 +108,9 @@ def check_tensor_size(what: str, dtype: DType, shape: tuple[int, ...]) -> None:
     count = 1
     for d in shape:
         count *= d
-    check_bytes(f"{what} would have shape {tuple(shape)} ({dtype}):", count * max(1, dtype.bits // 8))
+    nbytes = count * max(1, dtype.bits // 8)
+    if nbytes > max_tensor_bytes():   # (the message only where it is raised)
+        check_bytes(f"{what} would have shape {tuple(shape)} ({dtype}):", nbytes)
 
 
 def check_bytes(what: str, nbytes: int) -> None:

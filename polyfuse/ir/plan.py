@@ -41,6 +41,8 @@ it for a plan in three cases only, each because a plan is made for concrete shap
 
 from __future__ import annotations
 
+import math
+
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -119,7 +121,7 @@ def aligned(nbytes: int, alignment: int = 64) -> int:
 
 
 def nbytes(t: TensorType) -> int:
-    return t.dtype.bits // 8 * int(np.prod([int(d) for d in t.shape], dtype=np.int64))
+    return t.dtype.bits // 8 * math.prod(int(d) for d in t.shape)
 
 
 def block_bytes(t: TensorType, alignment: int = 64) -> int:

@@ -4,13 +4,14 @@ a constant)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import threading
 from dataclasses import replace
+from typing import TypeVar
 
 from polyfuse.errors import ShapeError
-from polyfuse.ir.comprehension import (Definition, Expr, Literal, Range, SizeVar, Statement, TensorDecl,
-                                       map_expr, walk)
+from polyfuse.ir.comprehension import (Binary, BinaryOp, Call, Definition, Expr, Literal, Range, SizeVar, Statement,
+                                       TensorDecl, map_expr, walk)
 from polyfuse.ir.symbolic import canonical, zero_divisor
 from polyfuse.ir.types import DType
 
@@ -34,26 +35,46 @@ def bind_sizes(d: Definition, sizes: Mapping[str, int]) -> Definition:
     params = tuple(fold_tensor(p) if isinstance(p, TensorDecl) else p for p in d.params)
     return replace(d, params=params, outputs=tuple(fold_tensor(t) for t in d.outputs),
                    statements=tuple(fold_statement(s, sized)
-                                    for s, sized in zip(d.statements, _sized_bodies(d))))
+                                    for s, sized in zip(d.statements, _remembered(d, "sized bodies", _sized_bodies))))
 
 
 def _sized_bodies(d: Definition) -> tuple[bool, ...]:
     """Whether each statement's body names a size (most do not: binding a symbolic
     kernel at each new size then walks only shapes and ranges)."""
-    with _SIZED_LOCK:
-        found = _SIZED.get(id(d))
+    return tuple(any(isinstance(n, SizeVar) for n in walk(s.rhs)) for s in d.statements)
+
+
+def _divisions(d: Definition) -> tuple[tuple[str, Expr], ...]:
+    """The output extents and statement bounds that divide (most divide by nothing:
+    checking the sizes of each new call then reads none)."""
+    bounds = [(f"the size of output '{t.name}'", e) for t in d.outputs for e in t.shape]
+    bounds += [(f"the range of '{r.index}' in the statement writing '{s.tensor}'", e)
+               for s in d.statements for r in s.ranges for e in (r.lo, r.hi)]
+    return tuple((where, e) for where, e in bounds if any(
+        isinstance(n, Binary) and n.op in (BinaryOp.DIV, BinaryOp.MOD)
+        or isinstance(n, Call) and n.fn in ("floordiv", "floormod") for n in walk(e)))
+
+
+T = TypeVar("T")
+
+
+def _remembered(d: Definition, what: str, fn: Callable[[Definition], T]) -> T:
+    """``fn(d)``, a fact of the definition's structure, computed once per definition (the
+    latest 512 kept, each with its definition, so an id is not reused while kept)."""
+    with _FACTS_LOCK:
+        found = _FACTS.get((id(d), what))
         if found is not None and found[0] is d:
-            return found[1]
-    sized = tuple(any(isinstance(n, SizeVar) for n in walk(s.rhs)) for s in d.statements)
-    with _SIZED_LOCK:
-        _SIZED[id(d)] = (d, sized)
-        while len(_SIZED) > 512:
-            del _SIZED[next(iter(_SIZED))]
-    return sized
+            return found[1]  # type: ignore[return-value]
+    value = fn(d)
+    with _FACTS_LOCK:
+        _FACTS[(id(d), what)] = (d, value)
+        while len(_FACTS) > 512:
+            del _FACTS[next(iter(_FACTS))]
+    return value
 
 
-_SIZED: dict[int, tuple[Definition, tuple[bool, ...]]] = {}   # by id, the definition kept alive with it
-_SIZED_LOCK = threading.Lock()
+_FACTS: dict[tuple[int, str], tuple[Definition, object]] = {}
+_FACTS_LOCK = threading.Lock()
 
 
 def sizes_of_shapes(d: Definition, shapes: Sequence[tuple[int, ...] | None]) -> dict[str, int]:
@@ -85,10 +106,7 @@ def sizes_of_shapes(d: Definition, shapes: Sequence[tuple[int, ...] | None]) -> 
 
 def _check_divisors(d: Definition, sizes: dict[str, int], origin: dict[str, str]) -> None:
     """No output shape or statement range divides by a size expression that is 0 here."""
-    bounds = [(f"the size of output '{t.name}'", e) for t in d.outputs for e in t.shape]
-    bounds += [(f"the range of '{r.index}' in the statement writing '{s.tensor}'", e)
-               for s in d.statements for r in s.ranges for e in (r.lo, r.hi)]
-    for where, e in bounds:
+    for where, e in _remembered(d, "divisions", _divisions):
         divisor = zero_divisor(e, sizes)
         if divisor is None:
             continue
