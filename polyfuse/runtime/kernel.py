@@ -340,6 +340,17 @@ class Kernel:
             return frozenset()
         return self._sizes - set(self._names)
 
+    def compiled_at(self, sizes: Mapping[str, int], shapes: tuple[tuple[int, ...], ...]) -> SizesBound | None:
+        """The code compiled earlier for symbolic sizes that runs at ``sizes`` (every size
+        of the definition, its outputs then of ``shapes``: the caller checked both against
+        its buffers), bound to them; None where there is none yet (a size outside the
+        symbolic range, or accesses checked differently than at any size before)."""
+        symbolic = self.symbolic_sizes
+        if not symbolic or not all(1 <= sizes[n] <= SYMBOLIC_MAX for n in symbolic):
+            return None
+        exe = self._symbolic_runs.get(self._signatures(dict(sizes)))
+        return None if exe is None else SizesBound(exe, {n: sizes[n] for n in symbolic}, shapes)
+
     @cached_property
     def _signatures(self) -> SymbolicSignatures:
         """The symbolic signature of each size this kernel is bound at."""

@@ -34,6 +34,7 @@ from polyfuse.runtime.arguments import placeholder
 from polyfuse.runtime.generalize import Generalizer, Generic
 from polyfuse.runtime.interpreted_control import retyped, run_tail
 from polyfuse.runtime.plan_template import PlanTemplates, probe, probe_shapes
+from polyfuse.runtime.template_program import TemplatedPlan
 from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declared_outputs, positional_feed,
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning, compiles_symbolic
@@ -314,7 +315,10 @@ class CompiledModel:
             if compiled is None:
                 check_shapes(self.graph.inputs, shapes)
                 compiled = self._templates.find(shapes, key[1]) if self._templates is not None else None
-                if compiled is not None:
+                if isinstance(compiled, TemplatedPlan):   # its layout made from the template's
+                    compiled.program = _NativeProgram(compiled.layout)
+                    self.plan_counts["templated"] += 1
+                elif compiled is not None:
                     compiled = dataclasses.replace(compiled, program=_program(compiled, self.target))
                     self.plan_counts["templated"] += 1
                 else:
@@ -356,7 +360,7 @@ class CompiledModel:
         memory goes with the last reference: a kernel that a kept plan shares stays."""
         while len(self._plans) > self._max_plans:
             _, dropped = self._plans.popitem(last=False)
-            tail = dropped.plan.tail
+            tail = dropped.tail
             if tail is not None:
                 for key, (owner, _) in list(self._submodels.items()):
                     if owner is tail:
@@ -465,15 +469,14 @@ class CompiledModel:
         return self._run(self._planned(shapes, feed), dict(feed))
 
     def _run(self, compiled: CompiledPlan, env: dict[str, Any]) -> dict[str, np.ndarray]:
-        plan = compiled.plan
         if compiled.program is not None:
             results = compiled.program.run(env)
         else:
             run_steps(compiled, env)
-            results = {name: env[name] for name in plan.outputs}
-        if plan.tail is not None:
+            results = {name: env[name] for name in compiled.plan.outputs}
+        if compiled.tail is not None:
             # data-dependent control flow: run from Python (see polyfuse.runtime.interpreted_control)
-            results = run_tail(plan.tail, env | results, self.graph, self._submodel)
+            results = run_tail(compiled.tail, env | results, self.graph, self._submodel)
         return declared_outputs(self.graph.outputs, results)
 
     def _submodel(self, owner: object, make: Callable[[], Graph],

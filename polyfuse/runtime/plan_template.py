@@ -54,6 +54,7 @@ from polyfuse.ir.steps import KernelStep, Step, ViewStep
 from polyfuse.runtime.feeds import check_shapes
 from polyfuse.runtime.generalize import Expression, Generic, Text, evaluate, fit
 from polyfuse.runtime.program import CompiledPlan
+from polyfuse.runtime.template_program import TemplatedPlan, TemplateProgram
 
 # an integer of a plan template: a constant, or an expression of its sizes
 Slot = int | Expression
@@ -210,17 +211,23 @@ class PlanTemplate:
                 return False
         return True
 
-    def instantiate(self, shapes: Mapping[str, tuple[int, ...]],
-                    placeholder: Callable[[TensorType], np.ndarray]) -> CompiledPlan:
-        """The plan at input ``shapes`` (which :meth:`accepts`) with its kernels bound:
-        raises ShapeError where an expression leaves its bucket and
-        IRVerificationError where the plan is not consistent (see the module docstring)."""
+    def values_at(self, shapes: Mapping[str, tuple[int, ...]]) -> list[int]:
+        """The template's sizes at input ``shapes`` (which :meth:`accepts`); a ShapeError
+        where an expression of them leaves its bucket."""
         values = [0] * len(self.buckets)
         for (n, axis), k in self.dims.items():
             values[k] = shapes[n][axis]
         for e, bucket in self.expressions:
             if _bucket(evaluate(e, values)) != bucket:
                 raise ShapeError(f"a size of the plan template ({evaluate(e, values)}) leaves its bucket")
+        return values
+
+    def instantiate(self, shapes: Mapping[str, tuple[int, ...]],
+                    placeholder: Callable[[TensorType], np.ndarray]) -> CompiledPlan:
+        """The plan at input ``shapes`` (which :meth:`accepts`) with its kernels bound:
+        raises ShapeError where an expression leaves its bucket and
+        IRVerificationError where the plan is not consistent (see the module docstring)."""
+        values = self.values_at(shapes)
         base = self.base.plan
         types = dict(base.types)
         for name, slots in self.types.items():
@@ -280,8 +287,23 @@ class PlanTemplates:
         self._templates: list[tuple[object, PlanTemplate]] = []
         self._samples: list[tuple[object, tuple, CompiledPlan]] = []   # the latest first
         self._lock = threading.Lock()
+        self._programs: dict[int, tuple[PlanTemplate, TemplateProgram | None]] = {}   # by template id
 
-    def find(self, shapes: Mapping[str, tuple[int, ...]], values: object) -> CompiledPlan | None:
+    def _program(self, template: PlanTemplate) -> TemplateProgram | None:
+        """The template's program (:mod:`polyfuse.runtime.template_program`), made at its
+        first instance; None where its base plan does not run as one."""
+        with self._lock:
+            found = self._programs.get(id(template))
+            if found is not None and found[0] is template:
+                return found[1]
+            kept = {id(t) for _, t in self._templates}
+            self._programs = {k: v for k, v in self._programs.items() if k in kept}
+        program = TemplateProgram.of(template)
+        with self._lock:
+            self._programs[id(template)] = (template, program)
+        return program
+
+    def find(self, shapes: Mapping[str, tuple[int, ...]], values: object) -> CompiledPlan | TemplatedPlan | None:
         """The plan at ``shapes`` from a template that accepts them, or None (plan it). A
         template that turns out not to hold there (a kernel's sizes that its buffers do
         not give) is dropped."""
@@ -289,7 +311,12 @@ class PlanTemplates:
             found = [t for v, t in self._templates if v == values and t.accepts(shapes)]
         for template in found:
             try:
-                return template.instantiate(shapes, self._placeholder)
+                program = self._program(template)
+                layout = None if program is None else program.lay_out(template.values_at(shapes))
+                if layout is None:
+                    return template.instantiate(shapes, self._placeholder)
+                return TemplatedPlan(layout, template.base.generic,
+                                     lambda: template.instantiate(shapes, self._placeholder))
             except (ShapeError, IRVerificationError, AccessRangeError):
                 with self._lock:
                     self._templates = [(v, t) for v, t in self._templates if t is not template]

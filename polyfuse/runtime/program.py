@@ -69,6 +69,11 @@ class CompiledPlan:
     program: Any = None
     generic: tuple[Generic | None, ...] = ()
 
+    @property
+    def tail(self) -> Any:
+        """The plan's control flow after its steps (None: there is none)."""
+        return self.plan.tail
+
     def steps(self) -> Iterator[tuple[KernelStep, CompiledKernel]]:
         """The kernel steps and their compiled kernels, in order."""
         for st, kernel in zip(leaves(self.plan.steps), self.kernels):
@@ -172,6 +177,9 @@ class Call:
     stages: dict[str, str] = field(repr=False)
     args: tuple[tuple[int, Any, int], ...]
     zero: tuple[tuple[int, int], ...]
+    # per argument, what it holds where that changes with the plan's sizes: the value it
+    # locates, or the kernel's size (``"<size>name"``); None for the rest
+    holds: tuple[str | None, ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -268,12 +276,15 @@ class ProgramLayout:
             args = [packed(by_param[packings[n][1].source], *packings[n]) if n in packings
                     else nothing() if n in unread and by_param[n] in plan.constants
                     else location(by_param[n]) for n in layout.input_names]
+            holds: list[str | None] = [None if n in packings or n in unread and by_param[n] in plan.constants
+                                       else by_param[n] for n in layout.input_names]
             zero = []
             for name, _, dtype, zeroed in layout.outputs:
                 nbytes = math.prod(int(d) for d in plan.types[by_output[name]].shape) * np.dtype(dtype).itemsize
                 if zeroed and nbytes:
                     zero.append((len(args), nbytes))
                 args.append(location(by_output[name]))
+                holds.append(by_output[name])
             start = scratch_base   # a kernel's scratch (GPU split-k sums): after the arena, reused by each call
             for nbytes in getattr(layout, "scratch_bytes", ()):
                 args.append((ARENA, 0, start))
@@ -282,7 +293,8 @@ class ProgramLayout:
             if layout.checks_indices:
                 args.append((ERROR, 0, 0))
             args += [size(kernel.run.sizes[n]) for n in layout.scalars]   # a symbolic kernel's sizes
-            calls.append(Call(st.label, kernel.run, kernel.stages, tuple(args), tuple(zero)))
+            holds += [None] * (len(args) - len(holds) - len(layout.scalars)) + [f"<size>{n}" for n in layout.scalars]
+            calls.append(Call(st.label, kernel.run, kernel.stages, tuple(args), tuple(zero), tuple(holds)))
 
         def tensor(name: str) -> Tensor:
             t = plan.types[name]

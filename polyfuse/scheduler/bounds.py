@@ -243,6 +243,8 @@ def _interval(e: Expr, box: Mapping[str, Interval], sizes: Mapping[str, int]) ->
         case Unary(op=UnaryOp.NEG, operand=a):
             r = sub(a)
             return None if r is None else (-r[1], -r[0])
+        case Select(cond=c, then=a, other=b) if (known := _constant(c)) is not None:
+            return sub(a if known else b)
         case Select(then=a, other=b):
             ra, rb = sub(a), sub(b)
             return None if ra is None or rb is None else (min(ra[0], rb[0]), max(ra[1], rb[1]))
@@ -279,6 +281,22 @@ def _arith(op: BinaryOp, a: Interval, b: Interval) -> Interval | None:
     return None
 
 
+def affine_in(e: Expr, sizes: Mapping[str, int], symbolic: frozenset[str]) -> Affine | None:
+    """``e`` as an affine form of the ``symbolic`` sizes (the others at their values in
+    ``sizes``), or None where it is not one."""
+    f = size_form(e)
+    if f is None or any(n and n not in symbolic and n not in sizes for n in f):
+        return None
+    out = {n: c for n, c in f.items() if n in symbolic}
+    out[""] = f.get("", 0) + sum(c * sizes[n] for n, c in f.items() if n and n not in symbolic)
+    return out
+
+
+def value(f: Affine, sizes: Mapping[str, int]) -> int:
+    """An affine form's value at ``sizes``."""
+    return f.get("", 0) + sum(c * sizes[n] for n, c in f.items() if n)
+
+
 Reach = tuple[list[Affine], list[Affine]]   # forms whose least is at most / greatest at least a value
 _MOST_FORMS = 16
 
@@ -293,12 +311,7 @@ def in_bounds(d: Definition, sizes: Mapping[str, int], symbolic: frozenset[str])
     is not affine in the sizes (a division, a product of two sizes): then only
     :func:`check_accesses` can tell."""
     def form(e: Expr) -> Affine | None:
-        f = size_form(e)
-        if f is None or any(n and n not in symbolic and n not in sizes for n in f):
-            return None
-        out = {n: c for n, c in f.items() if n in symbolic}
-        out[""] = f.get("", 0) + sum(c * sizes[n] for n, c in f.items() if n and n not in symbolic)
-        return out
+        return affine_in(e, sizes, symbolic)
 
     def ends(e: Expr, fn: str) -> list[Affine] | None:
         """Forms of ``e`` or, for ``fn`` (max of a range's start, min of its end), of
@@ -333,10 +346,10 @@ def in_bounds(d: Definition, sizes: Mapping[str, int], symbolic: frozenset[str])
         for r in walk(st.rhs):
             if not isinstance(r, Read):
                 continue
-            for index, extent in zip(r.indices, shapes[r.tensor]):
-                if any(isinstance(n, Read) for n in walk(index)):
+            for e, extent in zip(r.indices, shapes[r.tensor]):
+                if any(isinstance(n, Read) for n in walk(e)):
                     continue
-                reach = _reach(index, box, form)
+                reach = _reach(e, box, form)
                 if reach is None:
                     return None
                 inside(reach, extent)  # type: ignore[arg-type]
@@ -362,6 +375,8 @@ def _reach(e: Expr, box: Mapping[str, Reach], form: Callable[[Expr], Affine | No
         case Unary(op=UnaryOp.NEG, operand=a):
             r = sub(a)
             return None if r is None else ([scale(h, -1) for h in r[1]], [scale(lo, -1) for lo in r[0]])
+        case Select(cond=c, then=a, other=b) if (known := _constant(c)) is not None:
+            return sub(a if known else b)   # (as _interval: a Gather's wrap of a constant index)
         case Select(then=a, other=b) | Call(fn="min" | "max", args=(a, b)):
             ra, rb = sub(a), sub(b)
             if ra is None or rb is None:
@@ -380,8 +395,8 @@ def _reach(e: Expr, box: Mapping[str, Reach], form: Callable[[Expr], Affine | No
             if ra is None or rb is None:
                 return None
             k = 1 if e.op is BinaryOp.ADD else -1
-            lows, highs = pairs(ra[0], rb[0 if k == 1 else 1], k), pairs(ra[1], rb[1 if k == 1 else 0], k)
-            return None if lows is None or highs is None else (lows, highs)
+            least, most = pairs(ra[0], rb[0 if k == 1 else 1], k), pairs(ra[1], rb[1 if k == 1 else 0], k)
+            return None if least is None or most is None else (least, most)
         case Binary(op=BinaryOp.MUL, lhs=a, rhs=b) if e.dtype.is_int:
             for x, y in ((a, b), (b, a)):
                 f = form(x)
@@ -389,9 +404,30 @@ def _reach(e: Expr, box: Mapping[str, Reach], form: Callable[[Expr], Affine | No
                     r = sub(y)
                     if r is None:
                         return None
-                    c = f.get("", 0)
-                    lows, highs = (r[0], r[1]) if c >= 0 else (r[1], r[0])
-                    return [scale(lo, c) for lo in lows], [scale(h, c) for h in highs]
+                    times = f.get("", 0)
+                    lows, highs = (r[0], r[1]) if times >= 0 else (r[1], r[0])
+                    return [scale(lo, times) for lo in lows], [scale(h, times) for h in highs]
             return None
     f = form(e) if isinstance(e, Literal | SizeVar) else None
     return None if f is None else ([f], [f])
+
+
+_COMPARE = {BinaryOp.LT: int.__lt__, BinaryOp.LE: int.__le__, BinaryOp.GT: int.__gt__,
+            BinaryOp.GE: int.__ge__, BinaryOp.EQ: int.__eq__, BinaryOp.NE: int.__ne__}
+
+
+def _constant(e: Expr) -> int | None:
+    """The value of an integer or boolean expression of literals alone, else None."""
+    match e:
+        case Literal(value=v) if isinstance(v, (bool, int)):
+            return int(v)
+        case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
+            return _constant(a)
+        case Binary(op=op, lhs=a, rhs=b) if op in _COMPARE or op in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL):
+            x, y = _constant(a), _constant(b)
+            if x is None or y is None:
+                return None
+            if op in _COMPARE:
+                return int(_COMPARE[op](x, y))
+            return x + y if op is BinaryOp.ADD else x - y if op is BinaryOp.SUB else x * y
+    return None

@@ -164,19 +164,23 @@ def zero_filled_outputs(d: Definition, sizes: dict[str, int]) -> set[str]:
     """Outputs the runtime must zero before the kernel runs: those whose first writer
     relies on it (a ``+=!`` without its init) or does not cover the whole tensor. Never
     those whose initial contents the definition reads (:func:`initial_outputs`)."""
-    out = set()
+    return {st.tensor for st, relies in first_writers(d)
+            if relies or not all(evaluate_int(st.range_of(i).lo, sizes) <= 0
+                                 and evaluate_int(st.range_of(i).hi, sizes) >= evaluate_int(dim, sizes)
+                                 for i, dim in zip(st.indices, d.tensor(st.tensor).shape))}
+
+
+def first_writers(d: Definition) -> list[tuple[Statement, bool]]:
+    """The first statement writing each output whose initial contents the definition
+    does not read, and whether it relies on zeros (a ``+=!`` without its init): the
+    rest needs zeros where its ranges do not cover the output."""
     skipped = skipped_inits(d)
     seen: set[str] = set(initial_outputs(d))
+    out = []
     for k, st in enumerate(d.statements):
-        if st.tensor in seen:
-            continue
-        seen.add(st.tensor)
-        shape = d.tensor(st.tensor).shape
-        covers = all(evaluate_int(st.range_of(i).lo, sizes) <= 0
-                     and evaluate_int(st.range_of(i).hi, sizes) >= evaluate_int(dim, sizes)
-                     for i, dim in zip(st.indices, shape))
-        if k in skipped or not covers:
-            out.add(st.tensor)
+        if st.tensor not in seen:
+            seen.add(st.tensor)
+            out.append((st, k in skipped))
     return out
 
 

@@ -16,7 +16,7 @@ from polyfuse.ir.loops_verify import verify_kernel
 from polyfuse.ir.machine import DEFAULT_MACHINE, Machine
 from polyfuse.ir.passes import IR, Pass, PassManager
 from polyfuse.scheduler.ast_lowering import lower_schedule
-from polyfuse.scheduler.bounds import check_accesses, in_bounds
+from polyfuse.scheduler.bounds import affine_in, check_accesses, in_bounds, value
 from polyfuse.scheduler.gpu_barriers import place_barriers
 from polyfuse.scheduler.gpu_epilogues import fuse_epilogues as fuse_gpu_epilogues
 from polyfuse.scheduler.gpu_launches import fuse_launches
@@ -31,7 +31,7 @@ from polyfuse.scheduler.loop_passes import (LoopPass, LoopPassManager, drop_dead
                                             pack_operands, promote_accumulators, promote_register_blocks,
                                             separate_full_tiles, unroll_and_jam, use_matrix_tiles,
                                             widen_partial_blocks)
-from polyfuse.scheduler.model import build_model, covers, skipped_inits, zero_filled_outputs
+from polyfuse.scheduler.model import build_model, covers, first_writers, skipped_inits, zero_filled_outputs
 from polyfuse.scheduler.options import MappingOptions
 from polyfuse.scheduler.schedule import compute_schedule
 from polyfuse.scheduler.symbolic_facts import Facts
@@ -164,13 +164,15 @@ class SymbolicSignatures:
     """:func:`symbolic_signature` of one definition, cheaper at each new size: sizes that
     meet the definition's :func:`~polyfuse.scheduler.bounds.in_bounds` conditions (for
     its other sizes' values) have every access proven without a check, as at the first
-    such sizes, so only the conditions and the zero-filled outputs are evaluated again."""
+    such sizes, so only the conditions and which outputs need zeros are evaluated again
+    (as affine forms of the sizes, where the writers' ranges and shapes are)."""
 
     def __init__(self, d: Definition, symbolic: frozenset[str]) -> None:
         self.d = d
         self.symbolic = symbolic
-        # per value of the other sizes: the conditions, and the checks where they hold
-        self._proven: dict[tuple[tuple[str, int], ...], tuple[tuple[Affine, ...] | None, list]] = {}
+        # per value of the other sizes: the conditions, the checks where they hold, and
+        # the forms telling which outputs need zeros
+        self._proven: dict[tuple[tuple[str, int], ...], tuple[tuple[Affine, ...] | None, list, _Fills | None]] = {}
         self._unchecked = all(not r.checked for st in d.statements for r in walk(st.rhs)
                               if isinstance(r, Read))
 
@@ -179,14 +181,36 @@ class SymbolicSignatures:
         entry = self._proven.get(fixed)
         if entry is None:
             conditions = in_bounds(self.d, sizes, self.symbolic) if self._unchecked else None
-            entry = self._proven[fixed] = (conditions, [])
-        conditions, checked = entry
-        if conditions is None or not all(f.get("", 0) + sum(c * sizes[n] for n, c in f.items() if n) >= 0
-                                         for f in conditions):
+            entry = self._proven[fixed] = (conditions, [], _fills(self.d, sizes, self.symbolic))
+        conditions, checked, fills = entry
+        if conditions is None or fills is None or not all(value(f, sizes) >= 0 for f in conditions):
             return symbolic_signature(self.d, sizes, self.symbolic)
         if not checked:
             checked.append(_checked(self.d, sizes))
-        return _signature(self.d, sizes, self.symbolic, checked[0])
+        zeroed = sorted(t for t, always, covers in fills
+                        if always or not all(value(lo, sizes) <= 0 and value(hi, sizes) >= value(dim, sizes)
+                                             for lo, hi, dim in covers))
+        return repr((list(fixed), sorted(self.symbolic), checked[0], zeroed))
+
+
+# per output's first writer: the output, whether it is zeroed whatever the sizes, and
+# the forms of each index's range and the dimension it must cover (zero_filled_outputs)
+_Fills = list[tuple[str, bool, list[tuple[Affine, Affine, Affine]]]]
+
+
+def _fills(d: Definition, sizes: dict[str, int], symbolic: frozenset[str]) -> _Fills | None:
+    """:func:`~polyfuse.scheduler.model.zero_filled_outputs` as forms of the symbolic
+    sizes, or None where a range or shape is not affine in them."""
+    out: _Fills = []
+    for st, relies in first_writers(d):
+        covers = []
+        for i, dim in zip(st.indices, d.tensor(st.tensor).shape):
+            lo, hi, extent = (affine_in(e, sizes, symbolic) for e in (st.range_of(i).lo, st.range_of(i).hi, dim))
+            if lo is None or hi is None or extent is None:
+                return None
+            covers.append((lo, hi, extent))
+        out.append((st.tensor, relies, covers))
+    return out
 
 
 def schedule_definition(d: Definition, sizes: dict[str, int], options: MappingOptions,

@@ -106,7 +106,9 @@ def test_a_size_of_one_is_planned():
         assert compiled.plan_counts["planned"] == before + 1
 
 
-def test_template_plans_equal_the_planners():
+def templated_shapes():
+    """A model planned at FIRST, then each of LATER's shapes and its plan from the
+    templates: ``(model, compiled, shape, shapes, templated)``."""
     model = decoder_step()
     compiled = pf.compile(model, target="host")
     for shape in FIRST:
@@ -115,6 +117,11 @@ def test_template_plans_equal_the_planners():
         shapes = {"ids": (batch, seq), "past": (batch, past, WIDTH)}
         templated = compiled._templates.find(shapes, ())
         assert templated is not None
+        yield model, compiled, (batch, seq, past), shapes, templated
+
+
+def test_template_plans_equal_the_planners():
+    for _, compiled, _, shapes, templated in templated_shapes():
         want = compiled._planner.plan(shapes, {})
         got = templated.plan
         assert dict(got.types) == dict(want.types)
@@ -182,3 +189,42 @@ def test_compiling_ahead_says_where_the_model_refuses_the_named_sizes():
     compiled = pf.compile(model, target="host", input_shapes={"x": (10,)})   # sizes: planned as given
     x = RNG.standard_normal(10).astype(np.float32)
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], x.reshape(2, 5))
+
+
+def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
+    """Issue 36: at a templated shape the program's layout is the template's base layout
+    with its numbers changed (template_program), not the instance's plan laid out again:
+    the same code, sizes, zeroed bytes and shapes as a layout of the instantiated plan,
+    arena values that are live together never overlapping, and outputs against
+    onnxruntime."""
+    from polyfuse.ir.steps import live_ranges, view_roots
+    from polyfuse.runtime.program import ARENA, ProgramLayout
+    from polyfuse.runtime.template_program import TemplatedPlan
+
+    for model, compiled, shape, _, templated in templated_shapes():
+        assert isinstance(templated, TemplatedPlan)
+        fast, full = templated.layout, ProgramLayout.of(templated.instance)
+        assert (fast.inputs, fast.outputs, fast.slots) == (full.inputs, full.outputs, full.slots)
+        plan = templated.plan
+        used: dict[str, tuple[int, int]] = {}
+        for a, b in zip(fast.calls, full.calls, strict=True):
+            assert a.executable.jit.address == b.executable.jit.address
+            assert sorted(a.zero) == sorted(b.zero)
+            for (where, index, offset), (w, i, o), held in zip(a.args, b.args, a.holds, strict=True):
+                assert where == w
+                if held is not None and held.startswith("<size>"):
+                    assert fast.constants[index][0] == full.constants[i][0]
+                elif where == ARENA:
+                    t = plan.types[held]
+                    used[held] = (offset, offset + int(np.prod(t.shape)) * t.dtype.bits // 8)
+                else:
+                    assert (index, offset) == (i, o)
+        roots, _ = view_roots(plan.steps, {v: t.dtype.bits // 8 for v, t in plan.types.items()})
+        _, span = live_ranges(plan.steps, roots)
+        for x, (xa, xb) in used.items():
+            for y, (ya, yb) in used.items():
+                rx, ry = roots.get(x, x), roots.get(y, y)
+                together = span[rx][0] <= span[ry][1] and span[ry][0] <= span[rx][1]
+                assert rx == ry or not together or xb <= ya or yb <= xa, (x, y)
+        check(model, compiled, shape)
+    assert "%kv: float32[2, 52, 16]" in compiled.dump("plan")   # the instance, made when read

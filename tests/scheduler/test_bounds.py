@@ -212,6 +212,9 @@ SIGNATURE_CASES = [source for source, *_ in REFUSED.values()] + [source for sour
     "def tail(float(N, D) X) -> (O) { O(i, d) = X(max(i, 1) - 1, d) where i in 0:N }",
     "def half(float(N) X) -> (O) { O(i) = X(2 * i) where i in 0:N }",
     "def gather(float(N) X, int32(M) I) -> (O) { O(m) = X(I(m)) }",
+    "def part(float(N) X, float(M) Y) -> (float(N) O) { O(i) = X(i) + Y(0) where i in 0:M }",
+    "def wrap(float(C, N) X) -> (O) { O(n) = X(0 < 0 ? 0 + 12 : 0, n) }",
+    "def wrap2(float(C, N) X) -> (O) { O(n) = X(0 < 1 ? C - 1 : 0, n) }",
 ]
 
 
@@ -244,5 +247,5 @@ def test_sizes_that_meet_the_conditions_have_the_signature_that_checking_gives(s
             assert not holds, sizes
             continue
         assert signatures(sizes) == want, sizes
-    if source.startswith(("def mm", "def shift", "def win", "def rev", "def tail", "def half", "def gather")):
+    if source.startswith(("def mm", "def part", "def wrap", "def shift", "def win", "def rev", "def tail", "def half", "def gather")):
         assert met > 0   # the fast path serves these

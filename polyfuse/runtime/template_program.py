@@ -1,0 +1,254 @@
+"""A plan template's program at a new shape, laid out without instantiating the plan.
+
+:meth:`PlanTemplate.instantiate <polyfuse.runtime.plan_template.PlanTemplate.instantiate>`
+makes the whole plan at a new shape: its buffers' types, its steps with each kernel's
+definition bound to its sizes, the memory plan, then the program's layout from them. A
+decoding step pays that on every token (the past grows by one). What runs is only the
+layout (:class:`~polyfuse.runtime.program.ProgramLayout`): where each argument of each
+call lives, the sizes each symbolic kernel gets, the bytes to zero, the outputs'
+shapes. :class:`TemplateProgram` keeps the template's base layout and, at new sizes,
+changes only those numbers:
+
+* **Memory**, in **slots** (:func:`arena_slots`): the arena's values in the order they
+  are defined, each in the first slot whose value is dead by then. Which values share a
+  slot follows from liveness alone, so it holds at every size; a slot takes as many bytes
+  as its largest value at the call's sizes. (The planner's first-fit placement packs
+  tighter at one size; slots are what holds at all of them.)
+* **Kernels**: a symbolic kernel runs code compiled before
+  (:meth:`~polyfuse.runtime.kernel.Kernel.compiled_at`) where its sizes agree with its
+  input buffers, its outputs have the buffers' types and its accesses check as at a size
+  it ran at. Where none is compiled (a size outside the symbolic range, accesses that
+  check differently), the call instantiates the plan instead, and compiles.
+* **Views** read inside their sources; every buffer's size is checked against the
+  tensor limit, and every expression stays in its bucket, as when instantiating.
+
+The plan and kernels of the instance (what ``dump``, ``profile`` and bundles read) are
+instantiated when first read (:class:`TemplatedPlan`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from polyfuse.errors import IRVerificationError, ShapeError
+from polyfuse.ir.limits import check_tensor_size
+from polyfuse.ir.plan import aligned
+from polyfuse.ir.sizes import sizes_of_shapes
+from polyfuse.ir.steps import KernelStep, Step, ViewStep, live_ranges, view_roots
+from polyfuse.ir.symbolic import evaluate_int
+from polyfuse.runtime.generalize import evaluate
+from polyfuse.runtime.instructions import Run
+from polyfuse.runtime.program import ARENA, CONSTANT, Call, CompiledPlan, ProgramLayout, Tensor
+
+ALIGNMENT = 64   # a slot's start (plan_memory's block alignment)
+
+
+def arena_slots(steps: tuple[Step, ...], roots: Mapping[str, str], kept: set[str]) -> dict[str, int]:
+    """Each arena value's slot: values defined in order, each in the first slot whose
+    value is no longer used (a value is live from the event defining it to its span's
+    end, :func:`~polyfuse.ir.steps.live_ranges`); ``kept`` values (graph outputs) have
+    arrays of their own."""
+    laid, span = live_ranges(steps, roots)
+    ends: list[int] = []   # per slot, the last event of its latest value
+    slot: dict[str, int] = {}
+    for k, ev in enumerate(laid):
+        for v in ev.allocates:
+            if v in kept:
+                continue
+            free = next((j for j, end in enumerate(ends) if end < k), len(ends))
+            if free == len(ends):
+                ends.append(0)
+            ends[free] = span[v][1]
+            slot[v] = free
+    return slot
+
+
+@dataclass(frozen=True)
+class _KernelCall:
+    """A call of the layout whose kernel is compiled for symbolic sizes: its step and the
+    template's expression of each size it is given."""
+
+    call: int
+    step: KernelStep
+    kernel: Any                       # the Kernel (polyfuse.runtime.kernel)
+    given: Mapping[str, Any]          # size name -> slot of the template
+    base: Mapping[str, int]           # ... its values in the base plan
+
+
+class TemplateProgram:
+    """A plan template's base layout and how its numbers change with the sizes (see the
+    module docstring)."""
+
+    def __init__(self, template: Any, layout: ProgramLayout) -> None:
+        from polyfuse.runtime.plan_template import _generic
+        self.template = template
+        self.layout = layout
+        plan = template.base.plan
+        self.plan = plan
+        self.itemsize = {v: t.dtype.bits // 8 for v, t in plan.types.items()}
+        self.shapes = {v: tuple(int(d) for d in t.shape) for v, t in plan.types.items()}   # the base's
+        self.nbytes = {v: math.prod(shape) * self.itemsize[v] for v, shape in self.shapes.items()}
+        self.roots, _ = view_roots(plan.steps, self.itemsize)
+        kept = {self.roots.get(v, v) for v in plan.outputs}
+        self.slots = arena_slots(plan.steps, self.roots, kept)
+        self.count = 1 + max(self.slots.values(), default=-1)
+        self.views = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, ViewStep)]
+        self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
+        calls: list[_KernelCall] = []
+        kernel_steps = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, KernelStep)]
+        for call, ((index, st), g) in enumerate(zip(kernel_steps, (_generic(template.base)[k] for k, _ in kernel_steps))):
+            if index in template.sizes:
+                assert g is not None   # (a step with sizes has a symbolic kernel)
+                calls.append(_KernelCall(call, st, g.kernel, template.sizes[index], template.base_sizes[index]))
+        self.symbolic = calls
+
+    @staticmethod
+    def of(template: Any) -> TemplateProgram | None:
+        """The template's program, where its base plan runs as one native program of
+        straight calls (no loops or branches), each of a kernel step; else None."""
+        layout = getattr(template.base.program, "layout", None)
+        steps = template.base.plan.steps
+        if not isinstance(layout, ProgramLayout) or not all(isinstance(ins, Run) for ins in layout.code) \
+                or sum(isinstance(st, KernelStep) for st in steps) != len(layout.calls) \
+                or any(not call.holds for call in layout.calls):
+            return None
+        return TemplateProgram(template, layout)
+
+    def lay_out(self, values: list[int]) -> ProgramLayout | None:
+        """The layout at the template's ``values`` (its sizes, in their buckets), or None
+        where a kernel has no code compiled for its sizes yet. Raises ShapeError or
+        IRVerificationError where the template does not hold there (as instantiating)."""
+        template, plan, base = self.template, self.plan, self.layout
+        shapes, nbytes = dict(self.shapes), dict(self.nbytes)
+        for name, slots in template.types.items():
+            dims = tuple(evaluate(s, values) for s in slots)
+            check_tensor_size(f"value '{name}'", plan.types[name].dtype, dims)
+            shapes[name], nbytes[name] = dims, math.prod(dims) * self.itemsize[name]
+        shape, size_of = shapes.__getitem__, nbytes.__getitem__
+        starts = self._starts(values, shape, size_of)
+        offsets, arena = self._arena(size_of)
+        constants = dict(base.constants)
+        for name, slots in template.constants.items():
+            array = plan.constants[name]
+            constants[name] = np.array([evaluate(s, values) for s in slots], array.dtype).reshape(array.shape)
+        runs = self._runs(values, shape)
+        if runs is None:
+            return None
+
+        def size(value: int) -> tuple[int, Any, int]:
+            key = f"<size {value}>"
+            if key not in constants:
+                constants[key] = np.array([value], np.int64)
+            return (CONSTANT, key, 0)
+
+        calls = []
+        for k, call in enumerate(base.calls):
+            run = runs.get(k, call.executable)
+            args = []
+            for (where, index, offset), held in zip(call.args, call.holds):
+                if held is None:
+                    args.append((where, index, offset))
+                elif held.startswith("<size>"):
+                    args.append(size(run.sizes[held[len("<size>"):]]))
+                else:
+                    root, start = self.roots.get(held, held), starts.get(held, 0)
+                    args.append((where, index, offsets[self.slots[root]] + start) if where == ARENA
+                                else (where, index, start))
+            outputs = run.layout.outputs
+            first = len(run.layout.input_names)
+            zero = tuple((first + j, nbytes[call.holds[first + j]]) for j, (_, _, _, zeroed) in enumerate(outputs)
+                         if zeroed and nbytes[call.holds[first + j]])
+            calls.append(Call(call.label, run, call.stages, tuple(args), zero, call.holds))
+        return ProgramLayout([Tensor(t.name, shape(t.name), t.dtype) for t in base.inputs],
+                             [Tensor(t.name, shape(t.name), t.dtype) for t in base.outputs],
+                             [(shape(v), dtype) for v, (_, dtype) in zip(self.slot_values, base.slots)],
+                             base.results, calls, constants, max(arena, 64), base.code)
+
+    def _starts(self, values: list[int], shape: Callable[[str], tuple[int, ...]],
+                nbytes: Callable[[str], int]) -> dict[str, int]:
+        """Each view's bytes into its root, each view checked to read inside its source."""
+        starts: dict[str, int] = {}
+        for index, st in self.views:
+            slots, offset = self.template.views.get(index, (st.shape, st.offset))
+            dims = tuple(evaluate(s, values) for s in slots)
+            at = evaluate(offset, values)
+            itemsize = self.itemsize[st.input]
+            if dims != shape(st.output) or at < 0 or at * itemsize + nbytes(st.output) > nbytes(st.input) \
+                    or st.output in self.plan.outputs and (at or nbytes(st.input) != nbytes(st.output)):
+                raise IRVerificationError(f"step {st.label}: a view of {shape(st.input)} as {dims} at offset "
+                                          f"{at} does not read inside its source at these sizes")
+            start = starts.get(st.input, 0) + at * itemsize
+            if start:
+                starts[st.output] = start
+        return starts
+
+    def _arena(self, nbytes: Callable[[str], int]) -> tuple[list[int], int]:
+        """Each slot's offset in the arena, and the arena's bytes."""
+        widths = [0] * self.count
+        for value, slot in self.slots.items():
+            widths[slot] = max(widths[slot], aligned(max(1, nbytes(value)), ALIGNMENT))
+        offsets, end = [], 0
+        for width in widths:
+            offsets.append(end)
+            end += width
+        return offsets, end
+
+    def _runs(self, values: list[int], shape: Callable[[str], tuple[int, ...]]) -> dict[int, Any] | None:
+        """The code each symbolic kernel runs at these sizes (by call), checked against
+        its buffers; None where some kernel has none compiled for them."""
+        runs: dict[int, Any] = {}
+        for c in self.symbolic:
+            given = {n: evaluate(e, values) for n, e in c.given.items()}
+            if given == c.base:
+                continue
+            d = c.kernel.definition
+            sizes = sizes_of_shapes(d, [shape(n) for n in c.step.inputs])
+            if any(sizes.get(n, v) != v for n, v in given.items()):
+                raise ShapeError(f"step {c.step.label}: its kernel's sizes {given} disagree with its "
+                                 f"inputs' sizes {sizes}")
+            sizes.update(given)
+            outputs = tuple(tuple(evaluate_int(e, sizes) for e in t.shape) for t in d.outputs)
+            if outputs != tuple(shape(n) for n in c.step.defines):
+                raise IRVerificationError(f"step {c.step.label}: the kernel's outputs have shapes {outputs}, "
+                                          f"the template's buffers {[shape(n) for n in c.step.defines]}")
+            run = c.kernel.compiled_at(sizes, outputs)
+            if run is None or run.executable.layout != self.layout.calls[c.call].executable.layout:
+                return None
+            runs[c.call] = run
+        return runs
+
+
+class TemplatedPlan:
+    """A plan template's instance run by a program laid out from the template
+    (``layout``; ``program`` what runs it); its plan and kernels, which dumps, profiles
+    and bundles read, are instantiated by ``instantiate`` when first read."""
+
+    tail = None   # (templates are of plans without control flow after their steps)
+
+    def __init__(self, layout: ProgramLayout, generic: tuple, instantiate: Callable[[], CompiledPlan]) -> None:
+        self.layout = layout
+        self.program: Any = None
+        self.generic = generic
+        self._instantiate = instantiate
+
+    @cached_property
+    def instance(self) -> CompiledPlan:
+        return self._instantiate()
+
+    @property
+    def plan(self) -> Any:
+        return self.instance.plan
+
+    @property
+    def kernels(self) -> tuple:
+        return self.instance.kernels
+
+    def steps(self) -> Iterator[tuple[KernelStep, Any]]:
+        return self.instance.steps()
+
