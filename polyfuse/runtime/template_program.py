@@ -49,23 +49,35 @@ from polyfuse.runtime.program import ARENA, CONSTANT, Call, CompiledPlan, Progra
 ALIGNMENT = 64   # a slot's start (plan_memory's block alignment)
 
 
-def arena_slots(steps: tuple[Step, ...], roots: Mapping[str, str], kept: set[str]) -> dict[str, int]:
-    """Each arena value's slot: values defined in order, each in the first slot whose
-    value is no longer used (a value is live from the event defining it to its span's
-    end, :func:`~polyfuse.ir.steps.live_ranges`); ``kept`` values (graph outputs) have
-    arrays of their own."""
+def arena_slots(steps: tuple[Step, ...], roots: Mapping[str, str], kept: set[str],
+                nbytes: Mapping[str, int], kinds: Mapping[str, object]) -> dict[str, int]:
+    """Each arena value's slot: values defined in order, each in a slot whose value is no
+    longer used (a value is live from the event defining it to its span's end,
+    :func:`~polyfuse.ir.steps.live_ranges`), of those one that holds values of its
+    ``kinds`` (the same bytes at every size: the slot is never wider for it), else the
+    one whose widest value is nearest its own bytes at the base sizes ``nbytes``;
+    ``kept`` values (graph outputs) have arrays of their own."""
     laid, span = live_ranges(steps, roots)
-    ends: list[int] = []   # per slot, the last event of its latest value
+    ends: list[int] = []     # per slot, the last event of its latest value
+    widths: list[int] = []   # ... its widest value's bytes
+    held: list[set[object]] = []   # ... and the kinds of its values
     slot: dict[str, int] = {}
     for k, ev in enumerate(laid):
         for v in ev.allocates:
             if v in kept:
                 continue
-            free = next((j for j, end in enumerate(ends) if end < k), len(ends))
-            if free == len(ends):
+            free = [j for j, end in enumerate(ends) if end < k]
+            if free:
+                j = min(free, key=lambda j: (kinds[v] not in held[j], widths[j] < nbytes[v],
+                                             abs(widths[j] - nbytes[v])))
+            else:
+                j = len(ends)
                 ends.append(0)
-            ends[free] = span[v][1]
-            slot[v] = free
+                widths.append(0)
+                held.append(set())
+            ends[j], widths[j] = span[v][1], max(widths[j], nbytes[v])
+            held[j].add(kinds[v])
+            slot[v] = j
     return slot
 
 
@@ -96,7 +108,8 @@ class TemplateProgram:
         self.nbytes = {v: math.prod(shape) * self.itemsize[v] for v, shape in self.shapes.items()}
         self.roots, _ = view_roots(plan.steps, self.itemsize)
         kept = {self.roots.get(v, v) for v in plan.outputs}
-        self.slots = arena_slots(plan.steps, self.roots, kept)
+        kinds = {v: (self.itemsize[v], template.types.get(v, self.shapes[v])) for v in plan.types}
+        self.slots = arena_slots(plan.steps, self.roots, kept, self.nbytes, kinds)
         self.count = 1 + max(self.slots.values(), default=-1)
         self.views = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, ViewStep)]
         self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
