@@ -353,7 +353,8 @@ def in_bounds(d: Definition, sizes: Mapping[str, int], symbolic: frozenset[str])
                 if reach is None:
                     return None
                 inside(reach, extent)  # type: ignore[arg-type]
-    return tuple(conditions.values())
+    # (a condition of no size that holds holds at every size)
+    return tuple(f for f in conditions.values() if set(f) - {""} or f.get("", 0) < 0)
 
 
 def _reach(e: Expr, box: Mapping[str, Reach], form: Callable[[Expr], Affine | None]) -> Reach | None:
