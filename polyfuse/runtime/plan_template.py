@@ -52,7 +52,7 @@ from polyfuse.ir.limits import check_tensor_size
 from polyfuse.ir.plan import Plan, Planner, plan_memory
 from polyfuse.ir.steps import KernelStep, Step, ViewStep
 from polyfuse.runtime.feeds import check_shapes
-from polyfuse.runtime.generalize import Expression, Generic, Text, evaluate, fit
+from polyfuse.runtime.generalize import Expression, Text, evaluate, fit
 from polyfuse.runtime.program import CompiledPlan
 from polyfuse.runtime.template_program import TemplatedPlan, TemplateProgram
 
@@ -160,7 +160,7 @@ class PlanTemplate:
         views: dict[int, tuple[tuple[Slot, ...], Slot]] = {}
         kernels: dict[int, dict[str, Slot]] = {}
         matched_base: dict[int, dict[str, int]] = {}
-        generics = [_generic(c) for c in samples]
+        generics = [c.generics for c in samples]
         for index, st in enumerate(base.steps):
             steps = [p.steps[index] for p in plans]
             if any(type(o) is not type(st) or o.label != st.label or o.inputs != st.inputs
@@ -241,7 +241,7 @@ class PlanTemplate:
             steps[index] = replace(view, shape=tuple(evaluate(s, values) for s in slots),
                                    offset=evaluate(offset, values))
         kernels = list(self.base.kernels)
-        for index, (st, g) in enumerate(zip(steps, _generic(self.base))):
+        for index, (st, g) in enumerate(zip(steps, self.base.generics)):
             if g is not None:
                 assert isinstance(st, KernelStep)
                 given = {n: evaluate(e, values) for n, e in self.sizes[index].items()}
@@ -266,10 +266,6 @@ class PlanTemplate:
             assert isinstance(view, ViewStep)
             plan.verify_view(view, f"step {view.label}")
         return CompiledPlan(plan, tuple(kernels), generic=self.base.generic)
-
-
-def _generic(compiled: CompiledPlan) -> tuple[Generic | None, ...]:
-    return compiled.generic or (None,) * len(compiled.kernels)
 
 
 def _sample(plan: Plan, like: CompiledPlan) -> CompiledPlan:

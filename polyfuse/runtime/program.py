@@ -70,6 +70,11 @@ class CompiledPlan:
     generic: tuple[Generic | None, ...] = ()
 
     @property
+    def generics(self) -> tuple[Generic | None, ...]:
+        """``generic``, or None for each step where no kernel is symbolic."""
+        return self.generic or (None,) * len(self.kernels)
+
+    @property
     def tail(self) -> Any:
         """The plan's control flow after its steps (None: there is none)."""
         return self.plan.tail

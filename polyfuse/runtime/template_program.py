@@ -98,7 +98,6 @@ class TemplateProgram:
     module docstring)."""
 
     def __init__(self, template: Any, layout: ProgramLayout) -> None:
-        from polyfuse.runtime.plan_template import _generic
         self.template = template
         self.layout = layout
         plan = template.base.plan
@@ -115,7 +114,7 @@ class TemplateProgram:
         self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
         calls: list[_KernelCall] = []
         kernel_steps = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, KernelStep)]
-        for call, ((index, st), g) in enumerate(zip(kernel_steps, (_generic(template.base)[k] for k, _ in kernel_steps))):
+        for call, ((index, st), g) in enumerate(zip(kernel_steps, (template.base.generics[k] for k, _ in kernel_steps))):
             if index in template.sizes:
                 assert g is not None   # (a step with sizes has a symbolic kernel)
                 calls.append(_KernelCall(call, st, g.kernel, template.sizes[index], template.base_sizes[index]))
