@@ -345,7 +345,7 @@ class Kernel:
         of the definition, its outputs then of ``shapes``: the caller checked both against
         its buffers), bound to them; None where there is none yet (a size outside the
         symbolic range, or accesses checked differently than at any size before)."""
-        symbolic = self.symbolic_sizes
+        symbolic = self._signatures.symbolic   # (symbolic_sizes, read once)
         if not symbolic or not all(1 <= sizes[n] <= SYMBOLIC_MAX for n in symbolic):
             return None
         exe = self._symbolic_runs.get(self._signatures(dict(sizes)))

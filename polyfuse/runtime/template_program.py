@@ -28,16 +28,18 @@ instantiated when first read (:class:`TemplatedPlan`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from polyfuse.errors import IRVerificationError, ShapeError
-from polyfuse.ir.limits import check_tensor_size
+from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, Literal, SizeVar, TensorDecl, Unary, UnaryOp
+from polyfuse.ir.limits import check_tensor_size, max_tensor_bytes
 from polyfuse.ir.plan import aligned
 from polyfuse.ir.sizes import sizes_of_shapes
 from polyfuse.ir.steps import KernelStep, Step, ViewStep, live_ranges, view_roots
@@ -91,6 +93,7 @@ class _KernelCall:
     kernel: Any                       # the Kernel (polyfuse.runtime.kernel)
     given: Mapping[str, Any]          # size name -> slot of the template
     base: Mapping[str, int]           # ... its values in the base plan
+    proven: bool = False              # its shapes are its buffers' at every size (agree)
 
 
 class TemplateProgram:
@@ -117,8 +120,53 @@ class TemplateProgram:
         for call, ((index, st), g) in enumerate(zip(kernel_steps, (template.base.generics[k] for k, _ in kernel_steps))):
             if index in template.sizes:
                 assert g is not None   # (a step with sizes has a symbolic kernel)
-                calls.append(_KernelCall(call, st, g.kernel, template.sizes[index], template.base_sizes[index]))
+                c = _KernelCall(call, st, g.kernel, template.sizes[index], template.base_sizes[index])
+                calls.append(replace(c, proven=self._agree(c)))
         self.symbolic = calls
+        self.recipes = [self._recipe(call) for call in layout.calls]
+
+    def _agree(self, c: _KernelCall) -> bool:
+        """Whether the kernel's tensor shapes at the template's sizes for it are its
+        buffers' types at every value of the template's sizes: both sides polynomials
+        (of degree D at most) that agree on a grid of D + 1 values per size, which
+        proves them equal. Then a call need not bind the kernel's sizes to its buffers."""
+        d = c.kernel.definition
+        pairs = [(e, slot) for p, name in zip(d.params, c.step.inputs) if isinstance(p, TensorDecl)
+                 for e, slot in zip(p.shape, self.template.types.get(name, self.shapes[name]))]
+        pairs += [(e, slot) for t, name in zip(d.outputs, c.step.defines)
+                  for e, slot in zip(t.shape, self.template.types.get(name, self.shapes[name]))]
+        if not set(d.sizes) <= set(c.given) or len(d.params) != len(c.step.inputs) \
+                or len(d.outputs) != len(c.step.defines):
+            return False
+        inner = max([_degree(e) for e in c.given.values()] + [1])
+        outer = [_expr_degree(e) for e, _ in pairs]
+        if any(k is None for k in outer):
+            return False
+        bound = max([k * inner for k in outer] + [_degree(slot) for _, slot in pairs] + [1])  # type: ignore[operator]
+        count = len(self.template.buckets)
+        if (bound + 1) ** count > 4096:
+            return False
+        for values in itertools.product(range(2, bound + 3), repeat=count):
+            sizes = {n: evaluate(e, list(values)) for n, e in c.given.items()}
+            if any(evaluate_int(e, sizes) != evaluate(slot, list(values)) for e, slot in pairs):
+                return False
+        return True
+
+    def _recipe(self, call: Call) -> list[tuple[int, Any, Any, Any]]:
+        """How each argument of ``call`` is placed at new sizes: (0, the argument) as it
+        is, (1, a kernel size's name), (2, the value's arena slot, the value), (3, base,
+        index, the value: at the value's start)."""
+        out: list[tuple[int, Any, Any, Any]] = []
+        for (where, index, offset), held in zip(call.args, call.holds):
+            if held is None:
+                out.append((0, (where, index, offset), None, None))
+            elif held.startswith("<size>"):
+                out.append((1, held[len("<size>"):], None, None))
+            elif where == ARENA:
+                out.append((2, self.slots[self.roots.get(held, held)], held, None))
+            else:
+                out.append((3, where, index, held))
+        return out
 
     @staticmethod
     def of(template: Any) -> TemplateProgram | None:
@@ -138,10 +186,12 @@ class TemplateProgram:
         IRVerificationError where the template does not hold there (as instantiating)."""
         template, plan, base = self.template, self.plan, self.layout
         shapes, nbytes = dict(self.shapes), dict(self.nbytes)
+        limit = max_tensor_bytes()
         for name, slots in template.types.items():
             dims = tuple(evaluate(s, values) for s in slots)
-            check_tensor_size(f"value '{name}'", plan.types[name].dtype, dims)
             shapes[name], nbytes[name] = dims, math.prod(dims) * self.itemsize[name]
+            if nbytes[name] > limit or min(dims, default=0) < 0:   # (raises)
+                check_tensor_size(f"value '{name}'", plan.types[name].dtype, dims)
         shape, size_of = shapes.__getitem__, nbytes.__getitem__
         starts = self._starts(values, shape, size_of)
         offsets, arena = self._arena(size_of)
@@ -160,18 +210,11 @@ class TemplateProgram:
             return (CONSTANT, key, 0)
 
         calls = []
-        for k, call in enumerate(base.calls):
+        for k, (call, recipe) in enumerate(zip(base.calls, self.recipes)):
             run = runs.get(k, call.executable)
-            args = []
-            for (where, index, offset), held in zip(call.args, call.holds):
-                if held is None:
-                    args.append((where, index, offset))
-                elif held.startswith("<size>"):
-                    args.append(size(run.sizes[held[len("<size>"):]]))
-                else:
-                    root, start = self.roots.get(held, held), starts.get(held, 0)
-                    args.append((where, index, offsets[self.slots[root]] + start) if where == ARENA
-                                else (where, index, start))
+            args = [a if how == 0 else size(run.sizes[a]) if how == 1
+                    else (ARENA, 0, offsets[a] + starts.get(b, 0)) if how == 2
+                    else (a, b, starts.get(c, 0)) for how, a, b, c in recipe]
             outputs = run.layout.outputs
             first = len(run.layout.input_names)
             zero = tuple((first + j, nbytes[call.holds[first + j]]) for j, (_, _, _, zeroed) in enumerate(outputs)
@@ -219,6 +262,12 @@ class TemplateProgram:
             given = {n: evaluate(e, values) for n, e in c.given.items()}
             if given == c.base:
                 continue
+            if c.proven:
+                run = c.kernel.compiled_at(given, tuple(shape(n) for n in c.step.defines))
+                if run is None or run.executable.layout != self.layout.calls[c.call].executable.layout:
+                    return None
+                runs[c.call] = run
+                continue
             d = c.kernel.definition
             sizes = sizes_of_shapes(d, [shape(n) for n in c.step.inputs])
             if any(sizes.get(n, v) != v for n, v in given.items()):
@@ -264,3 +313,26 @@ class TemplatedPlan:
     def steps(self) -> Iterator[tuple[KernelStep, Any]]:
         return self.instance.steps()
 
+
+
+def _degree(e: Any) -> int:
+    """The degree of a template's slot (a constant, or an expression of its sizes)."""
+    return 0 if isinstance(e, int) else max([len(factors) for _, factors in e[1]] + [0])
+
+
+def _expr_degree(e: Expr) -> int | None:
+    """The degree of a size expression in its sizes, or None where it is no polynomial
+    (a division, a min)."""
+    match e:
+        case Literal():
+            return 0
+        case SizeVar():
+            return 1
+        case Unary(op=UnaryOp.NEG, operand=a):
+            return _expr_degree(a)
+        case Binary(op=BinaryOp.ADD | BinaryOp.SUB | BinaryOp.MUL, lhs=a, rhs=b):
+            x, y = _expr_degree(a), _expr_degree(b)
+            if x is None or y is None:
+                return None
+            return x + y if e.op is BinaryOp.MUL else max(x, y)
+    return None

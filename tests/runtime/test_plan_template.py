@@ -5,6 +5,8 @@ outputs against onnxruntime at every shape, the planner not called once a templa
 exists, and each templated plan equal, buffer by buffer and kernel by kernel, to the
 plan the planner makes for that shape."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -228,3 +230,12 @@ def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
                 assert rx == ry or not together or xb <= ya or yb <= xa, (x, y)
         check(model, compiled, shape)
     assert "%kv: float32[2, 52, 16]" in compiled.dump("plan")   # the instance, made when read
+    # each symbolic kernel's shapes are proven its buffers' at every size (so calls skip
+    # binding them); a size one off is refused by the same proof
+    programs = [p for _, p in compiled._templates._programs.values() if p is not None]
+    assert programs and all(c.proven for p in programs for c in p.symbolic)
+    program = next(p for p in programs if p.symbolic)
+    c = program.symbolic[0]
+    name, slot = next(iter(c.given.items()))
+    off = (slot + 1) if isinstance(slot, int) else (slot[0] + 1, slot[1])
+    assert not program._agree(dataclasses.replace(c, given={**c.given, name: off}))
