@@ -268,7 +268,7 @@ class Generalizer:
     def __init__(self, definition: Callable[[str, tuple[str, ...]], Definition]) -> None:
         self._definition = definition
         self._texts: dict[tuple[str, ...], list[Text]] = {}
-        self._labels: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}   # each text's step
+        self._labels: dict[tuple[tuple[str, ...], tuple[int, ...]], set[str]] = {}   # each text's steps
         self._templates: dict[tuple[str, ...], list[Template]] = {}
         self._definitions: dict[str, Definition] = {}   # each template's text, parsed
         self._kernels: dict[tuple, Any] = {}
@@ -294,7 +294,9 @@ class Generalizer:
     def find(self, source: str, label: str = "") -> Generalized | None:
         """A template ``source`` (the text of step ``label``) matches: a known one, else one
         made from the nearest text of an earlier plan (of the same step, where an earlier
-        plan has it); None where there is none, TC refuses the template's text, or
+        plan has it); None where there is none, where the step had only this very text in
+        earlier plans at other sizes (its sizes are the weights', which a template made
+        with another step's text would leave unknown: unpacked), where TC refuses the template's text, or where
         a size would be 0 (kernels for symbolic sizes take sizes from 1): the text is
         compiled as it is."""
         text = Text.of(source)
@@ -305,7 +307,10 @@ class Generalizer:
                     return Generalized(known, sizes)
             earlier = [t for t in self._texts.get(text.parts, ()) if t.values != text.values]
             # the same step's texts in earlier plans, where there are some
-            earlier = [t for t in earlier if self._labels.get((text.parts, t.values)) == label] or earlier
+            mine = [t for t in earlier if label in self._labels.get((text.parts, t.values), ())]
+            if not mine and label and label in self._labels.get((text.parts, text.values), ()):
+                return None   # the step had only this very text at other sizes: none changes it
+            earlier = mine or earlier
             if not earlier:
                 return None
             # the nearest text (fewest integers differing), with every other that differs
@@ -334,7 +339,7 @@ class Generalizer:
             for source, label in zip(sources, labels if labels is not None else repeat("")):
                 text = Text.of(source)
                 texts = self._texts.setdefault(text.parts, [])
-                self._labels[text.parts, text.values] = label
+                self._labels.setdefault((text.parts, text.values), set()).add(label)
                 if text not in texts:
                     texts.append(text)
                     for dropped in texts[:-TEXTS_PER_SKELETON]:

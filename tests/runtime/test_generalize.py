@@ -143,3 +143,18 @@ def test_a_template_tc_refuses_leaves_the_text_as_it_is():
     real = Generalizer(parse_definition)
     real.remember([dense(7, 768)])
     assert real.find(dense(33, 768)) is not None
+
+
+def test_a_step_whose_text_never_changed_keeps_it_over_another_step_s():
+    """Issue 36: compiling ahead, a decoding step's projection has the same text at every
+    probe size (one token, its weights' widths); another step's near text (another width)
+    must not make its width a size, which would leave the weights unpacked."""
+    g = Generalizer(parse_definition)
+    g.remember([dense(1, 3072), dense(1, 2304), dense(1, 3072), dense(1, 2304)],
+               ["c_fc", "c_attn", "c_fc", "c_attn"])
+    assert g.find(dense(1, 3072), "c_fc") is None
+    other = g.find(dense(1, 3072), "")   # a text of no known step still pairs with the nearest
+    assert other is not None and other.sizes == {"S0": 3072}
+    g.remember([dense(5, 3072)], ["c_fc"])   # where the step's own text changes, it generalizes
+    own = g.find(dense(9, 3072), "c_fc")
+    assert own is not None and own.sizes == {"S0": 9} and "float32(768, 3072) B" in own.template.source
