@@ -445,10 +445,11 @@ class CompiledModel:
 
     def plan_for(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> CompiledPlan:
         """The plan for these input shapes (all inputs), else that of the shapes given to
-        ``compile`` or of the latest run."""
-        if not shapes:
-            return self._latest_plan("a bundle")
-        return self._plan(all_shapes(self.graph.inputs, shapes, "plan_for"))
+        ``compile`` or of the latest run; one a template's program runs, instantiated
+        (each kernel with its own stages: a bundle links their code)."""
+        found = self._latest_plan("a bundle") if not shapes else \
+            self._plan(all_shapes(self.graph.inputs, shapes, "plan_for"))
+        return found.instance if isinstance(found, TemplatedPlan) else found
 
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""

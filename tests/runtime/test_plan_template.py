@@ -232,6 +232,8 @@ def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
     assert "%kv: float32[2, 52, 16]" in compiled.dump("plan")   # the instance, made when read
     # each symbolic kernel's shapes are proven its buffers' at every size (so calls skip
     # binding them); a size one off is refused by the same proof
+    # a bundle links each kernel's own code: of the instance, not the template's program
+    assert not isinstance(compiled.plan_for({"ids": (2, 2), "past": (2, 50, WIDTH)}), TemplatedPlan)
     programs = [p for _, p in compiled._templates._programs.values() if p is not None]
     assert programs and all(c.proven for p in programs for c in p.symbolic)
     program = next(p for p in programs if p.symbolic)
