@@ -229,3 +229,25 @@ def test_rows_a_partial_block_leaves_are_blocks_of_four_two_and_one():
         y, _ = k(x, w, c)
         np.testing.assert_allclose(y, t * (erf(t / np.sqrt(2)) + 1) * 0.5, rtol=1e-4, atol=1e-4)
     assert _builds() - before <= 1
+
+
+def test_the_last_partial_tile_makes_no_block_as_wide_as_a_whole_tile():
+    """The partial tile of a symbolic loop holds fewer columns than a whole tile (``N -
+    c0 < 128`` there): its bound reads ``min(126, N - c0 - 1)``, so its register blocks
+    start at half a tile and no tile-wide one (which could never run) is compiled; results
+    against numpy at widths that divide no tile."""
+
+    src = """def k(float32(1, 768) A, float32(768, N) B) -> (float32(1, N) Y) {
+      Y(m, n) +=! A(m, k) * B(k, n) where m in 0:1, n in 0:N, k in 0:768
+    }"""
+    k = pf.define(src, target="host", sizes="symbolic").k
+    rng = np.random.default_rng(5)
+    for n in (1000, 127, 129, 64, 2000):
+        a = rng.standard_normal((1, 768), dtype=np.float32)
+        b = rng.standard_normal((768, n), dtype=np.float32)
+        np.testing.assert_allclose(k(a, b), a @ b, rtol=1e-4, atol=1e-3)
+    loops = k.specialize(a, b).stages["loops"]
+    tile = int(re.search(r"for c0 in 0:N step (\d+)", loops).group(1))   # (the machine's heuristic)
+    partial = [line for line in loops.splitlines() if "c3_o in" in line]
+    assert partial and all(f"min({tile - 1}," not in line and f"min({tile - 2}, N - c0 - 1)" in line
+                           for line in partial)
