@@ -308,10 +308,10 @@ class PlanTemplates:
         for template in found:
             try:
                 program = self._program(template)
-                layout = None if program is None else program.lay_out(template.values_at(shapes))
-                if layout is None:
+                laid = None if program is None else program.lay_out(template.values_at(shapes))
+                if laid is None:
                     return template.instantiate(shapes, self._placeholder)
-                return TemplatedPlan(layout, template.base.generic,
+                return TemplatedPlan(*laid, template.base.generic,
                                      lambda: template.instantiate(shapes, self._placeholder))
             except (ShapeError, IRVerificationError, AccessRangeError):
                 with self._lock:

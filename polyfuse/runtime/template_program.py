@@ -23,7 +23,7 @@ changes only those numbers:
   tensor limit, and every expression stays in its bucket, as when instantiating.
 
 The plan and kernels of the instance (what ``dump``, ``profile`` and bundles read) are
-instantiated when first read (:class:`TemplatedPlan`).
+instantiated when first read (:class:`TemplatedPlan`), with the slots as its memory plan.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 from polyfuse.errors import IRVerificationError, ShapeError
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, Literal, SizeVar, TensorDecl, Unary, UnaryOp
 from polyfuse.ir.limits import check_tensor_size, max_tensor_bytes
-from polyfuse.ir.plan import aligned
+from polyfuse.ir.plan import MemoryPlan, aligned
 from polyfuse.ir.sizes import sizes_of_shapes
 from polyfuse.ir.steps import KernelStep, Step, ViewStep, live_ranges, view_roots
 from polyfuse.ir.symbolic import evaluate_int
@@ -112,6 +112,7 @@ class TemplateProgram:
         kept = {self.roots.get(v, v) for v in plan.outputs}
         kinds = {v: (self.itemsize[v], template.types.get(v, self.shapes[v])) for v in plan.types}
         self.slots = arena_slots(plan.steps, self.roots, kept, self.nbytes, kinds)
+        self.allocated = [v for ev in live_ranges(plan.steps, self.roots)[0] for v in ev.allocates]
         self.count = 1 + max(self.slots.values(), default=-1)
         self.views = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, ViewStep)]
         self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
@@ -180,10 +181,11 @@ class TemplateProgram:
             return None
         return TemplateProgram(template, layout)
 
-    def lay_out(self, values: list[int]) -> ProgramLayout | None:
-        """The layout at the template's ``values`` (its sizes, in their buckets), or None
-        where a kernel has no code compiled for its sizes yet. Raises ShapeError or
-        IRVerificationError where the template does not hold there (as instantiating)."""
+    def lay_out(self, values: list[int]) -> tuple[ProgramLayout, MemoryPlan] | None:
+        """The layout at the template's ``values`` (its sizes, in their buckets) and the
+        memory plan it places values by (slots), or None where a kernel has no code
+        compiled for its sizes yet. Raises ShapeError or IRVerificationError where the
+        template does not hold there (as instantiating)."""
         template, plan, base = self.template, self.plan, self.layout
         shapes, nbytes = dict(self.shapes), dict(self.nbytes)
         limit = max_tensor_bytes()
@@ -220,10 +222,12 @@ class TemplateProgram:
             zero = tuple((first + j, nbytes[call.holds[first + j]]) for j, (_, _, _, zeroed) in enumerate(outputs)
                          if zeroed and nbytes[call.holds[first + j]])
             calls.append(Call(call.label, run, call.stages, tuple(args), zero, call.holds))
+        memory = MemoryPlan({v: offsets[slot] for v, slot in self.slots.items()}, arena,
+                            sum(aligned(max(1, nbytes[v]), ALIGNMENT) for v in self.allocated), self.roots, starts)
         return ProgramLayout([Tensor(t.name, shape(t.name), t.dtype) for t in base.inputs],
                              [Tensor(t.name, shape(t.name), t.dtype) for t in base.outputs],
                              [(shape(v), dtype) for v, (_, dtype) in zip(self.slot_values, base.slots)],
-                             base.results, calls, constants, max(arena, 64), base.code)
+                             base.results, calls, constants, max(arena, 64), base.code), memory
 
     def _starts(self, values: list[int], shape: Callable[[str], tuple[int, ...]],
                 nbytes: Callable[[str], int]) -> dict[str, int]:
@@ -292,15 +296,19 @@ class TemplatedPlan:
 
     tail = None   # (templates are of plans without control flow after their steps)
 
-    def __init__(self, layout: ProgramLayout, generic: tuple, instantiate: Callable[[], CompiledPlan]) -> None:
+    def __init__(self, layout: ProgramLayout, memory: MemoryPlan, generic: tuple,
+                 instantiate: Callable[[], CompiledPlan]) -> None:
         self.layout = layout
+        self.memory = memory
         self.program: Any = None
         self.generic = generic
         self._instantiate = instantiate
 
     @cached_property
     def instance(self) -> CompiledPlan:
-        return self._instantiate()
+        """The plan instantiated, with the memory plan its program runs (slots)."""
+        made = self._instantiate()
+        return replace(made, plan=replace(made.plan, memory=self.memory))
 
     @property
     def plan(self) -> Any:

@@ -196,19 +196,17 @@ def test_compiling_ahead_says_where_the_model_refuses_the_named_sizes():
 def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
     """Issue 36: at a templated shape the program's layout is the template's base layout
     with its numbers changed (template_program), not the instance's plan laid out again:
-    the same code, sizes, zeroed bytes and shapes as a layout of the instantiated plan,
-    arena values that are live together never overlapping, and outputs against
-    onnxruntime."""
-    from polyfuse.ir.steps import live_ranges, view_roots
-    from polyfuse.runtime.program import ARENA, ProgramLayout
+    the same code, sizes, zeroed bytes, shapes and arena offsets as a layout of the
+    instantiated plan with the slots as its memory plan, which the plan's own check finds
+    sound (no two values live at once overlap), and outputs against onnxruntime."""
+    from polyfuse.runtime.program import ProgramLayout
     from polyfuse.runtime.template_program import TemplatedPlan
 
     for model, compiled, shape, _, templated in templated_shapes():
         assert isinstance(templated, TemplatedPlan)
         fast, full = templated.layout, ProgramLayout.of(templated.instance)
-        assert (fast.inputs, fast.outputs, fast.slots) == (full.inputs, full.outputs, full.slots)
-        plan = templated.plan
-        used: dict[str, tuple[int, int]] = {}
+        assert (fast.inputs, fast.outputs, fast.slots, fast.arena_bytes) == \
+            (full.inputs, full.outputs, full.slots, full.arena_bytes)
         for a, b in zip(fast.calls, full.calls, strict=True):
             assert a.executable.jit.address == b.executable.jit.address
             assert sorted(a.zero) == sorted(b.zero)
@@ -216,18 +214,9 @@ def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
                 assert where == w
                 if held is not None and held.startswith("<size>"):
                     assert fast.constants[index][0] == full.constants[i][0]
-                elif where == ARENA:
-                    t = plan.types[held]
-                    used[held] = (offset, offset + int(np.prod(t.shape)) * t.dtype.bits // 8)
                 else:
                     assert (index, offset) == (i, o)
-        roots, _ = view_roots(plan.steps, {v: t.dtype.bits // 8 for v, t in plan.types.items()})
-        _, span = live_ranges(plan.steps, roots)
-        for x, (xa, xb) in used.items():
-            for y, (ya, yb) in used.items():
-                rx, ry = roots.get(x, x), roots.get(y, y)
-                together = span[rx][0] <= span[ry][1] and span[ry][0] <= span[rx][1]
-                assert rx == ry or not together or xb <= ya or yb <= xa, (x, y)
+        templated.plan.verify()   # the slots as a memory plan: live values never overlap
         check(model, compiled, shape)
     assert "%kv: float32[2, 52, 16]" in compiled.dump("plan")   # the instance, made when read
     # each symbolic kernel's shapes are proven its buffers' at every size (so calls skip
