@@ -138,14 +138,21 @@ def plan_memory(steps: tuple[Step, ...], types: Mapping[str, TensorType], output
     laid, span = live_ranges(steps, roots)
     size = {v: block_bytes(types[v], alignment) for ev in laid for v in ev.allocates}
     kept = {roots.get(v, v) for v in outputs}
+    offsets, arena = first_fit([[v for v in ev.allocates if v not in kept] for ev in laid],
+                               {v: end for v, (_, end) in span.items()}, size)
+    return MemoryPlan(offsets, arena, sum(size.values()), roots, starts)
+
+
+def first_fit(defined: list[list[str]], last: Mapping[str, int], size: Mapping[str, int]) -> tuple[dict[str, int], int]:
+    """Offsets of the values ``defined`` at each event (each live to its ``last`` event,
+    of ``size`` bytes) in one arena, each at the lowest offset where it fits beside
+    those still live; and the arena's bytes."""
     live: list[tuple[int, int, str]] = []   # (offset, size, value)
     offsets: dict[str, int] = {}
     arena = 0
-    for k, ev in enumerate(laid):
-        live = [blk for blk in live if span[blk[2]][1] >= k]
-        for v in ev.allocates:
-            if v in kept:
-                continue
+    for k, values in enumerate(defined):
+        live = [blk for blk in live if last[blk[2]] >= k]
+        for v in values:
             offset = 0
             for start, length, _ in sorted(live):
                 if offset + size[v] <= start:
@@ -154,7 +161,7 @@ def plan_memory(steps: tuple[Step, ...], types: Mapping[str, TensorType], output
             offsets[v] = offset
             live.append((offset, size[v], v))
             arena = max(arena, offset + size[v])
-    return MemoryPlan(offsets, arena, sum(size.values()), roots, starts)
+    return offsets, arena
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,9 @@ call lives, the sizes each symbolic kernel gets, the bytes to zero, the outputs'
 shapes. :class:`TemplateProgram` keeps the template's base layout and, at new sizes,
 changes only those numbers:
 
-* **Memory**, in **slots** (:func:`arena_slots`): the arena's values in the order they
-  are defined, each in the first slot whose value is dead by then. Which values share a
-  slot follows from liveness alone, so it holds at every size; a slot takes as many bytes
-  as its largest value at the call's sizes. (The planner's first-fit placement packs
-  tighter at one size; slots are what holds at all of them.)
+* **Memory**: the arena's values placed first-fit by liveness, as the planner places
+  them (:func:`~polyfuse.ir.plan.plan_memory`), the liveness computed once: only the
+  values' bytes change.
 * **Kernels**: a symbolic kernel runs code compiled before
   (:meth:`~polyfuse.runtime.kernel.Kernel.compiled_at`) where its sizes agree with its
   input buffers, its outputs have the buffers' types and its accesses check as at a size
@@ -23,7 +21,7 @@ changes only those numbers:
   tensor limit, and every expression stays in its bucket, as when instantiating.
 
 The plan and kernels of the instance (what ``dump``, ``profile`` and bundles read) are
-instantiated when first read (:class:`TemplatedPlan`), with the slots as its memory plan.
+instantiated when first read (:class:`TemplatedPlan`), with the memory plan its program runs.
 """
 
 from __future__ import annotations
@@ -40,47 +38,15 @@ import numpy as np
 from polyfuse.errors import IRVerificationError, ShapeError
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, Literal, SizeVar, TensorDecl, Unary, UnaryOp
 from polyfuse.ir.limits import check_tensor_size, max_tensor_bytes
-from polyfuse.ir.plan import MemoryPlan, aligned
+from polyfuse.ir.plan import MemoryPlan, aligned, first_fit
 from polyfuse.ir.sizes import sizes_of_shapes
-from polyfuse.ir.steps import KernelStep, Step, ViewStep, live_ranges, view_roots
+from polyfuse.ir.steps import KernelStep, ViewStep, live_ranges, view_roots
 from polyfuse.ir.symbolic import evaluate_int
 from polyfuse.runtime.generalize import evaluate
 from polyfuse.runtime.instructions import Run
 from polyfuse.runtime.program import ARENA, CONSTANT, Call, CompiledPlan, ProgramLayout, Tensor
 
-ALIGNMENT = 64   # a slot's start (plan_memory's block alignment)
-
-
-def arena_slots(steps: tuple[Step, ...], roots: Mapping[str, str], kept: set[str],
-                nbytes: Mapping[str, int], kinds: Mapping[str, object]) -> dict[str, int]:
-    """Each arena value's slot: values defined in order, each in a slot whose value is no
-    longer used (a value is live from the event defining it to its span's end,
-    :func:`~polyfuse.ir.steps.live_ranges`), of those one that holds values of its
-    ``kinds`` (the same bytes at every size: the slot is never wider for it), else the
-    one whose widest value is nearest its own bytes at the base sizes ``nbytes``;
-    ``kept`` values (graph outputs) have arrays of their own."""
-    laid, span = live_ranges(steps, roots)
-    ends: list[int] = []     # per slot, the last event of its latest value
-    widths: list[int] = []   # ... its widest value's bytes
-    held: list[set[object]] = []   # ... and the kinds of its values
-    slot: dict[str, int] = {}
-    for k, ev in enumerate(laid):
-        for v in ev.allocates:
-            if v in kept:
-                continue
-            free = [j for j, end in enumerate(ends) if end < k]
-            if free:
-                j = min(free, key=lambda j: (kinds[v] not in held[j], widths[j] < nbytes[v],
-                                             abs(widths[j] - nbytes[v])))
-            else:
-                j = len(ends)
-                ends.append(0)
-                widths.append(0)
-                held.append(set())
-            ends[j], widths[j] = span[v][1], max(widths[j], nbytes[v])
-            held[j].add(kinds[v])
-            slot[v] = j
-    return slot
+ALIGNMENT = 64   # a value's start in the arena (plan_memory's block alignment)
 
 
 @dataclass(frozen=True)
@@ -110,10 +76,10 @@ class TemplateProgram:
         self.nbytes = {v: math.prod(shape) * self.itemsize[v] for v, shape in self.shapes.items()}
         self.roots, _ = view_roots(plan.steps, self.itemsize)
         kept = {self.roots.get(v, v) for v in plan.outputs}
-        kinds = {v: (self.itemsize[v], template.types.get(v, self.shapes[v])) for v in plan.types}
-        self.slots = arena_slots(plan.steps, self.roots, kept, self.nbytes, kinds)
-        self.allocated = [v for ev in live_ranges(plan.steps, self.roots)[0] for v in ev.allocates]
-        self.count = 1 + max(self.slots.values(), default=-1)
+        laid, span = live_ranges(plan.steps, self.roots)
+        self.allocated = [v for ev in laid for v in ev.allocates]
+        self.defined = [[v for v in ev.allocates if v not in kept] for ev in laid]   # per event
+        self.last = {v: span[v][1] for vs in self.defined for v in vs}
         self.views = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, ViewStep)]
         self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
         calls: list[_KernelCall] = []
@@ -155,7 +121,7 @@ class TemplateProgram:
 
     def _recipe(self, call: Call) -> list[tuple[int, Any, Any, Any]]:
         """How each argument of ``call`` is placed at new sizes: (0, the argument) as it
-        is, (1, a kernel size's name), (2, the value's arena slot, the value), (3, base,
+        is, (1, a kernel size's name), (2, the value's root in the arena, the value), (3, base,
         index, the value: at the value's start)."""
         out: list[tuple[int, Any, Any, Any]] = []
         for (where, index, offset), held in zip(call.args, call.holds):
@@ -164,7 +130,7 @@ class TemplateProgram:
             elif held.startswith("<size>"):
                 out.append((1, held[len("<size>"):], None, None))
             elif where == ARENA:
-                out.append((2, self.slots[self.roots.get(held, held)], held, None))
+                out.append((2, self.roots.get(held, held), held, None))
             else:
                 out.append((3, where, index, held))
         return out
@@ -183,7 +149,7 @@ class TemplateProgram:
 
     def lay_out(self, values: list[int]) -> tuple[ProgramLayout, MemoryPlan] | None:
         """The layout at the template's ``values`` (its sizes, in their buckets) and the
-        memory plan it places values by (slots), or None where a kernel has no code
+        memory plan it places values by, or None where a kernel has no code
         compiled for its sizes yet. Raises ShapeError or IRVerificationError where the
         template does not hold there (as instantiating)."""
         template, plan, base = self.template, self.plan, self.layout
@@ -196,7 +162,8 @@ class TemplateProgram:
                 check_tensor_size(f"value '{name}'", plan.types[name].dtype, dims)
         shape, size_of = shapes.__getitem__, nbytes.__getitem__
         starts = self._starts(values, shape, size_of)
-        offsets, arena = self._arena(size_of)
+        offsets, arena = first_fit(self.defined, self.last,
+                                   {v: aligned(max(1, nbytes[v]), ALIGNMENT) for v in self.last})
         constants = dict(base.constants)
         for name, slots in template.constants.items():
             array = plan.constants[name]
@@ -222,7 +189,7 @@ class TemplateProgram:
             zero = tuple((first + j, nbytes[call.holds[first + j]]) for j, (_, _, _, zeroed) in enumerate(outputs)
                          if zeroed and nbytes[call.holds[first + j]])
             calls.append(Call(call.label, run, call.stages, tuple(args), zero, call.holds))
-        memory = MemoryPlan({v: offsets[slot] for v, slot in self.slots.items()}, arena,
+        memory = MemoryPlan(offsets, arena,
                             sum(aligned(max(1, nbytes[v]), ALIGNMENT) for v in self.allocated), self.roots, starts)
         return ProgramLayout([Tensor(t.name, shape(t.name), t.dtype) for t in base.inputs],
                              [Tensor(t.name, shape(t.name), t.dtype) for t in base.outputs],
@@ -246,17 +213,6 @@ class TemplateProgram:
             if start:
                 starts[st.output] = start
         return starts
-
-    def _arena(self, nbytes: Callable[[str], int]) -> tuple[list[int], int]:
-        """Each slot's offset in the arena, and the arena's bytes."""
-        widths = [0] * self.count
-        for value, slot in self.slots.items():
-            widths[slot] = max(widths[slot], aligned(max(1, nbytes(value)), ALIGNMENT))
-        offsets, end = [], 0
-        for width in widths:
-            offsets.append(end)
-            end += width
-        return offsets, end
 
     def _runs(self, values: list[int], shape: Callable[[str], tuple[int, ...]]) -> dict[int, Any] | None:
         """The code each symbolic kernel runs at these sizes (by call), checked against
@@ -306,7 +262,7 @@ class TemplatedPlan:
 
     @cached_property
     def instance(self) -> CompiledPlan:
-        """The plan instantiated, with the memory plan its program runs (slots)."""
+        """The plan instantiated, with the memory plan its program runs."""
         made = self._instantiate()
         return replace(made, plan=replace(made.plan, memory=self.memory))
 

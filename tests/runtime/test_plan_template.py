@@ -197,8 +197,9 @@ def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
     """Issue 36: at a templated shape the program's layout is the template's base layout
     with its numbers changed (template_program), not the instance's plan laid out again:
     the same code, sizes, zeroed bytes, shapes and arena offsets as a layout of the
-    instantiated plan with the slots as its memory plan, which the plan's own check finds
-    sound (no two values live at once overlap), and outputs against onnxruntime."""
+    instantiated plan, its memory placed as the planner places it, and outputs against
+    onnxruntime."""
+    from polyfuse.ir.plan import plan_memory
     from polyfuse.runtime.program import ProgramLayout
     from polyfuse.runtime.template_program import TemplatedPlan
 
@@ -216,7 +217,9 @@ def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
                     assert fast.constants[index][0] == full.constants[i][0]
                 else:
                     assert (index, offset) == (i, o)
-        templated.plan.verify()   # the slots as a memory plan: live values never overlap
+        plan = templated.plan
+        plan.verify()   # live values never overlap
+        assert plan.memory == plan_memory(plan.steps, plan.types, set(plan.outputs))   # the planner's placement
         check(model, compiled, shape)
     assert "%kv: float32[2, 52, 16]" in compiled.dump("plan")   # the instance, made when read
     # each symbolic kernel's shapes are proven its buffers' at every size (so calls skip
