@@ -41,9 +41,8 @@ it for a plan in three cases only, each because a plan is made for concrete shap
 
 from __future__ import annotations
 
-import math
-
 import enum
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -164,6 +163,22 @@ def first_fit(defined: list[list[str]], last: Mapping[str, int], size: Mapping[s
     return offsets, arena
 
 
+def check_view(where: str, src: TensorType, dst: TensorType, shape: tuple[int, ...], offset: int,
+               output: str | None) -> None:
+    """A view of ``src`` as ``dst`` (its ``shape``, from element ``offset``) keeps the
+    storage and reads inside it, and a graph ``output`` is no slice; ``where`` heads the
+    IRVerificationError otherwise."""
+    if src.dtype is not dst.dtype or tuple(dst.shape) != tuple(shape):
+        raise IRVerificationError(f"{where}: a view of {src} as {dst} (shape "
+                                  f"{list(shape)}) changes the storage")
+    if offset < 0 or offset * src.dtype.bits // 8 + nbytes(dst) > nbytes(src):
+        raise IRVerificationError(f"{where}: a view of {src} as {dst} at offset "
+                                  f"{offset} reads outside its storage")
+    if output is not None and (offset or nbytes(src) != nbytes(dst)):
+        raise IRVerificationError(f"{where}: graph output '{output}' is a slice "
+                                  "of another value; outputs are whole buffers")
+
+
 @dataclass(frozen=True)
 class Plan:
     """A graph lowered for one set of input shapes (see the module docstring)."""
@@ -243,16 +258,8 @@ class Plan:
     def verify_view(self, st: ViewStep, where: str) -> None:
         """View step ``st`` keeps its source's storage and reads inside it (a graph output
         is no slice); ``where`` heads the error."""
-        src, dst = self.types[st.input], self.types[st.output]
-        if src.dtype is not dst.dtype or tuple(dst.shape) != tuple(st.shape):
-            raise IRVerificationError(f"{where}: a view of {src} as {dst} (shape "
-                                      f"{list(st.shape)}) changes the storage")
-        if st.offset < 0 or st.offset * src.dtype.bits // 8 + nbytes(dst) > nbytes(src):
-            raise IRVerificationError(f"{where}: a view of {src} as {dst} at offset "
-                                      f"{st.offset} reads outside its storage")
-        if st.output in self.outputs and (st.offset or nbytes(src) != nbytes(dst)):
-            raise IRVerificationError(f"{where}: graph output '{st.output}' is a slice "
-                                      "of another value; outputs are whole buffers")
+        check_view(where, self.types[st.input], self.types[st.output], tuple(st.shape), st.offset,
+                   st.output if st.output in self.outputs else None)
 
     def _verify_control(self, st: ControlFlow, where: str) -> None:
         """A control step's buffers: scalars where it tests or counts, each result of

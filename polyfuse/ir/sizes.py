@@ -4,8 +4,8 @@ a constant)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import math
 import re
 import threading
-from itertools import repeat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np

@@ -280,34 +280,19 @@ class PlanTemplates:
 
     def __init__(self, placeholder: Callable[[TensorType], np.ndarray]) -> None:
         self._placeholder = placeholder
-        self._templates: list[tuple[object, PlanTemplate]] = []
+        # each with the values it is specialized to and its program (None: instantiated)
+        self._templates: list[tuple[object, PlanTemplate, TemplateProgram | None]] = []
         self._samples: list[tuple[object, tuple, CompiledPlan]] = []   # the latest first
         self._lock = threading.Lock()
-        self._programs: dict[int, tuple[PlanTemplate, TemplateProgram | None]] = {}   # by template id
-
-    def _program(self, template: PlanTemplate) -> TemplateProgram | None:
-        """The template's program (:mod:`polyfuse.runtime.template_program`), made at its
-        first instance; None where its base plan does not run as one."""
-        with self._lock:
-            found = self._programs.get(id(template))
-            if found is not None and found[0] is template:
-                return found[1]
-            kept = {id(t) for _, t in self._templates}
-            self._programs = {k: v for k, v in self._programs.items() if k in kept}
-        program = TemplateProgram.of(template)
-        with self._lock:
-            self._programs[id(template)] = (template, program)
-        return program
 
     def find(self, shapes: Mapping[str, tuple[int, ...]], values: object) -> CompiledPlan | TemplatedPlan | None:
         """The plan at ``shapes`` from a template that accepts them, or None (plan it). A
         template that turns out not to hold there (a kernel's sizes that its buffers do
         not give) is dropped."""
         with self._lock:
-            found = [t for v, t in self._templates if v == values and t.accepts(shapes)]
-        for template in found:
+            found = [(t, p) for v, t, p in self._templates if v == values and t.accepts(shapes)]
+        for template, program in found:
             try:
-                program = self._program(template)
                 laid = None if program is None else program.lay_out(template.values_at(shapes))
                 if laid is None:
                     return template.instantiate(shapes, self._placeholder)
@@ -315,7 +300,7 @@ class PlanTemplates:
                                      lambda: template.instantiate(shapes, self._placeholder))
             except (ShapeError, IRVerificationError, AccessRangeError):
                 with self._lock:
-                    self._templates = [(v, t) for v, t in self._templates if t is not template]
+                    self._templates = [entry for entry in self._templates if entry[1] is not template]
         return None
 
     def learn(self, compiled: CompiledPlan, values: object, planner: Planner | None = None,
@@ -350,8 +335,9 @@ class PlanTemplates:
             made = (probe(planner, moved, arrays or {}) for moved in probe_shapes(shapes, moving, len(samples)))
             template = PlanTemplate.make(samples + [_sample(p, compiled) for p in made if p is not None])
         if template is not None:
+            program = TemplateProgram.of(template)
             with self._lock:
-                self._templates.insert(0, (values, template))
+                self._templates.insert(0, (values, template, program))
                 del self._templates[TEMPLATES:]
                 # (the kind's samples are no longer needed: plans the model dropped go)
                 self._samples = [(v, k, c) for v, k, c in self._samples if (v, k) != (values, kind)]

@@ -38,7 +38,8 @@ import numpy as np
 from polyfuse.errors import IRVerificationError, ShapeError
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, Literal, SizeVar, TensorDecl, Unary, UnaryOp
 from polyfuse.ir.limits import check_tensor_size, max_tensor_bytes
-from polyfuse.ir.plan import MemoryPlan, aligned, first_fit
+from polyfuse.ir.graph import TensorType
+from polyfuse.ir.plan import MemoryPlan, aligned, check_view, first_fit
 from polyfuse.ir.sizes import sizes_of_shapes
 from polyfuse.ir.steps import KernelStep, ViewStep, live_ranges, view_roots
 from polyfuse.ir.symbolic import evaluate_int
@@ -81,10 +82,12 @@ class TemplateProgram:
         self.defined = [[v for v in ev.allocates if v not in kept] for ev in laid]   # per event
         self.last = {v: span[v][1] for vs in self.defined for v in vs}
         self.views = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, ViewStep)]
+        self.outputs = set(plan.outputs)
         self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
         calls: list[_KernelCall] = []
         kernel_steps = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, KernelStep)]
-        for call, ((index, st), g) in enumerate(zip(kernel_steps, (template.base.generics[k] for k, _ in kernel_steps))):
+        for call, (index, st) in enumerate(kernel_steps):   # (a layout's calls: the kernel steps, in order)
+            g = template.base.generics[index]
             if index in template.sizes:
                 assert g is not None   # (a step with sizes has a symbolic kernel)
                 c = _KernelCall(call, st, g.kernel, template.sizes[index], template.base_sizes[index])
@@ -160,8 +163,8 @@ class TemplateProgram:
             shapes[name], nbytes[name] = dims, math.prod(dims) * self.itemsize[name]
             if nbytes[name] > limit or min(dims, default=0) < 0:   # (raises)
                 check_tensor_size(f"value '{name}'", plan.types[name].dtype, dims)
-        shape, size_of = shapes.__getitem__, nbytes.__getitem__
-        starts = self._starts(values, shape, size_of)
+        shape = shapes.__getitem__
+        starts = self._starts(values, shape)
         offsets, arena = first_fit(self.defined, self.last,
                                    {v: aligned(max(1, nbytes[v]), ALIGNMENT) for v in self.last})
         constants = dict(base.constants)
@@ -196,20 +199,17 @@ class TemplateProgram:
                              [(shape(v), dtype) for v, (_, dtype) in zip(self.slot_values, base.slots)],
                              base.results, calls, constants, max(arena, 64), base.code), memory
 
-    def _starts(self, values: list[int], shape: Callable[[str], tuple[int, ...]],
-                nbytes: Callable[[str], int]) -> dict[str, int]:
+    def _starts(self, values: list[int], shape: Callable[[str], tuple[int, ...]]) -> dict[str, int]:
         """Each view's bytes into its root, each view checked to read inside its source."""
         starts: dict[str, int] = {}
+        types = self.plan.types
         for index, st in self.views:
             slots, offset = self.template.views.get(index, (st.shape, st.offset))
-            dims = tuple(evaluate(s, values) for s in slots)
             at = evaluate(offset, values)
-            itemsize = self.itemsize[st.input]
-            if dims != shape(st.output) or at < 0 or at * itemsize + nbytes(st.output) > nbytes(st.input) \
-                    or st.output in self.plan.outputs and (at or nbytes(st.input) != nbytes(st.output)):
-                raise IRVerificationError(f"step {st.label}: a view of {shape(st.input)} as {dims} at offset "
-                                          f"{at} does not read inside its source at these sizes")
-            start = starts.get(st.input, 0) + at * itemsize
+            check_view(f"step {st.label}", TensorType(types[st.input].dtype, shape(st.input)),
+                       TensorType(types[st.output].dtype, shape(st.output)),
+                       tuple(evaluate(s, values) for s in slots), at, st.output if st.output in self.outputs else None)
+            start = starts.get(st.input, 0) + at * self.itemsize[st.input]
             if start:
                 starts[st.output] = start
         return starts
@@ -219,25 +219,20 @@ class TemplateProgram:
         its buffers; None where some kernel has none compiled for them."""
         runs: dict[int, Any] = {}
         for c in self.symbolic:
-            given = {n: evaluate(e, values) for n, e in c.given.items()}
-            if given == c.base:
+            sizes = {n: evaluate(e, values) for n, e in c.given.items()}
+            if sizes == c.base:
                 continue
-            if c.proven:
-                run = c.kernel.compiled_at(given, tuple(shape(n) for n in c.step.defines))
-                if run is None or run.executable.layout != self.layout.calls[c.call].executable.layout:
-                    return None
-                runs[c.call] = run
-                continue
-            d = c.kernel.definition
-            sizes = sizes_of_shapes(d, [shape(n) for n in c.step.inputs])
-            if any(sizes.get(n, v) != v for n, v in given.items()):
-                raise ShapeError(f"step {c.step.label}: its kernel's sizes {given} disagree with its "
-                                 f"inputs' sizes {sizes}")
-            sizes.update(given)
-            outputs = tuple(tuple(evaluate_int(e, sizes) for e in t.shape) for t in d.outputs)
-            if outputs != tuple(shape(n) for n in c.step.defines):
-                raise IRVerificationError(f"step {c.step.label}: the kernel's outputs have shapes {outputs}, "
-                                          f"the template's buffers {[shape(n) for n in c.step.defines]}")
+            outputs = tuple(shape(n) for n in c.step.defines)
+            if not c.proven:   # the kernel's sizes bound to its buffers
+                d = c.kernel.definition
+                bound = sizes_of_shapes(d, [shape(n) for n in c.step.inputs])
+                if any(bound.get(n, v) != v for n, v in sizes.items()):
+                    raise ShapeError(f"step {c.step.label}: its kernel's sizes {sizes} disagree with its "
+                                     f"inputs' sizes {bound}")
+                sizes = {**bound, **sizes}
+                if tuple(tuple(evaluate_int(e, sizes) for e in t.shape) for t in d.outputs) != outputs:
+                    raise IRVerificationError(f"step {c.step.label}: the kernel's outputs do not have the "
+                                              f"template's shapes {list(outputs)}")
             run = c.kernel.compiled_at(sizes, outputs)
             if run is None or run.executable.layout != self.layout.calls[c.call].executable.layout:
                 return None
@@ -276,7 +271,6 @@ class TemplatedPlan:
 
     def steps(self) -> Iterator[tuple[KernelStep, Any]]:
         return self.instance.steps()
-
 
 
 def _degree(e: Any) -> int:

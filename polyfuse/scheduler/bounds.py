@@ -231,6 +231,7 @@ def _interval(e: Expr, box: Mapping[str, Interval], sizes: Mapping[str, int]) ->
     def sub(x: Expr) -> Interval | None:
         return _interval(x, box, sizes)
 
+    e = _through(e)
     match e:
         case Literal(value=v) if e.dtype.is_int:
             return int(v), int(v)
@@ -238,13 +239,9 @@ def _interval(e: Expr, box: Mapping[str, Interval], sizes: Mapping[str, int]) ->
             return sizes[n], sizes[n]
         case IndexVar(name=n) if n in box:
             return box[n]
-        case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
-            return sub(a)
         case Unary(op=UnaryOp.NEG, operand=a):
             r = sub(a)
             return None if r is None else (-r[1], -r[0])
-        case Select(cond=c, then=a, other=b) if (known := _constant(c)) is not None:
-            return sub(a if known else b)
         case Select(then=a, other=b):
             ra, rb = sub(a), sub(b)
             return None if ra is None or rb is None else (min(ra[0], rb[0]), max(ra[1], rb[1]))
@@ -368,16 +365,13 @@ def _reach(e: Expr, box: Mapping[str, Reach], form: Callable[[Expr], Affine | No
         out = [combine(x, y, k) for x in a for y in b]
         return out if len(out) <= _MOST_FORMS else None
 
+    e = _through(e)   # (as _interval)
     match e:
         case IndexVar(name=n) if n in box:
             return box[n]
-        case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
-            return sub(a)
         case Unary(op=UnaryOp.NEG, operand=a):
             r = sub(a)
             return None if r is None else ([scale(h, -1) for h in r[1]], [scale(lo, -1) for lo in r[0]])
-        case Select(cond=c, then=a, other=b) if (known := _constant(c)) is not None:
-            return sub(a if known else b)   # (as _interval: a Gather's wrap of a constant index)
         case Select(then=a, other=b) | Call(fn="min" | "max", args=(a, b)):
             ra, rb = sub(a), sub(b)
             if ra is None or rb is None:
@@ -417,18 +411,20 @@ _COMPARE = {BinaryOp.LT: int.__lt__, BinaryOp.LE: int.__le__, BinaryOp.GT: int._
             BinaryOp.GE: int.__ge__, BinaryOp.EQ: int.__eq__, BinaryOp.NE: int.__ne__}
 
 
-def _constant(e: Expr) -> int | None:
-    """The value of an integer or boolean expression of literals alone, else None."""
-    match e:
-        case Literal(value=v) if isinstance(v, (bool, int)):
-            return int(v)
-        case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
-            return _constant(a)
-        case Binary(op=op, lhs=a, rhs=b) if op in _COMPARE or op in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL):
-            x, y = _constant(a), _constant(b)
-            if x is None or y is None:
-                return None
-            if op in _COMPARE:
-                return int(_COMPARE[op](x, y))
-            return x + y if op is BinaryOp.ADD else x - y if op is BinaryOp.SUB else x * y
-    return None
+def _through(e: Expr) -> Expr:
+    """``e`` past what leaves an index's value as it is: a cast between integers, and a
+    select whose condition compares numbers (one side runs: a Gather's wrap of a constant
+    index, ``0 < 0 ? 0 + 12 : 0``)."""
+    while True:
+        match e:
+            case Cast(operand=a) if e.dtype.is_int and a.dtype.is_int:
+                e = a
+            case Select(cond=Literal(value=bool() as known), then=yes, other=no):
+                e = yes if known else no
+            case Select(cond=Binary(op=op, lhs=a, rhs=b), then=yes, other=no) if op in _COMPARE:
+                x, y = _interval(a, {}, {}), _interval(b, {}, {})
+                if x is None or y is None or x[0] != x[1] or y[0] != y[1]:
+                    return e
+                e = yes if _COMPARE[op](x[0], y[0]) else no
+            case _:
+                return e

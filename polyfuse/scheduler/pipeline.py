@@ -4,7 +4,7 @@ loop kernel (CPUs) or GPU kernel (CUDA)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -145,7 +145,7 @@ def symbolic_signature(d: Definition, sizes: dict[str, int], symbolic: frozenset
     leaves to run-time checks, and the outputs the runtime must zero. Two sizes with the
     same signature run the same code (the symbolic sizes from 1 to
     :data:`~polyfuse.scheduler.model.SYMBOLIC_MAX`)."""
-    return _signature(d, sizes, symbolic, _checked(d, sizes))
+    return _signature(sizes, symbolic, _checked(d, sizes), zero_filled_outputs(d, sizes))
 
 
 def _checked(d: Definition, sizes: dict[str, int]) -> tuple[tuple[int, ...], ...]:
@@ -154,10 +154,10 @@ def _checked(d: Definition, sizes: dict[str, int]) -> tuple[tuple[int, ...], ...
                  if isinstance(r, Read))
 
 
-def _signature(d: Definition, sizes: dict[str, int], symbolic: frozenset[str],
-               checked: tuple[tuple[int, ...], ...]) -> str:
+def _signature(sizes: dict[str, int], symbolic: frozenset[str], checked: tuple[tuple[int, ...], ...],
+               zeroed: Iterable[str]) -> str:
     return repr((sorted((n, v) for n, v in sizes.items() if n not in symbolic), sorted(symbolic),
-                 checked, sorted(zero_filled_outputs(d, sizes))))
+                 checked, sorted(zeroed)))
 
 
 class SymbolicSignatures:
@@ -187,10 +187,10 @@ class SymbolicSignatures:
             return symbolic_signature(self.d, sizes, self.symbolic)
         if not checked:
             checked.append(_checked(self.d, sizes))
-        zeroed = sorted(t for t, always, covers in fills
-                        if always or not all(value(lo, sizes) <= 0 and value(hi, sizes) >= value(dim, sizes)
-                                             for lo, hi, dim in covers))
-        return repr((list(fixed), sorted(self.symbolic), checked[0], zeroed))
+        zeroed = (t for t, always, covers in fills
+                  if always or not all(value(lo, sizes) <= 0 and value(hi, sizes) >= value(dim, sizes)
+                                       for lo, hi, dim in covers))
+        return _signature(sizes, self.symbolic, checked[0], zeroed)
 
 
 # per output's first writer: the output, whether it is zeroed whatever the sizes, and

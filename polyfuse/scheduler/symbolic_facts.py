@@ -125,7 +125,10 @@ class Facts:
         """``e`` with every two-argument ``min`` and ``max`` that one side always wins
         here replaced by that side (innermost first); with ``constants``, only where that
         side is a number (a loop bound ``min(127, K - c1 - 1)`` then keeps the tile's
-        size, which bounds the loop's trips, where the size's side wins)."""
+        size, which bounds the loop's trips, where the size's side wins; where that side
+        is always below the number, the number is lowered by one, the same value: the
+        last, partial tile's trips are then bounded below the tile's, and no register
+        block as wide as a whole tile, which could never run, is made for it)."""
         if not any(isinstance(n, Call) and n.fn in ("min", "max") for n in walk(e)):
             return e
         match e:
@@ -139,6 +142,8 @@ class Facts:
                     win = None
                 if win is not None and (not constants or isinstance(win, Literal)):
                     return win
+                if win is not None and e.fn == "min":   # (constants: the size's side wins)
+                    a, b = (_lowered(a, b, self), b) if isinstance(a, Literal) else (a, _lowered(b, a, self))
                 return Call(e.fn, (a, b), e.dtype)
             case Binary(lhs=a, rhs=b):
                 return Binary(e.op, self.decide(a, constants), self.decide(b, constants), e.dtype)
@@ -147,6 +152,13 @@ class Facts:
             case Call(args=args):
                 return Call(e.fn, tuple(self.decide(x, constants) for x in args), e.dtype)
         return e
+
+
+def _lowered(number: Expr, other: Expr, facts: Facts) -> Expr:
+    """``number`` (a Literal) less one where ``other`` is always below it, else as it is."""
+    if isinstance(number, Literal) and facts.always(other, "<", number):
+        return Literal(int(number.value) - 1, number.dtype)
+    return number
 
 
 _CTX = isl.Context()

@@ -226,7 +226,7 @@ def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
     # binding them); a size one off is refused by the same proof
     # a bundle links each kernel's own code: of the instance, not the template's program
     assert not isinstance(compiled.plan_for({"ids": (2, 2), "past": (2, 50, WIDTH)}), TemplatedPlan)
-    programs = [p for _, p in compiled._templates._programs.values() if p is not None]
+    programs = [p for _, _, p in compiled._templates._templates if p is not None]
     assert programs and all(c.proven for p in programs for c in p.symbolic)
     program = next(p for p in programs if p.symbolic)
     c = program.symbolic[0]

@@ -61,7 +61,7 @@ class _Separate(LoopRewriter):
     def loop(self, loop: For, scope: Scope) -> tuple[Stmt, ...]:
         env = scope.env
         if self.symbolic:   # (a bound the size's side wins keeps its min: the tile bounds the trips)
-            loop = replace(loop, lo=self.facts.decide(loop.lo, True), hi=self._tighter(self.facts.decide(loop.hi, True)))
+            loop = replace(loop, lo=self.facts.decide(loop.lo, True), hi=self.facts.decide(loop.hi, True))
         lo, hi = simplify(loop.lo, env), simplify(loop.hi, env)
         loop = replace(loop, lo=lo, hi=hi)
         if not (isinstance(lo, Literal) and isinstance(hi, Literal)) or lo.value >= hi.value:
@@ -79,24 +79,6 @@ class _Separate(LoopRewriter):
                 return (replace(loop, body=(If(below, full, rest),)),)
             return (replace(loop, hi=_int(cut), body=full), replace(loop, lo=_int(cut), body=rest))
         return (replace(loop, body=self._part(loop, scope, first, int(hi.value), self.budget)),)
-
-    def _tighter(self, e: Expr) -> Expr:
-        """``e`` with each ``min(c, x)`` whose ``x`` is always below the number ``c`` here
-        as ``min(c - 1, x)``, the same value: the last, partial tile of a symbolic loop
-        (``min(127, N - c0 - 1)`` where ``N - c0 < 128``) then bounds its trips below the
-        tile's, and no register block as wide as a whole tile is made for it (one that
-        could never run)."""
-        def step(x: Expr) -> Expr:
-            if isinstance(x, Call) and x.fn == "min" and len(x.args) == 2:
-                for k, (c, other) in enumerate((x.args, x.args[::-1])):
-                    if isinstance(c, Literal) and not isinstance(other, Literal) and self.facts.always(other, "<", c):
-                        smaller = _int(int(c.value) - 1)
-                        return replace(x, args=(smaller, other) if k == 0 else (other, smaller))
-            return x
-        try:
-            return map_expr(e, step)
-        except NotAffine:
-            return e
 
     def _part(self, loop: For, scope: Scope, lo: int, hi: int, budget: int) -> tuple[Stmt, ...]:
         """The body of ``loop`` where its variable runs ``lo:hi``, splits in it making at
