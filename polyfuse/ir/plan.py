@@ -41,6 +41,7 @@ it for a plan in three cases only, each because a plan is made for concrete shap
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from collections.abc import Callable, Mapping
@@ -146,20 +147,24 @@ def first_fit(defined: list[list[str]], last: Mapping[str, int], size: Mapping[s
     """Offsets of the values ``defined`` at each event (each live to its ``last`` event,
     of ``size`` bytes) in one arena, each at the lowest offset where it fits beside
     those still live; and the arena's bytes."""
-    live: list[tuple[int, int, str]] = []   # (offset, size, value)
+    live: list[tuple[int, int, str]] = []   # (offset, size, value), sorted
+    ending: dict[int, int] = {}             # event -> how many values live until it
     offsets: dict[str, int] = {}
     arena = 0
     for k, values in enumerate(defined):
-        live = [blk for blk in live if last[blk[2]] >= k]
+        if ending.pop(k - 1, 0):
+            live = [blk for blk in live if last[blk[2]] >= k]
         for v in values:
-            offset = 0
-            for start, length, _ in sorted(live):
-                if offset + size[v] <= start:
+            offset, n = 0, size[v]
+            for start, length, _ in live:
+                if offset + n <= start:
                     break
                 offset = max(offset, start + length)
             offsets[v] = offset
-            live.append((offset, size[v], v))
-            arena = max(arena, offset + size[v])
+            bisect.insort(live, (offset, n, v))
+            end = max(last[v], k)
+            ending[end] = ending.get(end, 0) + 1
+            arena = max(arena, offset + n)
     return offsets, arena
 
 

@@ -135,6 +135,77 @@ def evaluate(e: Expression | int, sizes: list[int]) -> int:
     return constant
 
 
+def polynomial(e: Expression | int) -> dict[tuple[int, ...], int]:
+    """An expression as its terms: sizes multiplied (sorted; () the constant) -> coefficient."""
+    if isinstance(e, int):
+        return {(): e} if e else {}
+    out: dict[tuple[int, ...], int] = {(): e[0]} if e[0] else {}
+    for coefficient, factors in e[1]:
+        key = tuple(sorted(factors))
+        out[key] = out.get(key, 0) + coefficient
+    return {k: c for k, c in out.items() if c}
+
+
+def expression(terms: dict[tuple[int, ...], int]) -> Expression | int:
+    """Terms (as :func:`polynomial` gives them) as an expression; an int where constant."""
+    rest = tuple((c, k) for k, c in sorted(terms.items()) if k and c)
+    return (terms.get((), 0), rest) if rest else terms.get((), 0)
+
+
+def product(a: Expression | int, b: Expression | int) -> Expression | int:
+    """``a * b``, expanded."""
+    out: dict[tuple[int, ...], int] = {}
+    for x, c in polynomial(a).items():
+        for y, d in polynomial(b).items():
+            key = tuple(sorted(x + y))
+            out[key] = out.get(key, 0) + c * d
+    return expression(out)
+
+
+def total(a: Expression | int, b: Expression | int) -> Expression | int:
+    """``a + b``."""
+    out = polynomial(a)
+    for k, c in polynomial(b).items():
+        out[k] = out.get(k, 0) + c
+    return expression(out)
+
+
+class Polynomials:
+    """Many expressions of the sizes evaluated at once: ``at(values)`` is
+    ``[evaluate(e, values) for e in expressions]`` (an array), one integer matrix product over
+    the products of sizes they use (exactly; sizes large enough that some expression
+    could leave int64 are evaluated one by one in Python's integers)."""
+
+    LIMIT = 1 << 62
+
+    def __init__(self, expressions: list[Expression | int]) -> None:
+        self.expressions = expressions
+        terms = [polynomial(e) for e in expressions]
+        self.products = sorted({k for t in terms for k in t if k}, key=lambda k: (len(k), k))
+        column = {k: j for j, k in enumerate(self.products)}
+        self.matrix = np.zeros((len(terms), len(self.products)), np.int64)
+        self.constants = np.array([t.get((), 0) for t in terms], np.int64)
+        for row, t in enumerate(terms):
+            for k, c in t.items():
+                if k:
+                    self.matrix[row, column[k]] = c
+        # the largest size at which every expression's terms stay under LIMIT
+        self.largest = 1 << 31
+        while self.largest > 1 and any(sum(abs(c) * self.largest ** len(k) for k, c in t.items()) >= self.LIMIT
+                                       for t in terms):
+            self.largest >>= 1
+
+    def at(self, values: list[int]) -> np.ndarray:
+        """The expressions' values (int64; Python ints in an object array where some
+        could leave int64)."""
+        if not self.products:
+            return self.constants
+        if max(values) > self.largest or min(values) < 0:
+            return np.array([evaluate(e, values) for e in self.expressions], object)
+        m = np.array([math.prod([values[k] for k in p]) for p in self.products], np.int64)
+        return self.matrix @ m + self.constants  # type: ignore[no-any-return]
+
+
 def fit(values: list[int], rows: list[list[int]]) -> Expression | int | None:
     """The simplest expression of the sizes that is ``values[s]`` at the sizes of each
     sample ``rows[s]``: a constant; an affine function with integer coefficients of one

@@ -351,6 +351,16 @@ class Kernel:
         exe = self._symbolic_runs.get(self._signatures(dict(sizes)))
         return None if exe is None else SizesBound(exe, {n: sizes[n] for n in symbolic}, shapes)
 
+    def signature_forms(self, sizes: Mapping[str, int]) -> tuple[frozenset[str], tuple, list] | None:
+        """Where :meth:`compiled_at` picks code by affine forms at the values of
+        ``sizes``' other sizes (:meth:`SymbolicSignatures.forms
+        <polyfuse.scheduler.pipeline.SymbolicSignatures.forms>`): the symbolic sizes,
+        the forms that, all >= 0, make the code depend only on which outputs need zeros,
+        and those outputs' forms; None where it does not."""
+        symbolic = self._signatures.symbolic
+        forms = self._signatures.forms(dict(sizes)) if symbolic else None
+        return None if forms is None else (symbolic, *forms)
+
     @cached_property
     def _signatures(self) -> SymbolicSignatures:
         """The symbolic signature of each size this kernel is bound at."""

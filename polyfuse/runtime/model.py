@@ -150,8 +150,16 @@ class _NativeProgram:
     intermediates in one arena, weights bound once by address, graph outputs written
     straight into the arrays returned, loops and branches run by the program's jumps."""
 
-    def __init__(self, layout: ProgramLayout) -> None:
+    def __init__(self, layout: ProgramLayout, made: tuple[native.Program, _NativeProgram] | None = None) -> None:
+        """``made``: the layout's native program made already, with the calls of another
+        program's (a plan template's base program patched: runtime/template_program)."""
         self.layout = layout
+        self.labels: list[str]
+        self.refusal: str | None
+        if made is not None:
+            self.program, like = made
+            self.labels, self.refusal = like.labels, like.refusal
+            return
         self.program = native.Program()
         self.labels = [call.label for call in layout.calls]
         # code for a CPU this one is not: refused when run (see CpuExecutable.refusal)
@@ -316,7 +324,7 @@ class CompiledModel:
                 check_shapes(self.graph.inputs, shapes)
                 compiled = self._templates.find(shapes, key[1]) if self._templates is not None else None
                 if isinstance(compiled, TemplatedPlan):   # its layout made from the template's
-                    compiled.program = _NativeProgram(compiled.layout)
+                    compiled.program = _NativeProgram(compiled.layout, (compiled.native, compiled.base))
                     self.plan_counts["templated"] += 1
                 elif compiled is not None:
                     compiled = dataclasses.replace(compiled, program=_program(compiled, self.target))

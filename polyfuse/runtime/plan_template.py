@@ -296,7 +296,7 @@ class PlanTemplates:
                 laid = None if program is None else program.lay_out(template.values_at(shapes))
                 if laid is None:
                     return template.instantiate(shapes, self._placeholder)
-                return TemplatedPlan(*laid, template.base.generic,
+                return TemplatedPlan(*laid, template.base.generic, template.base.program,
                                      lambda: template.instantiate(shapes, self._placeholder))
             except (ShapeError, IRVerificationError, AccessRangeError):
                 with self._lock:

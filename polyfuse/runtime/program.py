@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -208,7 +208,7 @@ class ProgramLayout:
     outputs: list[Tensor]                          # the graph's outputs, in order
     slots: list[tuple[tuple[int, ...], np.dtype]]  # output arrays the kernels write
     results: list[tuple[str, str, Any]]            # (output, how, slot / input / constant name)
-    calls: list[Call]
+    calls: Sequence[Call]                          # (a template's: made when read)
     constants: dict[str, np.ndarray]               # the constants the calls and results read
     arena_bytes: int
     code: list[Instruction]                        # what runs the calls (in loops, branches)
@@ -268,7 +268,7 @@ class ProgramLayout:
             constants.setdefault(key, np.array([value], np.int64))
             return (CONSTANT, key, 0)
 
-        calls = []
+        calls: list[Call] = []
         call_of = {}
         scratch_base = scratch_end = aligned(memory.arena_bytes, 256)
         for st, kernel in compiled.steps():

@@ -26,16 +26,18 @@ instantiated when first read (:class:`TemplatedPlan`), with the memory plan its 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from polyfuse.errors import IRVerificationError, ShapeError
+from polyfuse.ir.affine import Affine, combine
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, Literal, SizeVar, TensorDecl, Unary, UnaryOp
 from polyfuse.ir.limits import check_tensor_size, max_tensor_bytes
 from polyfuse.ir.graph import TensorType
@@ -43,8 +45,11 @@ from polyfuse.ir.plan import MemoryPlan, aligned, check_view, first_fit
 from polyfuse.ir.sizes import sizes_of_shapes
 from polyfuse.ir.steps import KernelStep, ViewStep, live_ranges, view_roots
 from polyfuse.ir.symbolic import evaluate_int
-from polyfuse.runtime.generalize import evaluate
+from polyfuse.runtime.generalize import Expression, Polynomials, evaluate, product, total
+from polyfuse.runtime import native
 from polyfuse.runtime.instructions import Run
+from polyfuse.runtime.kernel import SizesBound
+from polyfuse.scheduler.model import SYMBOLIC_MAX
 from polyfuse.runtime.program import ARENA, CONSTANT, Call, CompiledPlan, ProgramLayout, Tensor
 
 ALIGNMENT = 64   # a value's start in the arena (plan_memory's block alignment)
@@ -52,20 +57,43 @@ ALIGNMENT = 64   # a value's start in the arena (plan_memory's block alignment)
 
 @dataclass(frozen=True)
 class _KernelCall:
-    """A call of the layout whose kernel is compiled for symbolic sizes: its step and the
-    template's expression of each size it is given."""
+    """A call of the layout whose kernel is compiled for symbolic sizes: its step, the
+    template's expression of each size it is given and where their values stand among
+    the program's numbers."""
 
     call: int
     step: KernelStep
     kernel: Any                       # the Kernel (polyfuse.runtime.kernel)
     given: Mapping[str, Any]          # size name -> slot of the template
     base: Mapping[str, int]           # ... its values in the base plan
+    at: tuple[int, ...] = ()          # ... the index of each among the numbers
     proven: bool = False              # its shapes are its buffers' at every size (agree)
+    # where its code depends only on which outputs need zeros (Kernel.signature_forms):
+    # the indices of the forms that must be >= 0, of its symbolic sizes (name, index) and,
+    # per output, whether it always needs zeros, else the indices of each index range's
+    # start and of its end less the dimension (it needs zeros unless all are <= 0 and >= 0)
+    conditions: tuple[int, ...] | None = None
+    symbolic: tuple[tuple[str, int], ...] = ()
+    fills: tuple[tuple[str, bool, tuple[tuple[int, int], ...]], ...] = ()
+    codes: dict = field(default_factory=dict, compare=False)   # outputs zeroed -> code
+
+
+@dataclass(frozen=True)
+class _View:
+    """A view step whose shapes or offset change with the sizes: the indices of its
+    offset and shape among the program's numbers."""
+
+    step: ViewStep
+    offset: int
+    shape: tuple[int, ...]
 
 
 class TemplateProgram:
     """A plan template's base layout and how its numbers change with the sizes (see the
-    module docstring)."""
+    module docstring). Every number that changes (the dimensions and bytes of the
+    buffers that change, each view's offset, shape and bytes into its root, each
+    symbolic kernel's sizes, the shapes' values) is a polynomial of the template's sizes,
+    all evaluated at once per call (:class:`~polyfuse.runtime.generalize.Polynomials`)."""
 
     def __init__(self, template: Any, layout: ProgramLayout) -> None:
         self.template = template
@@ -81,19 +109,73 @@ class TemplateProgram:
         self.allocated = [v for ev in laid for v in ev.allocates]
         self.defined = [[v for v in ev.allocates if v not in kept] for ev in laid]   # per event
         self.last = {v: span[v][1] for vs in self.defined for v in vs}
-        self.views = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, ViewStep)]
+        self.blocks = {v: aligned(max(1, self.nbytes[v]), ALIGNMENT) for v in self.last}   # the base's
+        self.naive = sum(aligned(max(1, self.nbytes[v]), ALIGNMENT) for v in self.allocated)
         self.outputs = set(plan.outputs)
         self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
+        numbers: list[Expression | int] = []
+
+        def put(*es: Expression | int) -> tuple[int, ...]:
+            numbers.extend(es)
+            return tuple(range(len(numbers) - len(es), len(numbers)))
+        # the buffers that change: (name, its dimensions' indices, its bytes' index)
+        self.changing = [(name, put(*slots), put(functools.reduce(product, slots, self.itemsize[name]))[0])
+                         for name, slots in template.types.items()]
+        allocated = set(self.allocated)   # (name, bytes' index, placed first-fit, the base's block)
+        self.resized = [(name, count, name in self.last, aligned(max(1, self.nbytes[name]), ALIGNMENT))
+                        for name, _, count in self.changing if name in allocated]
+        # the views: each one's bytes into its root; those that change, checked per call
+        starts: dict[str, Expression | int] = {}
+        self.views: list[_View] = []
+        self.starts: list[tuple[str, int]] = []
+        for index, st in enumerate(plan.steps):
+            if isinstance(st, ViewStep):
+                slots, offset = template.views.get(index, (st.shape, st.offset))
+                starts[st.output] = total(starts.get(st.input, 0), product(offset, self.itemsize[st.input]))
+                self.starts.append((st.output, put(starts[st.output])[0]))
+                if index in template.views or {st.input, st.output} & template.types.keys():
+                    self.views.append(_View(st, put(offset)[0], put(*slots)))
+        self.constants = [(name, put(*slots)) for name, slots in template.constants.items()]
         calls: list[_KernelCall] = []
         kernel_steps = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, KernelStep)]
         for call, (index, st) in enumerate(kernel_steps):   # (a layout's calls: the kernel steps, in order)
             g = template.base.generics[index]
             if index in template.sizes:
                 assert g is not None   # (a step with sizes has a symbolic kernel)
-                c = _KernelCall(call, st, g.kernel, template.sizes[index], template.base_sizes[index])
-                calls.append(replace(c, proven=self._agree(c)))
+                given = template.sizes[index]
+                c = _KernelCall(call, st, g.kernel, given, template.base_sizes[index], put(*given.values()))
+                c = replace(c, proven=self._agree(c))
+                forms = c.kernel.signature_forms(c.base) if c.proven else None
+                if forms is not None and all(isinstance(e, int) for n, e in given.items() if n not in forms[0]):
+                    symbolic, conditions, fills = forms
+                    c = replace(c, symbolic=tuple((n, c.at[list(given).index(n)]) for n in sorted(symbolic)),
+                                conditions=put(*(_composed(f, given) for f in conditions)),
+                                fills=tuple((t, always, tuple(zip(put(*(_composed(lo, given) for lo, _, _ in covers)),
+                                                                  put(*(_composed(combine(hi, dim, -1), given)
+                                                                        for _, hi, dim in covers)))))
+                                            for t, always, covers in fills))
+                calls.append(c)
         self.symbolic = calls
+        self.numbers = Polynomials(numbers)
+        # the calls whose code is picked by their forms alone, for all at once (_Picks),
+        # where some size they are given changes
+        picked = [c for c in calls if c.conditions is not None and any(not isinstance(e, int) for e in c.given.values())]
+        self.picks = _Picks(picked) if picked else None
+        self.others = [c for c in calls if c not in picked]
         self.recipes = [self._recipe(call) for call in layout.calls]
+        # what the native program changes: each argument that moves (call, argument, recipe),
+        # each kernel size's (call, argument, name, index among the numbers where the call's
+        # code is picked by its forms), each call whose zeroed bytes change
+        self.native = template.base.program.program
+        self.placed = [(k, j, *r) for k, (recipe, _) in enumerate(self.recipes)
+                       for j, r in enumerate(recipe or ()) if r[0]]
+        fast = {c.call: c for c in calls if c.conditions is not None}
+        self.sized = [(k, j, a, fast[k].at[list(fast[k].given).index(a)] if k in fast else -1)
+                      for k, j, how, a, _, _ in self.placed if how == 1]
+        self.addresses = {b: base.ctypes.data for k, j, how, a, b, _ in self.placed if how == 3 and a == CONSTANT
+                          for base in [layout.constants[b]]}
+        self.zeroing = [(k, zeroed) for k, (_, zeroed) in enumerate(self.recipes)
+                        if {v for _, v in zeroed} & template.types.keys()]
 
     def _agree(self, c: _KernelCall) -> bool:
         """Whether the kernel's tensor shapes at the template's sizes for it are its
@@ -122,10 +204,12 @@ class TemplateProgram:
                 return False
         return True
 
-    def _recipe(self, call: Call) -> list[tuple[int, Any, Any, Any]]:
+    def _recipe(self, call: Call) -> tuple[list[tuple[int, Any, Any, Any]] | None, list[tuple[int, str]]]:
         """How each argument of ``call`` is placed at new sizes: (0, the argument) as it
         is, (1, a kernel size's name), (2, the value's root in the arena, the value), (3, base,
-        index, the value: at the value's start)."""
+        index, the value: at the value's start), None where none changes; and the
+        outputs it zeroes (argument index, value: the code a call runs instead has the
+        same layout)."""
         out: list[tuple[int, Any, Any, Any]] = []
         for (where, index, offset), held in zip(call.args, call.holds):
             if held is None:
@@ -136,96 +220,145 @@ class TemplateProgram:
                 out.append((2, self.roots.get(held, held), held, None))
             else:
                 out.append((3, where, index, held))
-        return out
+        layout = call.executable.layout
+        first = len(layout.input_names)
+        zeroed = [(first + j, str(call.holds[first + j])) for j, (_, _, _, zeroes) in enumerate(layout.outputs)
+                  if zeroes]
+        if all(how == 0 for how, *_ in out) and not {v for _, v in zeroed} & self.template.types.keys():
+            return None, zeroed
+        return out, zeroed
 
     @staticmethod
     def of(template: Any) -> TemplateProgram | None:
         """The template's program, where its base plan runs as one native program of
-        straight calls (no loops or branches), each of a kernel step; else None."""
+        straight calls (no loops or branches) in this process, each of a kernel step,
+        whose arguments that change hold what they locate; else None."""
         layout = getattr(template.base.program, "layout", None)
         steps = template.base.plan.steps
-        if not isinstance(layout, ProgramLayout) or not all(isinstance(ins, Run) for ins in layout.code) \
+        if not isinstance(layout, ProgramLayout) or not isinstance(getattr(template.base.program, "program", None),
+                                                                     native.Program) \
+                or not all(isinstance(ins, Run) for ins in layout.code) \
                 or sum(isinstance(st, KernelStep) for st in steps) != len(layout.calls) \
-                or any(not call.holds for call in layout.calls):
+                or any(not call.holds for call in layout.calls) \
+                or any(held is None and where == CONSTANT and index in template.constants
+                       for call in layout.calls for (where, index, _), held in zip(call.args, call.holds)):
             return None
         return TemplateProgram(template, layout)
 
-    def lay_out(self, values: list[int]) -> tuple[ProgramLayout, MemoryPlan] | None:
-        """The layout at the template's ``values`` (its sizes, in their buckets) and the
-        memory plan it places values by, or None where a kernel has no code
-        compiled for its sizes yet. Raises ShapeError or IRVerificationError where the
+    def lay_out(self, values: list[int]) -> tuple[ProgramLayout, MemoryPlan, native.Program] | None:
+        """The layout at the template's ``values`` (its sizes, in their buckets), the
+        memory plan it places values by and the base's native program patched to it
+        (its calls made only when read), or None where a kernel has no code compiled for
+        its sizes yet. Raises ShapeError or IRVerificationError where the
         template does not hold there (as instantiating)."""
-        template, plan, base = self.template, self.plan, self.layout
+        plan, base = self.plan, self.layout
+        numbers = self.numbers.at(values)
+        x = numbers.tolist()
         shapes, nbytes = dict(self.shapes), dict(self.nbytes)
         limit = max_tensor_bytes()
-        for name, slots in template.types.items():
-            dims = tuple(evaluate(s, values) for s in slots)
-            shapes[name], nbytes[name] = dims, math.prod(dims) * self.itemsize[name]
-            if nbytes[name] > limit or min(dims, default=0) < 0:   # (raises)
-                check_tensor_size(f"value '{name}'", plan.types[name].dtype, dims)
-        shape = shapes.__getitem__
-        starts = self._starts(values, shape)
-        offsets, arena = first_fit(self.defined, self.last,
-                                   {v: aligned(max(1, nbytes[v]), ALIGNMENT) for v in self.last})
+        for name, dims, count in self.changing:
+            shapes[name] = shape = tuple([x[k] for k in dims])
+            nbytes[name] = x[count]
+            if x[count] > limit or min(shape, default=0) < 0:   # (raises)
+                check_tensor_size(f"value '{name}'", plan.types[name].dtype, shape)
+        types = plan.types
+        for v in self.views:
+            st = v.step
+            check_view(f"step {st.label}", TensorType(types[st.input].dtype, shapes[st.input]),
+                       TensorType(types[st.output].dtype, shapes[st.output]),
+                       tuple([x[k] for k in v.shape]), x[v.offset], st.output if st.output in self.outputs else None)
+        starts = {name: x[k] for name, k in self.starts if x[k]}
+        blocks, naive = dict(self.blocks), self.naive
+        for name, count, placed, was in self.resized:
+            block = aligned(max(1, x[count]), ALIGNMENT)
+            naive += block - was
+            if placed:
+                blocks[name] = block
+        offsets, arena = first_fit(self.defined, self.last, blocks)
         constants = dict(base.constants)
-        for name, slots in template.constants.items():
+        for name, at in self.constants:
             array = plan.constants[name]
-            constants[name] = np.array([evaluate(s, values) for s in slots], array.dtype).reshape(array.shape)
-        runs = self._runs(values, shape)
+            constants[name] = np.array([x[k] for k in at], array.dtype).reshape(array.shape)
+        runs = self._runs(numbers, x, shapes)
         if runs is None:
             return None
+        address = dict(self.addresses)
+        address.update((name, constants[name].ctypes.data) for name, _ in self.constants)
+        # the kernels' sizes, in one array the calls read (each at its own offset)
+        sizes = [x[i] if isinstance(runs.get(k), _Hit) else runs[k].sizes[name]
+                 for k, _, name, i in self.sized if k in runs]
+        constants["<sizes>"] = held = np.array(sizes or [0], np.int64)
+        next_size = iter(range(held.ctypes.data, held.ctypes.data + 8 * len(sizes), 8))
+        fns = [(k, run.address if isinstance(run, _Hit) else run.executable.jit.address) for k, run in runs.items()]
+        args: list[int] = []
+        for k, j, how, a, b, c in self.placed:
+            if how == 1:
+                if k in runs:
+                    args += (k, j, CONSTANT, next(next_size), 0)
+            elif how == 2:
+                args += (k, j, ARENA, 0, offsets[a] + starts.get(b, 0))
+            elif a == CONSTANT:
+                args += (k, j, CONSTANT, address[b] + starts.get(c, 0), 0)
+            else:
+                args += (k, j, a, b, starts.get(c, 0))
+        zero = [n for k, zeroed in self.zeroing for j, v in zeroed for n in (k, j, nbytes[v])]
+        native = self.native.patched(fns, args, zero)
+        layout = ProgramLayout([Tensor(t.name, shapes[t.name], t.dtype) for t in base.inputs],
+                               [Tensor(t.name, shapes[t.name], t.dtype) for t in base.outputs],
+                               [(shapes[v], dtype) for v, (_, dtype) in zip(self.slot_values, base.slots)],
+                               base.results, _Calls(lambda: self._calls(x, shapes, nbytes, offsets, starts, runs, sizes)),
+                               constants, max(arena, 64), base.code)
+        return layout, MemoryPlan(offsets, arena, naive, self.roots, starts), native
 
-        def size(value: int) -> tuple[int, Any, int]:
-            key = f"<size {value}>"
-            if key not in constants:
-                constants[key] = np.array([value], np.int64)
-            return (CONSTANT, key, 0)
-
+    def _calls(self, x: list[int], shapes: Mapping[str, tuple[int, ...]], nbytes: Mapping[str, int],
+               offsets: Mapping[str, int],
+               starts: Mapping[str, int], runs: Mapping[int, Any], sizes: list[int]) -> list[Call]:
+        """The layout's calls (for what reads them: the native program is patched
+        without them), each argument where the program has it."""
+        at = iter(range(0, 8 * len(sizes), 8))
         calls = []
-        for k, (call, recipe) in enumerate(zip(base.calls, self.recipes)):
+        for k, (call, (recipe, zeroed)) in enumerate(zip(self.layout.calls, self.recipes)):
+            if recipe is None and k not in runs:   # (nothing in it changes)
+                calls.append(call)
+                continue
             run = runs.get(k, call.executable)
-            args = [a if how == 0 else size(run.sizes[a]) if how == 1
+            if isinstance(run, _Hit):
+                run = SizesBound(run.code, {n: x[i] for n, i in run.call.symbolic},
+                                 tuple(shapes[n] for n in run.call.step.defines))
+            args = [arg if how == 0 or how == 1 and k not in runs else (CONSTANT, "<sizes>", next(at)) if how == 1
                     else (ARENA, 0, offsets[a] + starts.get(b, 0)) if how == 2
-                    else (a, b, starts.get(c, 0)) for how, a, b, c in recipe]
-            outputs = run.layout.outputs
-            first = len(run.layout.input_names)
-            zero = tuple((first + j, nbytes[call.holds[first + j]]) for j, (_, _, _, zeroed) in enumerate(outputs)
-                         if zeroed and nbytes[call.holds[first + j]])
+                    else (a, b, starts.get(c, 0)) for arg, (how, a, b, c) in zip(call.args, recipe or ())]
+            zero = tuple((j, nbytes[v]) for j, v in zeroed if nbytes[v])
             calls.append(Call(call.label, run, call.stages, tuple(args), zero, call.holds))
-        memory = MemoryPlan(offsets, arena,
-                            sum(aligned(max(1, nbytes[v]), ALIGNMENT) for v in self.allocated), self.roots, starts)
-        return ProgramLayout([Tensor(t.name, shape(t.name), t.dtype) for t in base.inputs],
-                             [Tensor(t.name, shape(t.name), t.dtype) for t in base.outputs],
-                             [(shape(v), dtype) for v, (_, dtype) in zip(self.slot_values, base.slots)],
-                             base.results, calls, constants, max(arena, 64), base.code), memory
+        return calls
 
-    def _starts(self, values: list[int], shape: Callable[[str], tuple[int, ...]]) -> dict[str, int]:
-        """Each view's bytes into its root, each view checked to read inside its source."""
-        starts: dict[str, int] = {}
-        types = self.plan.types
-        for index, st in self.views:
-            slots, offset = self.template.views.get(index, (st.shape, st.offset))
-            at = evaluate(offset, values)
-            check_view(f"step {st.label}", TensorType(types[st.input].dtype, shape(st.input)),
-                       TensorType(types[st.output].dtype, shape(st.output)),
-                       tuple(evaluate(s, values) for s in slots), at, st.output if st.output in self.outputs else None)
-            start = starts.get(st.input, 0) + at * self.itemsize[st.input]
-            if start:
-                starts[st.output] = start
-        return starts
-
-    def _runs(self, values: list[int], shape: Callable[[str], tuple[int, ...]]) -> dict[int, Any] | None:
-        """The code each symbolic kernel runs at these sizes (by call), checked against
-        its buffers; None where some kernel has none compiled for them."""
+    def _runs(self, array: np.ndarray, x: list[int], shapes: Mapping[str, tuple[int, ...]]) -> dict[int, Any] | None:
+        """The code each symbolic kernel runs at these sizes (by call; ``x`` the
+        program's numbers, also as an ``array``), checked against its buffers; None where
+        some kernel has none compiled for them."""
         runs: dict[int, Any] = {}
-        for c in self.symbolic:
-            sizes = {n: evaluate(e, values) for n, e in c.given.items()}
+        picks = self.picks
+        key = picks.key(array) if picks is not None else None
+        known = picks.known.get(key) if picks is not None and key is not None else None
+        if known is not None and picks is not None:
+            runs = {c.call: _Hit(code, c, address) for c, (code, address) in zip(picks.calls, known)}
+        for c in self.symbolic if known is None else self.others:
+            sizes = dict(zip(c.given, [x[k] for k in c.at]))
             if sizes == c.base:
                 continue
-            outputs = tuple(shape(n) for n in c.step.defines)
+            outputs = tuple(shapes[n] for n in c.step.defines)
+            if c.conditions is not None and all(x[k] >= 0 for k in c.conditions) \
+                    and all(1 <= x[k] <= SYMBOLIC_MAX for _, k in c.symbolic):
+                zeroed = _zeroed(c, x)
+                code = c.codes.get(zeroed)
+                if code is not None:
+                    runs[c.call] = _Hit(code, c, code.jit.address)
+                    continue
+            else:
+                zeroed = None
             if not c.proven:   # the kernel's sizes bound to its buffers
                 d = c.kernel.definition
-                bound = sizes_of_shapes(d, [shape(n) for n in c.step.inputs])
+                bound = sizes_of_shapes(d, [shapes[n] for n in c.step.inputs])
                 if any(bound.get(n, v) != v for n, v in sizes.items()):
                     raise ShapeError(f"step {c.step.label}: its kernel's sizes {sizes} disagree with its "
                                      f"inputs' sizes {bound}")
@@ -236,21 +369,94 @@ class TemplateProgram:
             run = c.kernel.compiled_at(sizes, outputs)
             if run is None or run.executable.layout != self.layout.calls[c.call].executable.layout:
                 return None
+            if zeroed is not None:
+                c.codes[zeroed] = run.executable
             runs[c.call] = run
+        if known is None and key is not None and picks is not None:
+            picks.remember(key, x)
         return runs
+
+
+def _zeroed(c: _KernelCall, x: list[int]) -> tuple[str, ...]:
+    """The outputs of a call picked by its forms that need zeros (``x``: the numbers)."""
+    return tuple(t for t, always, covers in c.fills
+                 if always or not all(x[lo] <= 0 and x[gap] >= 0 for lo, gap in covers))
+
+
+class _Picks:
+    """The kernel calls whose code is picked by their forms (``_KernelCall.conditions``),
+    picked for all at once: where every call's conditions hold, the code of each is a
+    function of which outputs need zeros, all of them one boolean per output (``key``),
+    so the codes are remembered per key once each call's was found."""
+
+    def __init__(self, calls: list[_KernelCall]) -> None:
+        self.calls = calls
+        self.conditions = np.array([k for c in calls for k in c.conditions or ()], np.intp)
+        self.sizes = np.array([k for c in calls for _, k in c.symbolic], np.intp)
+        fills = [f for c in calls for f in c.fills]
+        self.always = np.array([always for _, always, _ in fills], bool)
+        self.lo = np.array([lo for _, _, covers in fills for lo, _ in covers], np.intp)
+        self.gap = np.array([gap for _, _, covers in fills for _, gap in covers], np.intp)
+        self.ends = np.cumsum([len(covers) for _, _, covers in fills], dtype=np.intp)
+        self.begins = self.ends - np.array([len(covers) for _, _, covers in fills], np.intp)
+        self.known: dict[bytes, list[tuple[Any, int]]] = {}   # key -> each call's (code, address)
+
+    def key(self, x: np.ndarray) -> bytes | None:
+        """Which outputs need zeros at the numbers ``x``, or None where a condition fails."""
+        sizes = x[self.sizes]
+        if not ((x[self.conditions] >= 0).all() and (sizes >= 1).all() and (sizes <= SYMBOLIC_MAX).all()):
+            return None
+        bad = np.concatenate(([0], np.cumsum((x[self.lo] > 0) | (x[self.gap] < 0))))
+        return (self.always | (bad[self.ends] > bad[self.begins])).tobytes()  # type: ignore[no-any-return]
+
+    def remember(self, key: bytes, x: list[int]) -> None:
+        """Keep the codes at ``key`` where every call's has been found."""
+        codes = [c.codes.get(_zeroed(c, x)) for c in self.calls]
+        if all(code is not None for code in codes):
+            self.known[key] = [(code, code.jit.address) for code in codes if code is not None]
+
+
+class _Hit(NamedTuple):
+    """A symbolic kernel's code picked by its forms (its SizesBound made when read)."""
+
+    code: Any
+    call: _KernelCall
+    address: int
+
+
+class _Calls(Sequence[Call]):
+    """A layout's calls, made when first read."""
+
+    def __init__(self, make: Callable[[], list[Call]]) -> None:
+        self._make: Callable[[], list[Call]] | None = make
+        self._calls: list[Call] = []
+
+    def _list(self) -> list[Call]:
+        if self._make is not None:
+            self._calls, self._make = self._make(), None
+        return self._calls
+
+    def __getitem__(self, k: Any) -> Any:
+        return self._list()[k]
+
+    def __len__(self) -> int:
+        return len(self._list())
 
 
 class TemplatedPlan:
     """A plan template's instance run by a program laid out from the template
-    (``layout``; ``program`` what runs it); its plan and kernels, which dumps, profiles
-    and bundles read, are instantiated by ``instantiate`` when first read."""
+    (``layout``; ``native``, the base's native program patched to it; ``program`` what
+    runs it, made by the model like the ``base`` program); its plan and kernels, which
+    dumps, profiles and bundles read, are instantiated by ``instantiate`` when first read."""
 
     tail = None   # (templates are of plans without control flow after their steps)
 
-    def __init__(self, layout: ProgramLayout, memory: MemoryPlan, generic: tuple,
+    def __init__(self, layout: ProgramLayout, memory: MemoryPlan, native: Any, generic: tuple, base: Any,
                  instantiate: Callable[[], CompiledPlan]) -> None:
         self.layout = layout
         self.memory = memory
+        self.native = native
+        self.base = base
         self.program: Any = None
         self.generic = generic
         self._instantiate = instantiate
@@ -271,6 +477,15 @@ class TemplatedPlan:
 
     def steps(self) -> Iterator[tuple[KernelStep, Any]]:
         return self.instance.steps()
+
+
+def _composed(f: Affine, given: Mapping[str, Any]) -> Expression | int:
+    """An affine form of a kernel's sizes as an expression of the template's sizes."""
+    out: Expression | int = f.get("", 0)
+    for name, coefficient in f.items():
+        if name:
+            out = total(out, product(coefficient, given[name]))
+    return out
 
 
 def _degree(e: Any) -> int:

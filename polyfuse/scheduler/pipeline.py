@@ -176,13 +176,24 @@ class SymbolicSignatures:
         self._unchecked = all(not r.checked for st in d.statements for r in walk(st.rhs)
                               if isinstance(r, Read))
 
-    def __call__(self, sizes: dict[str, int]) -> str:
+    def _entry(self, sizes: dict[str, int]) -> tuple[tuple[Affine, ...] | None, list, _Fills | None]:
         fixed = tuple(sorted((n, v) for n, v in sizes.items() if n not in self.symbolic))
         entry = self._proven.get(fixed)
         if entry is None:
             conditions = in_bounds(self.d, sizes, self.symbolic) if self._unchecked else None
             entry = self._proven[fixed] = (conditions, [], _fills(self.d, sizes, self.symbolic))
-        conditions, checked, fills = entry
+        return entry
+
+    def forms(self, sizes: dict[str, int]) -> tuple[tuple[Affine, ...], _Fills] | None:
+        """At the values of ``sizes``' other sizes: the affine forms of the symbolic sizes
+        that, all >= 0, make the signature that of the sizes' checks and zeroed outputs
+        alone; and per output its first writer's forms (as ``__call__`` reads them). None
+        where some is not affine."""
+        conditions, _, fills = self._entry(sizes)
+        return None if conditions is None or fills is None else (conditions, fills)
+
+    def __call__(self, sizes: dict[str, int]) -> str:
+        conditions, checked, fills = self._entry(sizes)
         if conditions is None or fills is None or not all(value(f, sizes) >= 0 for f in conditions):
             return symbolic_signature(self.d, sizes, self.symbolic)
         if not checked:

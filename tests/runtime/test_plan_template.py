@@ -197,9 +197,10 @@ def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
     """Issue 36: at a templated shape the program's layout is the template's base layout
     with its numbers changed (template_program), not the instance's plan laid out again:
     the same code, sizes, zeroed bytes, shapes and arena offsets as a layout of the
-    instantiated plan, its memory placed as the planner places it, and outputs against
-    onnxruntime."""
+    instantiated plan, its memory placed as the planner places it, the native program
+    the base's patched to exactly what its calls make, and outputs against onnxruntime."""
     from polyfuse.ir.plan import plan_memory
+    from polyfuse.runtime.model import _NativeProgram
     from polyfuse.runtime.program import ProgramLayout
     from polyfuse.runtime.template_program import TemplatedPlan
 
@@ -214,9 +215,14 @@ def test_a_templated_shape_runs_a_program_laid_out_from_the_template():
             for (where, index, offset), (w, i, o), held in zip(a.args, b.args, a.holds, strict=True):
                 assert where == w
                 if held is not None and held.startswith("<size>"):
-                    assert fast.constants[index][0] == full.constants[i][0]
+                    assert fast.constants[index][offset // 8] == full.constants[i][o // 8]
                 else:
                     assert (index, offset) == (i, o)
+        # the native program runs is the base's patched: the one its calls would make
+        program = templated.native.describe()
+        assert program == _NativeProgram(fast).program.describe()
+        assert [(fn, sorted(zero)) for fn, _, zero in program] == \
+            [(fn, sorted(zero)) for fn, _, zero in _NativeProgram(full).program.describe()]
         plan = templated.plan
         plan.verify()   # live values never overlap
         assert plan.memory == plan_memory(plan.steps, plan.types, set(plan.outputs))   # the planner's placement

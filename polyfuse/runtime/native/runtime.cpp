@@ -467,6 +467,56 @@ class Program {
 
     size_t size() const { return static_cast<size_t>(calls_); }
 
+    // Each call as (fn, [(base, index, offset)], [(argument, bytes)]): what tests compare.
+    py::list describe() const {
+        py::list out;
+        for (const Instruction& ins : code_) {
+            if (ins.op != kCall) continue;
+            py::list args;
+            for (const ProgramArg& a : ins.args) args.append(py::make_tuple(a.base, a.index, a.offset));
+            py::list zero;
+            for (auto& [arg, bytes] : ins.zero) zero.append(py::make_tuple(arg, bytes));
+            out.append(py::make_tuple(reinterpret_cast<uintptr_t>(ins.fn), args, zero));
+        }
+        return out;
+    }
+
+    // A copy with some numbers of its calls changed (a plan template's program at new
+    // sizes): `fns`, (call, fn) pairs; `args`, (call, argument, base, index, offset)
+    // quintuples, flat; `zero`, (call, argument, bytes) triples, flat, which replace the
+    // zeroing of each call they name (entries of 0 bytes dropped).
+    Program patched(const std::vector<std::pair<int64_t, uintptr_t>>& fns, const std::vector<int64_t>& args,
+                    const std::vector<int64_t>& zero) const {
+        Program out(*this);
+        std::vector<size_t> at;  // each call's instruction
+        for (size_t pc = 0; pc < out.code_.size(); ++pc)
+            if (out.code_[pc].op == kCall) at.push_back(pc);
+        auto call = [&](int64_t k) -> Instruction& {
+            if (k < 0 || static_cast<size_t>(k) >= at.size()) throw py::value_error("Program.patched: no such call");
+            return out.code_[at[k]];
+        };
+        for (auto& [k, fn] : fns) {
+            if (fn == 0) throw py::value_error("Program.patched: fn is 0");
+            call(k).fn = reinterpret_cast<kernel_fn>(fn);
+        }
+        if (args.size() % 5 || zero.size() % 3) throw py::value_error("Program.patched: ragged changes");
+        for (size_t i = 0; i < args.size(); i += 5) {
+            Instruction& ins = call(args[i]);
+            if (args[i + 1] < 0 || static_cast<size_t>(args[i + 1]) >= ins.args.size())
+                throw py::value_error("Program.patched: no such argument");
+            ins.args[args[i + 1]] =
+                out.arguments({ArgTuple{static_cast<int>(args[i + 2]), args[i + 3], args[i + 4]}})[0];
+        }
+        for (size_t i = 0; i < zero.size(); i += 3) call(zero[i]).zero.clear();
+        for (size_t i = 0; i < zero.size(); i += 3) {
+            Instruction& ins = call(zero[i]);
+            if (zero[i + 1] < 0 || static_cast<size_t>(zero[i + 1]) >= ins.args.size() || zero[i + 2] < 0)
+                throw py::value_error("Program.patched: bad zeroed argument");
+            if (zero[i + 2]) ins.zero.emplace_back(zero[i + 1], zero[i + 2]);
+        }
+        return out;
+    }
+
   private:
     std::vector<ProgramArg> arguments(const std::vector<ArgTuple>& args) {
         std::vector<ProgramArg> out;
@@ -536,5 +586,7 @@ PYBIND11_MODULE(_native, m) {
              py::arg("target"))
         .def("run", &Program::run, py::arg("arena"), py::arg("inputs"), py::arg("outputs"),
              py::arg("times") = py::none())
+        .def("describe", &Program::describe)
+        .def("patched", &Program::patched, py::arg("fns"), py::arg("args"), py::arg("zero"))
         .def("__len__", &Program::size);
 }
