@@ -58,7 +58,7 @@ except ImportError as e:  # pragma: no cover - only when the package was not bui
                       "reinstall polyfuse with `pip install -e .`") from e
 
 __all__ = [
-    "Program", "aligned_buffers_live", "call", "empty_aligned", "get_num_threads", "is_aligned",
+    "Program", "aligned_buffers_live", "call", "empty_aligned", "first_fit", "get_num_threads", "is_aligned",
     "parallel_for_address", "parallel_for_threads_address", "set_num_threads",
     "test_kernel_address",
 ]
@@ -73,6 +73,13 @@ allocation. Implemented in C with no Python wrapper, to keep the call under a
 microsecond.
 """
 
+
+first_fit: Callable[..., tuple[np.ndarray, int]] = _native.first_fit
+"""``first_fit(bounds, values, last, size)``: :func:`polyfuse.ir.plan.first_fit` over
+numbered values (int64 arrays), for a plan template's every call: the values defined at
+event ``k`` are ``values[bounds[k]:bounds[k + 1]]``, value ``v`` live to event
+``last[v]`` and ``size[v]`` bytes; returns each value's offset (-1 for one never
+defined) and the arena's bytes."""
 
 Program = _native.Program
 """A compiled model's plan as one native call: kernel calls, and the copies, counters and

@@ -41,7 +41,7 @@ from polyfuse.ir.affine import Affine, combine
 from polyfuse.ir.comprehension import Binary, BinaryOp, Expr, Literal, SizeVar, TensorDecl, Unary, UnaryOp
 from polyfuse.ir.limits import check_tensor_size, max_tensor_bytes
 from polyfuse.ir.graph import TensorType
-from polyfuse.ir.plan import MemoryPlan, aligned, check_view, first_fit
+from polyfuse.ir.plan import MemoryPlan, check_view
 from polyfuse.ir.sizes import sizes_of_shapes
 from polyfuse.ir.steps import KernelStep, ViewStep, live_ranges, view_roots
 from polyfuse.ir.symbolic import evaluate_int
@@ -109,32 +109,50 @@ class TemplateProgram:
         self.allocated = [v for ev in laid for v in ev.allocates]
         self.defined = [[v for v in ev.allocates if v not in kept] for ev in laid]   # per event
         self.last = {v: span[v][1] for vs in self.defined for v in vs}
-        self.blocks = {v: aligned(max(1, self.nbytes[v]), ALIGNMENT) for v in self.last}   # the base's
-        self.naive = sum(aligned(max(1, self.nbytes[v]), ALIGNMENT) for v in self.allocated)
         self.outputs = set(plan.outputs)
         self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
-        numbers: list[Expression | int] = []
+        self.recipes = [self._recipe(call) for call in layout.calls]
+        numbers: list[Expression | int] = [0]   # (index 0: a zero, where a value has no start)
 
         def put(*es: Expression | int) -> tuple[int, ...]:
             numbers.extend(es)
             return tuple(range(len(numbers) - len(es), len(numbers)))
-        # the buffers that change: (name, its dimensions' indices, its bytes' index)
-        self.changing = [(name, put(*slots), put(functools.reduce(product, slots, self.itemsize[name]))[0])
-                         for name, slots in template.types.items()]
-        allocated = set(self.allocated)   # (name, bytes' index, placed first-fit, the base's block)
-        self.resized = [(name, count, name in self.last, aligned(max(1, self.nbytes[name]), ALIGNMENT))
-                        for name, _, count in self.changing if name in allocated]
-        # the views: each one's bytes into its root; those that change, checked per call
+        slots_of = {name: template.types.get(name, self.shapes[name]) for name in plan.types}
+        bytes_at: dict[str, int] = {}
+
+        def bytes_of(name: str) -> int:
+            if name not in bytes_at:
+                bytes_at[name] = put(functools.reduce(product, slots_of[name], self.itemsize[name]))[0]
+            return bytes_at[name]
+        # the buffers that change: (name, the first and end index of its dimensions, its bytes' index)
+        self.changing = [(name, *_span(put(*slots)), bytes_of(name)) for name, slots in template.types.items()]
+        self.dims = np.array([k for _, first, end, _ in self.changing for k in range(first, end)], np.intp)
+        self.bytes = np.array([count for *_, count in self.changing], np.intp)
+        self.shape_at = {name: (first, end) for name, first, end, _ in self.changing}
+        # the views' bytes into their roots; those that change, checked per call as forms that
+        # must be >= 0 (offset; room left in the source) and = 0 (shapes; an output's slice)
         starts: dict[str, Expression | int] = {}
         self.views: list[_View] = []
-        self.starts: list[tuple[str, int]] = []
+        self.starts: dict[str, int] = {}
+        nonnegative: list[Expression | int] = []
+        zeros: list[Expression | int] = []
         for index, st in enumerate(plan.steps):
             if isinstance(st, ViewStep):
                 slots, offset = template.views.get(index, (st.shape, st.offset))
                 starts[st.output] = total(starts.get(st.input, 0), product(offset, self.itemsize[st.input]))
-                self.starts.append((st.output, put(starts[st.output])[0]))
+                self.starts[st.output] = put(starts[st.output])[0]
                 if index in template.views or {st.input, st.output} & template.types.keys():
                     self.views.append(_View(st, put(offset)[0], put(*slots)))
+                    target = slots_of[st.output]
+                    room = total(numbers[bytes_of(st.input)], product(-1, total(product(offset, self.itemsize[st.input]),
+                                                                                  numbers[bytes_of(st.output)])))
+                    nonnegative += [offset, room]
+                    zeros += [total(a, product(-1, b)) for a, b in zip(slots, target)]
+                    zeros += [len(slots) - len(target)]
+                    if st.output in self.outputs:
+                        zeros += [offset, total(numbers[bytes_of(st.input)], product(-1, numbers[bytes_of(st.output)]))]
+        self.nonnegative = np.concatenate([self.dims, np.array(put(*nonnegative), np.intp)])
+        self.zeros = np.array(put(*zeros), np.intp)
         self.constants = [(name, put(*slots)) for name, slots in template.constants.items()]
         calls: list[_KernelCall] = []
         kernel_steps = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, KernelStep)]
@@ -156,26 +174,52 @@ class TemplateProgram:
                                             for t, always, covers in fills))
                 calls.append(c)
         self.symbolic = calls
-        self.numbers = Polynomials(numbers)
         # the calls whose code is picked by their forms alone, for all at once (_Picks),
         # where some size they are given changes
         picked = [c for c in calls if c.conditions is not None and any(not isinstance(e, int) for e in c.given.values())]
         self.picks = _Picks(picked) if picked else None
-        self.others = [c for c in calls if c not in picked]
-        self.recipes = [self._recipe(call) for call in layout.calls]
-        # what the native program changes: each argument that moves (call, argument, recipe),
-        # each kernel size's (call, argument, name, index among the numbers where the call's
-        # code is picked by its forms), each call whose zeroed bytes change
+        self.others = [c for c in calls if c not in picked and any(not isinstance(e, int) for e in c.given.values())]
+        # the arena, placed first-fit over numbered values (native.first_fit)
+        self.placed = list(self.last)
+        number = {v: k for k, v in enumerate(self.placed)}
+        self.bounds = np.cumsum([0] + [len(vs) for vs in self.defined], dtype=np.int64)
+        self.events = np.array([number[v] for vs in self.defined for v in vs], np.int64)
+        self.ends = np.array([self.last[v] for v in self.placed], np.int64)
+        self.placed_bytes = np.array([bytes_of(v) for v in self.placed], np.intp)
+        self.allocated_bytes = np.array([bytes_of(v) for v in self.allocated], np.intp)
+        # the native program's changes: the arguments that move, as rows (call, argument,
+        # base, index, offset) of which a column changes: arena offsets (the root's offset
+        # plus the value's start), inputs' and outputs' starts, constants' addresses plus
+        # starts, and kernel sizes (the address of each in one array of them)
+        moved = [(k, j, *r) for k, (recipe, _) in enumerate(self.recipes) for j, r in enumerate(recipe or ()) if r[0]]
+        arena = [(k, j, number[a], self.starts.get(b, 0)) for k, j, how, a, b, _ in moved if how == 2]
+        io = [(k, j, a, b, self.starts.get(c, 0)) for k, j, how, a, b, c in moved if how == 3 and a != CONSTANT]
+        fixed = [(k, j, b, self.starts.get(c, 0)) for k, j, how, a, b, c in moved if how == 3 and a == CONSTANT]
+        given = {c.call: c for c in calls}
+        self.sized = [(k, j, a, given[k].at[list(given[k].given).index(a)] if k in given and a in given[k].given else -1)
+                      for k, j, how, a, _, _ in moved if how == 1]
+        self.table = np.array([(k, j, ARENA, 0, 0) for k, j, _, _ in arena] + [(k, j, a, b, 0) for k, j, a, b, _ in io]
+                              + [(k, j, CONSTANT, 0, 0) for k, j, _, _ in fixed + self.sized], np.int64).reshape(-1, 5)
+        rows = np.cumsum([0, len(arena), len(io), len(fixed), len(self.sized)])
+        self.rows = [slice(a, b) for a, b in zip(rows, rows[1:])]
+        self.arena_values = np.array([v for _, _, v, _ in arena], np.intp)
+        self.arena_starts = np.array([st for *_, st in arena], np.intp)
+        self.io_starts = np.array([st for *_, st in io], np.intp)
+        self.fixed_addresses = np.array([0 if b in template.constants else _address(layout.constants[b])
+                                         for _, _, b, _ in fixed], np.int64)
+        self.fixed_changing = [(row, b) for row, (_, _, b, _) in enumerate(fixed) if b in template.constants]
+        self.fixed_starts = np.array([st for *_, st in fixed], np.intp)
+        self.size_numbers = np.array([max(i, 0) for *_, i in self.sized], np.intp)
+        self.size_offsets = 8 * np.arange(len(self.sized), dtype=np.int64)
+        self.unnumbered = [(row, k, name, int(layout.constants[layout.calls[k].args[j][1]][0]))
+                           for row, (k, j, name, i) in enumerate(self.sized) if i < 0]
+        # the calls whose zeroed bytes change: rows (call, argument, bytes)
+        zeroing = [(k, j, bytes_of(v)) for k, (_, zeroed) in enumerate(self.recipes)
+                   if {v for _, v in zeroed} & template.types.keys() for j, v in zeroed]
+        self.zeroing = np.array([(k, j, 0) for k, j, _ in zeroing], np.int64).reshape(-1, 3)
+        self.zeroed_bytes = np.array([b for *_, b in zeroing], np.intp)
         self.native = template.base.program.program
-        self.placed = [(k, j, *r) for k, (recipe, _) in enumerate(self.recipes)
-                       for j, r in enumerate(recipe or ()) if r[0]]
-        fast = {c.call: c for c in calls if c.conditions is not None}
-        self.sized = [(k, j, a, fast[k].at[list(fast[k].given).index(a)] if k in fast else -1)
-                      for k, j, how, a, _, _ in self.placed if how == 1]
-        self.addresses = {b: base.ctypes.data for k, j, how, a, b, _ in self.placed if how == 3 and a == CONSTANT
-                          for base in [layout.constants[b]]}
-        self.zeroing = [(k, zeroed) for k, (_, zeroed) in enumerate(self.recipes)
-                        if {v for _, v in zeroed} & template.types.keys()]
+        self.numbers = Polynomials(numbers)
 
     def _agree(self, c: _KernelCall) -> bool:
         """Whether the kernel's tensor shapes at the template's sizes for it are its
@@ -245,77 +289,105 @@ class TemplateProgram:
             return None
         return TemplateProgram(template, layout)
 
-    def lay_out(self, values: list[int]) -> tuple[ProgramLayout, MemoryPlan, native.Program] | None:
+    def lay_out(self, values: list[int]) -> tuple[ProgramLayout, Callable[[], MemoryPlan], native.Program] | None:
         """The layout at the template's ``values`` (its sizes, in their buckets), the
-        memory plan it places values by and the base's native program patched to it
+        memory plan it places values by (made when called) and the base's native program patched to it
         (its calls made only when read), or None where a kernel has no code compiled for
         its sizes yet. Raises ShapeError or IRVerificationError where the
         template does not hold there (as instantiating)."""
         plan, base = self.plan, self.layout
         numbers = self.numbers.at(values)
+        if not self._holds(numbers):
+            self._refuse(numbers)
+        blocks = -(-np.maximum(numbers[self.placed_bytes], 1) // ALIGNMENT) * ALIGNMENT
+        at, arena = native.first_fit(self.bounds, self.events, self.ends, blocks)
+        constants = dict(base.constants)
+        for name, slots in self.constants:
+            array = plan.constants[name]
+            constants[name] = np.array(numbers[list(slots)], array.dtype).reshape(array.shape)
+        picked = self._runs(numbers)
+        if picked is None:
+            return None
+        known, runs = picked
+        table = self.table.copy()
+        arena_rows, io_rows, fixed_rows, size_rows = self.rows
+        table[arena_rows, 4] = at[self.arena_values] + numbers[self.arena_starts]
+        table[io_rows, 4] = numbers[self.io_starts]
+        if len(self.fixed_starts):
+            addresses = self.fixed_addresses.copy()
+            for row, name in self.fixed_changing:
+                addresses[row] = _address(constants[name])
+            table[fixed_rows, 3] = addresses + numbers[self.fixed_starts]
+        sizes = numbers[self.size_numbers]
+        for row, k, name, value in self.unnumbered:
+            sizes[row] = runs[k].sizes[name] if k in runs else value
+        constants["<sizes>"] = held = np.array(sizes if len(sizes) else [0], np.int64)
+        table[size_rows, 3] = _address(held) + self.size_offsets
+        fns = np.array([(k, run.address if isinstance(run, _Hit) else run.executable.jit.address)
+                        for k, run in runs.items()], np.int64).reshape(-1, 2)
+        if known is not None:
+            fns = np.concatenate([known.fns, fns])
+        zero = self.zeroing.copy()
+        zero[:, 2] = numbers[self.zeroed_bytes]
+        program = self.native.patched(fns, table, zero)
         x = numbers.tolist()
-        shapes, nbytes = dict(self.shapes), dict(self.nbytes)
-        limit = max_tensor_bytes()
-        for name, dims, count in self.changing:
-            shapes[name] = shape = tuple([x[k] for k in dims])
-            nbytes[name] = x[count]
-            if x[count] > limit or min(shape, default=0) < 0:   # (raises)
-                check_tensor_size(f"value '{name}'", plan.types[name].dtype, shape)
-        types = plan.types
+
+        def shape(name: str) -> tuple[int, ...]:
+            first, end = self.shape_at.get(name, (0, 0))
+            return tuple(x[first:end]) if end else self.shapes[name]
+
+        def memory() -> MemoryPlan:
+            naive = int((-(-np.maximum(numbers[self.allocated_bytes], 1) // ALIGNMENT) * ALIGNMENT).sum())
+            return MemoryPlan(dict(zip(self.placed, at.tolist())), int(arena), naive, self.roots,
+                              {name: x[k] for name, k in self.starts.items() if x[k]})
+        layout = ProgramLayout([Tensor(t.name, shape(t.name), t.dtype) for t in base.inputs],
+                               [Tensor(t.name, shape(t.name), t.dtype) for t in base.outputs],
+                               [(shape(v), dtype) for v, (_, dtype) in zip(self.slot_values, base.slots)],
+                               base.results, _Calls(lambda: self._calls(x, memory(), known, runs)),
+                               constants, max(int(arena), 64), base.code)
+        return layout, memory, program
+
+    def _shapes(self, x: list[int]) -> dict[str, tuple[int, ...]]:
+        """Every buffer's shape at the numbers ``x``."""
+        shapes = dict(self.shapes)
+        shapes.update((name, tuple(x[first:end])) for name, (first, end) in self.shape_at.items())
+        return shapes
+
+    def _holds(self, numbers: np.ndarray) -> bool:
+        """Whether every buffer is within the tensor limit with no negative dimension and
+        every view reads inside its source at the ``numbers`` (as forms of them)."""
+        return not (len(self.bytes) and numbers[self.bytes].max() > max_tensor_bytes()
+                    or len(self.nonnegative) and numbers[self.nonnegative].min() < 0
+                    or len(self.zeros) and numbers[self.zeros].any())
+
+    def _refuse(self, numbers: np.ndarray) -> None:
+        """Raises the error instantiating raises where the ``numbers`` fail a check: a
+        buffer over the tensor limit or with a negative dimension (ShapeError), a view
+        outside its source (IRVerificationError)."""
+        for name, first, end, _ in self.changing:
+            check_tensor_size(f"value '{name}'", self.plan.types[name].dtype, tuple(numbers[first:end].tolist()))
+        types, x = self.plan.types, numbers.tolist()
+        shapes = self._shapes(x)
         for v in self.views:
             st = v.step
             check_view(f"step {st.label}", TensorType(types[st.input].dtype, shapes[st.input]),
                        TensorType(types[st.output].dtype, shapes[st.output]),
                        tuple([x[k] for k in v.shape]), x[v.offset], st.output if st.output in self.outputs else None)
-        starts = {name: x[k] for name, k in self.starts if x[k]}
-        blocks, naive = dict(self.blocks), self.naive
-        for name, count, placed, was in self.resized:
-            block = aligned(max(1, x[count]), ALIGNMENT)
-            naive += block - was
-            if placed:
-                blocks[name] = block
-        offsets, arena = first_fit(self.defined, self.last, blocks)
-        constants = dict(base.constants)
-        for name, at in self.constants:
-            array = plan.constants[name]
-            constants[name] = np.array([x[k] for k in at], array.dtype).reshape(array.shape)
-        runs = self._runs(numbers, x, shapes)
-        if runs is None:
-            return None
-        address = dict(self.addresses)
-        address.update((name, constants[name].ctypes.data) for name, _ in self.constants)
-        # the kernels' sizes, in one array the calls read (each at its own offset)
-        sizes = [x[i] if isinstance(runs.get(k), _Hit) else runs[k].sizes[name]
-                 for k, _, name, i in self.sized if k in runs]
-        constants["<sizes>"] = held = np.array(sizes or [0], np.int64)
-        next_size = iter(range(held.ctypes.data, held.ctypes.data + 8 * len(sizes), 8))
-        fns = [(k, run.address if isinstance(run, _Hit) else run.executable.jit.address) for k, run in runs.items()]
-        args: list[int] = []
-        for k, j, how, a, b, c in self.placed:
-            if how == 1:
-                if k in runs:
-                    args += (k, j, CONSTANT, next(next_size), 0)
-            elif how == 2:
-                args += (k, j, ARENA, 0, offsets[a] + starts.get(b, 0))
-            elif a == CONSTANT:
-                args += (k, j, CONSTANT, address[b] + starts.get(c, 0), 0)
-            else:
-                args += (k, j, a, b, starts.get(c, 0))
-        zero = [n for k, zeroed in self.zeroing for j, v in zeroed for n in (k, j, nbytes[v])]
-        native = self.native.patched(fns, args, zero)
-        layout = ProgramLayout([Tensor(t.name, shapes[t.name], t.dtype) for t in base.inputs],
-                               [Tensor(t.name, shapes[t.name], t.dtype) for t in base.outputs],
-                               [(shapes[v], dtype) for v, (_, dtype) in zip(self.slot_values, base.slots)],
-                               base.results, _Calls(lambda: self._calls(x, shapes, nbytes, offsets, starts, runs, sizes)),
-                               constants, max(arena, 64), base.code)
-        return layout, MemoryPlan(offsets, arena, naive, self.roots, starts), native
+        raise AssertionError("the template's forms fail where its checks hold")   # pragma: no cover
 
-    def _calls(self, x: list[int], shapes: Mapping[str, tuple[int, ...]], nbytes: Mapping[str, int],
-               offsets: Mapping[str, int],
-               starts: Mapping[str, int], runs: Mapping[int, Any], sizes: list[int]) -> list[Call]:
+    @property
+    def _picked(self) -> list[_KernelCall]:
+        return self.picks.calls if self.picks is not None else []
+
+    def _calls(self, x: list[int], memory: MemoryPlan, known: _Known | None, runs: Mapping[int, Any]) -> list[Call]:
         """The layout's calls (for what reads them: the native program is patched
         without them), each argument where the program has it."""
-        at = iter(range(0, 8 * len(sizes), 8))
+        if known is not None:
+            runs = {**runs, **{c.call: _Hit(code, c, address) for c, code, address
+                               in zip(self._picked, known.codes, known.fns[:, 1].tolist())}}
+        shapes, offsets, starts = self._shapes(x), memory.offsets, memory.starts
+        at = iter(range(0, 8 * len(self.sized), 8))
+        nbytes = {**self.nbytes, **{name: x[count] for name, _, _, count in self.changing}}
         calls = []
         for k, (call, (recipe, zeroed)) in enumerate(zip(self.layout.calls, self.recipes)):
             if recipe is None and k not in runs:   # (nothing in it changes)
@@ -325,27 +397,32 @@ class TemplateProgram:
             if isinstance(run, _Hit):
                 run = SizesBound(run.code, {n: x[i] for n, i in run.call.symbolic},
                                  tuple(shapes[n] for n in run.call.step.defines))
-            args = [arg if how == 0 or how == 1 and k not in runs else (CONSTANT, "<sizes>", next(at)) if how == 1
+            args = [arg if how == 0 else (CONSTANT, "<sizes>", next(at)) if how == 1
                     else (ARENA, 0, offsets[a] + starts.get(b, 0)) if how == 2
                     else (a, b, starts.get(c, 0)) for arg, (how, a, b, c) in zip(call.args, recipe or ())]
             zero = tuple((j, nbytes[v]) for j, v in zeroed if nbytes[v])
             calls.append(Call(call.label, run, call.stages, tuple(args), zero, call.holds))
         return calls
 
-    def _runs(self, array: np.ndarray, x: list[int], shapes: Mapping[str, tuple[int, ...]]) -> dict[int, Any] | None:
-        """The code each symbolic kernel runs at these sizes (by call; ``x`` the
-        program's numbers, also as an ``array``), checked against its buffers; None where
-        some kernel has none compiled for them."""
+    def _runs(self, numbers: np.ndarray) -> tuple[_Known | None, dict[int, Any]] | None:
+        """The code each symbolic kernel runs at these sizes (``numbers``: the
+        program's), checked against its buffers: the codes of the calls picked all at
+        once where known (else None), and the others by call; None where some kernel has
+        none compiled for them."""
         runs: dict[int, Any] = {}
         picks = self.picks
-        key = picks.key(array) if picks is not None else None
+        key = picks.key(numbers) if picks is not None else None
         known = picks.known.get(key) if picks is not None and key is not None else None
-        if known is not None and picks is not None:
-            runs = {c.call: _Hit(code, c, address) for c, (code, address) in zip(picks.calls, known)}
-        for c in self.symbolic if known is None else self.others:
+        x: list[int] = []
+        shapes: dict[str, tuple[int, ...]] = {}
+        for c in self.others if known is not None else self._picked + self.others:
+            if not x:
+                x = numbers.tolist()
             sizes = dict(zip(c.given, [x[k] for k in c.at]))
             if sizes == c.base:
                 continue
+            if not shapes:
+                shapes = self._shapes(x)
             outputs = tuple(shapes[n] for n in c.step.defines)
             if c.conditions is not None and all(x[k] >= 0 for k in c.conditions) \
                     and all(1 <= x[k] <= SYMBOLIC_MAX for _, k in c.symbolic):
@@ -373,8 +450,8 @@ class TemplateProgram:
                 c.codes[zeroed] = run.executable
             runs[c.call] = run
         if known is None and key is not None and picks is not None:
-            picks.remember(key, x)
-        return runs
+            picks.remember(key, x or numbers.tolist())
+        return known, runs
 
 
 def _zeroed(c: _KernelCall, x: list[int]) -> tuple[str, ...]:
@@ -399,7 +476,7 @@ class _Picks:
         self.gap = np.array([gap for _, _, covers in fills for _, gap in covers], np.intp)
         self.ends = np.cumsum([len(covers) for _, _, covers in fills], dtype=np.intp)
         self.begins = self.ends - np.array([len(covers) for _, _, covers in fills], np.intp)
-        self.known: dict[bytes, list[tuple[Any, int]]] = {}   # key -> each call's (code, address)
+        self.known: dict[bytes, _Known] = {}   # key -> each call's code
 
     def key(self, x: np.ndarray) -> bytes | None:
         """Which outputs need zeros at the numbers ``x``, or None where a condition fails."""
@@ -413,7 +490,19 @@ class _Picks:
         """Keep the codes at ``key`` where every call's has been found."""
         codes = [c.codes.get(_zeroed(c, x)) for c in self.calls]
         if all(code is not None for code in codes):
-            self.known[key] = [(code, code.jit.address) for code in codes if code is not None]
+            self.known[key] = _Known(codes, np.array([(c.call, code.jit.address) for c, code in zip(self.calls, codes)
+                                                      if code is not None], np.int64).reshape(-1, 2))
+
+
+class _Known(NamedTuple):
+    """The codes of the calls picked all at once, and their (call, address) rows."""
+
+    codes: list
+    fns: np.ndarray
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]  # type: ignore[no-any-return]
 
 
 class _Hit(NamedTuple):
@@ -451,15 +540,20 @@ class TemplatedPlan:
 
     tail = None   # (templates are of plans without control flow after their steps)
 
-    def __init__(self, layout: ProgramLayout, memory: MemoryPlan, native: Any, generic: tuple, base: Any,
-                 instantiate: Callable[[], CompiledPlan]) -> None:
+    def __init__(self, layout: ProgramLayout, memory: Callable[[], MemoryPlan], native: Any, generic: tuple,
+                 base: Any, instantiate: Callable[[], CompiledPlan]) -> None:
         self.layout = layout
-        self.memory = memory
+        self._memory = memory
         self.native = native
         self.base = base
         self.program: Any = None
         self.generic = generic
         self._instantiate = instantiate
+
+    @cached_property
+    def memory(self) -> MemoryPlan:
+        """The memory plan its program runs."""
+        return self._memory()
 
     @cached_property
     def instance(self) -> CompiledPlan:
@@ -477,6 +571,11 @@ class TemplatedPlan:
 
     def steps(self) -> Iterator[tuple[KernelStep, Any]]:
         return self.instance.steps()
+
+
+def _span(indices: tuple[int, ...]) -> tuple[int, int]:
+    """Consecutive indices as (first, end)."""
+    return (indices[0], indices[-1] + 1) if indices else (0, 0)
 
 
 def _composed(f: Affine, given: Mapping[str, Any]) -> Expression | int:

@@ -6,6 +6,7 @@ exists, and each templated plan equal, buffer by buffer and kernel by kernel, to
 plan the planner makes for that shape."""
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -78,6 +79,37 @@ def test_later_shapes_are_planned_from_the_template():
     for shape in LATER:
         check(model, compiled, shape)
     assert compiled.plan_counts == {"planned": planned, "templated": len(FIRST) + len(LATER) - planned}
+
+
+def test_a_templated_shape_is_checked_as_the_planner_checks_it(monkeypatch):
+    """The template program's checks, made forms of the template's sizes checked all at
+    once, hold exactly where the checks of each buffer and view hold (at sizes of every
+    sign), and refuse a shape over the tensor limit with the planner's error: at sizes
+    whose numbers fit int64 and at sizes whose numbers need Python's integers."""
+    from polyfuse.errors import IRVerificationError
+    from polyfuse.ir.limits import MAX_TENSOR_BYTES_VARIABLE
+
+    model = decoder_step()
+    compiled = pf.compile(model, target="host")
+    for shape in FIRST:
+        check(model, compiled, shape)
+    template, program = next((t, p) for _, t, p in compiled._templates._templates if p is not None)
+    assert program.views   # (views that change: their forms are checked)
+    for values in itertools.product(range(-2, 9), repeat=len(template.buckets)):
+        numbers = program.numbers.at(list(values))
+        try:
+            program._refuse(numbers)
+        except (pf.errors.ShapeError, IRVerificationError):
+            assert not program._holds(numbers), values
+        except AssertionError:
+            assert program._holds(numbers), values
+    monkeypatch.setenv(MAX_TENSOR_BYTES_VARIABLE, "1000000")
+    for past in (10 ** 5, 2 ** 40):   # (the second past's bytes leave int64)
+        values = template.values_at({"ids": (2, 3), "past": (2, past, WIDTH)})
+        with pytest.raises(pf.errors.SizeLimitError, match="over the limit"):
+            program.lay_out(values)
+    with pytest.raises(pf.errors.SizeLimitError, match="over the limit"):
+        compiled.run(feed(2, 3, 10 ** 5))
 
 
 def test_a_second_plan_probes_for_a_template(monkeypatch):

@@ -482,11 +482,20 @@ class Program {
     }
 
     // A copy with some numbers of its calls changed (a plan template's program at new
-    // sizes): `fns`, (call, fn) pairs; `args`, (call, argument, base, index, offset)
-    // quintuples, flat; `zero`, (call, argument, bytes) triples, flat, which replace the
-    // zeroing of each call they name (entries of 0 bytes dropped).
-    Program patched(const std::vector<std::pair<int64_t, uintptr_t>>& fns, const std::vector<int64_t>& args,
-                    const std::vector<int64_t>& zero) const {
+    // sizes): `fns`, (call, fn) rows; `args`, (call, argument, base, index, offset) rows;
+    // `zero`, (call, argument, bytes) rows, which replace the zeroing of each call they
+    // name (rows of 0 bytes dropped).
+    Program patched(const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& fns,
+                    const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& args,
+                    const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& zero) const {
+        auto rows = [](const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& a, py::ssize_t width) {
+            if (a.size() == 0) return py::ssize_t(0);
+            if (a.ndim() != 2 || a.shape(1) != width)
+                throw py::value_error("Program.patched: rows of " + std::to_string(width) + " numbers expected");
+            return a.shape(0);
+        };
+        py::ssize_t nf = rows(fns, 2), na = rows(args, 5), nz = rows(zero, 3);
+        const int64_t *f = fns.data(), *a = args.data(), *z = zero.data();
         Program out(*this);
         std::vector<size_t> at;  // each call's instruction
         for (size_t pc = 0; pc < out.code_.size(); ++pc)
@@ -495,24 +504,24 @@ class Program {
             if (k < 0 || static_cast<size_t>(k) >= at.size()) throw py::value_error("Program.patched: no such call");
             return out.code_[at[k]];
         };
-        for (auto& [k, fn] : fns) {
-            if (fn == 0) throw py::value_error("Program.patched: fn is 0");
-            call(k).fn = reinterpret_cast<kernel_fn>(fn);
+        for (py::ssize_t i = 0; i < nf; ++i) {
+            if (f[2 * i + 1] == 0) throw py::value_error("Program.patched: fn is 0");
+            call(f[2 * i]).fn = reinterpret_cast<kernel_fn>(f[2 * i + 1]);
         }
-        if (args.size() % 5 || zero.size() % 3) throw py::value_error("Program.patched: ragged changes");
-        for (size_t i = 0; i < args.size(); i += 5) {
-            Instruction& ins = call(args[i]);
-            if (args[i + 1] < 0 || static_cast<size_t>(args[i + 1]) >= ins.args.size())
+        for (py::ssize_t i = 0; i < na; ++i) {
+            const int64_t* r = a + 5 * i;
+            Instruction& ins = call(r[0]);
+            if (r[1] < 0 || static_cast<size_t>(r[1]) >= ins.args.size())
                 throw py::value_error("Program.patched: no such argument");
-            ins.args[args[i + 1]] =
-                out.arguments({ArgTuple{static_cast<int>(args[i + 2]), args[i + 3], args[i + 4]}})[0];
+            ins.args[r[1]] = out.arguments({ArgTuple{static_cast<int>(r[2]), r[3], r[4]}})[0];
         }
-        for (size_t i = 0; i < zero.size(); i += 3) call(zero[i]).zero.clear();
-        for (size_t i = 0; i < zero.size(); i += 3) {
-            Instruction& ins = call(zero[i]);
-            if (zero[i + 1] < 0 || static_cast<size_t>(zero[i + 1]) >= ins.args.size() || zero[i + 2] < 0)
+        for (py::ssize_t i = 0; i < nz; ++i) call(z[3 * i]).zero.clear();
+        for (py::ssize_t i = 0; i < nz; ++i) {
+            const int64_t* r = z + 3 * i;
+            Instruction& ins = call(r[0]);
+            if (r[1] < 0 || static_cast<size_t>(r[1]) >= ins.args.size() || r[2] < 0)
                 throw py::value_error("Program.patched: bad zeroed argument");
-            if (zero[i + 2]) ins.zero.emplace_back(zero[i + 1], zero[i + 2]);
+            if (r[2]) ins.zero.emplace_back(r[1], r[2]);
         }
         return out;
     }
@@ -541,6 +550,49 @@ class Program {
     size_t width_ = 0;                 // the most arguments of one call
     size_t inputs_ = 0, outputs_ = 0;  // the input and output arrays the instructions use
 };
+
+// polyfuse.ir.plan.first_fit over numbered values, for a plan template's every call
+// (runtime/template_program.py): the values defined at event k are
+// values[bounds[k]:bounds[k + 1]], each live to its event last[v], of size[v] bytes;
+// returns each value's offset (-1 for one never defined) and the arena's bytes.
+py::tuple first_fit(const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& bounds,
+                    const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& values,
+                    const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& last,
+                    const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& size) {
+    py::ssize_t n = last.size();
+    if (size.size() != n || bounds.size() < 1) throw py::value_error("first_fit: one last event and size per value");
+    const int64_t *b = bounds.data(), *vs = values.data(), *l = last.data(), *sz = size.data();
+    py::array_t<int64_t> offsets(n);
+    int64_t* off = offsets.mutable_data();
+    std::fill(off, off + n, -1);
+    struct Block {
+        int64_t offset, size, value;
+        bool operator<(const Block& o) const {
+            return offset != o.offset ? offset < o.offset : size != o.size ? size < o.size : value < o.value;
+        }
+    };
+    std::vector<Block> live;
+    int64_t arena = 0;
+    for (py::ssize_t k = 0; k + 1 < bounds.size(); ++k) {
+        if (b[k] < 0 || b[k + 1] < b[k] || b[k + 1] > values.size()) throw py::value_error("first_fit: bad bounds");
+        live.erase(std::remove_if(live.begin(), live.end(), [&](const Block& x) { return l[x.value] < k; }),
+                   live.end());
+        for (int64_t i = b[k]; i < b[k + 1]; ++i) {
+            int64_t v = vs[i];
+            if (v < 0 || v >= n || sz[v] < 0) throw py::value_error("first_fit: bad value");
+            int64_t offset = 0;
+            for (const Block& x : live) {
+                if (offset + sz[v] <= x.offset) break;
+                offset = std::max(offset, x.offset + x.size);
+            }
+            off[v] = offset;
+            Block blk{offset, sz[v], v};
+            live.insert(std::upper_bound(live.begin(), live.end(), blk), blk);
+            arena = std::max(arena, offset + sz[v]);
+        }
+    }
+    return py::make_tuple(offsets, arena);
+}
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "polyfuse native runtime; use it through polyfuse.runtime.native";
@@ -574,6 +626,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("aligned_buffers_live", [] { return g_aligned_buffers_live.load(); });
     m.def("set_huge_pages", [](bool on) { return g_huge_pages.exchange(on); }, py::arg("on"));
     m.def("test_kernel_address", &test_kernel_address, py::arg("name"));
+    m.def("first_fit", &first_fit, py::arg("bounds"), py::arg("values"), py::arg("last"), py::arg("size"));
     py::class_<Program>(m, "Program")
         .def(py::init<>())
         .def("add", &Program::add, py::arg("fn"), py::arg("args"), py::arg("zero"))
