@@ -276,8 +276,9 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
         # first row index makes several pairs: each thread then packs all the columns
         # (up to a cache tile) and shares no panel, where packing half of them each would
         # read the whole input twice (a 28x28 map of 128 channels; benchmarks/LOG.md)
+        # (not by a symbolic first index, which may be 1: a batch of one left on one thread)
         rows_first = extents[vec] // cols < PARALLEL_TILES or (
-            first is not None and extents[vec] // cols == PARALLEL_TILES
+            first is not None and first not in unknown and extents[vec] // cols == PARALLEL_TILES
             and extents[first] >= 4 * PARALLEL_TILES)
         if rows_first and extents[vec] <= CACHE_COLS:
             cols = extents[vec]
