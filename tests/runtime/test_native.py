@@ -448,3 +448,59 @@ def test_a_program_refuses_a_jump_past_its_end():
         p.run(native.empty_aligned(64, np.uint8), [], [])
     with pytest.raises(ValueError, match="bytes must be 1 to 8"):
         p.set((0, 0, 0), 1, 9)
+
+
+@pytest.mark.unit
+def test_a_patched_program_is_a_copy_with_its_calls_numbers_changed():
+    """Program.patched (a plan template's program at new sizes): arguments, code and
+    zeroing of the named calls change in the copy only; bad rows are refused."""
+    n = 6
+    add = native.test_kernel_address("add")
+    p = native.Program()
+    p.add(add, [(1, 0, 0), (1, 1, 0), (0, 0, 0), (1, 2, 0)], [])
+    p.add(add, [(0, 0, 0), (1, 1, 0), (2, 0, 0), (1, 2, 0)], [(2, 4 * n)])
+    a, b = np.arange(2 * n, dtype=np.float32), np.full(2 * n, 0.5, np.float32)
+    size = np.array([n], np.int64)
+    # the copy reads a's second half, writes its sum at arena byte 64, and zeroes nothing
+    q = p.patched(np.array([[0, add]]), np.array([[0, 0, 1, 0, 4 * n], [0, 2, 0, 0, 64], [1, 0, 0, 0, 64]]),
+                  np.array([[1, 2, 0]]))
+    assert p.describe()[0][1][0] == (1, 0, 0) and q.describe()[0][1][0] == (1, 0, 4 * n)
+    assert q.describe()[1][2] == [] and p.describe()[1][2] == [(2, 4 * n)]
+    out = np.full(n, -1, np.float32)
+    assert q.run(native.empty_aligned(64 + 4 * n, np.uint8), [a, b, size], [out]) == -1
+    np.testing.assert_array_equal(out, a[n:] + 1.0)
+    for fns, args, zero, message in [
+            (np.array([[2, add]]), np.zeros((0, 5)), np.zeros((0, 3)), "no such call"),
+            (np.array([[0, 0]]), np.zeros((0, 5)), np.zeros((0, 3)), "fn is 0"),
+            (np.zeros((0, 2)), np.array([[0, 4, 0, 0, 0]]), np.zeros((0, 3)), "no such argument"),
+            (np.zeros((0, 2)), np.array([[0, 0, 7, 0, 0]]), np.zeros((0, 3)), "bad argument base"),
+            (np.zeros((0, 2)), np.zeros((0, 5)), np.array([[1, 0, -1]]), "bad zeroed argument"),
+            (np.zeros((0, 2)), np.zeros((1, 4)), np.zeros((0, 3)), "rows of 5")]:
+        with pytest.raises(ValueError, match=message):
+            p.patched(fns, args, zero)
+
+
+@pytest.mark.unit
+def test_native_first_fit_places_values_as_the_planner_does():
+    """native.first_fit (a templated call's arena) gives the offsets and bytes of
+    polyfuse.ir.plan.first_fit (the planner's) over random liveness and sizes."""
+    from polyfuse.ir.plan import first_fit
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        count, events = int(rng.integers(1, 40)), int(rng.integers(1, 20))
+        defined: list[list[str]] = [[] for _ in range(events)]
+        last, size = {}, {}
+        for k in range(count):
+            at = int(rng.integers(events))
+            defined[at].append(f"v{k}")
+            last[f"v{k}"] = int(rng.integers(at, events + 1))
+            size[f"v{k}"] = 64 * int(rng.integers(1, 50))
+        names = [f"v{k}" for k in range(count)]
+        bounds = np.cumsum([0] + [len(vs) for vs in defined])
+        order = np.array([int(v[1:]) for vs in defined for v in vs], np.int64)
+        offsets, arena = native.first_fit(bounds, order, np.array([last[v] for v in names]),
+                                          np.array([size[v] for v in names]))
+        assert (dict(zip(names, offsets.tolist())), arena) == first_fit(defined, last, size)
+    with pytest.raises(ValueError, match="bad value"):
+        native.first_fit(np.array([0, 1]), np.array([3]), np.array([0]), np.array([64]))
