@@ -273,25 +273,39 @@ class CompiledModel:
         with each name at :data:`AHEAD_SIZE` and at made-up sizes above it (plans only,
         moved as a plan template's probes are), so the first plan's kernels
         whose texts the sizes change compile for symbolic sizes, and the plans make the
-        plan template that serves every later shape whose named dimensions are 2 or more
-        (a size of 1 or 0 is its own kind, planned and compiled when a call brings it)."""
+        plan template that serves every later shape whose named dimensions are 2 or more.
+        A size of 1 is a kind of its own (a batch of one): each name is then planned at
+        1 the same way, the others moving, where the model takes it (a size of 0 is
+        planned when a call brings it)."""
         assert self._generalizer is not None and self._templates is not None
         names = list(dict.fromkeys(d for s in named.values() for d in s if isinstance(d, str)))
-        shapes = {n: tuple(AHEAD_SIZE if isinstance(d, str) else d for d in s) for n, s in named.items()}
-
-        def name(n: str, axis: int) -> str | None:
-            d = named[n][axis]
-            return d if isinstance(d, str) else None
-        probes = [plan for plan in (probe(self._planner, moved, {}) for moved in probe_shapes(shapes, name, 1))
-                  if plan is not None]
-        self._generalizer.remember([str(st.definition) for plan in probes for st in plan.kernels],
-                                   [st.label for plan in probes for st in plan.kernels])
         try:
-            compiled = self._plan(shapes)
+            self._ahead(named, None)
         except (ShapeError, UnsupportedOpError) as err:
             raise ShapeError(f"compiling ahead plans each named input dimension ({', '.join(names)}) at "
                              f"{AHEAD_SIZE}, where the model refuses: {err}; give those dimensions sizes "
                              "in input_shapes instead, or leave them to the first call") from None
+        for one in names:
+            try:
+                self._ahead(named, one)
+            except (ShapeError, UnsupportedOpError):   # (a model that takes no size of 1 there)
+                continue
+
+    def _ahead(self, named: dict[str, tuple], one: str | None) -> None:
+        """Plan and compile ahead the kind of ``named``'s shapes with the name ``one`` at
+        1 (None: none) and the others at :data:`AHEAD_SIZE`, with probes moving those."""
+        assert self._generalizer is not None and self._templates is not None
+        shapes = {n: tuple((1 if d == one else AHEAD_SIZE) if isinstance(d, str) else d for d in s)
+                  for n, s in named.items()}
+
+        def name(n: str, axis: int) -> str | None:
+            d = named[n][axis]
+            return d if isinstance(d, str) and d != one else None
+        probes = [plan for plan in (probe(self._planner, moved, {}) for moved in probe_shapes(shapes, name, 1))
+                  if plan is not None]
+        self._generalizer.remember([str(st.definition) for plan in probes for st in plan.kernels],
+                                   [st.label for plan in probes for st in plan.kernels])
+        compiled = self._plan(shapes)
         self._templates.learn(compiled, (), probes=probes)
 
     @property

@@ -190,24 +190,26 @@ def test_values_of_the_shapes_that_kernels_read_are_computed_by_kernels():
 
 def test_named_input_shapes_compile_ahead_of_the_first_call():
     """``input_shapes`` with names where sizes are left open: the model compiles its
-    kernels for symbolic sizes and makes its plan template when it is compiled; every
-    later shape whose named dimensions are 2 or more is then a template's plan with no
-    kernel built, and a size of 1 is planned (its kernels the same templates)."""
+    kernels for symbolic sizes and makes its plan templates when it is compiled, for the
+    names at 2 or more and for each name at 1 (a size of 1 is a kind of its own): every
+    later shape of those kinds is then a template's plan with no kernel built; two names
+    at 1 make a kind planned when a call brings it."""
     from polyfuse.runtime import cpu
 
     def built():
         return cpu.STATS["compiled"] + cpu.STATS["disk"] + cpu.STATS["memory"]
     model = decoder_step()
     compiled = pf.compile(model, target="host", input_shapes={"ids": ("batch", "seq"), "past": ("batch", "past", WIDTH)})
-    assert compiled.plan_counts == {"planned": 1, "templated": 0}
+    assert compiled.plan_counts == {"planned": 4, "templated": 0}   # (the names at 16, then each at 1)
     assert "int64 S0" in compiled.dump("loops")   # compiled for symbolic sizes
     before = built()
-    for shape in [(2, 3, 4), (3, 5, 9), (2, 40, 7), (5, 2, 2)]:
+    shapes = [(2, 3, 4), (3, 5, 9), (2, 40, 7), (5, 2, 2), (1, 3, 3), (1, 9, 20), (4, 1, 6), (3, 7, 1)]
+    for shape in shapes:
         check(model, compiled, shape)
-    assert compiled.plan_counts == {"planned": 1, "templated": 4}
+    assert compiled.plan_counts == {"planned": 4, "templated": len(shapes)}
     assert built() == before
-    check(model, compiled, (1, 3, 3))
-    assert compiled.plan_counts["planned"] == 2
+    check(model, compiled, (1, 1, 3))
+    assert compiled.plan_counts["planned"] == 5
 
 
 def test_named_input_shapes_need_symbolic_sizes():
