@@ -78,6 +78,30 @@ class _KernelCall:
     codes: dict = field(default_factory=dict, compare=False)   # outputs zeroed -> code
 
 
+class _Numbers:
+    """The numbers of a template's program as they are made: ``expressions`` of the
+    template's sizes (the first a zero, where a value has no start), each buffer's
+    dimensions' ``slots`` and its bytes' number, made once."""
+
+    def __init__(self, slots: Mapping[str, tuple], itemsize: Mapping[str, int]) -> None:
+        self.expressions: list[Expression | int] = [0]
+        self.slots = slots
+        self.itemsize = itemsize
+        self._bytes: dict[str, int] = {}
+
+    def put(self, *es: Expression | int) -> tuple[int, ...]:
+        """Their numbers."""
+        self.expressions.extend(es)
+        return tuple(range(len(self.expressions) - len(es), len(self.expressions)))
+
+    def bytes_of(self, name: str) -> int:
+        """The number of buffer ``name``'s bytes."""
+        if name not in self._bytes:
+            itemsize: Expression | int = self.itemsize[name]
+            self._bytes[name] = self.put(functools.reduce(product, self.slots[name], itemsize))[0]
+        return self._bytes[name]
+
+
 @dataclass(frozen=True)
 class _View:
     """A view step whose shapes or offset change with the sizes: the indices of its
@@ -112,90 +136,101 @@ class TemplateProgram:
         self.outputs = set(plan.outputs)
         self.slot_values = [self.roots.get(name, name) for name, how, _ in layout.results if how == "slot"]
         self.recipes = [self._recipe(call) for call in layout.calls]
-        numbers: list[Expression | int] = [0]   # (index 0: a zero, where a value has no start)
-
-        def put(*es: Expression | int) -> tuple[int, ...]:
-            numbers.extend(es)
-            return tuple(range(len(numbers) - len(es), len(numbers)))
-        slots_of = {name: template.types.get(name, self.shapes[name]) for name in plan.types}
-        bytes_at: dict[str, int] = {}
-
-        def bytes_of(name: str) -> int:
-            if name not in bytes_at:
-                bytes_at[name] = put(functools.reduce(product, slots_of[name], self.itemsize[name]))[0]
-            return bytes_at[name]
+        n = _Numbers({name: template.types.get(name, self.shapes[name]) for name in plan.types}, self.itemsize)
         # the buffers that change: (name, the first and end index of its dimensions, its bytes' index)
-        self.changing = [(name, *_span(put(*slots)), bytes_of(name)) for name, slots in template.types.items()]
+        self.changing = [(name, *_span(n.put(*slots)), n.bytes_of(name)) for name, slots in template.types.items()]
         self.dims = np.array([k for _, first, end, _ in self.changing for k in range(first, end)], np.intp)
         self.bytes = np.array([count for *_, count in self.changing], np.intp)
         self.shape_at = {name: (first, end) for name, first, end, _ in self.changing}
-        # the views' bytes into their roots; those that change, checked per call as forms that
-        # must be >= 0 (offset; room left in the source) and = 0 (shapes; an output's slice)
+        self._views(n)
+        self.constants = [(name, n.put(*slots)) for name, slots in template.constants.items()]
+        self._kernel_calls(n)
+        self._arena(n)
+        self._moves(n)
+        self.native = template.base.program.program
+        self.numbers = Polynomials(n.expressions)
+
+    def _views(self, n: _Numbers) -> None:
+        """Each view's bytes into its root; the views that change, checked per call as
+        forms that must be >= 0 (offset; room left in the source) and = 0 (shapes; an
+        output's slice)."""
+        template = self.template
         starts: dict[str, Expression | int] = {}
         self.views: list[_View] = []
         self.starts: dict[str, int] = {}
         nonnegative: list[Expression | int] = []
         zeros: list[Expression | int] = []
-        for index, st in enumerate(plan.steps):
+        for index, st in enumerate(self.plan.steps):
             if isinstance(st, ViewStep):
                 slots, offset = template.views.get(index, (st.shape, st.offset))
                 starts[st.output] = total(starts.get(st.input, 0), product(offset, self.itemsize[st.input]))
-                self.starts[st.output] = put(starts[st.output])[0]
+                self.starts[st.output] = n.put(starts[st.output])[0]
                 if index in template.views or {st.input, st.output} & template.types.keys():
-                    self.views.append(_View(st, put(offset)[0], put(*slots)))
-                    target = slots_of[st.output]
-                    room = total(numbers[bytes_of(st.input)], product(-1, total(product(offset, self.itemsize[st.input]),
-                                                                                  numbers[bytes_of(st.output)])))
-                    nonnegative += [offset, room]
-                    zeros += [total(a, product(-1, b)) for a, b in zip(slots, target)]
-                    zeros += [len(slots) - len(target)]
+                    self.views.append(_View(st, n.put(offset)[0], n.put(*slots)))
+                    source, target = n.expressions[n.bytes_of(st.input)], n.expressions[n.bytes_of(st.output)]
+                    nonnegative += [offset, total(source, product(-1, total(product(offset, self.itemsize[st.input]),
+                                                                            target)))]
+                    zeros += [total(a, product(-1, b)) for a, b in zip(slots, n.slots[st.output])]
+                    zeros += [len(slots) - len(n.slots[st.output])]
                     if st.output in self.outputs:
-                        zeros += [offset, total(numbers[bytes_of(st.input)], product(-1, numbers[bytes_of(st.output)]))]
-        self.nonnegative = np.concatenate([self.dims, np.array(put(*nonnegative), np.intp)])
-        self.zeros = np.array(put(*zeros), np.intp)
-        self.constants = [(name, put(*slots)) for name, slots in template.constants.items()]
+                        zeros += [offset, total(source, product(-1, target))]
+        self.nonnegative = np.concatenate([self.dims, np.array(n.put(*nonnegative), np.intp)])
+        self.zeros = np.array(n.put(*zeros), np.intp)
+
+    def _kernel_calls(self, n: _Numbers) -> None:
+        """The calls of symbolic kernels (``symbolic``): the numbers of the sizes each is
+        given and, where its code is picked by forms of them, those forms; the calls
+        picked all at once (``picks``) and the others whose sizes change (``others``)."""
+        template = self.template
         calls: list[_KernelCall] = []
-        kernel_steps = [(index, st) for index, st in enumerate(plan.steps) if isinstance(st, KernelStep)]
+        kernel_steps = [(index, st) for index, st in enumerate(self.plan.steps) if isinstance(st, KernelStep)]
         for call, (index, st) in enumerate(kernel_steps):   # (a layout's calls: the kernel steps, in order)
             g = template.base.generics[index]
             if index in template.sizes:
                 assert g is not None   # (a step with sizes has a symbolic kernel)
                 given = template.sizes[index]
-                c = _KernelCall(call, st, g.kernel, given, template.base_sizes[index], put(*given.values()))
+                c = _KernelCall(call, st, g.kernel, given, template.base_sizes[index], n.put(*given.values()))
                 c = replace(c, proven=self._agree(c))
                 forms = c.kernel.signature_forms(c.base) if c.proven else None
-                if forms is not None and all(isinstance(e, int) for n, e in given.items() if n not in forms[0]):
+                if forms is not None and all(isinstance(e, int) for name, e in given.items() if name not in forms[0]):
                     symbolic, conditions, fills = forms
-                    c = replace(c, symbolic=tuple((n, c.at[list(given).index(n)]) for n in sorted(symbolic)),
-                                conditions=put(*(_composed(f, given) for f in conditions)),
-                                fills=tuple((t, always, tuple(zip(put(*(_composed(lo, given) for lo, _, _ in covers)),
-                                                                  put(*(_composed(combine(hi, dim, -1), given)
-                                                                        for _, hi, dim in covers)))))
+                    c = replace(c, symbolic=tuple((name, c.at[list(given).index(name)]) for name in sorted(symbolic)),
+                                conditions=n.put(*(_composed(f, given) for f in conditions)),
+                                fills=tuple((t, always, tuple(zip(n.put(*(_composed(lo, given) for lo, _, _ in covers)),
+                                                                  n.put(*(_composed(combine(hi, dim, -1), given)
+                                                                          for _, hi, dim in covers)))))
                                             for t, always, covers in fills))
                 calls.append(c)
         self.symbolic = calls
-        # the calls whose code is picked by their forms alone, for all at once (_Picks),
-        # where some size they are given changes
-        picked = [c for c in calls if c.conditions is not None and any(not isinstance(e, int) for e in c.given.values())]
+        changes = [c for c in calls if any(not isinstance(e, int) for e in c.given.values())]
+        picked = [c for c in changes if c.conditions is not None]
         self.picks = _Picks(picked) if picked else None
-        self.others = [c for c in calls if c not in picked and any(not isinstance(e, int) for e in c.given.values())]
-        # the arena, placed first-fit over numbered values (native.first_fit)
+        self.others = [c for c in changes if c.conditions is None]
+
+    def _arena(self, n: _Numbers) -> None:
+        """The arena's values numbered for native.first_fit: those defined at each event,
+        each one's last event, and the numbers of its bytes."""
         self.placed = list(self.last)
         number = {v: k for k, v in enumerate(self.placed)}
         self.bounds = np.cumsum([0] + [len(vs) for vs in self.defined], dtype=np.int64)
         self.events = np.array([number[v] for vs in self.defined for v in vs], np.int64)
         self.ends = np.array([self.last[v] for v in self.placed], np.int64)
-        self.placed_bytes = np.array([bytes_of(v) for v in self.placed], np.intp)
-        self.allocated_bytes = np.array([bytes_of(v) for v in self.allocated], np.intp)
-        # the native program's changes: the arguments that move, as rows (call, argument,
-        # base, index, offset) of which a column changes: arena offsets (the root's offset
-        # plus the value's start), inputs' and outputs' starts, constants' addresses plus
-        # starts, and kernel sizes (the address of each in one array of them)
+        self.placed_bytes = np.array([n.bytes_of(v) for v in self.placed], np.intp)
+        self.allocated_bytes = np.array([n.bytes_of(v) for v in self.allocated], np.intp)
+
+    def _moves(self, n: _Numbers) -> None:
+        """The native program's changes: the arguments that move, as rows (call, argument,
+        base, index, offset) of which a column changes (arena offsets: the root's offset
+        plus the value's start; inputs' and outputs' starts; constants' addresses plus
+        starts; kernel sizes: the address of each in one array of them), and the calls
+        whose zeroed bytes change, as rows (call, argument, bytes)."""
+        template, layout = self.template, self.layout
+        number = {v: k for k, v in enumerate(self.placed)}
         moved = [(k, j, *r) for k, (recipe, _) in enumerate(self.recipes) for j, r in enumerate(recipe or ()) if r[0]]
         arena = [(k, j, number[a], self.starts.get(b, 0)) for k, j, how, a, b, _ in moved if how == 2]
         io = [(k, j, a, b, self.starts.get(c, 0)) for k, j, how, a, b, c in moved if how == 3 and a != CONSTANT]
         fixed = [(k, j, b, self.starts.get(c, 0)) for k, j, how, a, b, c in moved if how == 3 and a == CONSTANT]
-        given = {c.call: c for c in calls}
+        given = {c.call: c for c in self.symbolic}
         self.sized = [(k, j, a, given[k].at[list(given[k].given).index(a)] if k in given and a in given[k].given else -1)
                       for k, j, how, a, _, _ in moved if how == 1]
         self.table = np.array([(k, j, ARENA, 0, 0) for k, j, _, _ in arena] + [(k, j, a, b, 0) for k, j, a, b, _ in io]
@@ -213,13 +248,10 @@ class TemplateProgram:
         self.size_offsets = 8 * np.arange(len(self.sized), dtype=np.int64)
         self.unnumbered = [(row, k, name, int(layout.constants[layout.calls[k].args[j][1]][0]))
                            for row, (k, j, name, i) in enumerate(self.sized) if i < 0]
-        # the calls whose zeroed bytes change: rows (call, argument, bytes)
-        zeroing = [(k, j, bytes_of(v)) for k, (_, zeroed) in enumerate(self.recipes)
+        zeroing = [(k, j, n.bytes_of(v)) for k, (_, zeroed) in enumerate(self.recipes)
                    if {v for _, v in zeroed} & template.types.keys() for j, v in zeroed]
         self.zeroing = np.array([(k, j, 0) for k, j, _ in zeroing], np.int64).reshape(-1, 3)
         self.zeroed_bytes = np.array([b for *_, b in zeroing], np.intp)
-        self.native = template.base.program.program
-        self.numbers = Polynomials(numbers)
 
     def _agree(self, c: _KernelCall) -> bool:
         """Whether the kernel's tensor shapes at the template's sizes for it are its
