@@ -112,6 +112,29 @@ def test_a_templated_shape_is_checked_as_the_planner_checks_it(monkeypatch):
         compiled.run(feed(2, 3, 10 ** 5))
 
 
+def test_a_templated_shape_without_compiled_code_is_instantiated(monkeypatch):
+    """Where a symbolic kernel has no code compiled for a templated shape's sizes (its
+    accesses check differently than at any size it ran at), the template program gives
+    way: the plan is instantiated and its kernels built, and the results hold."""
+    from polyfuse.runtime.kernel import Kernel
+    from polyfuse.runtime.template_program import TemplatedPlan
+
+    model = decoder_step()
+    compiled = pf.compile(model, target="host")
+    for shape in FIRST:
+        check(model, compiled, shape)
+    program = next(p for _, _, p in compiled._templates._templates if p is not None and p.symbolic)
+    if program.picks is not None:
+        program.picks.known.clear()
+    for c in program.symbolic:
+        c.codes.clear()
+    monkeypatch.setattr(Kernel, "compiled_at", lambda self, sizes, shapes: None)
+    batch, seq, past = LATER[0]
+    found = compiled._templates.find({"ids": (batch, seq), "past": (batch, past, WIDTH)}, ())
+    assert found is not None and not isinstance(found, TemplatedPlan)
+    check(model, compiled, LATER[0])
+
+
 def test_a_second_plan_probes_for_a_template(monkeypatch):
     """At the second plan of a kind (its kernels then symbolic), the model plans made-up
     shapes of the kind too (plans only: nothing compiled), enough to fit a template: the
