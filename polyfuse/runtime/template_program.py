@@ -4,24 +4,31 @@
 makes the whole plan at a new shape: its buffers' types, its steps with each kernel's
 definition bound to its sizes, the memory plan, then the program's layout from them. A
 decoding step pays that on every token (the past grows by one). What runs is only the
-layout (:class:`~polyfuse.runtime.program.ProgramLayout`): where each argument of each
-call lives, the sizes each symbolic kernel gets, the bytes to zero, the outputs'
-shapes. :class:`TemplateProgram` keeps the template's base layout and, at new sizes,
-changes only those numbers:
+native program: where each argument of each call lives, the code and sizes each
+symbolic kernel gets, the bytes to zero. :class:`TemplateProgram` keeps the template's
+base program and, at new sizes, patches only those numbers
+(:meth:`~polyfuse.runtime.native.Program.patched`). Each number that changes is a
+polynomial of the template's sizes, all evaluated at once
+(:class:`~polyfuse.runtime.generalize.Polynomials`):
 
 * **Memory**: the arena's values placed first-fit by liveness, as the planner places
-  them (:func:`~polyfuse.ir.plan.plan_memory`), the liveness computed once: only the
-  values' bytes change.
+  them (:func:`~polyfuse.ir.plan.plan_memory`; :func:`polyfuse.runtime.native.first_fit`
+  over numbered values, the liveness computed once): only the values' bytes change.
 * **Kernels**: a symbolic kernel runs code compiled before
   (:meth:`~polyfuse.runtime.kernel.Kernel.compiled_at`) where its sizes agree with its
   input buffers, its outputs have the buffers' types and its accesses check as at a size
-  it ran at. Where none is compiled (a size outside the symbolic range, accesses that
-  check differently), the call instantiates the plan instead, and compiles.
-* **Views** read inside their sources; every buffer's size is checked against the
-  tensor limit, and every expression stays in its bucket, as when instantiating.
+  it ran at; where its code is picked by affine forms of its sizes
+  (:meth:`~polyfuse.runtime.kernel.Kernel.signature_forms`), every such kernel's code is
+  picked at once from one key (:class:`_Picks`). Where none is compiled (a size outside
+  the symbolic range, accesses that check differently), the call instantiates the plan
+  instead, and compiles.
+* **Checks**: every buffer under the tensor limit with no negative dimension, every view
+  inside its source, as forms of the sizes checked at once; where one fails, the check
+  instantiating makes raises its error. Every expression stays in its bucket.
 
-The plan and kernels of the instance (what ``dump``, ``profile`` and bundles read) are
-instantiated when first read (:class:`TemplatedPlan`), with the memory plan its program runs.
+The layout's calls and memory plan are made only when read, and the plan and kernels of
+the instance (what ``dump``, ``profile`` and bundles read) are instantiated when first
+read (:class:`TemplatedPlan`), with the memory plan its program runs.
 """
 
 from __future__ import annotations
