@@ -207,8 +207,10 @@ def bert(path: Path, repeat: int, specialized: bool) -> None:
         try:
             ahead_stream.run(lambda: pf.compile(str(path), target="host", input_shapes=named), lambda m, f: m(**f),
                              lambda m: (m.plan_counts["planned"], cpu.STATS["compiled"]))
-        finally:
-            if before is not None:
+        finally:   # (the cold cache goes with this block)
+            if before is None:
+                os.environ.pop("POLYFUSE_CACHE_DIR", None)
+            else:
                 os.environ["POLYFUSE_CACHE_DIR"] = before
     fixed: dict[tuple, float | str] = {}
     if specialized:

@@ -148,11 +148,12 @@ def first_fit(defined: list[list[str]], last: Mapping[str, int], size: Mapping[s
     of ``size`` bytes) in one arena, each at the lowest offset where it fits beside
     those still live; and the arena's bytes."""
     live: list[tuple[int, int, str]] = []   # (offset, size, value), sorted
-    ending: dict[int, int] = {}             # event -> how many values live until it
+    ending: set[int] = set()                # the events some live value lives until
     offsets: dict[str, int] = {}
     arena = 0
     for k, values in enumerate(defined):
-        if ending.pop(k - 1, 0):
+        if k - 1 in ending:
+            ending.discard(k - 1)
             live = [blk for blk in live if last[blk[2]] >= k]
         for v in values:
             offset, n = 0, size[v]
@@ -162,8 +163,7 @@ def first_fit(defined: list[list[str]], last: Mapping[str, int], size: Mapping[s
                 offset = max(offset, start + length)
             offsets[v] = offset
             bisect.insort(live, (offset, n, v))
-            end = max(last[v], k)
-            ending[end] = ending.get(end, 0) + 1
+            ending.add(max(last[v], k))
             arena = max(arena, offset + n)
     return offsets, arena
 

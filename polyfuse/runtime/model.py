@@ -277,7 +277,6 @@ class CompiledModel:
         A size of 1 is a kind of its own (a batch of one): each name is then planned at
         1 the same way, the others moving, where the model takes it (a size of 0 is
         planned when a call brings it)."""
-        assert self._generalizer is not None and self._templates is not None
         names = list(dict.fromkeys(d for s in named.values() for d in s if isinstance(d, str)))
         try:
             self._ahead(named, None)

@@ -450,8 +450,12 @@ class TemplateProgram:
         none compiled for them."""
         runs: dict[int, Any] = {}
         picks = self.picks
-        key = picks.key(numbers) if picks is not None else None
+        ok, need = picks.state(numbers) if picks is not None else (None, None)
+        key = need.tobytes() if ok is not None and need is not None and ok.all() else None
         known = picks.known.get(key) if picks is not None and key is not None else None
+        # each picked call's outputs needing zeros, where its conditions hold
+        zeroed_of = {} if known is not None or picks is None or ok is None or need is None else \
+            {c.call: picks.zeroed(i, need) for i, c in enumerate(picks.calls) if ok[i]}
         x: list[int] = []
         shapes: dict[str, tuple[int, ...]] = {}
         for c in self.others if known is not None else self._picked + self.others:
@@ -463,15 +467,11 @@ class TemplateProgram:
             if not shapes:
                 shapes = self._shapes(x)
             outputs = tuple(shapes[n] for n in c.step.defines)
-            if c.conditions is not None and all(x[k] >= 0 for k in c.conditions) \
-                    and all(1 <= x[k] <= SYMBOLIC_MAX for _, k in c.symbolic):
-                zeroed = _zeroed(c, x)
-                code = c.codes.get(zeroed)
-                if code is not None:
-                    runs[c.call] = _Hit(code, c, code.jit.address)
-                    continue
-            else:
-                zeroed = None
+            zeroed = zeroed_of.get(c.call)
+            code = None if zeroed is None else c.codes.get(zeroed)
+            if code is not None:
+                runs[c.call] = _Hit(code, c, code.jit.address)
+                continue
             if not c.proven:   # the kernel's sizes bound to its buffers
                 d = c.kernel.definition
                 bound = sizes_of_shapes(d, [shapes[n] for n in c.step.inputs])
@@ -489,48 +489,58 @@ class TemplateProgram:
                 c.codes[zeroed] = run.executable
             runs[c.call] = run
         if known is None and key is not None and picks is not None:
-            picks.remember(key, x or numbers.tolist())
+            picks.remember(key, zeroed_of)
         return known, runs
-
-
-def _zeroed(c: _KernelCall, x: list[int]) -> tuple[str, ...]:
-    """The outputs of a call picked by its forms that need zeros (``x``: the numbers)."""
-    return tuple(t for t, always, covers in c.fills
-                 if always or not all(x[lo] <= 0 and x[gap] >= 0 for lo, gap in covers))
 
 
 class _Picks:
     """The kernel calls whose code is picked by their forms (``_KernelCall.conditions``),
-    picked for all at once: where every call's conditions hold, the code of each is a
-    function of which outputs need zeros, all of them one boolean per output (``key``),
-    so the codes are remembered per key once each call's was found."""
+    picked for all at once: where a call's conditions hold, its code is a function of
+    which of its outputs need zeros; where every call's hold, all of them are one
+    boolean per output (``key``), and the codes are remembered per key once each call's
+    was found."""
 
     def __init__(self, calls: list[_KernelCall]) -> None:
         self.calls = calls
         self.conditions = np.array([k for c in calls for k in c.conditions or ()], np.intp)
         self.sizes = np.array([k for c in calls for _, k in c.symbolic], np.intp)
+        self.condition_ends = np.cumsum([len(c.conditions or ()) for c in calls], dtype=np.intp)
+        self.size_ends = np.cumsum([len(c.symbolic) for c in calls], dtype=np.intp)
         fills = [f for c in calls for f in c.fills]
+        self.fill_ends = np.cumsum([len(c.fills) for c in calls], dtype=np.intp)
         self.always = np.array([always for _, always, _ in fills], bool)
         self.lo = np.array([lo for _, _, covers in fills for lo, _ in covers], np.intp)
         self.gap = np.array([gap for _, _, covers in fills for _, gap in covers], np.intp)
-        self.ends = np.cumsum([len(covers) for _, _, covers in fills], dtype=np.intp)
-        self.begins = self.ends - np.array([len(covers) for _, _, covers in fills], np.intp)
+        self.cover_ends = np.cumsum([len(covers) for _, _, covers in fills], dtype=np.intp)
         self.known: dict[bytes, _Known] = {}   # key -> each call's code
 
-    def key(self, x: np.ndarray) -> bytes | None:
-        """Which outputs need zeros at the numbers ``x``, or None where a condition fails."""
+    def state(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """At the numbers ``x``: whether each call's conditions hold (its symbolic sizes
+        in range), and whether each output needs zeros (one per call's fill, in order)."""
         sizes = x[self.sizes]
-        if not ((x[self.conditions] >= 0).all() and (sizes >= 1).all() and (sizes <= SYMBOLIC_MAX).all()):
-            return None
-        bad = np.concatenate(([0], np.cumsum((x[self.lo] > 0) | (x[self.gap] < 0))))
-        return (self.always | (bad[self.ends] > bad[self.begins])).tobytes()  # type: ignore[no-any-return]
+        ok = ~(_any_in(x[self.conditions] < 0, self.condition_ends)
+               | _any_in((sizes < 1) | (sizes > SYMBOLIC_MAX), self.size_ends))
+        need = self.always | _any_in((x[self.lo] > 0) | (x[self.gap] < 0), self.cover_ends)
+        return ok, need
 
-    def remember(self, key: bytes, x: list[int]) -> None:
-        """Keep the codes at ``key`` where every call's has been found."""
-        codes = [c.codes.get(_zeroed(c, x)) for c in self.calls]
+    def zeroed(self, i: int, need: np.ndarray) -> tuple[str, ...]:
+        """The outputs of call ``i`` that need zeros (``need``: :meth:`state`'s)."""
+        first = int(self.fill_ends[i - 1]) if i else 0
+        return tuple(t for (t, _, _), n in zip(self.calls[i].fills, need[first:self.fill_ends[i]].tolist()) if n)
+
+    def remember(self, key: bytes, zeroed: Mapping[int, tuple[str, ...]]) -> None:
+        """Keep the codes at ``key`` (each call's outputs needing zeros ``zeroed``, by
+        call) where every call's has been found."""
+        codes = [c.codes.get(zeroed[c.call]) for c in self.calls]
         if all(code is not None for code in codes):
             self.known[key] = _Known(codes, np.array([(c.call, code.jit.address) for c, code in zip(self.calls, codes)
                                                       if code is not None], np.int64).reshape(-1, 2))
+
+
+def _any_in(flags: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether any of ``flags`` is set in each consecutive run ending at ``ends``."""
+    counts = np.concatenate(([0], np.cumsum(flags)))
+    return counts[ends] > counts[np.concatenate(([0], ends[:-1])).astype(np.intp)]  # type: ignore[no-any-return]
 
 
 class _Known(NamedTuple):
