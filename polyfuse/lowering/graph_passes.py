@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from polyfuse.ir.graph import Constant, Graph, Node, consumers, sole_use, verify_graph
+from polyfuse.ir.graph import Constant, Graph, Node, Value, consumers, sole_use, verify_graph
 from polyfuse.ir.passes import PassManager as IRPassManager
 from polyfuse.lowering.bfloat16 import use_bfloat16_products
 from polyfuse.lowering.fusion import partition_fusion_groups
@@ -128,6 +128,36 @@ def fold_batch_norms(g: Graph) -> Graph:
     return eliminate_dead_nodes(replace(g, nodes=nodes, constants=tuple(constants.values())))
 
 
+def scale_batch_norms(g: Graph) -> Graph:
+    """An inference BatchNormalization that no Conv or Gemm took in
+    (:func:`fold_batch_norms`: one after a concatenation, a pooling, an activation)
+    becomes ``Mul`` and ``Add`` by per-channel constants, ``y = x * s + t``, the scale
+    and shift computed once here (in float64) instead of a square root and a division
+    per element in the kernel; the ``Mul`` and ``Add`` then fuse with their neighbours
+    like any elementwise op. Float32 and float64 inputs of known rank >= 2."""
+    constants = {c.name: c for c in g.constants}
+    types = list(g.types)
+    nodes: list[Node] = []
+    for n in g.nodes:
+        x = g.type_of(n.inputs[0]) if n.op == "BatchNormalization" and n.inputs else None
+        folded = _batch_norm_scale(g, n) if x is not None and x.rank >= 2 \
+            and x.dtype.numpy in (np.float32, np.float64) else None
+        if folded is None or x is None or (isinstance(x.shape[1], int) and x.shape[1] != len(folded[0])):
+            nodes.append(n)
+            continue
+        broadcast = (-1,) + (1,) * (x.rank - 2)   # (C, 1, ...): channels on axis 1
+        scale, shift, scaled = f"{n.name}.scale", f"{n.name}.shift", f"{n.name}.scaled"
+        constants[scale] = Constant(scale, folded[0].astype(x.dtype.numpy).reshape(broadcast))
+        constants[shift] = Constant(shift, folded[1].astype(x.dtype.numpy).reshape(broadcast))
+        types.append(Value(scaled, x))
+        nodes += [Node("Mul", f"{n.name}.mul", (n.inputs[0], scale), (scaled,)),
+                  Node("Add", f"{n.name}.add", (scaled, shift), n.outputs[:1])]
+    if len(nodes) == len(g.nodes):
+        return g
+    return eliminate_dead_nodes(replace(g, nodes=tuple(nodes), constants=tuple(constants.values()),
+                                        types=tuple(types)))
+
+
 def _permutation(perm: object) -> bool:
     """Whether a perm attribute is a permutation of 0..n-1 (what the rewrites assume; the
     op's lowering reports any other)."""
@@ -173,7 +203,7 @@ def simplify_movement(g: Graph) -> Graph:
 
 DEFAULT_PASSES: tuple[GraphPass, ...] = (
     eliminate_dead_nodes, eliminate_common_subexpressions, fuse_integer_ops, eliminate_dead_nodes,
-    fold_batch_norms, convert_layout, simplify_movement,
+    fold_batch_norms, scale_batch_norms, convert_layout, simplify_movement,
     eliminate_dead_nodes, partition_fusion_groups)
 
 

@@ -22,6 +22,13 @@ sizes and the rest stay constants:
   made from them. A text is anti-unified only with a text of another plan (the
   nearest one: fewest integers differing), so two kernels of one plan that differ in
   a constant (a 768- and a 3072-wide projection) keep kernels of their own.
+* Within one plan, :meth:`Generalizer.alike` makes one template of the texts that
+  share a skeleton where there are :data:`ALIKE_IN_PLAN` or more of them and they
+  reduce over nothing (elementwise chains, copies: a DenseNet normalizes 62
+  concatenations of different widths): one compile instead of one per text. A
+  contraction keeps its sizes: they decide its tiles, register blocks and packing,
+  which a kernel for any size chooses for less well (a DenseNet's 1x1 convolutions
+  over symbolic widths ran 1.3-1.5x slower).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from polyfuse.ir.comprehension import Definition, SizeVar, walk
 _NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])")
 
 TEXTS_PER_SKELETON = 8   # earlier texts a Generalizer keeps per skeleton (the latest)
+ALIKE_IN_PLAN = 3        # texts of one plan and skeleton that share one kernel (see Generalizer.alike)
 
 
 @dataclass(frozen=True)
@@ -402,6 +410,37 @@ class Generalizer:
             assert sizes is not None, "a template matches the texts it was made from"
             self._templates.setdefault(text.parts, []).append(template)
             return Generalized(template, sizes) if min(sizes.values()) >= 1 else None
+
+    def alike(self, sources: Iterable[str]) -> None:
+        """Templates for the texts of one plan that differ only in sizes, where
+        :data:`ALIKE_IN_PLAN` or more of them (not matched by a template already) share
+        a skeleton and reduce over nothing (see the module docstring): ``find`` then
+        gives each of them the template, so they share one kernel compiled for symbolic
+        sizes instead of one compile each."""
+        groups: dict[tuple[str, ...], list[Text]] = {}
+        for source in sources:
+            text = Text.of(source)
+            group = groups.setdefault(text.parts, [])
+            if text not in group:
+                group.append(text)
+        for parts, texts in groups.items():
+            with self._lock:
+                known = self._templates.get(parts, ())
+                texts = [t for t in texts if not any(k.match(t) is not None for k in known)]
+            if len(texts) < ALIKE_IN_PLAN:
+                continue
+            template = generalize(texts)
+            if template is None or any(template.match(t) is None for t in texts):
+                continue
+            try:
+                definition = self._definition(template.source, template.names)
+            except FrontendError:
+                continue
+            if any(st.reduction_indices for st in definition.statements):
+                continue
+            with self._lock:
+                self._definitions[template.source] = definition
+                self._templates.setdefault(parts, []).append(template)
 
     def remember(self, sources: Iterable[str], labels: Iterable[str] | None = None) -> None:
         """The kernel texts of a plan compiled (what later plans' texts are compared with),

@@ -98,6 +98,8 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     # the texts generalized: the definitions as the lowering left them, printed
     texts = {indices[0]: str(steps[indices[0]].definition) for indices in groups.values()} \
         if generalizer is not None else {}
+    if generalizer is not None:
+        generalizer.alike(texts.values())
 
     def compile_group(group: tuple[tuple, list[int]]) -> None:
         (_, _, discarded), indices = group

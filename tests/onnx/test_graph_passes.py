@@ -8,7 +8,7 @@ from polyfuse.frontends.onnx import to_graph
 from polyfuse.ir.graph import verify_graph
 from polyfuse.lowering.fusion import describe_groups, partition_fusion_groups
 from polyfuse.lowering.graph_passes import (DEFAULT_PASSES, PassManager, eliminate_common_subexpressions,
-                                            eliminate_dead_nodes, fold_batch_norms, simplify_movement)
+                                            eliminate_dead_nodes, fold_batch_norms, scale_batch_norms, simplify_movement)
 from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
 from tests.onnx.ort_compare import assert_matches_onnxruntime
@@ -132,6 +132,34 @@ def test_batch_norm_stays_when_the_conv_output_has_another_reader():
     g = to_graph(_model(nodes, {"x": [1, 2, 3, 3]}, {"y": [1, 4, 3, 3]},
                         {"W": RNG.standard_normal((4, 2, 1, 1)).astype(np.float32)} | params))
     assert fold_batch_norms(g) == g
+
+
+@pytest.mark.unit
+def test_batch_norm_no_conv_takes_becomes_a_scale_and_shift():
+    # after a concatenation and after a ReLU: no Conv before either to fold into
+    bn1, p1 = _bn("bn1", "cat", "n1", 6)
+    bn2, p2 = _bn("bn2", "r", "y", 6)
+    nodes = [helper.make_node("Concat", ["x", "z"], ["cat"], name="cat", axis=1), bn1,
+             helper.make_node("Relu", ["n1"], ["r"], name="relu"), bn2]
+    g = to_graph(_model(nodes, {"x": [2, 4, 3, 5], "z": [2, 2, 3, 5]}, {"y": [2, 6, 3, 5]}, p1 | p2))
+    after = scale_batch_norms(fold_batch_norms(g))
+    assert "BatchNormalization" not in str(after)
+    assert "%bn1.scaled = Mul(%cat, %bn1.scale)" in str(after) and "%n1 = Add(%bn1.scaled, %bn1.shift)" in str(after)
+    assert after.constant("bn1.scale").array.shape == (6, 1, 1)
+    feeds = {"x": RNG.standard_normal((2, 4, 3, 5)).astype(np.float32),
+             "z": RNG.standard_normal((2, 2, 3, 5)).astype(np.float32)}
+    _same_numbers(g, after, feeds)
+    assert_matches_onnxruntime(_model(nodes, {"x": [2, 4, 3, 5], "z": [2, 2, 3, 5]}, {"y": [2, 6, 3, 5]},
+                                      p1 | p2), feeds, rtol=1e-4, atol=1e-5, target="reference")
+
+
+@pytest.mark.unit
+def test_batch_norm_with_fed_statistics_stays():
+    bn, params = _bn("bn", "x", "y", 3)
+    fed = helper.make_node("BatchNormalization", ["x", "bn_scale", "bn_bias", "m", "bn_var"], ["y"], name="bn")
+    g = to_graph(_model([fed], {"x": [1, 3, 2, 2], "m": [3]}, {"y": [1, 3, 2, 2]},
+                        {k: v for k, v in params.items() if k != "bn_mean"}))
+    assert scale_batch_norms(g) == g
 
 
 @pytest.mark.unit

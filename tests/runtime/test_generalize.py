@@ -158,3 +158,22 @@ def test_a_step_whose_text_never_changed_keeps_it_over_another_step_s():
     g.remember([dense(5, 3072)], ["c_fc"])   # where the step's own text changes, it generalizes
     own = g.find(dense(9, 3072), "c_fc")
     assert own is not None and own.sizes == {"S0": 9} and "float32(768, 3072) B" in own.template.source
+
+
+def scale(rows: int, cols: int) -> str:
+    return (f"def k(float32({rows}, {cols}) X, float32({cols}) s) -> (float32({rows}, {cols}) Y) {{\n"
+            f"  Y(i, j) = max(X(i, j) * s(j), 0.0) where i in 0:{rows}, j in 0:{cols}\n}}")
+
+
+def test_texts_of_one_plan_alike_in_all_but_sizes_share_a_template_without_reductions():
+    g = Generalizer(parse_definition)
+    g.alike([scale(4, 8), scale(9, 8)])            # two: each keeps its own kernel
+    assert g.find(scale(4, 8)) is None
+    plan = [scale(4, 8), scale(9, 8), scale(3, 16), scale(9, 8)]
+    g.alike(plan)
+    found = [g.find(t) for t in plan]
+    assert all(f is not None for f in found) and len({f.template for f in found}) == 1
+    assert [f.sizes for f in found[:3]] == [{"S0": 4, "S1": 8}, {"S0": 9, "S1": 8}, {"S0": 3, "S1": 16}]
+    assert "float32(S0, S1) X, float32(S1) s" in found[0].template.source
+    g.alike([dense(7, 768), dense(33, 768), dense(50, 768)])   # contractions: sizes decide their tiles
+    assert g.find(dense(7, 768)) is None

@@ -78,3 +78,29 @@ def test_sizes_specialized_compiles_each_shape(monkeypatch):
 def test_sizes_is_checked():
     with pytest.raises(pf.errors.ArgumentError, match="sizes must be one of"):
         pf.compile(attention_block(), target="host", sizes="dynamic")
+
+
+def test_elementwise_kernels_of_one_plan_that_differ_in_sizes_share_one_kernel(monkeypatch):
+    """Issue 38: three normalize-and-ReLU chains over maps of different sizes (a DenseNet's
+    over ever wider concatenations) compile one kernel for symbolic sizes, not three;
+    a contraction of the same plan keeps a kernel of its own sizes."""
+    monkeypatch.setenv("POLYFUSE_CACHE_DIR", "")
+    shapes = {"a": (2, 3, 5, 7), "b": (2, 3, 9, 4), "c": (2, 3, 6, 11)}
+    init = {f"s{n}": RNG.uniform(0.5, 1.5, (3, 1, 1)).astype(np.float32) for n in shapes}
+    init |= {f"t{n}": RNG.standard_normal((3, 1, 1)).astype(np.float32) for n in shapes}
+    init["W"] = RNG.standard_normal((11, 5)).astype(np.float32)
+    nodes = [n for k in shapes for n in (node("Mul", [k, f"s{k}"], [f"m{k}"]), node("Add", [f"m{k}", f"t{k}"], [f"n{k}"]),
+                                         node("Relu", [f"n{k}"], [f"y{k}"]))]
+    nodes.append(node("MatMul", ["yc", "W"], ["p"]))
+    outputs = {f"y{k}": (TensorProto.FLOAT, s) for k, s in shapes.items()} | {"p": (TensorProto.FLOAT, (2, 3, 6, 5))}
+    model = make_model(nodes, {k: (TensorProto.FLOAT, s) for k, s in shapes.items()}, outputs, init)
+    compiled = pf.compile(model, target="host")
+    feed = {k: RNG.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    got = compiled.run(feed)
+    for name, want in zip(outputs, onnxruntime_outputs(model, feed)):
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    plan = compiled.plan_for()
+    chains = [g for st, g in zip(plan.plan.kernels, plan.generic) if "MatMul" not in st.label]
+    assert len(chains) == 3 and all(g is not None for g in chains)
+    assert len({id(g.kernel) for g in chains}) == 1   # one kernel for the three
+    assert all(g is None for st, g in zip(plan.plan.kernels, plan.generic) if "MatMul" in st.label)
