@@ -22,8 +22,8 @@ sizes and the rest stay constants:
   made from them. A text is anti-unified only with a text of another plan (the
   nearest one: fewest integers differing), so two kernels of one plan that differ in
   a constant (a 768- and a 3072-wide projection) keep kernels of their own.
-* Within one plan, :meth:`Generalizer.alike` makes one template of the texts that
-  share a skeleton where there are :data:`ALIKE_IN_PLAN` or more of them and they
+* Within a model's first plan, :meth:`Generalizer.alike` makes one template of the
+  texts that share a skeleton where there are :data:`ALIKE_IN_PLAN` or more of them and they
   reduce over nothing (elementwise chains, copies: a DenseNet normalizes 62
   concatenations of different widths): one compile instead of one per text. A
   contraction keeps its sizes: they decide its tiles, register blocks and packing,
@@ -412,11 +412,17 @@ class Generalizer:
             return Generalized(template, sizes) if min(sizes.values()) >= 1 else None
 
     def alike(self, sources: Iterable[str]) -> None:
-        """Templates for the texts of one plan that differ only in sizes, where
-        :data:`ALIKE_IN_PLAN` or more of them (not matched by a template already) share
-        a skeleton and reduce over nothing (see the module docstring): ``find`` then
-        gives each of them the template, so they share one kernel compiled for symbolic
-        sizes instead of one compile each."""
+        """Templates for the texts of a model's first plan that differ only in sizes,
+        where :data:`ALIKE_IN_PLAN` or more of them share a skeleton and reduce over
+        nothing (see the module docstring): ``find`` then gives each of them the
+        template, so they share one kernel compiled for symbolic sizes instead of one
+        compile each. Only before any text is remembered: a template of one plan's texts
+        keeps what they share (a sequence length) constant, where later plans' texts
+        (or the probes of a compile ahead) change it, and would stand in the way of the
+        templates made across plans."""
+        with self._lock:
+            if self._texts:   # plans seen, or probes of shapes to come: sizes change across plans
+                return
         groups: dict[tuple[str, ...], list[Text]] = {}
         for source in sources:
             text = Text.of(source)
@@ -424,9 +430,6 @@ class Generalizer:
             if text not in group:
                 group.append(text)
         for parts, texts in groups.items():
-            with self._lock:
-                known = self._templates.get(parts, ())
-                texts = [t for t in texts if not any(k.match(t) is not None for k in known)]
             if len(texts) < ALIKE_IN_PLAN:
                 continue
             template = generalize(texts)

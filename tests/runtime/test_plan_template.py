@@ -235,6 +235,53 @@ def test_named_input_shapes_compile_ahead_of_the_first_call():
     assert compiled.plan_counts["planned"] == 5
 
 
+def embeddings():
+    """Three embedding tables looked up as BERT's are (words and token types by (batch,
+    seq) ids, positions by a Range of seq): one plan's three gathers differ only in
+    sizes, which the seq the plans change is not among."""
+    init = {"E": RNG.standard_normal((VOCAB, WIDTH)).astype(np.float32),
+            "T": RNG.standard_normal((2, WIDTH)).astype(np.float32),
+            "P": RNG.standard_normal((POSITIONS, WIDTH)).astype(np.float32),
+            "zero": np.array(0, np.int64), "one": np.array(1, np.int64), "i1": np.array(1, np.int64),
+            "axis0": np.array([0], np.int64)}
+    nodes = [node("Shape", ["ids"], ["shape"]), node("Gather", ["shape", "i1"], ["seq"], axis=0),
+             node("Range", ["zero", "seq", "one"], ["positions"]),
+             node("Unsqueeze", ["positions", "axis0"], ["rows"]),
+             node("Gather", ["E", "ids"], ["tok"], axis=0), node("Gather", ["T", "types"], ["typ"], axis=0),
+             node("Gather", ["P", "rows"], ["pos"], axis=0), node("Add", ["tok", "typ"], ["both"]),
+             node("Add", ["both", "pos"], ["z"])]
+    return make_model(nodes, {"ids": (TensorProto.INT64, ["batch", "seq"]),
+                              "types": (TensorProto.INT64, ["batch", "seq"])},
+                      {"z": (TensorProto.FLOAT, ["batch", "seq", WIDTH])}, init)
+
+
+def test_compiling_ahead_keeps_one_plan_s_alike_texts_to_the_templates_across_plans():
+    """Kernels of one plan that differ only in sizes share a kernel for symbolic sizes
+    (Generalizer.alike) in a model's first plan only: compiled ahead, the three gathers
+    must generalize over the sizes the plans change (seq), or no plan template is made
+    and every later shape is planned and compiles a kernel (as it once did)."""
+    from polyfuse.runtime import cpu
+
+    def built():
+        return cpu.STATS["compiled"] + cpu.STATS["disk"] + cpu.STATS["memory"]
+    model = embeddings()
+    names = {"ids": ("batch", "seq"), "types": ("batch", "seq")}
+    compiled = pf.compile(model, target="host", input_shapes=names)
+    planned, before = compiled.plan_counts["planned"], built()
+    for batch, seq in [(2, 5), (3, 11), (2, 30), (4, 7)]:
+        f = {"ids": RNG.integers(0, VOCAB, (batch, seq)).astype(np.int64),
+             "types": RNG.integers(0, 2, (batch, seq)).astype(np.int64)}
+        np.testing.assert_allclose(compiled.run(f)["z"], onnxruntime_outputs(model, f)[0], rtol=1e-6)
+    assert compiled.plan_counts["planned"] == planned and built() == before
+    first = pf.compile(model, target="host")   # at the first call, the three share one kernel
+    f = {"ids": RNG.integers(0, VOCAB, (3, 9)).astype(np.int64), "types": RNG.integers(0, 2, (3, 9)).astype(np.int64)}
+    np.testing.assert_allclose(first.run(f)["z"], onnxruntime_outputs(model, f)[0], rtol=1e-6)
+    plan = first.plan_for()
+    gathers = [g for st, g in zip(plan.plan.kernels, plan.generic or [None] * len(plan.plan.kernels))
+               if st.definition.statements[0].rhs is not None and "Gather" in st.label]
+    assert len(gathers) == 3 and len({id(g.kernel) for g in gathers if g is not None}) == 1
+
+
 def test_named_input_shapes_need_symbolic_sizes():
     with pytest.raises(pf.errors.ShapeError, match="symbolic"):
         pf.compile(decoder_step(), target="host", sizes="specialized", input_shapes={"ids": ("batch", "seq")})
