@@ -132,11 +132,13 @@ OTHER_DOMAIN_OPS = {("ai.onnx.preview", "FlexAttention")}
 def to_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
              supported: set[str] | None = None) -> Graph:
     """The graph IR of an ONNX model; ops outside ``supported`` are all reported at once."""
-    proto = checked(load_model(model))
+    loaded = load_model(model)
+    light = _without_weights(loaded)   # (read once: each read of raw_data copies the weights)
+    proto = checked(loaded, light)
     g = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     unsupported: dict[str, list[str]] = {}
-    inferred = _inferred(proto)
+    inferred = _inferred(proto, light if proto is loaded else _without_weights(proto))
     # the nodes as inferred: subgraphs' inputs and outputs then have element types
     nodes, constants = _import_nodes(g if inferred is None else inferred.graph, opset, supported,
                                      unsupported, initializers=g.initializer)
@@ -299,15 +301,16 @@ _REPAIRS = {"Field 'name' of 'graph' is required to be non-empty": _name_graph,
             "Field 'elem_type' of 'tensor_type' is required but missing": _type_outputs}
 
 
-def checked(proto: onnx.ModelProto) -> onnx.ModelProto:
+def checked(proto: onnx.ModelProto, light: onnx.ModelProto | None = None) -> onnx.ModelProto:
     """``proto`` if onnx's checker passes it, else a repaired copy (with one
     :class:`ModelWarning` listing what polyfuse assumed) when every complaint is one that
-    onnxruntime overlooks; a model with any other complaint is a ModelError."""
+    onnxruntime overlooks; a model with any other complaint is a ModelError. ``light``:
+    ``_without_weights(proto)``, where the caller has it."""
     assumed: list[str] = []
     copy = proto
     for _ in range(len(_REPAIRS) + 1):
         try:
-            onnx.checker.check_model(_without_weights(copy))
+            onnx.checker.check_model(light if copy is proto and light is not None else _without_weights(copy))
             break
         except onnx.checker.ValidationError as err:
             complaint = str(err).splitlines()[0]
@@ -327,12 +330,13 @@ def checked(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _inferred(proto: onnx.ModelProto) -> onnx.ModelProto | None:
-    """The model after onnx's shape inference, or None where it fails."""
+def _inferred(proto: onnx.ModelProto, light: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The model after onnx's shape inference (of ``light``, ``proto`` without its large
+    weights), or None where it fails."""
     if any(_crashes_inference(n) for n in proto.graph.node):
         return None
     try:
-        return onnx.shape_inference.infer_shapes(_without_negative_dims(_without_weights(proto)),
+        return onnx.shape_inference.infer_shapes(_without_negative_dims(light),
                                                  strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - onnx raises many kinds; the types are optional
         return None

@@ -9,8 +9,11 @@ respect outputs, so each such value is computed and returned as the model define
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from polyfuse.errors import ArgumentError
@@ -21,10 +24,30 @@ from polyfuse.ir.profile import BINS, Profile
 @dataclass(frozen=True)
 class ModelSource:
     """What a model was compiled from: the front end's graph (before the graph passes)
-    and the sha256 of the model's ONNX bytes."""
+    and the sha256 of the model's ONNX bytes (:func:`hashed_beside`: hashed while the
+    front end reads the model, the bytes then let go)."""
 
     graph: Graph
-    digest: str
+    hashed: Future[str] = field(repr=False)
+
+    @property
+    def digest(self) -> str:
+        return self.hashed.result()
+
+
+def hashed_beside(data: bytes) -> Future[str]:
+    """The sha256 of ``data``, computed on a thread of its own (hashlib lets other
+    threads run while it hashes a large buffer: 0.2 s for a 435 MB BERT-base, which the
+    front end's work then hides)."""
+    done: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(hashlib.sha256(data).hexdigest())
+        except BaseException as err:  # noqa: BLE001 - handed to whoever asks for the digest
+            done.set_exception(err)
+    threading.Thread(target=run, name="polyfuse-model-digest", daemon=True).start()
+    return done
 
 
 def observed(graph: Graph) -> Graph:
