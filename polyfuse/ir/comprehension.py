@@ -276,7 +276,7 @@ class ScalarDecl:
     loc: Loc = _loc()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Definition:
     name: str
     params: tuple[TensorDecl | ScalarDecl, ...]

@@ -9,7 +9,9 @@ lambda k: unroll_and_jam(k, 4))``). Subclasses say which level they serve (``lev
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Generic, TypeVar
@@ -32,6 +34,13 @@ class Pass(Generic[IR]):
 
 def pass_name(p: Callable[[IR], IR]) -> str:
     return p.name if isinstance(p, Pass) else p.__name__
+
+
+# IR objects (immutable) a manager's check passed, by (manager class, id): a pass that
+# returns its input unchanged (inline_scalars on a definition with no scalars: every
+# kernel of a DenseNet) leaves nothing new to check, where the input was checked before
+_VERIFIED: weakref.WeakValueDictionary[tuple[type, int], object] = weakref.WeakValueDictionary()
+_VERIFIED_LOCK = threading.Lock()
 
 
 @dataclass
@@ -61,7 +70,7 @@ class PassManager(Generic[IR]):
             try:
                 ir = p(ir)
                 if self.verify:
-                    self.check(ir)
+                    self._verified(ir)
             except PolyfuseError as err:
                 label = getattr(ir, "name", "?")
                 raise type(err)(f"in {self.level} pass '{name}' on {self.unit} '{label}': {err}") from None
@@ -69,6 +78,20 @@ class PassManager(Generic[IR]):
             if self.keep:
                 self.kept.append((name, ir))
         return ir
+
+    def _verified(self, ir: IR) -> None:
+        """``check(ir)``, unless this kind of manager checked this very object before
+        (IR is immutable: it holds still)."""
+        key = (type(self), id(ir))
+        with _VERIFIED_LOCK:
+            if _VERIFIED.get(key) is ir:
+                return
+        self.check(ir)
+        try:
+            with _VERIFIED_LOCK:
+                _VERIFIED[key] = ir
+        except TypeError:   # (an IR object that takes no weak reference: checked each time)
+            pass
 
     @property
     def dumps(self) -> list[tuple[str, str]]:
