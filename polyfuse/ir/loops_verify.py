@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from polyfuse.errors import IRVerificationError
 from polyfuse.ir.comprehension import Expr, IndexVar, LocalRef, Read, ScalarRef, walk
-from polyfuse.ir.loops import Assign, BufferRole, For, If, LoopKernel, LoopKind, Stmt, Store, TileProduct, numbers
+from polyfuse.ir.loops import Assign, BufferRole, For, If, LoopKernel, Stmt, Store, TileProduct, numbers
 
 
 def verify_kernel(k: LoopKernel) -> None:
@@ -46,29 +46,27 @@ def verify_kernel(k: LoopKernel) -> None:
             elif isinstance(n, ScalarRef) and n.name not in scalars:
                 raise fail(f"unknown scalar '{n.name}'")
 
-    def check(body: tuple[Stmt, ...], loops: set[str], locals_: set[str], parallel: bool) -> None:
+    def check(body: tuple[Stmt, ...], loops: set[str], locals_: set[str]) -> None:
         for s in body:
             if isinstance(s, For):
                 if s.var in loops:
                     raise fail(f"loop variable '{s.var}' is reused by a nested loop")
                 if s.step < 1 or s.vector < 1 or s.unroll < 1:
                     raise fail(f"loop '{s.var}' has step {s.step}, vector {s.vector}, unroll {s.unroll}")
-                if parallel and s.kind is LoopKind.PARALLEL:
-                    raise fail(f"parallel loop '{s.var}' is nested in another parallel loop")
                 check_expr(s.lo, loops, locals_)
                 check_expr(s.hi, loops, locals_)
-                check(s.body, loops | {s.var}, locals_, parallel or s.kind is LoopKind.PARALLEL)
+                check(s.body, loops | {s.var}, locals_)
             elif isinstance(s, If):
                 check_expr(s.cond, loops, locals_)
-                check(s.then, loops, set(locals_), parallel)
-                check(s.other, loops, set(locals_), parallel)
+                check(s.then, loops, set(locals_))
+                check(s.other, loops, set(locals_))
             elif isinstance(s, Assign):
                 check_expr(s.value, loops, locals_)
                 locals_.add(s.var)
             elif isinstance(s, TileProduct):
                 for operand in s.operands:
                     check_expr(operand, loops, locals_)
-                check(s.nest, loops, set(locals_), parallel)
+                check(s.nest, loops, set(locals_))
             elif isinstance(s, Store):
                 b = buffers.get(s.buffer)
                 if b is None or b.role is BufferRole.IN:
@@ -78,4 +76,4 @@ def verify_kernel(k: LoopKernel) -> None:
                 for e in (*s.indices, s.value):
                     check_expr(e, loops, locals_)
 
-    check(k.body, set(), set(), False)
+    check(k.body, set(), set())

@@ -129,7 +129,14 @@ class _Lowering:
                 present = [f"c{d}" for d in mark.split(":")[1].split(",") if f"c{d}" in loops]
                 if not present or _work(tuple(body)) < PARALLEL_MIN_WORK:
                     return body  # waking the thread pool costs more than it saves
-                return list(_parallelize(tuple(body), present[0]))
+                out = _parallelize(tuple(body), present[0])
+                if len(present) > 1 and _symbolic_trips(out, present[0]):
+                    # a symbolic extent may be 1 (a batch of one): the next member is
+                    # parallel too; the pool runs a region inside another's iterations
+                    # in place, and a region of one iteration in place with nothing
+                    # around it, so the threads split whichever has the iterations
+                    out = _parallelize(out, present[1])
+                return list(out)
             kind = _GPU_MARKS.get(mark.split(":")[0])
             if kind is not None:
                 dims = {f"c{d}" for d in mark.split(":")[1].split(",")}
@@ -216,6 +223,12 @@ def _trips(loop: For) -> int:
     if hi is None:
         return 1 << 20  # unknown: assume big
     return max(0, (hi - (lo or 0) + loop.step - 1) // loop.step)
+
+
+def _symbolic_trips(body: tuple[Stmt, ...], var: str) -> bool:
+    """Whether the first loop over ``var`` in ``body`` has trips no constant bounds."""
+    loop = next((s for s in walk_stmts(body) if isinstance(s, For) and s.var == var), None)
+    return loop is not None and _trips(loop) == 1 << 20
 
 
 def _parallelize(body: tuple[Stmt, ...], var: str) -> tuple[Stmt, ...]:

@@ -251,3 +251,29 @@ def test_the_last_partial_tile_makes_no_block_as_wide_as_a_whole_tile():
     partial = [line for line in loops.splitlines() if "c3_o in" in line]
     assert partial and all(f"min({tile - 1}," not in line and f"min({tile - 2}, N - c0 - 1)" in line
                            for line in partial)
+
+
+def test_a_symbolic_batch_of_one_leaves_the_next_loop_to_the_threads():
+    """A symbolic first loop (a batch) may run once: the next member of the band is
+    parallel too, nested (the pool runs a region of one iteration in place, and a region
+    inside another's iterations in place), so a batch of one still spreads over the
+    threads (BERT's softmax and transposes at 1 x 256 ran on one thread: 1.8x)."""
+    from polyfuse.runtime import native
+    src = """def bn(float32(N, H, W, C) X, float32(C) s, float32(C) b) -> (Y) {
+      Y(i0, i1, i2, i3) = max(X(i0, i1, i2, i3) * s(i3) + b(i3), 0.0)
+          where i0 in 0:N, i1 in 0:H, i2 in 0:W, i3 in 0:C
+    }"""
+    k = pf.define(src, target="host", sizes="symbolic").bn
+    rng = np.random.default_rng(4)
+    threads = native.get_num_threads()
+    try:
+        for n_threads in (1, 2, 3):
+            native.set_num_threads(n_threads)
+            for shape in [(1, 57, 31, 40), (3, 5, 7, 19), (1, 1, 3, 5), (2, 1, 1, 17)]:
+                x = rng.standard_normal(shape).astype(np.float32)
+                s, b = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
+                np.testing.assert_allclose(k(x, s, b), np.maximum(x * s + b, 0), rtol=1e-5, atol=1e-6, err_msg=str(shape))
+    finally:
+        native.set_num_threads(threads)
+    loops = k.specialize(*(np.zeros(s, np.float32) for s in [(1, 4, 4, 16), (16,), (16,)])).stages["loops"]
+    assert re.search(r"parallel for (c\d) in 0:N \{\s*parallel for c\d in 0:H", loops), loops
