@@ -109,6 +109,12 @@ def default_options(d: Definition, sizes: dict[str, int], machine: Machine,
                              machine, _unknown_members(nest, symbolic))
         if tiled is not None:
             return tiled
+    if symbolic and len(d.statements) > 1 and any(s.reduction_indices for s in d.statements):
+        # a row pipeline over symbolic sizes (softmax's max, exponentials, sum and
+        # quotients): one nest over the rows, each statement's loop in turn, as isl
+        # fuses it for known sizes but not for symbolic ones (a second pass over the
+        # exponentials: BERT's softmax at 1 x 256 1.5x the specialized kernel)
+        return MappingOptions(fusion=Fusion.ROWS, vector_width=width, unroll=2)
     rest = sum(work(s, sizes) for s in d.statements if s is not st)
     if rest and (nest.work >= PROLOGUE_RATIO * rest or _broadcasts_a_result(d, nest)):
         # small statements feeding a big one (a squeeze-excite gate scaling a whole map,

@@ -38,7 +38,9 @@ def compute_schedule(model: Model, options: MappingOptions,
     constraints = (isl.ScheduleConstraints.on_domain(model.domain).set_context(context)
                    .set_validity(validity).set_proximity(validity).set_coincidence(deps))
     rows = row_schedule(model, validity) if options.fusion is Fusion.ROWS else None
-    schedule = rows or _solve(constraints, model.ctx, Fusion.PRESERVE if options.fusion is Fusion.ROWS
+    # (no row pipeline: on the GPU each statement's own nest, on a CPU fused as isl can)
+    fallback = Fusion.PRESERVE if gpu else Fusion.MAX
+    schedule = rows or _solve(constraints, model.ctx, fallback if options.fusion is Fusion.ROWS
                               else options.fusion)
     tiled = _heaviest(model, sizes) if not gpu else None   # the statements the options' tiles fit
     for path in reversed(_outer_band_paths(schedule.get_root(), ())):

@@ -22,3 +22,22 @@ def test_the_threads_share_rows_of_a_known_batch_and_columns_of_a_symbolic_one(s
     options = default_options(d, SIZES, DEFAULT_MACHINE, symbolic)
     members = ["b", "s", "n", "k"]   # (the nest's members: the output's indices, then the reduction's)
     assert members[options.tile_order[0]] == first
+
+
+SOFTMAX = """def sm(float(B, R, C) X) -> (Y, M, S) {
+  M(b, r) max=! X(b, r, c)
+  Y(b, r, c) = exp(X(b, r, c) - M(b, r))
+  S(b, r) +=! Y(b, r, c)
+  Y(b, r, c) = Y(b, r, c) / S(b, r)
+}"""
+
+
+@pytest.mark.parametrize("symbolic, rows", [(frozenset(), False), (frozenset({"B", "R", "C"}), True),
+                                            (frozenset({"C"}), True)])
+def test_a_row_pipeline_over_symbolic_sizes_is_scheduled_row_by_row(symbolic, rows):
+    """(isl fused softmax's four statements into one nest per row for known sizes but
+    left the quotients to a second pass over symbolic ones: 1.5x at 1 x 256)"""
+    from polyfuse.scheduler.options import Fusion
+    d = parse(SOFTMAX).definitions[0]
+    options = default_options(d, {"B": 2, "R": 64, "C": 77}, DEFAULT_MACHINE, symbolic)
+    assert (options.fusion is Fusion.ROWS) == rows
