@@ -343,6 +343,11 @@ def _contraction(nest: LoopNest, width: int, element_bytes: int, machine: Machin
                 tiles[first] = divisor_at_most(extents[first], 2 * CACHE_ROWS // max(1, extents[jam]),
                                                 PARALLEL_TILES)
                 registers[first] = 1
+                if jam in unknown and any(first in index_names(x) for r in vec_reads for x in r.indices):
+                    # (rows of any number, and a panel of the vector operand per row of
+                    # ``first`` (attention's heads): a tile of several would pack each
+                    # panel again for every tile of rows: P.V at 1 x 256 1.4x specialized)
+                    tiles[first] = 1
         outer = [i for i in others if i != jam and tile_order[0] != i]
         if outer:
             # a tile holds several rows of the index outside the jammed one (a few rows
