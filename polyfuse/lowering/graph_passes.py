@@ -158,6 +158,28 @@ def scale_batch_norms(g: Graph) -> Graph:
                                         types=tuple(types)))
 
 
+def extend_concatenations(g: Graph) -> Graph:
+    """A Concat whose first inputs are, in order and along the same axis, all the inputs
+    of an earlier Concat reads that one's result instead: ``Concat(a, b, c, d)`` after
+    ``x = Concat(a, b, c)`` becomes ``Concat(x, d)``. A DenseNet concatenates every
+    earlier layer's features again at each layer (2 to 25 inputs, a kernel of its own
+    per count); each now appends one piece to the last concatenation: the same bytes
+    copied, in kernels of one text but for sizes."""
+    made: dict[tuple[object, tuple[str, ...]], str] = {}   # (axis, inputs) -> the output
+    nodes: list[Node] = []
+    changed = False
+    for n in g.nodes:
+        if n.op == "Concat" and len(n.outputs) == 1 and all(n.inputs):
+            axis = n.attr("axis")
+            prefix = next((k for k in range(len(n.inputs) - 1, 1, -1) if (axis, n.inputs[:k]) in made), None)
+            made.setdefault((axis, n.inputs), n.outputs[0])
+            if prefix is not None:
+                n = replace(n, inputs=(made[(axis, n.inputs[:prefix])], *n.inputs[prefix:]))
+                changed = True
+        nodes.append(n)
+    return replace(g, nodes=tuple(nodes)) if changed else g
+
+
 def _permutation(perm: object) -> bool:
     """Whether a perm attribute is a permutation of 0..n-1 (what the rewrites assume; the
     op's lowering reports any other)."""
@@ -202,7 +224,8 @@ def simplify_movement(g: Graph) -> Graph:
 
 
 DEFAULT_PASSES: tuple[GraphPass, ...] = (
-    eliminate_dead_nodes, eliminate_common_subexpressions, fuse_integer_ops, eliminate_dead_nodes,
+    eliminate_dead_nodes, eliminate_common_subexpressions, extend_concatenations, fuse_integer_ops,
+    eliminate_dead_nodes,
     fold_batch_norms, scale_batch_norms, convert_layout, simplify_movement,
     eliminate_dead_nodes, partition_fusion_groups)
 

@@ -8,7 +8,8 @@ from polyfuse.frontends.onnx import to_graph
 from polyfuse.ir.graph import verify_graph
 from polyfuse.lowering.fusion import describe_groups, partition_fusion_groups
 from polyfuse.lowering.graph_passes import (DEFAULT_PASSES, PassManager, eliminate_common_subexpressions,
-                                            eliminate_dead_nodes, fold_batch_norms, scale_batch_norms, simplify_movement)
+                                            eliminate_dead_nodes, extend_concatenations, fold_batch_norms, scale_batch_norms,
+                                            simplify_movement)
 from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
 from tests.onnx.ort_compare import assert_matches_onnxruntime
@@ -160,6 +161,29 @@ def test_batch_norm_with_fed_statistics_stays():
     g = to_graph(_model([fed], {"x": [1, 3, 2, 2], "m": [3]}, {"y": [1, 3, 2, 2]},
                         {k: v for k, v in params.items() if k != "bn_mean"}))
     assert scale_batch_norms(g) == g
+
+
+@pytest.mark.unit
+def test_a_concatenation_of_an_earlier_one_s_inputs_and_more_appends_to_it():
+    """A DenseNet's layers concatenate every earlier layer's features again: each
+    Concat reads the last one's result and appends what is new."""
+    n = helper.make_node
+    nodes = [n("Relu", ["x"], ["a"], name="ra"), n("Sigmoid", ["x"], ["b"], name="sb"),
+             n("Concat", ["x", "a"], ["c1"], name="c1", axis=1), n("Neg", ["c1"], ["d"], name="nd"),
+             n("Concat", ["x", "a", "d"], ["c2"], name="c2", axis=1), n("Abs", ["c2"], ["e"], name="ae"),
+             n("Concat", ["x", "a", "d", "e"], ["c3"], name="c3", axis=1),
+             n("Concat", ["x", "a", "b"], ["c4"], name="c4", axis=1),      # another third input
+             n("Concat", ["x", "a", "b"], ["c5"], name="c5", axis=2)]  # another axis
+    outputs = {"c2": [1, 4, 3], "c3": [1, 8, 3], "c4": [1, 3, 3], "c5": [1, 1, 9]}
+    model = _model(nodes, {"x": [1, 1, 3]}, outputs, {})
+    g = to_graph(model)
+    after = extend_concatenations(g)
+    text = str(after)
+    assert "%c2 = Concat(%c1, %d, axis=1)" in text and "%c3 = Concat(%c2, %e, axis=1)" in text
+    assert "%c4 = Concat(%c1, %b, axis=1)" in text and "%c5 = Concat(%x, %a, %b, axis=2)" in text
+    feeds = {"x": RNG.standard_normal((1, 1, 3)).astype(np.float32)}
+    _same_numbers(g, after, feeds)
+    assert_matches_onnxruntime(model, feeds, target="reference")
 
 
 @pytest.mark.unit
