@@ -20,7 +20,7 @@ from polyfuse.ir.types import DType
 from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
 from polyfuse.lowering.calibration import QuantizeOptions
 from polyfuse.runtime.model import MAX_PLANS, CompiledModel
-from polyfuse.runtime.profiling import ModelSource, hashed_beside
+from polyfuse.runtime.profiling import ModelSource, beside
 from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.scheduler.pipeline import Usage
 from polyfuse.targets import Target
@@ -117,11 +117,11 @@ def compile(model: Any, *, target: str | Target = "reference",
     source = None
     if not is_torch_program(model):
         from polyfuse.frontends.onnx import read_model
-        from polyfuse.frontends.onnx_quantize import quantize
+        from polyfuse.frontends.onnx_quantize import model_digest, quantize
         if precision == "int8":
             model = quantize(model, profile, quantization or QuantizeOptions())  # type: ignore[arg-type]
         proto, data = read_model(model)   # (a file read once: the front end's and the digest's)
-        hashed = hashed_beside(data)
+        hashed = beside(model_digest, data)
         del data
         graph = _front_end(proto)
         source = ModelSource(graph, hashed)

@@ -142,7 +142,7 @@ def scale_batch_norms(g: Graph) -> Graph:
         x = g.type_of(n.inputs[0]) if n.op == "BatchNormalization" and n.inputs else None
         folded = _batch_norm_scale(g, n) if x is not None and x.rank >= 2 \
             and x.dtype.numpy in (np.float32, np.float64) else None
-        if folded is None or x is None or (isinstance(x.shape[1], int) and x.shape[1] != len(folded[0])):
+        if folded is None or (isinstance(x.shape[1], int) and x.shape[1] != len(folded[0])):
             nodes.append(n)
             continue
         broadcast = (-1,) + (1,) * (x.rank - 2)   # (C, 1, ...): channels on axis 1

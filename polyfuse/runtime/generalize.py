@@ -402,14 +402,22 @@ class Generalizer:
             template = template or generalize([text, nearest])
             if template is None:
                 return None
-            try:   # (a size where TC takes none, an int size in a float context: the text as it is)
-                self._definitions[template.source] = self._definition(template.source, template.names)
-            except FrontendError:
+            definition = self._parsed(template)
+            if definition is None:
                 return None
+            self._definitions[template.source] = definition
             sizes = template.match(text)
             assert sizes is not None, "a template matches the texts it was made from"
             self._templates.setdefault(text.parts, []).append(template)
             return Generalized(template, sizes) if min(sizes.values()) >= 1 else None
+
+    def _parsed(self, template: Template) -> Definition | None:
+        """The template's text parsed, or None where TC refuses it (a size where TC
+        takes none, an int size in a float context: its texts are compiled as they are)."""
+        try:
+            return self._definition(template.source, template.names)
+        except FrontendError:
+            return None
 
     def alike(self, sources: Iterable[str]) -> None:
         """Templates for the texts of a model's first plan that differ only in sizes,
@@ -435,11 +443,8 @@ class Generalizer:
             template = generalize(texts)
             if template is None or any(template.match(t) is None for t in texts):
                 continue
-            try:
-                definition = self._definition(template.source, template.names)
-            except FrontendError:
-                continue
-            if any(st.reduction_indices for st in definition.statements):
+            definition = self._parsed(template)
+            if definition is None or any(st.reduction_indices for st in definition.statements):
                 continue
             with self._lock:
                 self._definitions[template.source] = definition

@@ -96,9 +96,9 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
             groups.setdefault((st.source, tuple(plan.types[n] for n in st.inputs), discarded), []).append(i)
 
     # the texts generalized: the definitions as the lowering left them, printed
-    texts = {indices[0]: str(steps[indices[0]].definition) for indices in groups.values()} \
-        if generalizer is not None else {}
+    texts: dict[int, str] = {}
     if generalizer is not None:
+        texts = {indices[0]: str(steps[indices[0]].definition) for indices in groups.values()}
         generalizer.alike(texts.values())
 
     def compile_group(group: tuple[tuple, list[int]]) -> None:

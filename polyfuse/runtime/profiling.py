@@ -9,23 +9,24 @@ respect outputs, so each such value is computed and returned as the model define
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from polyfuse.errors import ArgumentError
 from polyfuse.ir.graph import Graph, Value
 from polyfuse.ir.profile import BINS, Profile
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class ModelSource:
     """What a model was compiled from: the front end's graph (before the graph passes)
-    and the sha256 of the model's ONNX bytes (:func:`hashed_beside`: hashed while the
-    front end reads the model, the bytes then let go)."""
+    and the sha256 of the model's ONNX bytes (hashed :func:`beside` the front end's
+    reading of the model, the bytes then let go)."""
 
     graph: Graph
     hashed: Future[str] = field(repr=False)
@@ -35,18 +36,18 @@ class ModelSource:
         return self.hashed.result()
 
 
-def hashed_beside(data: bytes) -> Future[str]:
-    """The sha256 of ``data``, computed on a thread of its own (hashlib lets other
-    threads run while it hashes a large buffer: 0.2 s for a 435 MB BERT-base, which the
-    front end's work then hides)."""
-    done: Future[str] = Future()
+def beside(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """``fn(*args)`` computed on a thread of its own, its result (or error) for whoever
+    asks (a model's sha256: hashlib lets other threads run while it hashes a large
+    buffer, 0.2 s for a 435 MB BERT-base, which the front end's work then hides)."""
+    done: Future[T] = Future()
 
     def run() -> None:
         try:
-            done.set_result(hashlib.sha256(data).hexdigest())
-        except BaseException as err:  # noqa: BLE001 - handed to whoever asks for the digest
+            done.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - handed to whoever asks for the result
             done.set_exception(err)
-    threading.Thread(target=run, name="polyfuse-model-digest", daemon=True).start()
+    threading.Thread(target=run, name="polyfuse-beside", daemon=True).start()
     return done
 
 

@@ -193,6 +193,7 @@ class _Lowering:
         return Store(st.tensor, lhs, value)
 
 
+UNKNOWN_TRIPS = 1 << 20      # a loop's trips where its bounds are no constants: taken as big
 PARALLEL_MIN_WORK = 1 << 17  # statement instances below which a loop nest runs serially
                             # (waking a second thread costs ~10 us, 1 << 17 instances take ~10 us)
 
@@ -221,14 +222,14 @@ def _trips(loop: For) -> int:
         return None
     lo, hi = bound(loop.lo), bound(loop.hi)
     if hi is None:
-        return 1 << 20  # unknown: assume big
+        return UNKNOWN_TRIPS
     return max(0, (hi - (lo or 0) + loop.step - 1) // loop.step)
 
 
 def _symbolic_trips(body: tuple[Stmt, ...], var: str) -> bool:
     """Whether the first loop over ``var`` in ``body`` has trips no constant bounds."""
     loop = next((s for s in walk_stmts(body) if isinstance(s, For) and s.var == var), None)
-    return loop is not None and _trips(loop) == 1 << 20
+    return loop is not None and _trips(loop) == UNKNOWN_TRIPS
 
 
 def _parallelize(body: tuple[Stmt, ...], var: str) -> tuple[Stmt, ...]:

@@ -333,8 +333,9 @@ class KernelEmitter:
             # always given: left out, LLVM chooses a count of its own, which may leave
             # the last vectors to a scalar loop
             props.append(m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"), ir.Constant(ir.IntType(32), s.unroll)]))
-            if masked if masked is not None else \
-                    self.avx512 and (_trips(s) is None and _sized(s) or (_trips(s) or 0) % s.vector):
+            if masked is None:   # (a loop split_tail did not split: a constant count, or a step)
+                masked = self.avx512 and (_trips(s) is None and _sized(s) or bool((_trips(s) or 0) % s.vector))
+            if masked:
                 # the last, partial vector under a mask instead of a scalar loop (an exp
                 # over 49 elements: 89 cycles per vector's worth scalar, 13 masked), and
                 # so where the trips are a symbolic kernel's: any number may leave one
