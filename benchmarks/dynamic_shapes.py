@@ -22,6 +22,9 @@ input_shapes={"input_ids": ("batch", "seq"), "attention_mask": ("batch", "seq")}
 compiles ahead for every size of the named dimensions (from cold caches of its own; its
 load time, in its total, includes that compile).
 "total" is the wall time from loading the model to the last result of the stream.
+"warm" columns: the same stream as the "pf" columns in a second process with the disk cache
+the first filled, as a restarted server meets it: kernels and the programs of the shapes
+seen before are loaded, not compiled (:mod:`polyfuse.runtime.saved_programs`).
 
 **GPT-2 decoding.** A 4-layer ``GPT2LMHeadModel`` exported with its past keys and values
 as inputs and the grown ones as outputs (symbolic ``seq`` and ``past`` axes): a prompt of 8
@@ -41,8 +44,10 @@ pause (spinning pools slow whoever runs next on two cores).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +62,7 @@ sys.path.insert(1, str(ROOT))   # polyfuse from this checkout
 from real_models import ort_session  # noqa: E402
 
 import polyfuse as pf  # noqa: E402
-from polyfuse.runtime import cpu  # noqa: E402
+from polyfuse.runtime import cpu, saved_programs  # noqa: E402
 
 SHAPES = ((1, 7), (2, 33), (1, 100), (1, 128), (8, 16), (4, 64), (1, 50), (2, 77), (3, 20), (1, 256))
 LAYERS = 4
@@ -193,11 +198,43 @@ class Stream:
         self.total = time.perf_counter() - start
 
 
+def warm_child(path: Path, repeat: int, out: Path) -> None:
+    """The polyfuse stream in this process (a second one), its results written to ``out``."""
+    stream = Stream(repeat)
+    stream.run(lambda: pf.compile(str(path), target="host"), lambda m, f: m(**f),
+               lambda m: (m.plan_counts["planned"], cpu.STATS["compiled"]))
+    np.savez(out, **{f"{shape}-{k}": r for shape, results in stream.outputs.items() for k, r in enumerate(results)})
+    out.with_suffix(".json").write_text(json.dumps({
+        "first": [stream.first[s] for s in SHAPES], "steady": [stream.steady[s] for s in SHAPES],
+        "plans": [stream.plans[s] for s in SHAPES], "kernels": [stream.kernels[s] for s in SHAPES],
+        "total": stream.total}))
+
+
+def warm(path: Path, repeat: int) -> Stream:
+    """The polyfuse stream in a second process, from the disk cache the first filled."""
+    with tempfile.TemporaryDirectory(prefix="polyfuse-warm-") as folder:
+        out = Path(folder) / "warm.npz"
+        saved_programs.flush()   # (the first process's saves on the disk)
+        time.sleep(PAUSE)
+        subprocess.run([sys.executable, __file__, "--warm-child", str(path), str(out), "--repeat", str(repeat)],
+                       check=True)
+        done = json.loads(out.with_suffix(".json").read_text())
+        arrays = np.load(out)
+        stream = Stream(repeat)
+        for k, shape in enumerate(SHAPES):
+            stream.first[shape], stream.steady[shape] = done["first"][k], done["steady"][k]
+            stream.plans[shape], stream.kernels[shape] = done["plans"][k], done["kernels"][k]
+            stream.outputs[shape] = [arrays[f"{shape}-{j}"] for j in range(repeat + 1)]
+        stream.total = done["total"]
+    return stream
+
+
 def bert(path: Path, repeat: int, specialized: bool) -> None:
     ort_stream, pf_stream = Stream(repeat), Stream(repeat)
     ort_stream.run(lambda: ort_session(str(path), THREADS), lambda s, f: s.run(None, f)[0])
     pf_stream.run(lambda: pf.compile(str(path), target="host"), lambda m, f: m(**f),
                   lambda m: (m.plan_counts["planned"], cpu.STATS["compiled"]))
+    warm_stream = warm(path, repeat)
     ahead_stream = Stream(repeat)   # compiled ahead for the model's named dimensions, from cold caches
     named = {"input_ids": ("batch", "seq"), "attention_mask": ("batch", "seq")}
     with tempfile.TemporaryDirectory(prefix="polyfuse-ahead-") as kernels:
@@ -231,10 +268,11 @@ def bert(path: Path, repeat: int, specialized: bool) -> None:
     print(f"\nBERT ({LAYERS} layers) stream, {len(SHAPES)} shapes, {repeat} new-feed calls each; "
           "first call s, steady ms (median)")
     header = ["batch x seq", "ort first", "pf first", "pf planned", "pf kernels", "ort ms", "pf ms",
-              "pf fixed-shape ms", "ort/pf", "fixed/pf", "ahead first", "ahead ms", "ort/ahead", "err"]
+              "pf fixed-shape ms", "ort/pf", "fixed/pf", "ahead first", "ahead ms", "ort/ahead",
+              "warm first", "warm ms", "err"]
     rows = []
     for shape in SHAPES:
-        err = max(error(g, w) for stream in (pf_stream, ahead_stream)
+        err = max(error(g, w) for stream in (pf_stream, ahead_stream, warm_stream)
                   for g, w in zip(stream.outputs[shape], ort_stream.outputs[shape]))
         f = fixed.get(shape, "-")
         rows.append([f"{shape[0]} x {shape[1]}", f"{ort_stream.first[shape]:.3f}", f"{pf_stream.first[shape]:.3f}",
@@ -245,10 +283,13 @@ def bert(path: Path, repeat: int, specialized: bool) -> None:
                      f"{f / pf_stream.steady[shape]:.2f}" if isinstance(f, float) else "-",
                      f"{ahead_stream.first[shape]:.3f}", f"{ahead_stream.steady[shape]:.2f}",
                      f"{ort_stream.steady[shape] / ahead_stream.steady[shape]:.2f}",
+                     f"{warm_stream.first[shape]:.3f}", f"{warm_stream.steady[shape]:.2f}",
                      f"{err:.1e}" + (" MISMATCH" if err > TOLERANCE else "")])
     rows.append(["total s (load to last result)", f"{ort_stream.total:.2f}", f"{pf_stream.total:.2f}",
                  str(sum(pf_stream.plans.values())), str(sum(pf_stream.kernels.values())), "", "", "", "", "",
-                 f"{ahead_stream.total:.2f} ({sum(ahead_stream.plans.values())} planned)", "", "", ""])
+                 f"{ahead_stream.total:.2f} ({sum(ahead_stream.plans.values())} planned)", "", "",
+                 f"{warm_stream.total:.2f} ({sum(warm_stream.plans.values())} planned, "
+                 f"{sum(warm_stream.kernels.values())} compiled)", "", ""])
     table(header, rows)
 
 
@@ -330,7 +371,11 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "polyfuse-dynamic")
     parser.add_argument("--skip-specialized", action="store_true")
     parser.add_argument("--only", choices=("bert", "gpt2"))
+    parser.add_argument("--warm-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.warm_child:
+        warm_child(args.warm_child[0], args.repeat, args.warm_child[1])
+        return
     with tempfile.TemporaryDirectory(prefix="polyfuse-dynamic-") as kernels:
         os.environ["POLYFUSE_CACHE_DIR"] = kernels   # cold: no kernel on disk
         if args.only in (None, "bert"):

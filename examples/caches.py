@@ -1,12 +1,14 @@
-"""The caches: compiled kernels on disk, shared by every process, and plans in memory,
-a bounded number per model.
+"""The caches: compiled kernels and models on disk, shared by every process, and plans
+in memory, a bounded number per model.
 
-A model is compiled in one process and run again in a second, which loads every kernel
-from the disk cache instead of compiling (the same outputs, bit for bit); then a model
+A model is compiled in one process and run again in a second, which loads its saved
+program (every kernel, the packed weights) from the disk cache instead of planning and
+compiling (the same outputs, bit for bit); then a model
 called at many shapes keeps only its `max_plans` most recent plans; last, `polyfuse
 cache` shows the cache and clears it. The example uses a cache folder of its own
 (`POLYFUSE_CACHE_DIR`); the default is ~/.cache/polyfuse."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,7 +43,7 @@ CHILD = textwrap.dedent("""
     want = np.maximum(np.einsum("oc,nchw->nohw", W[:, :, 0, 0], x) + b[:, None, None], 0)
     assert np.allclose(y, want, atol=1e-4)
     np.save(sys.argv[1], y)
-    print(json.dumps({"seconds": seconds, **cpu.STATS}))
+    print(json.dumps({"seconds": round(seconds, 3), "kernels": cpu.STATS, "plans": model.plan_counts}))
 """)
 
 folder = tempfile.mkdtemp(prefix="polyfuse-example-cache-")
@@ -53,6 +55,9 @@ for run in ("first", "second"):
     done = subprocess.run([sys.executable, "-c", CHILD, out], env=env, capture_output=True, text=True, check=True)
     print(f"{run} process: {done.stdout.strip()}")   # compiled, then loaded from disk
     outputs.append(np.load(out))
+    counts = json.loads(done.stdout)["plans"]
+    assert counts == ({"planned": 1, "templated": 0, "loaded": 0} if run == "first"
+                      else {"planned": 0, "templated": 0, "loaded": 1}), counts
 assert np.array_equal(outputs[0], outputs[1])
 print("the second process's outputs are the first's, bit for bit")
 

@@ -60,11 +60,14 @@ for step in range(24):
     want = dict(zip(("z", "kv"), session.run(None, feed)))
     for name in want:
         assert np.allclose(got[name], want[name], rtol=1e-4, atol=1e-5), (step, name)
-    how = "from a template" if compiled.plan_counts["templated"] > counts["templated"] else "planned"
-    print(f"step {step:2d}: past {past.shape[1]:3d}, {seconds * 1e3:7.1f} ms, plan {how}")
+    how = next((f"plan {how}" for key, how in (("templated", "from a template"), ("planned", "planned"),
+                                                ("loaded", "loaded from the disk cache (run before)"))
+                if compiled.plan_counts[key] > counts[key]), "kept")
+    print(f"step {step:2d}: past {past.shape[1]:3d}, {seconds * 1e3:7.1f} ms, {how}")
     past, ids = got["kv"], rng.integers(0, VOCAB, (2, 1))
 print("plans:", compiled.plan_counts)
-assert compiled.plan_counts["templated"] >= 18
+# (a second run of this example loads every plan the first saved: polyfuse.runtime.saved_programs)
+assert compiled.plan_counts["templated"] >= 18 or compiled.plan_counts["loaded"] == 24
 
 # Ahead of time: names in input_shapes compile the kernels for symbolic sizes and the plan
 # templates before any call (the past at 16 and up, and at 1: a size of 1 is a kind of its
@@ -80,4 +83,4 @@ for step in range(8):
     assert all(np.allclose(got[n], want[n], rtol=1e-4, atol=1e-5) for n in want)
     past = got["kv"]
 print("plans after 8 steps:", ahead.plan_counts)
-assert ahead.plan_counts == {"planned": 2, "templated": 8}
+assert ahead.plan_counts == {"planned": 2, "templated": 8, "loaded": 0}

@@ -366,7 +366,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from polyfuse.runtime import cache
+    from polyfuse.runtime import cache, saved_programs
+    saved_programs.flush()   # (this process's saves written first)
     root = cache.cache_dir()
     if root is None:
         print("the disk cache is off (POLYFUSE_CACHE_DIR is empty or 0)")
@@ -376,9 +377,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     files = cache.cache_files()
     kernels = sum(1 for f in files if f.parent == root and f.name.endswith(".o"))
-    programs = sum(1 for f in files if f.parent != root and not f.name.endswith((".sha256", ".tmp")))
+    programs = sum(1 for f in files if f.parent.name == "bin" and not f.name.endswith((".sha256", ".tmp")))
+    plans = sum(1 for f in files if f.parent.name == "models" and "-" in f.name and not f.name.startswith("stat-"))
     size = sum(f.stat().st_size for f in files if f.exists())
-    print(f"{root}: {kernels} kernels, {programs} programs linked for an emulator, {size / 2**20:.1f} MiB")
+    print(f"{root}: {kernels} kernels, {plans} plans of compiled models, {programs} programs linked for an "
+          f"emulator, {size / 2**20:.1f} MiB")
     return 0
 
 

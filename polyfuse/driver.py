@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from polyfuse.autotune.lookup import Tuning
 from polyfuse.autotune.records import Records
-from polyfuse.errors import ArgumentError, DTypeError, FrontendError
+from polyfuse.errors import ArgumentError, DTypeError, FrontendError, ModelError
 from polyfuse.frontends.einsum import einsum_source
 from polyfuse.frontends.tc import parse
 from polyfuse.ir.graph import Graph
@@ -21,9 +25,10 @@ from polyfuse.runtime.kernel import Kernel, KernelModule, check_target
 from polyfuse.lowering.calibration import QuantizeOptions
 from polyfuse.runtime.model import MAX_PLANS, CompiledModel
 from polyfuse.runtime.profiling import ModelSource, beside
+from polyfuse.runtime.saved_programs import ModelStore, files_digest, known_digest
 from polyfuse.scheduler.options import MappingOptions, check_options
 from polyfuse.scheduler.pipeline import Usage
-from polyfuse.targets import Target
+from polyfuse.targets import Device, Target
 
 
 SIZES = ("specialized", "symbolic")
@@ -114,22 +119,131 @@ def compile(model: Any, *, target: str | Target = "reference",
     tgt, options = _checked(target, options, "compile()")
     _check_sizes(sizes)
     _check_precision(model, precision, profile, quantization)
-    source = None
-    if not is_torch_program(model):
-        from polyfuse.frontends.onnx import read_model
-        from polyfuse.frontends.onnx_quantize import model_digest, quantize
-        if precision == "int8":
-            model = quantize(model, profile, quantization or QuantizeOptions())  # type: ignore[arg-type]
-        proto, data = read_model(model)   # (a file read once: the front end's and the digest's)
-        hashed = beside(model_digest, data)
-        del data
-        graph = _front_end(proto)
-        source = ModelSource(graph, hashed)
-    else:
-        graph = _front_end(model)
+    matmul_precision = "tf32" if precision == "tf32" else "ieee"
+    if is_torch_program(model):
+        graph, stages = _optimized(_front_end(model), precision)
+        return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, None, max_plans,
+                         matmul_precision, sizes)
+    from polyfuse.frontends.onnx_quantize import quantize
+    if precision == "int8":
+        model = quantize(model, profile, quantization or QuantizeOptions())  # type: ignore[arg-type]
+    records = Records.open(tuning_records)
+    settings = _store_settings(tgt, options, precision, sizes, records, input_shapes)
+    path = Path(model) if isinstance(model, (str, os.PathLike)) else None
+    known = known_digest(path) if path is not None and settings is not None else None
+    if known is not None and settings is not None and not _named(input_shapes):
+        store = ModelStore(known, settings)
+        saved = store.model()
+        if saved is not None:   # compiled before: the front end runs when a plan is not saved
+            deferred = _DeferredPlanner(model, precision, known)
+            return CompiledModel(deferred, tgt, options=options, input_shapes=input_shapes,
+                                 stages=_DeferredStages(deferred), tuning=Tuning(records), source=deferred.source,
+                                 max_plans=max_plans, precision=matmul_precision, sizes=sizes, store=store,
+                                 io=(tuple(v.value() for v in saved.inputs), tuple(v.value() for v in saved.outputs)),
+                                 value_inputs=saved.value_inputs)
+    planner, stages, source, digest = _onnx_front_end(model, precision)
+    return CompiledModel(planner, tgt, options=options, input_shapes=input_shapes, stages=stages,
+                         tuning=Tuning(records), source=source, max_plans=max_plans, precision=matmul_precision,
+                         sizes=sizes,
+                         store=ModelStore(known or digest, settings) if settings is not None and digest else None)
+
+
+def _onnx_front_end(model: Any, precision: str, expected: str | None = None
+                    ) -> tuple[Any, dict[str, object], ModelSource, Future[str] | None]:
+    """An ONNX model's planner (its graph through the front end and the graph passes),
+    the texts of its stages, its source and a future of the digest its saved programs
+    are keyed by (None where they cannot be: tensors in external files of a model not
+    given by its path). ``expected``: that digest, known before (an error where the
+    model's files no longer match it)."""
+    from polyfuse.frontends.onnx import read_model
+    from polyfuse.frontends.onnx_quantize import model_digest
+    from polyfuse.lowering.plan import GraphPlanner
+    proto, data, external = read_model(model)   # (a file read once: the front end's and the digest's)
+    path = Path(model) if isinstance(model, (str, os.PathLike)) else None
+    hashed = beside(model_digest, data)
+    del data
+    digest = beside(files_digest, hashed, path, external) if path is not None or not external else None
+    if expected is not None and (digest is None or digest.result() != expected):
+        raise ModelError(f"the model {'file ' + repr(str(path)) + ' ' if path else ''}changed after "
+                         "polyfuse.compile() read it; compile it again")
+    graph = _front_end(proto)
+    source = ModelSource(graph, hashed)
     graph, stages = _optimized(graph, precision)
-    return _compiled(graph, tgt, options, input_shapes, tuning_records, stages, source, max_plans,
-                     "tf32" if precision == "tf32" else "ieee", sizes)
+    return GraphPlanner(graph), _shown(graph, stages), source, digest
+
+
+class _DeferredPlanner:
+    """The planner (:class:`~polyfuse.ir.plan.Planner`) of an ONNX model whose front end
+    runs when first asked: a model compiled before, whose saved programs run without it
+    (:mod:`polyfuse.runtime.saved_programs`). ``digest``: the model's, when it was saved
+    (its files must still match)."""
+
+    def __init__(self, model: Any, precision: str, digest: str) -> None:
+        self._args = (model, precision, digest)
+        self._made: tuple[Any, dict[str, object], ModelSource] | None = None
+        self._lock = threading.Lock()
+
+    def made(self) -> tuple[Any, dict[str, object], ModelSource]:
+        """The planner, the stages' texts and the source, from the front end run once."""
+        if self._made is None:
+            with self._lock:
+                if self._made is None:
+                    self._made = _onnx_front_end(*self._args)[:3]
+        return self._made
+
+    @property
+    def graph(self) -> Graph:
+        return self.made()[0].graph   # type: ignore[no-any-return]
+
+    def plan(self, shapes: Mapping[str, tuple[int, ...]], values: Mapping[str, np.ndarray]) -> Any:
+        return self.made()[0].plan(shapes, values)
+
+    def subgraph(self, graph: Graph, passes: bool) -> Any:
+        return self.made()[0].subgraph(graph, passes)
+
+    def definition(self, source: str, sizes: tuple[str, ...] = ()) -> Any:
+        return self.made()[0].definition(source, sizes)
+
+    def source(self) -> ModelSource:
+        return self.made()[2]
+
+
+class _DeferredStages(Mapping[str, object]):
+    """The texts of a deferred model's stages before planning (``dump``), when first read."""
+
+    def __init__(self, planner: _DeferredPlanner) -> None:
+        self._planner = planner
+
+    def __getitem__(self, stage: str) -> object:
+        return self._planner.made()[1][stage]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._planner.made()[1])
+
+    def __len__(self) -> int:
+        return len(self._planner.made()[1])
+
+
+def _named(input_shapes: object) -> bool:
+    """Whether ``input_shapes`` names a dimension (the model is then compiled ahead)."""
+    return isinstance(input_shapes, Mapping) and any(
+        isinstance(d, str) for s in input_shapes.values() if isinstance(s, (tuple, list)) for d in s)
+
+
+def _store_settings(target: Target, options: MappingOptions | None, precision: str, sizes: str,
+                    records: Records | None, input_shapes: object) -> list[str] | None:
+    """What a model's saved programs depend on besides its bytes (the input shapes too: a
+    plan's program depends on the plans the model made before, and those given ahead
+    are among them); None where programs are not saved (the disk cache off, code this
+    process does not run natively)."""
+    from polyfuse.runtime.cache import cache_dir
+    from polyfuse.targets.cpu import runs_natively, target_description
+    if cache_dir() is None or not target.backend.cpus or target.backend.device is Device.GPU \
+            or not runs_natively(target):
+        return None
+    tuned = "" if records is None else hashlib.sha256(repr(records.records).encode()).hexdigest()
+    shapes = repr(sorted(input_shapes.items(), key=str)) if isinstance(input_shapes, Mapping) else repr(input_shapes)
+    return [str(target), target_description(target), repr(options), precision, sizes, tuned, shapes]
 
 
 def _check_precision(model: Any, precision: str, profile: object, quantization: object) -> None:
@@ -211,16 +325,20 @@ def _checked(target: str | Target, options: MappingOptions | None,
     return tgt, options
 
 
+def _shown(graph: Graph, stages: Mapping[str, object]) -> dict[str, object]:
+    """The texts of a model's stages before planning: ``stages``, then the fusion groups."""
+    from polyfuse.lowering.fusion import describe_groups
+    return {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
+
+
 def _compiled(graph: Graph, target: Target, options: MappingOptions | None,
               input_shapes: dict[str, tuple[int, ...]] | None,
               tuning_records: str | os.PathLike | Records | None,
               stages: Mapping[str, object], source: ModelSource | None = None,
               max_plans: int = MAX_PLANS, precision: str = "ieee", sizes: str = "symbolic") -> CompiledModel:
-    from polyfuse.lowering.fusion import describe_groups
     from polyfuse.lowering.plan import GraphPlanner
-    shown = {**stages, "groups": describe_groups(graph) or "(no fusion groups)"}
     return CompiledModel(GraphPlanner(graph), target, options=options, input_shapes=input_shapes,
-                         stages=shown, tuning=Tuning(Records.open(tuning_records)), source=source,
+                         stages=_shown(graph, stages), tuning=Tuning(Records.open(tuning_records)), source=source,
                          max_plans=max_plans, precision=precision, sizes=sizes)
 
 

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx.external_data_helper import load_external_data_for_model
+from onnx.external_data_helper import (ExternalDataInfo, _get_all_tensors, load_external_data_for_model,
+                                       uses_external_data)
 from onnx import numpy_helper
 
 from polyfuse.errors import ModelError, UnsupportedOpError
@@ -35,21 +36,24 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
     return model if isinstance(model, onnx.ModelProto) else read_model(model)[0]
 
 
-def read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, bytes]:
-    """The model, and its ONNX bytes (a file's read once: what its digest hashes); a
-    file's weights stored beside it (external data) are loaded into the model."""
+def read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, bytes, list[str]]:
+    """The model, its ONNX bytes (a file's read once: what its digest hashes) and the
+    files (relative to a model file's folder) its weights stored beside it (external data)
+    were loaded from."""
     if isinstance(model, onnx.ModelProto):
-        return model, model.SerializeToString()
+        return model, model.SerializeToString(), external_files(model)
     try:
         if isinstance(model, (bytes, bytearray)):
             data = bytes(model)
             proto = onnx.load_model_from_string(data)
+            external = external_files(proto)
         else:
             path = Path(model)
             if not path.exists():
                 raise ModelError(f"no model file at '{path}'")
             data = path.read_bytes()
             proto = onnx.load_model_from_string(data)
+            external = external_files(proto)
             load_external_data_for_model(proto, str(path.parent))
     except ModelError:
         raise
@@ -57,7 +61,12 @@ def read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx
         raise ModelError(f"cannot read the ONNX model: {err}") from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelError("the bytes do not hold an ONNX model (no graph)")
-    return proto, data
+    return proto, data, external
+
+
+def external_files(proto: onnx.ModelProto) -> list[str]:
+    """The files a model's tensors stored outside it (external data) name, in order."""
+    return list(dict.fromkeys(ExternalDataInfo(t).location for t in _get_all_tensors(proto) if uses_external_data(t)))
 
 
 # dim_params exporters write for "unknown", not for a size shared by several dimensions

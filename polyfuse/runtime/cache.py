@@ -16,7 +16,8 @@ wrong kind.
 
 Other files of the cache (programs linked for an emulator, under ``bin/``) keep a
 SHA-256 of their contents beside them (:func:`checked_file`) and are rebuilt when it
-does not match.
+does not match. Compiled models' programs and constants (under ``models/`` and
+``constants/``) are :mod:`polyfuse.runtime.saved_programs`'.
 
 In one process, each kernel is fetched and compiled once: a thread asking for a kernel
 another thread is making waits for it; a kernel already in memory is returned without
@@ -120,6 +121,10 @@ def code_fingerprint() -> str:
 # and, under bin/, programs linked for an emulator with their digests
 _ENTRY = re.compile(r"[0-9a-f]{40}\.(o|json)(\..+)?")
 _PROGRAM = re.compile(r"[A-Za-z0-9_.+:-]+-[0-9a-f]{32}(\.sha256)?(\..+\.tmp)?")
+# compiled models (polyfuse.runtime.saved_programs): under models/, their records; under
+# constants/, the constants' bytes named by their sha256
+_MODEL = re.compile(r"(stat-)?[0-9a-f]{40}(-[0-9a-f]{32})?\.json(\..+)?")
+_CONSTANT = re.compile(r"[0-9a-f]{64}(\..+)?")
 
 
 def cache_files() -> list[Path]:
@@ -129,8 +134,9 @@ def cache_files() -> list[Path]:
     if root is None or not root.is_dir():
         return []
     files = [p for p in root.iterdir() if _ENTRY.fullmatch(p.name) and p.is_file()]
-    if (root / "bin").is_dir():
-        files += [p for p in (root / "bin").iterdir() if _PROGRAM.fullmatch(p.name) and p.is_file()]
+    for folder, pattern in (("bin", _PROGRAM), ("models", _MODEL), ("constants", _CONSTANT)):
+        if (root / folder).is_dir():
+            files += [p for p in (root / folder).iterdir() if pattern.fullmatch(p.name) and p.is_file()]
     return sorted(files)
 
 
@@ -192,10 +198,26 @@ def store(key: str, obj: bytes, layout: Any, stages: dict[str, str]) -> None:
     text = json.dumps(meta).encode()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        _atomic_write(root / f"{key}.o", obj)
-        _atomic_write(root / f"{key}.json", _digest(obj, text) + b"\n" + text)
+        atomic_write(root / f"{key}.o", obj)
+        atomic_write(root / f"{key}.json", _digest(obj, text) + b"\n" + text)
     except OSError:
         pass
+
+
+def write_checked(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (whole, under a temporary name first) after a line with
+    its digest, which :func:`read_checked` checks."""
+    atomic_write(path, _digest(b"", data) + b"\n" + data)
+
+
+def read_checked(path: Path) -> bytes | None:
+    """What :func:`write_checked` wrote to ``path``; None where the file is missing or its
+    contents do not match their digest."""
+    try:
+        digest, _, data = path.read_bytes().partition(b"\n")
+    except OSError:
+        return None
+    return data if digest == _digest(b"", data) else None
 
 
 def _digest(obj: bytes, text: bytes) -> bytes:
@@ -229,13 +251,13 @@ def checked_file(path: Path, make: Callable[[Path], None], spare: Path) -> Path:
     data = partial.read_bytes()
     os.replace(partial, path)
     try:
-        _atomic_write(digest, hashlib.sha256(data).hexdigest().encode())
+        atomic_write(digest, hashlib.sha256(data).hexdigest().encode())
     except OSError:
         pass   # rebuilt next time
     return path
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes | memoryview) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -247,11 +269,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def fetch(key: str, memory: Resident[T] | dict[str, T], stats: dict[str, int], kind: type[L],
-          from_disk: Callable[[bytes, L, dict[str, str]], T], compile: Callable[[], T]) -> T:
+          from_disk: Callable[[bytes, L, dict[str, str]], T], compile: Callable[[], T] | None) -> T | None:
     """The kernel under ``key``: from ``memory`` (this process), else from the disk
     (``from_disk(object, layout, stages)``, the layout a record of type ``kind``), else
-    ``compile()`` (which stores it); ``stats`` counts where kernels came from (``memory``,
-    ``disk``, ``compiled``)."""
+    ``compile()`` (which stores it; without ``compile``, None); ``stats`` counts where
+    kernels came from (``memory``, ``disk``, ``compiled``)."""
     found = memory.get(key)
     if found is None:
         with _MAKING:
@@ -261,7 +283,9 @@ def fetch(key: str, memory: Resident[T] | dict[str, T], stats: dict[str, int], k
                 found = memory.get(key)   # another thread may have made it while this one waited
                 if found is None:
                     hit = load(key, kind)
-                    found = memory[key] = from_disk(*hit) if hit is not None else compile()
+                    if hit is None and compile is None:
+                        return None
+                    found = memory[key] = from_disk(*hit) if hit is not None else compile()  # type: ignore[misc]
                     _count(stats, "disk" if hit is not None else "compiled")
                     return found
         finally:

@@ -37,9 +37,10 @@ STATS = {"compiled": 0, "disk": 0, "memory": 0}  # where build() found its kerne
 class CpuExecutable:
     """A compiled kernel and its layout; calling it allocates the outputs and runs it."""
 
-    def __init__(self, jit: JitKernel, layout: Layout, target: Target) -> None:
+    def __init__(self, jit: JitKernel, layout: Layout, target: Target, key: str | None = None) -> None:
         self.jit = jit
         self.layout = layout
+        self.key = key   # its entry in the disk cache
         self.stages = jit.stages
         self._outputs = [(n, s, DType(dt).numpy, z) for n, s, dt, z in layout.outputs]
         missing = missing_features(target)
@@ -111,10 +112,17 @@ def build(d: Definition, sizes: Mapping[str, int], target: Target,
                            repr(sorted(native_tiles(target))))
     exe = cache.fetch(
         key, _COMPILED, STATS, Layout,
-        lambda obj, layout, stages: executable(obj, layout, stages, target),
+        lambda obj, layout, stages: executable(obj, layout, stages, target, key),
         lambda: _compile(d, sizes, target, options, key, usage, symbolic))
     staged(exe, stages, target)
     return exe
+
+
+def saved_executable(key: str, target: Target) -> Any:
+    """The kernel stored under ``key`` (a :class:`CpuExecutable`'s ``key``), from this
+    process or the disk; None where neither has it."""
+    return cache.fetch(key, _COMPILED, STATS, Layout,
+                       lambda obj, layout, stages: executable(obj, layout, stages, target, key), None)
 
 
 def staged(exe: Any, stages: dict[str, str], target: Target) -> None:
@@ -130,14 +138,14 @@ def _assembly(llvm_opt: str, target: Target) -> str:
         return assembly(llvm_opt, target)
 
 
-def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Target) -> Any:
-    """The kernel in object code ``obj`` loaded for ``target``: into this process where its
-    code runs here, else to run under the emulator."""
+def executable(obj: bytes, layout: Layout, stages: dict[str, str], target: Target, key: str | None = None) -> Any:
+    """The kernel in object code ``obj`` (the disk cache's entry ``key``) loaded for
+    ``target``: into this process where its code runs here, else to run under the emulator."""
     if runs_natively(target):
         with cache.CODEGEN:
             native_tiles(target)   # asks Linux for AMX's tiles, which the code may use (a saved artifact's too)
             jit = load_object(layout.name, obj, stages, parallel_for=native.parallel_for_threads_address())
-        return CpuExecutable(jit, layout, target)
+        return CpuExecutable(jit, layout, target, key)
     from polyfuse.runtime.cross import CrossExecutable
     return CrossExecutable(layout, stages, obj, target)
 
@@ -160,7 +168,7 @@ def _compile(d: Definition, sizes: dict[str, int], target: Target, options: Mapp
                                  unroll=not symbolic)
         jit.stages.update(stages)
         cache.store(key, jit.object, layout, jit.stages)
-        return CpuExecutable(jit, layout, target)
+        return CpuExecutable(jit, layout, target, key)
     with cache.CODEGEN:
         obj, code_stages = compile_object(text, target, not symbolic)
     stages.update(code_stages)

@@ -16,6 +16,7 @@ own (planned by the planner's ``subgraph``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +40,7 @@ from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declar
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning, compiles_symbolic
 from polyfuse.runtime.profiling import ModelSource, observed, record
+from polyfuse.runtime.saved_programs import ModelStore
 from polyfuse.runtime.instructions import Run, straight
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
 from polyfuse.runtime.stepwise import run_steps
@@ -200,6 +202,15 @@ class _NativeProgram:
         return self.layout.collect(inputs, slots)
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadedPlan:
+    """A plan's program loaded from the disk (:mod:`polyfuse.runtime.saved_programs`),
+    without the plan: what runs it. A model asked for the plan itself plans it again."""
+
+    program: _NativeProgram
+    tail: None = None
+
+
 def _program(compiled: CompiledPlan, target: Target) -> Any:
     """What runs a plan's kernels as one unit: a native program in this process, a
     program run under an emulator, a program on the GPU, or None (each step runs by
@@ -231,43 +242,56 @@ class CompiledModel:
                  options: MappingOptions | None = None,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                  stages: Mapping[str, object] | None = None, tuning: Tuning | None = None,
-                 source: ModelSource | None = None, max_plans: int = MAX_PLANS,
-                 precision: str = "ieee", sizes: str = "symbolic") -> None:
-        if not isinstance(planner, Planner):   # a bare function would be a call into lowering
+                 source: ModelSource | Callable[[], ModelSource] | None = None, max_plans: int = MAX_PLANS,
+                 precision: str = "ieee", sizes: str = "symbolic", store: ModelStore | None = None,
+                 io: tuple[tuple[Value, ...], tuple[Value, ...]] | None = None,
+                 value_inputs: Iterable[str] = ()) -> None:
+        """A model whose planner makes its graph when first asked (a model found on the
+        disk) is given what is known before: its ``signature`` (inputs, outputs), the
+        inputs whose values plans take, ``stages`` and ``source`` as made when first read.
+        ``store``: where the model's programs are saved and found
+        (:mod:`polyfuse.runtime.saved_programs`)."""
+        if not all(inspect.getattr_static(planner, name, None) is not None
+                   for name in ("graph", "plan", "subgraph", "definition")):   # (read: no graph made)
+            # a bare function would be a call into lowering
             raise ArgumentError(f"a compiled model is made from a polyfuse.ir.plan.Planner (with "
                                 f"graph, plan and subgraph), not a {type(planner).__name__}")
-        graph = self.graph = planner.graph
-        self.source = source   # what profile_ranges observes
+        self._planner = planner
+        self._io = io or (planner.graph.inputs, planner.graph.outputs)
+        self._stages = stages if stages is not None else {}
+        self._source = source   # what profile_ranges observes
         self.target = target
         self.options = options
         self.tuning = tuning
         self.precision = precision   # "tf32": float32 contractions may run on TF32 tensor cores
-        self._planner = planner
-        self._stages = dict(stages or {})
-        self._plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()   # the last used last
+        self._store = store
+        self._loaded: dict[tuple, tuple[dict[str, tuple], dict[str, np.ndarray]]] = {}   # plans from the disk
+        self._saved: set[tuple] = set()   # plans saved (or loaded) by this process
+        self._plans: OrderedDict[tuple, CompiledPlan | LoadedPlan] = OrderedDict()   # the last used last
         self._plans_lock = threading.Lock()   # guards _plans' order
         self._planning = threading.Lock()  # threads calling at a new shape plan it once
         self._submodels: dict[tuple, tuple[object, CompiledModel]] = {}   # bodies, branches, rests
         self.max_plans = max_plans
-        self._value_inputs: set[str] = set()  # inputs whose values the lowerings need
+        self._value_inputs: set[str] = set(value_inputs)  # inputs whose values the lowerings need
         # kernels for the sizes that change between plans (CPU code this process runs)
         self.sizes = sizes
         self._generalizer = Generalizer(planner.definition) if sizes == "symbolic" and compiles_symbolic(target) else None
         # plans at new shapes made from earlier ones that differ only in sizes
         self._templates = PlanTemplates(_placeholder) if self._generalizer is not None else None
         # plans made by the planner, and from plan templates (polyfuse.runtime.plan_template)
-        self.plan_counts = {"planned": 0, "templated": 0}
+        # and from the disk (programs saved by an earlier process)
+        self.plan_counts = {"planned": 0, "templated": 0, "loaded": 0}
         if input_shapes is not None and not isinstance(input_shapes, Mapping):
             raise ShapeError(f"input_shapes must be a dict {{name: shape}}, got "
-                             f"{type(input_shapes).__name__}; the inputs are {signature(self.graph.inputs)}")
+                             f"{type(input_shapes).__name__}; the inputs are {signature(self.inputs)}")
         self.input_shapes = {n: shape_arg(n, s, symbolic=True) for n, s in (input_shapes or {}).items()}
         if self.input_shapes:
-            check_shapes(self.graph.inputs, self.input_shapes)
-            shapes = {v.name: tuple(self.input_shapes.get(v.name, v.type.shape)) for v in graph.inputs}
+            check_shapes(self.inputs, self.input_shapes)
+            shapes = {v.name: tuple(self.input_shapes.get(v.name, v.type.shape)) for v in self.inputs}
             if self._templates is not None and any(isinstance(d, str) for s in shapes.values() for d in s):
                 self._compile_ahead(shapes)
             else:
-                self._plan(shapes)
+                self._plan(shapes, loaded=True)
 
     def _compile_ahead(self, named: dict[str, tuple]) -> None:
         """Compile now for every size of the named dimensions in ``named`` (input shapes
@@ -311,13 +335,27 @@ class CompiledModel:
 
     @property
     def inputs(self) -> tuple[Value, ...]:
-        return self.graph.inputs
+        return self._io[0]
 
     @property
     def outputs(self) -> tuple[Value, ...]:
-        return self.graph.outputs
+        return self._io[1]
 
-    def _plan(self, shapes: dict[str, tuple], values: dict[str, np.ndarray] | None = None) -> CompiledPlan:
+    @property
+    def graph(self) -> Graph:
+        """The graph the model plans (after the graph passes)."""
+        return self._planner.graph
+
+    @property
+    def source(self) -> ModelSource | None:
+        """What the model was compiled from (what profile_ranges observes), or None."""
+        return self._source() if callable(self._source) else self._source
+
+    def _plan(self, shapes: dict[str, tuple], values: dict[str, np.ndarray] | None = None, *,
+              loaded: bool = False) -> Any:
+        """The plan for these input shapes and values: one kept, else made (and kept).
+        ``loaded``: a program loaded from the disk, without its plan, will do (a
+        :class:`LoadedPlan`); else the plan is planned again where it was one."""
         unbound = {f"{n}[{k}]={d}" for n, s in shapes.items() for k, d in enumerate(s)
                    if not isinstance(d, int)}
         if unbound:
@@ -330,31 +368,64 @@ class CompiledModel:
                tuple((n, v.tobytes()) for n, v in sorted(values.items())))
         with self._plans_lock:
             compiled = self._plans.get(key)
-            if compiled is not None:
+            if compiled is not None and (loaded or not isinstance(compiled, LoadedPlan)):
                 self._plans.move_to_end(key)
                 return compiled
         with self._planning:
             compiled = self._plans.get(key)
+            if isinstance(compiled, LoadedPlan) and not loaded:
+                self._replay()
+                compiled = self._plans.get(key)
             if compiled is None:
-                check_shapes(self.graph.inputs, shapes)
-                compiled = self._templates.find(shapes, key[1]) if self._templates is not None else None
-                if isinstance(compiled, TemplatedPlan):   # its layout made from the template's
-                    compiled.program = _NativeProgram(compiled.layout, (compiled.native, compiled.base))
-                    self.plan_counts["templated"] += 1
-                elif compiled is not None:
-                    compiled = dataclasses.replace(compiled, program=_program(compiled, self.target))
-                    self.plan_counts["templated"] += 1
-                else:
-                    self.plan_counts["planned"] += 1
-                    plan = self._planner.plan(dict(shapes), dict(values))
-                    compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision,
-                                             self._generalizer)
-                    if self._templates is not None:
-                        self._templates.learn(compiled, key[1], self._planner, values)
+                check_shapes(self.inputs, shapes)
+                compiled = self._new_plan(shapes, values, key, loaded)
                 with self._plans_lock:
                     self._plans[key] = compiled
                     self._drop_plans()
         return compiled
+
+    def _new_plan(self, shapes: dict[str, tuple], values: dict[str, np.ndarray], key: tuple,
+                  load: bool) -> Any:
+        """A plan not kept (the caller holds ``_planning``): from a plan template, else
+        (with ``load``) the program saved on the disk, else planned and compiled; saved
+        for later processes where it runs as one native program."""
+        compiled = self._templates.find(shapes, key[1]) if self._templates is not None else None
+        if isinstance(compiled, TemplatedPlan):   # its layout made from the template's
+            compiled.program = _NativeProgram(compiled.layout, (compiled.native, compiled.base))
+            self.plan_counts["templated"] += 1
+        elif compiled is not None:
+            compiled = dataclasses.replace(compiled, program=_program(compiled, self.target))
+            self.plan_counts["templated"] += 1
+        else:
+            layout = self._store.load(key, self.target) if load and self._store is not None else None
+            if layout is not None:
+                self._loaded[key] = (shapes, values)
+                self._saved.add(key)
+                self.plan_counts["loaded"] += 1
+                return LoadedPlan(_NativeProgram(layout))
+            self._replay()
+            self.plan_counts["planned"] += 1
+            plan = self._planner.plan(dict(shapes), dict(values))
+            compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision,
+                                     self._generalizer)
+            if self._templates is not None:
+                self._templates.learn(compiled, key[1], self._planner, values)
+        if self._store is not None and key not in self._saved and isinstance(compiled.program, _NativeProgram) \
+                and compiled.tail is None:
+            self._saved.add(key)
+            self._store.save(key, compiled.program.layout, self.inputs, self.outputs, self._value_inputs)
+        return compiled
+
+    def _replay(self) -> None:
+        """Plan again the plans loaded from the disk, in the order they were first used
+        (the caller holds ``_planning``), as the process that saved them made them: the
+        kernels and plan templates of later shapes are then the same."""
+        loaded, self._loaded = self._loaded, {}
+        for key, (shapes, values) in loaded.items():
+            compiled = self._new_plan(shapes, values, key, False)
+            with self._plans_lock:
+                if key in self._plans:
+                    self._plans[key] = compiled
 
     @property
     def max_plans(self) -> int:
@@ -437,7 +508,7 @@ class CompiledModel:
         if self.tuning is None:
             raise ArgumentError("this model was compiled without the autotuner; compile it with "
                                 "polyfuse.compile() to list its tuning tasks")
-        compiled = self._plan(all_shapes(self.graph.inputs, shapes, "tasks")) if shapes \
+        compiled = self._plan(all_shapes(self.inputs, shapes, "tasks")) if shapes \
             else self._latest_plan("tasks")
         types = compiled.plan.types
         first = {id(kernel): st for st, kernel in reversed(list(compiled.steps()))}
@@ -449,14 +520,20 @@ class CompiledModel:
     def _latest_plan(self, what: str) -> CompiledPlan:
         """The plan of the latest run (or of ``input_shapes``); for a model whose inputs
         all have fixed shapes, the plan of those shapes."""
-        declared = {v.name: v.type.shape for v in self.graph.inputs}
+        declared = {v.name: v.type.shape for v in self.inputs}
         if not self._plans and all(isinstance(d, int) for s in declared.values() for d in s):
             return self._plan(declared)
         if not self._plans:
             raise ArgumentError(f"{what} need input shapes: run the model once, pass "
                                 "input_shapes to compile(), or give the shapes here")
         with self._plans_lock:
-            return next(reversed(self._plans.values()))
+            key, found = next(reversed(self._plans.items()))
+        if isinstance(found, LoadedPlan):
+            with self._planning:
+                self._replay()
+            found = self._plans[key]
+        assert not isinstance(found, LoadedPlan)   # (planned again)
+        return found
 
     def save_bundle(self, out_dir: Any, name: str = "model", *, threads: bool = False,
                     shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Any]:
@@ -471,16 +548,16 @@ class CompiledModel:
         ``compile`` or of the latest run; one a template's program runs, instantiated
         (each kernel with its own stages: a bundle links their code)."""
         found = self._latest_plan("a bundle") if not shapes else \
-            self._plan(all_shapes(self.graph.inputs, shapes, "plan_for"))
+            self._plan(all_shapes(self.inputs, shapes, "plan_for"))
         return found.instance if isinstance(found, TemplatedPlan) else found
 
     def memory_plan(self, **shapes: tuple[int, ...]) -> MemoryPlan:
         """The activation arena for these input shapes (all inputs must be given)."""
-        missing = [v.name for v in self.graph.inputs if v.name not in shapes]
+        missing = [v.name for v in self.inputs if v.name not in shapes]
         if missing:
             raise ArgumentError(f"memory_plan needs the shape of every input; missing {missing}, "
                                 f"e.g. memory_plan({missing[0]}=(1, 3, 224, 224))")
-        return self._plan(all_shapes(self.graph.inputs, shapes, "memory_plan")).plan.memory
+        return self._plan(all_shapes(self.inputs, shapes, "memory_plan")).plan.memory
 
     def run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return self._run(*self._prepare(feed))
@@ -501,7 +578,7 @@ class CompiledModel:
         if compiled.tail is not None:
             # data-dependent control flow: run from Python (see polyfuse.runtime.interpreted_control)
             results = run_tail(compiled.tail, env | results, self.graph, self._submodel)
-        return declared_outputs(self.graph.outputs, results)
+        return declared_outputs(self.outputs, results)
 
     def _submodel(self, owner: object, make: Callable[[], Graph],
                   feed: Mapping[str, np.ndarray]) -> CompiledModel:
@@ -550,12 +627,12 @@ class CompiledModel:
                                 "polyfuse.compile()")
         model = CompiledModel(self._planner.subgraph(observed(self.source.graph), True), self.target,
                               options=self.options)
-        return record(model.run, self.graph.inputs, feeds, self.source.digest)
+        return record(model.run, self.inputs, feeds, self.source.digest)
 
     def _prepare(self, feed: Mapping[str, Any]) -> tuple[CompiledPlan, dict[str, Any]]:
         """The plan for ``feed`` and the checked inputs (numpy arrays; on the cuda target
         also arrays in GPU memory, used in place)."""
-        env, shapes = check_feed(self.graph.inputs, feed, on_gpu=self.target.backend.device is Device.GPU)
+        env, shapes = check_feed(self.inputs, feed, on_gpu=self.target.backend.device is Device.GPU)
         return self._planned(shapes, env), env
 
     def _planned(self, shapes: dict[str, tuple[int, ...]], env: Mapping[str, Any]) -> CompiledPlan:
@@ -563,7 +640,7 @@ class CompiledModel:
         while True:
             values = {n: a for n, a in env.items() if self._is_value(n, a)}
             try:
-                return self._plan(shapes, values)
+                return self._plan(shapes, values, loaded=True)
             except NeedsValue as need:  # e.g. a Reshape's shape fed at run time
                 wanted = value_sources(self.graph, need.value_name) - set(values)
                 fit = {n for n in wanted if isinstance(env.get(n), np.ndarray)
@@ -582,6 +659,6 @@ class CompiledModel:
     def __call__(self, *arrays: Any, **named: Any) -> tuple[np.ndarray, ...] | np.ndarray:
         """The outputs for the inputs in order (or all by name); one output alone, several
         as a tuple in the model's order."""
-        out = self.run(positional_feed(self.graph.inputs, arrays, named))
+        out = self.run(positional_feed(self.inputs, arrays, named))
         values = tuple(out.values())
         return values[0] if len(values) == 1 else values

@@ -168,7 +168,7 @@ def test_compile_uses_the_records_of_a_qualified_target(spec, tmp_path):
 
 
 @needs_avx512
-def test_the_command_line_keeps_the_qualified_target(tmp_path, capsys, caplog):
+def test_the_command_line_keeps_the_qualified_target(tmp_path, capsys, caplog, monkeypatch):
     tc = tmp_path / "mm.tc"
     tc.write_text(MM)
     path, w = _model(tmp_path)
@@ -184,6 +184,8 @@ def test_the_command_line_keeps_the_qualified_target(tmp_path, capsys, caplog):
         pf.compile(str(path), target=SKYLAKE, options=MODEL_TUNED).dump("loops").strip()
     x = np.random.default_rng(2).standard_normal((32, 32)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
+    # a new cache: the run plans (it would load the program the compile above saved)
+    monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(tmp_path / "cache"))
     with caplog.at_level(logging.DEBUG, logger="polyfuse.autotune"):
         assert main(["run", str(path), "--target", SKYLAKE, "--tuning-records", str(records),
                      "--inputs", str(tmp_path / "in.npz"), "--outputs", str(tmp_path / "o.npz")]) == 0

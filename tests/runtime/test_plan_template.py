@@ -78,7 +78,7 @@ def test_later_shapes_are_planned_from_the_template():
     assert planned <= len(FIRST)
     for shape in LATER:
         check(model, compiled, shape)
-    assert compiled.plan_counts == {"planned": planned, "templated": len(FIRST) + len(LATER) - planned}
+    assert compiled.plan_counts == {"planned": planned, "templated": len(FIRST) + len(LATER) - planned, "loaded": 0}
 
 
 def test_a_templated_shape_is_checked_as_the_planner_checks_it(monkeypatch):
@@ -146,7 +146,7 @@ def test_a_second_plan_probes_for_a_template(monkeypatch):
     compiled = pf.compile(model, target="host")
     for shape in [(2, 3, 4), (2, 5, 9), (2, 8, 17), (2, 4, 40)]:
         check(model, compiled, shape)
-    assert compiled.plan_counts == {"planned": 2, "templated": 2}
+    assert compiled.plan_counts == {"planned": 2, "templated": 2, "loaded": 0}
     probes = [c for c in calls if c not in ({"ids": (2, 3), "past": (2, 4, WIDTH)}, {"ids": (2, 5), "past": (2, 9, WIDTH)})]
     assert len(probes) == 2 and all(c["ids"][0] == 2 and c["past"][1] > 9 for c in probes)
 
@@ -223,13 +223,13 @@ def test_named_input_shapes_compile_ahead_of_the_first_call():
         return cpu.STATS["compiled"] + cpu.STATS["disk"] + cpu.STATS["memory"]
     model = decoder_step()
     compiled = pf.compile(model, target="host", input_shapes={"ids": ("batch", "seq"), "past": ("batch", "past", WIDTH)})
-    assert compiled.plan_counts == {"planned": 4, "templated": 0}   # (the names at 16, then each at 1)
+    assert compiled.plan_counts == {"planned": 4, "templated": 0, "loaded": 0}   # (the names at 16, then each at 1)
     assert "int64 S0" in compiled.dump("loops")   # compiled for symbolic sizes
     before = built()
     shapes = [(2, 3, 4), (3, 5, 9), (2, 40, 7), (5, 2, 2), (1, 3, 3), (1, 9, 20), (4, 1, 6), (3, 7, 1)]
     for shape in shapes:
         check(model, compiled, shape)
-    assert compiled.plan_counts == {"planned": 4, "templated": len(shapes)}
+    assert compiled.plan_counts == {"planned": 4, "templated": len(shapes), "loaded": 0}
     assert built() == before
     check(model, compiled, (1, 1, 3))
     assert compiled.plan_counts["planned"] == 5
