@@ -66,8 +66,7 @@ for step in range(24):
     print(f"step {step:2d}: past {past.shape[1]:3d}, {seconds * 1e3:7.1f} ms, {how}")
     past, ids = got["kv"], rng.integers(0, VOCAB, (2, 1))
 print("plans:", compiled.plan_counts)
-# (a second run of this example loads every plan the first saved: polyfuse.runtime.saved_programs)
-assert compiled.plan_counts["templated"] >= 18 or compiled.plan_counts["loaded"] == 24
+assert compiled.plan_counts["templated"] >= 18   # (a second run loads the planned ones from the disk cache)
 
 # Ahead of time: names in input_shapes compile the kernels for symbolic sizes and the plan
 # templates before any call (the past at 16 and up, and at 1: a size of 1 is a kind of its

@@ -235,7 +235,7 @@ def test_cache_info_and_clear(tc_file, tmp_path, capsys, monkeypatch):
     (folder / "notes.txt").write_text("mine")
     capsys.readouterr()
     assert main(["cache"]) == 0
-    assert capsys.readouterr().out.startswith(f"{folder}: 2 kernels, 0 programs")
+    assert capsys.readouterr().out.startswith(f"{folder}: 2 kernels, 0 plans of compiled models, 0 programs")
     assert main(["cache", "clear"]) == 0
     assert capsys.readouterr().out.strip() == f"removed 4 files from {folder}"
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]

@@ -410,10 +410,13 @@ class CompiledModel:
                                      self._generalizer)
             if self._templates is not None:
                 self._templates.learn(compiled, key[1], self._planner, values)
-        if self._store is not None and key not in self._saved and isinstance(compiled.program, _NativeProgram) \
-                and compiled.tail is None:
-            self._saved.add(key)
-            self._store.save(key, compiled.program.layout, self.inputs, self.outputs, self._value_inputs)
+            # (a plan from a template is not saved: a few milliseconds to make again once
+            # the plans it was learned from are, and a model meeting a new shape on every
+            # call would fill the disk)
+            if self._store is not None and key not in self._saved and isinstance(compiled.program, _NativeProgram) \
+                    and compiled.tail is None:
+                self._saved.add(key)
+                self._store.save(key, compiled.program.layout, self.inputs, self.outputs, self._value_inputs)
         return compiled
 
     def _replay(self) -> None:

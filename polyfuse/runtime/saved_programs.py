@@ -5,9 +5,11 @@ end, planning, packing or compiling (what OpenVINO's model cache does for its bl
 of its bytes (and of its external data files) and by every setting of the compile its
 programs depend on: the target with the host CPU's features, the mapping options, the
 precision, ``sizes``, the tuning records, polyfuse's version and a hash of its sources.
-Each plan the model makes that runs as one native program is saved under that key and
+Each plan the planner makes that runs as one native program is saved under that key and
 the plan's own (its input shapes, and the values of the inputs it is specialized to),
-in the disk cache's directory (:func:`polyfuse.runtime.cache.cache_dir`):
+in the disk cache's directory (:func:`polyfuse.runtime.cache.cache_dir`); a plan made
+from a plan template (:mod:`polyfuse.runtime.plan_template`) is not, so a model meeting
+a new shape on every call saves a few plans, not one per shape:
 
 * ``models/<model>.json``: the model's inputs and outputs (names, element types,
   shapes with their named dimensions) and the inputs whose values its plans take;
@@ -24,7 +26,8 @@ end runs when something first needs the graph (a shape with no saved plan, ``dum
 from their files. Everything else is as in a model compiled from scratch: at a shape
 with no saved plan, the plans loaded so far are planned again first, in the order they
 were used, so the kernels later shapes share (:mod:`polyfuse.runtime.generalize`) and
-the plan templates are those the first process made.
+the plan templates are those the first process made (their kernels come from the
+kernel cache).
 
 Records carry a digest line, as the kernel cache's entries do; a record that does not
 match or parse, a constant file of the wrong size, a kernel entry gone: each is a miss
