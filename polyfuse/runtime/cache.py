@@ -44,7 +44,7 @@ import tempfile
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -257,11 +257,14 @@ def checked_file(path: Path, make: Callable[[Path], None], spare: Path) -> Path:
     return path
 
 
-def atomic_write(path: Path, data: bytes | memoryview) -> None:
+def atomic_write(path: Path, data: bytes | memoryview | Iterable[bytes | memoryview]) -> None:
+    """``data`` (or its pieces, in order) written to ``path`` under a temporary name, then
+    renamed: a reader sees the whole file or none."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for piece in (data,) if isinstance(data, (bytes, memoryview)) else data:
+                f.write(piece)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

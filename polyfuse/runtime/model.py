@@ -40,7 +40,7 @@ from polyfuse.runtime.feeds import (all_shapes, check_feed, check_shapes, declar
                                     shape_arg, signature)
 from polyfuse.runtime.kernel import Kernel, SpecializedKernel, Tuning, compiles_symbolic
 from polyfuse.runtime.profiling import ModelSource, observed, record
-from polyfuse.runtime.saved_programs import ModelStore
+from polyfuse.runtime.saved_programs import CALLS, ModelStore
 from polyfuse.runtime.instructions import Run, straight
 from polyfuse.runtime.program import CONSTANT, CompiledPlan, ProgramLayout
 from polyfuse.runtime.stepwise import run_steps
@@ -573,11 +573,12 @@ class CompiledModel:
         return self._run(self._planned(shapes, feed), dict(feed))
 
     def _run(self, compiled: CompiledPlan, env: dict[str, Any]) -> dict[str, np.ndarray]:
-        if compiled.program is not None:
-            results = compiled.program.run(env)
-        else:
-            run_steps(compiled, env)
-            results = {name: env[name] for name in compiled.plan.outputs}
+        with CALLS:   # (what saving programs waits out)
+            if compiled.program is not None:
+                results = compiled.program.run(env)
+            else:
+                run_steps(compiled, env)
+                results = {name: env[name] for name in compiled.plan.outputs}
         if compiled.tail is not None:
             # data-dependent control flow: run from Python (see polyfuse.runtime.interpreted_control)
             results = run_tail(compiled.tail, env | results, self.graph, self._submodel)

@@ -218,3 +218,19 @@ def test_a_model_with_external_data_is_keyed_by_its_weights_files_too(tmp_path, 
     third = later(path)
     check(convnet(seed=1), third)
     assert third.plan_counts == {"planned": 1, "templated": 0, "loaded": 0}
+
+
+def test_saving_waits_for_the_calls_running(tmp_path, cache_dir, monkeypatch):
+    """Constants are hashed and written between the model's calls, not beside them."""
+    import time
+    model = convnet()
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    compiled = pf.compile(str(path), target="host")
+    with saved_programs.CALLS:   # a call of another thread, running
+        check(model, compiled)   # (its save starts now)
+        time.sleep(0.2)
+        assert not (cache_dir / "constants").exists() or not list((cache_dir / "constants").iterdir())
+    saved_programs.flush()
+    assert list((cache_dir / "constants").iterdir())
+    check(model, later(path))
