@@ -244,7 +244,8 @@ def bert(path: Path, repeat: int, specialized: bool) -> None:
         try:
             ahead_stream.run(lambda: pf.compile(str(path), target="host", input_shapes=named), lambda m, f: m(**f),
                              lambda m: (m.plan_counts["planned"], cpu.STATS["compiled"]))
-        finally:   # (the cold cache goes with this block)
+        finally:   # (the cold cache goes with this block, after the saves into it)
+            saved_programs.flush()
             if before is None:
                 os.environ.pop("POLYFUSE_CACHE_DIR", None)
             else:
@@ -335,6 +336,7 @@ def gpt2(path: Path, layers: int, heads: int, width: int, tokens: int) -> None:
         ahead_load = time.perf_counter() - t
         before_ahead = cpu.STATS["compiled"]
         got_ahead, ahead_seconds = decode(lambda f: ahead(**f), chosen)
+        saved_programs.flush()
     err_ahead = max(error(g, w) for g, w in zip(got_ahead, want))
     same_ahead = sum(int(np.argmax(g[0])) == c for g, c in zip(got_ahead, chosen))
     print(f"\nGPT-2 ({layers} layers) greedy decoding: a prompt of {PROMPT}, then {tokens} steps of one token")
@@ -382,6 +384,7 @@ def main() -> None:
             bert(bert_onnx(args.cache), args.repeat, not args.skip_specialized)
         if args.only in (None, "gpt2"):
             gpt2(*gpt2_onnx(args.cache), args.tokens)
+        saved_programs.flush()
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ import torch  # noqa: E402 - after real_models, which sets torch's OpenMP wait p
 from tests.torch.models import calibrated  # noqa: E402
 
 import polyfuse as pf  # noqa: E402
-from polyfuse.runtime import cpu, native  # noqa: E402
+from polyfuse.runtime import cpu, native, saved_programs  # noqa: E402
 
 RTOL = 1e-3
 
@@ -242,6 +242,7 @@ def polyfuse_cold(path: Path, entry: Entry, feed: dict[str, np.ndarray]) -> tupl
             model.run(feed)
             return model, time.perf_counter() - t
         finally:
+            saved_programs.flush()   # (its saves into the folder, before the folder goes)
             if previous is None:
                 del os.environ["POLYFUSE_CACHE_DIR"]
             else:

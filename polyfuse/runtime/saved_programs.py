@@ -267,7 +267,7 @@ def _save_constant(root: Path, name: str, array: np.ndarray, pace: _Pace) -> Sav
     digest = _constant_digest(array, pace)
     path = root / "constants" / digest
     if not (path.is_file() and path.stat().st_size == array.nbytes):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(exist_ok=True)   # (in the cache's folder: one removed meanwhile stays so)
         cache.atomic_write(path, pace.pieces(array))
     return SavedConstant(name, tuple(int(d) for d in array.shape), array.dtype.str, digest)
 
@@ -490,7 +490,7 @@ class ModelStore:
 
     @staticmethod
     def _write(path: Path, record: Any) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(exist_ok=True)
         meta = {"format": FORMAT, "schema": schema(type(record)), "record": encode(record)}
         cache.write_checked(path, json.dumps(meta).encode())
 
