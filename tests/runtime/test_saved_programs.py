@@ -234,3 +234,20 @@ def test_saving_waits_for_the_calls_running(tmp_path, cache_dir, monkeypatch):
     saved_programs.flush()
     assert list((cache_dir / "constants").iterdir())
     check(model, later(path))
+
+
+def test_compiles_with_other_settings_do_not_share_programs(tmp_path, cache_dir):
+    """Input shapes given ahead (the plans a model makes first) and other options key
+    the saved programs too: a model compiled at a fixed shape does not load the program a
+    model compiled without shapes saved."""
+    model, _ = saved(tmp_path / "m.onnx")
+    saved_programs.flush()
+    fixed = pf.compile(str(tmp_path / "m.onnx"), target="host", input_shapes={"x": (1, 3, 8, 8)})
+    check(model, fixed)
+    assert fixed.plan_counts == {"planned": 1, "templated": 0, "loaded": 0}
+    specialized = pf.compile(str(tmp_path / "m.onnx"), target="host", sizes="specialized")
+    check(model, specialized)
+    assert specialized.plan_counts == {"planned": 1, "templated": 0, "loaded": 0}
+    again = later(tmp_path / "m.onnx")
+    check(model, again)
+    assert again.plan_counts == {"planned": 0, "templated": 0, "loaded": 1}
