@@ -131,11 +131,11 @@ def compile(model: Any, *, target: str | Target = "reference",
     settings = _store_settings(tgt, options, precision, sizes, records, input_shapes)
     path = Path(model) if isinstance(model, (str, os.PathLike)) else None
     known = known_digest(path) if path is not None and settings is not None else None
-    if known is not None and settings is not None and not _named(input_shapes):
+    if known is not None and path is not None and settings is not None and not _named(input_shapes):
         store = ModelStore(known, settings)
         saved = store.model()
         if saved is not None:   # compiled before: the front end runs when a plan is not saved
-            deferred = _DeferredPlanner(model, precision, known)
+            deferred = _DeferredPlanner(path.resolve(), precision, known)   # (the same file, wherever the cwd)
             return CompiledModel(deferred, tgt, options=options, input_shapes=input_shapes,
                                  stages=_DeferredStages(deferred), tuning=Tuning(records), source=deferred.source,
                                  max_plans=max_plans, precision=matmul_precision, sizes=sizes, store=store,
@@ -163,7 +163,10 @@ def _onnx_front_end(model: Any, precision: str, expected: str | None = None
     hashed = beside(model_digest, data)
     del data
     digest = beside(files_digest, hashed, path, external) if path is not None or not external else None
-    if expected is not None and (digest is None or digest.result() != expected):
+    # (the files' stat unchanged since their digest was remembered, after reading them:
+    # what was read is what was hashed, without waiting for the hash)
+    unchanged = path is not None and known_digest(path) == expected
+    if expected is not None and not unchanged and (digest is None or digest.result() != expected):
         raise ModelError(f"the model {'file ' + repr(str(path)) + ' ' if path else ''}changed after "
                          "polyfuse.compile() read it; compile it again")
     graph = _front_end(proto)

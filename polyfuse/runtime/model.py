@@ -75,7 +75,8 @@ MAX_PLANS = 16
 
 def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
                   tuning: Tuning | None, precision: str = "ieee",
-                  generalizer: Generalizer | None = None) -> CompiledPlan:
+                  generalizer: Generalizer | None = None,
+                  packed_before: Mapping[str, np.ndarray] | None = None) -> CompiledPlan:
     """Every kernel step of ``plan`` compiled for ``target``, and what runs them. Steps of
     one TC text on buffers of one type (a recurrence's time steps) share one kernel, when
     each step has constant values for the parameters the kernel reads packed. A step's
@@ -87,7 +88,8 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     Kernels of different texts compile on
     :data:`~polyfuse.runtime.compile_threads.THREADS` threads, so that one is
     scheduled while another's machine code is made (the runtime's cache lets each stage
-    run one kernel at a time)."""
+    run one kernel at a time). ``packed_before``: the plan's packed constants made before
+    (a program of it loaded from the disk), not packed again."""
     steps = list(leaves(plan.steps))
     kernels: list[SpecializedKernel | None] = [None] * len(steps)
     generic: list[Generic | None] = [None] * len(steps)
@@ -136,7 +138,7 @@ def _compile_plan(plan: Plan, target: Target, options: MappingOptions | None,
     if generalizer is not None:
         generalizer.remember(texts.values(), (steps[i].label for i in texts))
     compiled = CompiledPlan(plan, tuple(kernels), generic=tuple(generic) if any(generic) else ())
-    return dataclasses.replace(compiled, program=_program(compiled, target))
+    return dataclasses.replace(compiled, program=_program(compiled, target, packed_before))
 
 
 def _packed_sources(kernel: SpecializedKernel) -> frozenset[str]:
@@ -180,7 +182,7 @@ class _NativeProgram:
                 ins.native(self.program, place)
 
     @staticmethod
-    def build(compiled: CompiledPlan) -> _NativeProgram | None:
+    def build(compiled: CompiledPlan, packed_before: Mapping[str, np.ndarray] | None = None) -> _NativeProgram | None:
         """The program, or None when a step is not native code of the CPU runtime."""
         from polyfuse.runtime.cpu import CpuExecutable
         from polyfuse.runtime.kernel import SizesBound
@@ -188,7 +190,7 @@ class _NativeProgram:
             run = kernel.run.executable if isinstance(kernel.run, SizesBound) else kernel.run
             if not isinstance(run, CpuExecutable) or set(run.layout.scalars) - set(getattr(kernel.run, "sizes", ())):
                 return None
-        return _NativeProgram(ProgramLayout.of(compiled))
+        return _NativeProgram(ProgramLayout.of(compiled, packed_before))
 
     def run(self, env: dict[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
         if self.refusal:
@@ -211,7 +213,7 @@ class LoadedPlan:
     tail: None = None
 
 
-def _program(compiled: CompiledPlan, target: Target) -> Any:
+def _program(compiled: CompiledPlan, target: Target, packed_before: Mapping[str, np.ndarray] | None = None) -> Any:
     """What runs a plan's kernels as one unit: a native program in this process, a
     program run under an emulator, a program on the GPU, or None (each step runs by
     itself)."""
@@ -224,7 +226,7 @@ def _program(compiled: CompiledPlan, target: Target) -> Any:
     from polyfuse.runtime import cross
     from polyfuse.targets.cpu import runs_natively
     if runs_natively(target):
-        return _NativeProgram.build(compiled)
+        return _NativeProgram.build(compiled, packed_before)
     return cross.CrossProgram(ProgramLayout.of(compiled), target)
 
 
@@ -265,7 +267,8 @@ class CompiledModel:
         self.tuning = tuning
         self.precision = precision   # "tf32": float32 contractions may run on TF32 tensor cores
         self._store = store
-        self._loaded: dict[tuple, tuple[dict[str, tuple], dict[str, np.ndarray]]] = {}   # plans from the disk
+        # plans from the disk: shapes, values, the program's constants
+        self._loaded: dict[tuple, tuple[dict[str, tuple], dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
         self._saved: set[tuple] = set()   # plans saved (or loaded) by this process
         self._plans: OrderedDict[tuple, CompiledPlan | LoadedPlan] = OrderedDict()   # the last used last
         self._plans_lock = threading.Lock()   # guards _plans' order
@@ -385,11 +388,21 @@ class CompiledModel:
         return compiled
 
     def _new_plan(self, shapes: dict[str, tuple], values: dict[str, np.ndarray], key: tuple,
-                  load: bool) -> Any:
+                  load: bool, packed_before: Mapping[str, np.ndarray] | None = None) -> Any:
         """A plan not kept (the caller holds ``_planning``): from a plan template, else
         (with ``load``) the program saved on the disk, else planned and compiled; saved
         for later processes where it runs as one native program."""
         compiled = self._templates.find(shapes, key[1]) if self._templates is not None else None
+        if compiled is None:
+            layout = self._store.load(key, self.target) if load and self._store is not None else None
+            if layout is not None:
+                self._loaded[key] = (shapes, values, layout.constants)
+                self._saved.add(key)
+                self.plan_counts["loaded"] += 1
+                return LoadedPlan(_NativeProgram(layout))
+            if self._loaded:   # the plans loaded, planned again: their templates may serve this shape
+                self._replay()
+                compiled = self._templates.find(shapes, key[1]) if self._templates is not None else None
         if isinstance(compiled, TemplatedPlan):   # its layout made from the template's
             compiled.program = _NativeProgram(compiled.layout, (compiled.native, compiled.base))
             self.plan_counts["templated"] += 1
@@ -397,17 +410,10 @@ class CompiledModel:
             compiled = dataclasses.replace(compiled, program=_program(compiled, self.target))
             self.plan_counts["templated"] += 1
         else:
-            layout = self._store.load(key, self.target) if load and self._store is not None else None
-            if layout is not None:
-                self._loaded[key] = (shapes, values)
-                self._saved.add(key)
-                self.plan_counts["loaded"] += 1
-                return LoadedPlan(_NativeProgram(layout))
-            self._replay()
             self.plan_counts["planned"] += 1
             plan = self._planner.plan(dict(shapes), dict(values))
             compiled = _compile_plan(plan, self.target, self.options, self.tuning, self.precision,
-                                     self._generalizer)
+                                     self._generalizer, packed_before)
             if self._templates is not None:
                 self._templates.learn(compiled, key[1], self._planner, values)
             # (a plan from a template is not saved: a few milliseconds to make again once
@@ -424,8 +430,8 @@ class CompiledModel:
         (the caller holds ``_planning``), as the process that saved them made them: the
         kernels and plan templates of later shapes are then the same."""
         loaded, self._loaded = self._loaded, {}
-        for key, (shapes, values) in loaded.items():
-            compiled = self._new_plan(shapes, values, key, False)
+        for key, (shapes, values, constants) in loaded.items():
+            compiled = self._new_plan(shapes, values, key, False, constants)   # (its packed weights loaded)
             with self._plans_lock:
                 if key in self._plans:
                     self._plans[key] = compiled

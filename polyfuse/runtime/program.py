@@ -214,7 +214,9 @@ class ProgramLayout:
     code: list[Instruction]                        # what runs the calls (in loops, branches)
 
     @staticmethod
-    def of(compiled: CompiledPlan) -> ProgramLayout:
+    def of(compiled: CompiledPlan, packed_before: Mapping[str, np.ndarray] | None = None) -> ProgramLayout:
+        """``packed_before``: packed constants by name, made before for this plan (a
+        program of it loaded from the disk), used instead of packing them again."""
         plan = compiled.plan
         memory = plan.memory
         root = memory.roots.get
@@ -251,7 +253,11 @@ class ProgramLayout:
 
         def packed(value: str, shape: tuple[int, ...], packing: Packing) -> tuple[int, Any, int]:
             """A constant's packed copy, made once (kernels packing it alike share it)."""
-            name = f"{value}={packing}{list(shape)}"
+            name = f"{value}={packing}{list(shape)}"   # (what names its packed copy in every plan)
+            before = (packed_before or {}).get(name)
+            if name not in constants and before is not None and before.shape == shape \
+                    and before.dtype == np.asarray(plan.constants[value]).dtype:
+                constants[name] = before
             if name not in constants:
                 constants[name] = shared_packed_copy(np.asarray(plan.constants[value]), shape, packing)
             return (CONSTANT, name, 0)
