@@ -12,7 +12,16 @@ through the ops that follow:
   time, broadcasting as before) run on the twins, as do quantizations and
   dequantizations with one scale and zero point;
 * pools, batch and instance normalization and LRN on a twin run channels-last;
-* Concat of twins joins them along the channel axis's new place;
+* Concat of twins joins them along the channel axis's new place, and a Slice of a twin
+  (its axes constant) slices the same axes in their new places (a channel split: the
+  halves ShuffleNet's blocks take);
+* a channel shuffle (Reshape splitting the channels in groups, Transpose swapping the
+  two, Reshape joining them: ShuffleNet's) runs on the twin as the same three on its
+  last axis; the first Reshape carries the twin's shape it was matched for
+  (:data:`INPUT_SHAPE`, checked when planned: a reshape of other dimensions of the same
+  count is not a shuffle);
+* the Shape of a twin is the twin's shape, put back in ONNX's order (a Gather), so a
+  value whose shape is read needs no Transpose back for it;
 * anything else reads ONNX's layout: the first such reader of a value gets a Transpose
   back, under the value's own name, as do graph outputs.
 
@@ -43,6 +52,7 @@ from polyfuse.lowering.fusion import ELEMENTWISE, QUANTIZERS
 from polyfuse.lowering.winograd import winograd_nodes, winograd_tile
 
 CHANNELS_LAST = "polyfuse.channels_last"   # node attribute: input 0 and output 0 are channels-last
+INPUT_SHAPE = "polyfuse.input_shape"       # Reshape attribute: the only input shape it takes
 
 # ops whose input 0 and output 0 are (N, C, ...) tensors and that run channels-last on a twin
 _WINDOWED = frozenset({"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
@@ -87,9 +97,17 @@ class _Converter:
         self.pending: set[str] = set()               # values whose only copy is their twin
         self.names = {v.name for v in g.inputs} | set(self.constants) | \
             {o for n in g.nodes for o in n.outputs} | {n.name for n in g.nodes}
+        self.readers: dict[str, list[Node]] = {}
+        for n in g.nodes:
+            for v in set(n.inputs):
+                self.readers.setdefault(v, []).append(n)
+        self.outputs = {v.name for v in g.outputs}
+        self.done: set[int] = set()   # ids of nodes rewritten with an earlier one
 
     def run(self) -> Graph:
         for n in self.g.nodes:
+            if id(n) in self.done:
+                continue
             if not self._converted(n):
                 for v in n.inputs:
                     self._need(v)
@@ -168,6 +186,12 @@ class _Converter:
             return self._pointwise(n)
         if n.op == "Concat":
             return self._concat(n)
+        if n.op == "Slice":
+            return self._slice(n)
+        if n.op == "Reshape":
+            return self._shuffle(n)
+        if n.op == "Shape":
+            return self._shape(n)
         return False
 
     def _conv(self, n: Node) -> bool:
@@ -243,6 +267,76 @@ class _Converter:
         attrs = tuple((k, moved if k == "axis" else v) for k, v in n.attrs)
         self.nodes.append(replace(n, inputs=tuple(self.twin[v][0] for v in n.inputs),
                                   outputs=self._define(n, rank), attrs=attrs))
+        return True
+
+
+    def _only_reader(self, v: str, op: str) -> Node | None:
+        """The one node reading ``v`` (not a graph output), where it is an ``op``."""
+        readers = self.readers.get(v, [])
+        return readers[0] if len(readers) == 1 and readers[0].op == op and v not in self.outputs else None
+
+    def _shuffle(self, n: Node) -> bool:
+        """A channel shuffle of a twin (see the module docstring), on the twin."""
+        if len(n.inputs) != 2 or n.inputs[0] not in self.twin or len(n.outputs) != 1:
+            return False   # (allowzero does not matter: every size is given)
+        twin, rank = self.twin[n.inputs[0]]
+        split = self.constants.get(n.inputs[1])
+        swap = self._only_reader(n.outputs[0], "Transpose")
+        join = self._only_reader(swap.outputs[0], "Reshape") if swap is not None and len(swap.outputs) == 1 \
+            else None
+        joined = self.constants.get(join.inputs[1]) if join is not None and len(join.inputs) == 2 else None
+        if split is None or joined is None or swap is None or join is None:
+            return False
+        first, last = split.array.tolist(), joined.array.tolist()
+        if not (split.array.ndim == joined.array.ndim == 1 and len(first) == rank + 1 and len(last) == rank
+                and all(isinstance(d, int) and d > 0 for d in first)
+                and tuple(swap.attr("perm") or ()) == (0, 2, 1, *range(3, rank + 1))
+                and last[:1] + last[2:] == first[:1] + first[3:] and last[1] in (-1, first[1] * first[2])):
+            return False
+        batch, groups, width, spatial = first[0], first[1], first[2], first[3:]
+        known = self.g.type_of(n.inputs[0])
+        if known is not None and known.is_static and tuple(known.shape) != (batch, groups * width, *spatial):
+            return False   # (a reshape of other dimensions: ONNX's layout)
+        grouped, swapped = self._fresh(f"{n.outputs[0]}:channels_last"), self._fresh(f"{swap.outputs[0]}:channels_last")
+        shape_in, shape_out = self._fresh(f"{n.inputs[1]}:channels_last"), self._fresh(f"{join.inputs[1]}:channels_last")
+        self.constants[shape_in] = Constant(shape_in, np.array([batch, *spatial, groups, width], np.int64))
+        self.constants[shape_out] = Constant(shape_out, np.array([batch, *spatial, groups * width], np.int64))
+        self.nodes += [
+            Node("Reshape", n.name, (twin, shape_in), (grouped,),
+                 (("allowzero", 0), (INPUT_SHAPE, (batch, *spatial, groups * width)))),
+            Node("Transpose", swap.name, (grouped,), (swapped,), (("perm", (*range(rank - 1), rank, rank - 1)),)),
+            Node("Reshape", join.name, (swapped, shape_out), self._define(join, rank), (("allowzero", 0),))]
+        self.done |= {id(swap), id(join)}
+        return True
+
+    def _slice(self, n: Node) -> bool:
+        """A Slice of a twin along constant axes, on the twin."""
+        if not n.inputs or n.inputs[0] not in self.twin or len(n.inputs) < 4 or len(n.outputs) != 1:
+            return False
+        axes = self.constants.get(n.inputs[3])
+        twin, rank = self.twin[n.inputs[0]]
+        if axes is None or axes.array.ndim != 1 or axes.array.dtype.kind not in "iu" \
+                or not all(-rank <= a < rank for a in axes.array.tolist()):
+            return False   # (axes computed, or wrong: the lowering reports them)
+        moved = self._fresh(f"{n.inputs[3]}:channels_last")
+        perm = channels_last(rank)
+        self.constants[moved] = Constant(moved, np.array([perm.index(a % rank) for a in axes.array.tolist()],
+                                                         axes.array.dtype))
+        self.nodes.append(replace(n, inputs=(twin, *n.inputs[1:3], moved, *n.inputs[4:]),
+                                  outputs=self._define(n, rank)))
+        return True
+
+    def _shape(self, n: Node) -> bool:
+        """The shape of a twin, in ONNX's order."""
+        if not n.inputs or n.inputs[0] not in self.twin or n.attrs or len(n.outputs) != 1:
+            return False   # (a Shape's start and end count in ONNX's order: left as they are)
+        twin, rank = self.twin[n.inputs[0]]
+        shape = self._fresh(f"{n.outputs[0]}:channels_last")
+        order = self._fresh(f"{n.outputs[0]}:order")
+        self.constants[order] = Constant(order, np.array(channels_first(rank), np.int64))
+        self.nodes += [replace(n, inputs=(twin,), outputs=(shape,)),
+                       Node("Gather", self._fresh(f"{n.name}:channels_first"), (shape, order), n.outputs,
+                            (("axis", 0),))]
         return True
 
 

@@ -206,3 +206,54 @@ def test_a_convolution_pads_its_channels_last_copy_by_a_cache_line(stride, chann
     assert channel_pitch(512, [axis], 2) == 544 and channel_pitch(512, [], 4) == 512
     unstrided = WindowAxis(size=7, kernel=3, stride=1, dilation=1, out=7, pad=1, pad_end=1)
     assert [channel_pitch(c, [unstrided], 4) for c in (256, 512, 1024)] == [256, 528, 1040]
+
+
+def shuffle_block(spatial=("H", "W"), split=None):
+    """ShuffleNet's block as torch exports it: two branches of convolutions concatenated,
+    the channels shuffled (Reshape into 2 groups, Transpose, Reshape back), the result
+    split in halves by Slices whose ends come from its Shape, and a convolution of each.
+    ``split``: the first Reshape's target (default: the channels in 2 groups of 6)."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "Wa"], ["a"], name="a", pads=[1, 1, 1, 1]), n("Relu", ["a"], ["ra"]),
+             n("Conv", ["x", "Wb"], ["b"], name="b"), n("Relu", ["b"], ["rb"]),
+             n("Concat", ["ra", "rb"], ["cat"], axis=1),
+             n("Reshape", ["cat", "split"], ["grouped"]),
+             n("Transpose", ["grouped"], ["swapped"], perm=[0, 2, 1, 3, 4]),
+             n("Reshape", ["swapped", "join"], ["shuffled"]),
+             n("Shape", ["shuffled"], ["shape"]), n("Gather", ["shape", "one"], ["channels"], axis=0),
+             n("Div", ["channels", "two"], ["half"]),
+             n("Slice", ["shuffled", "zero", "half", "axis1"], ["left"]),
+             n("Slice", ["shuffled", "half", "channels", "axis1"], ["right"]),
+             n("Conv", ["left", "Wl"], ["l"], name="l"), n("Conv", ["right", "Wr"], ["r"], name="r", pads=[1, 1, 1, 1]),
+             n("Concat", ["l", "r"], ["y"], axis=1)]
+    inits = {"Wa": _w(6, 3, 3, 3), "Wb": _w(6, 3, 1, 1), "Wl": _w(4, 6, 1, 1), "Wr": _w(4, 6, 3, 3),
+             "split": np.array(split or [1, 2, 6, 5, 7], np.int64), "join": np.array([1, -1, 5, 7], np.int64),
+             "one": np.array([1], np.int64), "two": np.array([2], np.int64), "zero": np.array([0], np.int64),
+             "axis1": np.array([1], np.int64)}
+    return _model(nodes, {"x": [1, 3, *spatial]}, {"y": [1, 8, *(["h", "w"] if split else [5, 7])]}, inits)
+
+
+def test_a_channel_shuffle_and_its_slices_run_channels_last():
+    model = shuffle_block()
+    compiled = pf.compile(model, target="host")
+    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((1, 3, 5, 7)).astype(np.float32)},
+                               rtol=1e-4, atol=1e-5, compiled=compiled)
+    labels = _steps(compiled)
+    # into channels-last once, out once for the output: the shuffle, the shape and the halves on the twins
+    assert [label for label in labels if "channels" in label] == ["x:to_channels_last", "y:channels_first"], labels
+
+
+def test_a_reshape_of_other_dimensions_is_not_taken_for_a_shuffle():
+    """The same three nodes on a (1, 12, 5, 7) tensor split as (1, 2, 6, 7, 5): the
+    spatial dimensions are not kept, so it is no channel shuffle. With the input's sizes
+    known the graph keeps ONNX's layout there; with sizes known only when planned,
+    the channels-last Reshape refuses them (a polyfuse error, never other values)."""
+    model = shuffle_block(spatial=(5, 7), split=[1, 2, 6, 7, 5])
+    model.graph.node[7].input[1] = "join2"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, -1, 7, 5], np.int64), "join2"))
+    x = RNG.standard_normal((1, 3, 5, 7)).astype(np.float32)
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-5, compiled=pf.compile(model, target="host"))
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "W"
+    with pytest.raises(pf.UnsupportedOpError, match="channel shuffle"):
+        pf.compile(model, target="host").run({"x": x})

@@ -16,6 +16,11 @@ def _reshape(ctx: OpContext) -> View:
     else:  # Reshape-1 took the shape as an attribute
         shape = ctx.ints(ctx.attr("shape", ()), "the target shape", least=-1)
     src = ctx.shape(0)
+    expected = ctx.attr("polyfuse.input_shape")   # (lowering/layout: a channel shuffle's, channels-last)
+    if expected is not None and tuple(src) != tuple(expected):
+        raise ctx.unsupported(f"a Reshape taken for a channel shuffle of shape {tuple(expected)} (run "
+                              f"channels-last) is given shape {tuple(src)}: the graph reshapes other "
+                              "dimensions of the same count, which polyfuse does not run")
     allow_zero = ctx.flag("allowzero", 0)
     if not allow_zero and any(d == 0 for d in shape[len(src):]):
         raise ctx.malformed(f"target shape {tuple(shape)} copies (0) a dimension input shape "
