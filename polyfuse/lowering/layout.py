@@ -20,6 +20,9 @@ through the ops that follow:
   last axis; the first Reshape carries the twin's shape it was matched for
   (:data:`INPUT_SHAPE`, checked when planned: a reshape of other dimensions of the same
   count is not a shuffle);
+* a Resize of a twin (no region of interest, no axes attribute) resizes the twin, its
+  scales or sizes put in the twin's order (an FPN's upsampled maps), but for a graph
+  output (the smaller map goes back to ONNX's layout: a segmentation's last upsampling);
 * the Shape of a twin is the twin's shape, put back in ONNX's order (a Gather), so a
   value whose shape is read needs no Transpose back for it;
 * anything else reads ONNX's layout: the first such reader of a value gets a Transpose
@@ -192,6 +195,8 @@ class _Converter:
             return self._shuffle(n)
         if n.op == "Shape":
             return self._shape(n)
+        if n.op == "Resize":
+            return self._resize(n)
         return False
 
     def _conv(self, n: Node) -> bool:
@@ -324,6 +329,38 @@ class _Converter:
                                                          axes.array.dtype))
         self.nodes.append(replace(n, inputs=(twin, *n.inputs[1:3], moved, *n.inputs[4:]),
                                   outputs=self._define(n, rank)))
+        return True
+
+    def _resize(self, n: Node) -> bool:
+        """A Resize of a twin by its scales or sizes, in the twin's order."""
+        if not n.inputs or n.inputs[0] not in self.twin or len(n.outputs) != 1 or n.attr("axes") is not None \
+                or n.attr("coordinate_transformation_mode") == "tf_crop_and_resize" or len(n.inputs) < 3:
+            return False
+        if n.outputs[0] in self.outputs:
+            return False   # (a graph output: the map is put back in ONNX's order before it grows)
+        twin, rank = self.twin[n.inputs[0]]
+        perm = channels_last(rank)
+        inputs = [twin, ""]
+        if n.inputs[1] and not (n.inputs[1] in self.constants and self.constants[n.inputs[1]].array.size == 0):
+            return False   # a region of interest (read in ONNX's order)
+        for at, v in enumerate(n.inputs[2:4], start=2):
+            if not v or v in self.constants and self.constants[v].array.size == 0:
+                inputs.append(v)
+            elif v in self.constants:
+                array = self.constants[v].array
+                if array.shape != (rank,):
+                    return False   # (the lowering reports it)
+                moved = self._fresh(f"{v}:channels_last")
+                self.constants[moved] = Constant(moved, np.ascontiguousarray(array[list(perm)]))
+                inputs.append(moved)
+            else:   # sizes computed: put in the twin's order when planned
+                order = self._fresh(f"{v}:order")
+                moved = self._fresh(f"{v}:channels_last")
+                self.constants[order] = Constant(order, np.array(perm, np.int64))
+                self.nodes.append(Node("Gather", self._fresh(f"{n.name}:{'scales' if at == 2 else 'sizes'}"),
+                                       (v, order), (moved,), (("axis", 0),)))
+                inputs.append(moved)
+        self.nodes.append(replace(n, inputs=tuple(inputs), outputs=self._define(n, rank)))
         return True
 
     def _shape(self, n: Node) -> bool:

@@ -257,3 +257,26 @@ def test_a_reshape_of_other_dimensions_is_not_taken_for_a_shuffle():
     model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "W"
     with pytest.raises(pf.UnsupportedOpError, match="channel shuffle"):
         pf.compile(model, target="host").run({"x": x})
+
+
+@pytest.mark.parametrize("by", ["scales", "sizes"])
+def test_an_upsampled_map_added_to_a_lateral_one_runs_channels_last(by):
+    """An FPN's top-down step: a coarse map resized to the lateral map's size (by scales,
+    or by sizes computed from the lateral map's Shape) and added to it, then a
+    convolution; and the upsampling of a graph output stays in ONNX's layout."""
+    n = helper.make_node
+    resize = n("Resize", ["top", "", "scales"], ["up"], mode="nearest") if by == "scales" else \
+        n("Resize", ["top", "", "", "size"], ["up"], mode="nearest")
+    nodes = [n("Conv", ["x", "Wl"], ["lateral"], name="lateral"),
+             n("Conv", ["x", "Wt"], ["top"], name="top", strides=[2, 2]),
+             n("Shape", ["lateral"], ["size"]), resize,
+             n("Add", ["up", "lateral"], ["sum"]), n("Conv", ["sum", "Wo"], ["y"], name="out", pads=[1, 1, 1, 1]),
+             n("Resize", ["y", "", "twice"], ["z"], mode="linear")]
+    inits = {"Wl": _w(8, 3, 1, 1), "Wt": _w(8, 3, 1, 1), "Wo": _w(8, 8, 3, 3),
+             "scales": np.array([1, 1, 2, 2], np.float32), "twice": np.array([1, 1, 2, 2], np.float32)}
+    model = _model(nodes, {"x": [1, 3, 6, 10]}, {"z": [1, 8, 12, 20]}, inits)
+    compiled = pf.compile(model, target="host")
+    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((1, 3, 6, 10)).astype(np.float32)},
+                               rtol=1e-4, atol=1e-5, compiled=compiled)
+    labels = _steps(compiled)
+    assert [label for label in labels if "channels" in label] == ["x:to_channels_last", "y:channels_first"], labels
