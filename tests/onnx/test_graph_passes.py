@@ -9,7 +9,7 @@ from polyfuse.ir.graph import verify_graph
 from polyfuse.lowering.fusion import describe_groups, partition_fusion_groups
 from polyfuse.lowering.graph_passes import (DEFAULT_PASSES, PassManager, eliminate_common_subexpressions,
                                             eliminate_dead_nodes, extend_concatenations, fold_batch_norms, scale_batch_norms,
-                                            simplify_movement)
+                                            simplify_movement, split_sparse_windows)
 from polyfuse.driver import compile_graph
 from polyfuse.targets import Target
 from tests.onnx.ort_compare import assert_matches_onnxruntime
@@ -372,3 +372,41 @@ def test_scalar_constants_become_literals_and_small_powers_products():
     [(step, kernel)] = list(compiled.plan_for().steps())
     assert "pow(" not in kernel.stages["specialized"] and "powf" not in kernel.stages["asm"], \
         kernel.stages["specialized"]
+
+
+def _dilated(rate, size, channels=(5, 4), kernel=3, bias=True):
+    nodes = [helper.make_node("Conv", ["x", "W"] + (["B"] if bias else []), ["c"], name="aspp",
+                              dilations=[rate, rate], pads=[rate] * 4, kernel_shape=[kernel, kernel]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    params = {"W": RNG.standard_normal((channels[1], channels[0], kernel, kernel)).astype(np.float32)}
+    if bias:
+        params["B"] = RNG.standard_normal(channels[1]).astype(np.float32)
+    out = size + 2 * rate - rate * (kernel - 1)
+    return _model(nodes, {"x": [1, channels[0], size, size]}, {"y": [1, channels[1], out, out]}, params)
+
+
+@pytest.mark.parametrize("rate, size", [(12, 14), (4, 7), (5, 9)])
+def test_a_convolution_dilated_past_the_map_computes_its_live_taps_per_region(rate, size):
+    """DeepLab's ASPP at rate 12 on 14 x 14 (and smaller kin): the output is cut where
+    taps start or stop reading inside the input, each region a convolution of its live
+    taps on the input it reads, concatenated back."""
+    m = _dilated(rate, size)
+    g = to_graph(m)
+    after = split_sparse_windows(g)
+    convs = [n for n in after.nodes if n.op == "Conv"]
+    assert len(convs) == 9 and all(n.attr("pads") == (0, 0, 0, 0) for n in convs), str(after)
+    computed = sum(np.prod(after.constant(n.inputs[1]).array.shape[2:]) * np.prod(after.type_of(n.outputs[0]).shape[2:])
+                   for n in convs)
+    live = sum(sum(1 for j in range(3) if 0 <= o + rate * (j - 1) < size) for o in range(size)) ** 2
+    assert computed == live   # every tap computed reads inside the input, each once
+    x = {"x": RNG.standard_normal((1, 5, size, size)).astype(np.float32)}
+    _same_numbers(g, after, x)
+    assert_matches_onnxruntime(m, x, rtol=1e-4, atol=1e-5, target="host")
+
+
+@pytest.mark.unit
+def test_a_convolution_reading_inside_at_most_positions_stays_whole():
+    g = to_graph(_dilated(1, 8))   # a plain 3x3: the border taps are live at 7 of 8 positions
+    assert split_sparse_windows(g) is g
+    g = to_graph(_dilated(3, 7, bias=False))   # (15 / 21) ** 2 of the taps live: over LIVE_SHARE
+    assert split_sparse_windows(g) is g
