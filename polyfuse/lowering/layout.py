@@ -23,6 +23,8 @@ through the ops that follow:
 * a Resize of a twin (no region of interest, no axes attribute) resizes the twin, its
   scales or sizes put in the twin's order (an FPN's upsampled maps), but for a graph
   output (the smaller map goes back to ONNX's layout: a segmentation's last upsampling);
+* a Reshape of a twin to the shape it has (sizes known; GroupNorm's Reshapes around an
+  InstanceNormalization, as torch exports it) is the twin;
 * the Shape of a twin is the twin's shape, put back in ONNX's order (a Gather), so a
   value whose shape is read needs no Transpose back for it;
 * anything else reads ONNX's layout: the first such reader of a value gets a Transpose
@@ -105,6 +107,7 @@ class _Converter:
             for v in set(n.inputs):
                 self.readers.setdefault(v, []).append(n)
         self.outputs = {v.name for v in g.outputs}
+        self.producer = {o: n for n in g.nodes for o in n.outputs if o}
         self.done: set[int] = set()   # ids of nodes rewritten with an earlier one
 
     def run(self) -> Graph:
@@ -192,7 +195,7 @@ class _Converter:
         if n.op == "Slice":
             return self._slice(n)
         if n.op == "Reshape":
-            return self._shuffle(n)
+            return self._same_shape(n) or self._shuffle(n)
         if n.op == "Shape":
             return self._shape(n)
         if n.op == "Resize":
@@ -274,6 +277,36 @@ class _Converter:
                                   outputs=self._define(n, rank), attrs=attrs))
         return True
 
+
+    def _same_shape(self, n: Node) -> bool:
+        """A Reshape of a twin to the shape it has (known sizes; the target a constant, or
+        the Shape of a value of the same known sizes: GroupNorm as torch exports it, a
+        Reshape to ``[0, C, -1]`` around an InstanceNormalization and back) is the twin."""
+        if len(n.inputs) != 2 or n.inputs[0] not in self.twin or len(n.outputs) != 1:
+            return False
+        t = self.g.type_of(n.inputs[0])
+        if t is None or not t.is_static:
+            return False
+        shape = tuple(int(d) for d in t.shape)
+        target = self.constants.get(n.inputs[1])
+        source = self.producer.get(n.inputs[1])
+        if target is not None:
+            dims = target.array.tolist() if target.array.ndim == 1 else None
+            if dims is None or len(dims) != len(shape) or n.attr("allowzero", 0) or dims.count(-1) > 1:
+                return False
+            dims = [shape[k] if d == 0 else d for k, d in enumerate(dims)]
+            if -1 in dims:
+                rest = int(np.prod([d for d in dims if d != -1]))
+                dims[dims.index(-1)] = int(np.prod(shape)) // rest if rest else -1
+            if tuple(dims) != shape:
+                return False
+        elif source is None or source.op != "Shape" or source.attrs or \
+                (u := self.g.type_of(source.inputs[0])) is None or not u.is_static or \
+                tuple(int(d) for d in u.shape) != shape:
+            return False
+        self.twin[n.outputs[0]] = self.twin[n.inputs[0]]
+        self.pending.add(n.outputs[0])
+        return True
 
     def _only_reader(self, v: str, op: str) -> Node | None:
         """The one node reading ``v`` (not a graph output), where it is an ``op``."""

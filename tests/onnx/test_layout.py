@@ -280,3 +280,25 @@ def test_an_upsampled_map_added_to_a_lateral_one_runs_channels_last(by):
                                rtol=1e-4, atol=1e-5, compiled=compiled)
     labels = _steps(compiled)
     assert [label for label in labels if "channels" in label] == ["x:to_channels_last", "y:channels_first"], labels
+
+
+def test_a_group_norm_as_torch_exports_it_stays_channels_last():
+    """GroupNorm(C, C) exported: Reshape to [0, C, -1], InstanceNormalization, Reshape
+    back by the Shape of its input, a scale and shift (wav2vec2's feature extractor):
+    the Reshapes keep the sizes, so the normalization runs on the twin between two
+    convolutions."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "W1"], ["c"], name="c1", strides=[2]),
+             n("Reshape", ["c", "split"], ["r"]), n("InstanceNormalization", ["r", "ones", "zeros"], ["i"]),
+             n("Shape", ["c"], ["s"]), n("Reshape", ["i", "s"], ["back"]),
+             n("Mul", ["back", "gamma"], ["m"]), n("Add", ["m", "beta"], ["a"]), n("Relu", ["a"], ["g"]),
+             n("Conv", ["g", "W2"], ["y"], name="c2")]
+    inits = {"W1": _w(8, 1, 5), "W2": _w(6, 8, 3), "split": np.array([0, 8, -1], np.int64),
+             "ones": np.ones(8, np.float32), "zeros": np.zeros(8, np.float32),
+             "gamma": RNG.uniform(0.5, 1.5, (8, 1)).astype(np.float32), "beta": RNG.standard_normal((8, 1)).astype(np.float32)}
+    model = _model(nodes, {"x": [1, 1, 41]}, {"y": [1, 6, 17]}, inits)
+    compiled = pf.compile(model, target="host")
+    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((1, 1, 41)).astype(np.float32)},
+                               rtol=1e-4, atol=1e-5, compiled=compiled)
+    labels = _steps(compiled)
+    assert [label for label in labels if "channels" in label] == ["x:to_channels_last", "y:channels_first"], labels
