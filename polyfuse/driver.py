@@ -165,8 +165,8 @@ def _onnx_front_end(model: Any, precision: str, expected: str | None = None
     digest = beside(files_digest, hashed, path, external) if path is not None or not external else None
     # (the files' stat unchanged since their digest was remembered, after reading them:
     # what was read is what was hashed, without waiting for the hash)
-    unchanged = path is not None and known_digest(path) == expected
-    if expected is not None and not unchanged and (digest is None or digest.result() != expected):
+    if expected is not None and not (path is not None and known_digest(path) == expected) \
+            and (digest is None or digest.result() != expected):
         raise ModelError(f"the model {'file ' + repr(str(path)) + ' ' if path else ''}changed after "
                          "polyfuse.compile() read it; compile it again")
     graph = _front_end(proto)

@@ -249,7 +249,7 @@ class CompiledModel:
                  io: tuple[tuple[Value, ...], tuple[Value, ...]] | None = None,
                  value_inputs: Iterable[str] = ()) -> None:
         """A model whose planner makes its graph when first asked (a model found on the
-        disk) is given what is known before: its ``signature`` (inputs, outputs), the
+        disk) is given what is known before: its inputs and outputs (``io``), the
         inputs whose values plans take, ``stages`` and ``source`` as made when first read.
         ``store``: where the model's programs are saved and found
         (:mod:`polyfuse.runtime.saved_programs`)."""

@@ -456,7 +456,13 @@ class ModelStore:
         thread; nothing where the program cannot be saved (a call not of the kernel
         cache, a constant of objects)."""
         keys = [str(getattr(c.executable, "key", None) or "") for c in layout.calls]
-        if not all(keys) or any(a.dtype.hasobject for a in layout.constants.values()):
+        try:   # (every dtype one a saved record names exactly, objects excluded)
+            for dtype in [t.dtype for t in (*layout.inputs, *layout.outputs)] + [d for _, d in layout.slots] + \
+                    [a.dtype for a in layout.constants.values()]:
+                _dtype(np.dtype(dtype).str)
+        except RecordError:
+            return
+        if not all(keys):
             return
         record = SavedModel(tuple(map(SavedValue.of, inputs)), tuple(map(SavedValue.of, outputs)),
                             tuple(sorted(value_inputs)))
@@ -479,9 +485,6 @@ class ModelStore:
                     tuple((name, how, str(what)) for name, how, what in layout.results),
                     calls, tuple(_save_constant(root, n, a, pace) for n, a in constants.items()),
                     layout.arena_bytes, code)
-                for dtype in [t.dtype for t in (*saved.inputs, *saved.outputs, *saved.slots)] + \
-                        [c.dtype for c in saved.constants]:
-                    _dtype(dtype)
                 self._write(program, saved)
                 self._write(model, record)
             except (OSError, RecordError, TypeError):

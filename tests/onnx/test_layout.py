@@ -34,6 +34,16 @@ def _steps(compiled):
     return [st.label for st, _ in compiled.plan_for().steps()]
 
 
+def _transposed_only_at_the_ends(model, shape):
+    """``model`` matches onnxruntime on an input ``x`` of ``shape``, and its plan changes
+    layout only into channels-last at ``x`` and back at its output ``y``."""
+    compiled = pf.compile(model, target="host")
+    assert_matches_onnxruntime(model, {"x": RNG.standard_normal(shape).astype(np.float32)},
+                               rtol=1e-4, atol=1e-5, compiled=compiled)
+    labels = _steps(compiled)
+    assert [label for label in labels if "channels" in label] == ["x:to_channels_last", "y:channels_first"], labels
+
+
 def cnn():
     """A stem, a max pool, a residual block with a depthwise conv and a squeeze-excite
     gate, a channel concat, batch norm, average pool and a classifier: 20 channels on a
@@ -235,12 +245,8 @@ def shuffle_block(spatial=("H", "W"), split=None):
 
 def test_a_channel_shuffle_and_its_slices_run_channels_last():
     model = shuffle_block()
-    compiled = pf.compile(model, target="host")
-    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((1, 3, 5, 7)).astype(np.float32)},
-                               rtol=1e-4, atol=1e-5, compiled=compiled)
-    labels = _steps(compiled)
     # into channels-last once, out once for the output: the shuffle, the shape and the halves on the twins
-    assert [label for label in labels if "channels" in label] == ["x:to_channels_last", "y:channels_first"], labels
+    _transposed_only_at_the_ends(model, (1, 3, 5, 7))
 
 
 def test_a_reshape_of_other_dimensions_is_not_taken_for_a_shuffle():
@@ -275,11 +281,7 @@ def test_an_upsampled_map_added_to_a_lateral_one_runs_channels_last(by):
     inits = {"Wl": _w(8, 3, 1, 1), "Wt": _w(8, 3, 1, 1), "Wo": _w(8, 8, 3, 3),
              "scales": np.array([1, 1, 2, 2], np.float32), "twice": np.array([1, 1, 2, 2], np.float32)}
     model = _model(nodes, {"x": [1, 3, 6, 10]}, {"z": [1, 8, 12, 20]}, inits)
-    compiled = pf.compile(model, target="host")
-    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((1, 3, 6, 10)).astype(np.float32)},
-                               rtol=1e-4, atol=1e-5, compiled=compiled)
-    labels = _steps(compiled)
-    assert [label for label in labels if "channels" in label] == ["x:to_channels_last", "y:channels_first"], labels
+    _transposed_only_at_the_ends(model, (1, 3, 6, 10))
 
 
 def test_a_group_norm_as_torch_exports_it_stays_channels_last():
@@ -297,8 +299,4 @@ def test_a_group_norm_as_torch_exports_it_stays_channels_last():
              "ones": np.ones(8, np.float32), "zeros": np.zeros(8, np.float32),
              "gamma": RNG.uniform(0.5, 1.5, (8, 1)).astype(np.float32), "beta": RNG.standard_normal((8, 1)).astype(np.float32)}
     model = _model(nodes, {"x": [1, 1, 41]}, {"y": [1, 6, 17]}, inits)
-    compiled = pf.compile(model, target="host")
-    assert_matches_onnxruntime(model, {"x": RNG.standard_normal((1, 1, 41)).astype(np.float32)},
-                               rtol=1e-4, atol=1e-5, compiled=compiled)
-    labels = _steps(compiled)
-    assert [label for label in labels if "channels" in label] == ["x:to_channels_last", "y:channels_first"], labels
+    _transposed_only_at_the_ends(model, (1, 1, 41))
