@@ -231,6 +231,11 @@ def _convolution(ctx: OpContext, name: str, product: str, inside: list[str],
                     + "\n}\n", inputs)
 
 
+# products that read each input element of a grouped convolution (its group's outputs
+# times its taps over its strides) from which a padded copy of the input beats guarded
+# reads. ResNeXt-50 on two threads: its 16 x 9 ran 313 -> 117 us with the copy, 32 x 9 / 4
+# 284 -> 153, 4 x 9 (ONNX's layout) 417 -> 113; 8 x 9 / 4 ran 391 -> 550 (benchmarks/LOG.md)
+GROUPED_PAD_READS = 32
 ALIAS_BYTES = 2048   # pixels a multiple of this apart share L1 sets (64 sets of 64 bytes)
 
 
@@ -299,6 +304,9 @@ def _conv(ctx: OpContext) -> TCKernel:
             return _depthwise_channels_last(ctx, axes, weights)
         if grouped_channels_last(groups, w):
             return _grouped_channels_last(ctx, axes, groups, weights)
+    if 1 < groups < m_out and c_group > 1 and not ctx.attr(CHANNELS_LAST) \
+            and _pads_grouped(m_out // groups, axes):
+        return _grouped(ctx, axes, groups, taps)
     if (groups == 1 or m_out == groups) and any(a.inside("o", "k") for a in axes):
         # (isl's scheduler can take minutes over the dependences of P through the
         # quasi-affine channel m / per_group, so those convolutions keep the select)
@@ -310,6 +318,47 @@ def _conv(ctx: OpContext) -> TCKernel:
                + [("c", c_group)] + [(ki, a.kernel) for ki, a in zip(k, axes)])
     return _convolution(ctx, "conv", f"{read} * W(m, c, {', '.join(taps)})", inside, extents,
                         padding)
+
+
+def _pads_grouped(per_group: int, axes: list[WindowAxis]) -> bool:
+    """Whether a grouped convolution with ``per_group`` outputs per group reads a padded
+    copy of its input: where a window can land in the padding and each input element
+    is read by at least :data:`GROUPED_PAD_READS` products (the group's outputs times
+    the window's taps over the strides). With fewer, the copy's pass over the input
+    costs more than the selects it saves."""
+    reads = per_group * math.prod(a.kernel for a in axes) / math.prod(a.stride for a in axes)
+    return any(a.inside("o", "k") for a in axes) and reads >= GROUPED_PAD_READS
+
+
+def _grouped(ctx: OpContext, axes: list[WindowAxis], groups: int, taps: list[str]) -> TCKernel:
+    """Grouped Conv in ONNX's layout (groups too narrow to vectorize over their channels,
+    :func:`~polyfuse.lowering.layout.grouped_channels_last`) over a padded copy ``P``
+    of the input: ``T(n, g, j, o...) +=! P(n, g * CG + c, ...) * W(g * MG + j, c, k...)``,
+    the group ``g`` and its output channel ``j`` indices of their own, so the channel
+    that each product reads is affine (``m / MG`` would make it quasi-affine, whose
+    dependences through ``P`` isl's scheduler takes minutes over), then
+    ``Y(n, m, o...) = T(n, m / MG, m % MG, o...)`` with the bias. ResNeXt-50's 4-wide
+    groups: 417 -> 113 us against the guarded sum (benchmarks/LOG.md)."""
+    x, w = ctx.shape(0), ctx.shape(1)
+    per_group, depth = w[0] // groups, w[1]
+    o, k = window_names(len(axes))
+    padding = pad_input(ctx, axes)
+    axes = [a.padded() for a in axes]
+    window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
+    product = f"P(n, g * {depth} + c, {window}) * W(g * {per_group} + j, c, {', '.join(taps)})"
+    outs = [(oi, a.out) for oi, a in zip(o, axes)]
+    extents = ([("n", x[0]), ("g", groups), ("j", per_group)] + outs
+               + [("c", depth)] + [(ki, a.kernel) for ki, a in zip(k, axes)])
+    params = [tensor_param("X", ctx.types[0]), tensor_param("W", ctx.types[1])]  # type: ignore[arg-type]
+    inputs, bias = (0, 1), ""
+    if ctx.has(2):
+        params.append(tensor_param("B", ctx.types[2]))  # type: ignore[arg-type]
+        inputs, bias = (0, 1, 2), " + B(m)"
+    lines = [padding, f"  T(n, g, j, {', '.join(o)}) +=! {product}{where(extents)}",
+             f"  Y(n, m, {', '.join(o)}) = T(n, m / {per_group}, m % {per_group}, {', '.join(o)}){bias}"
+             f"{where([('n', x[0]), ('m', w[0])] + outs)}"]
+    return TCKernel(f"def grouped_conv({', '.join(params)}) -> (Y, P, T) {{\n" + "\n".join(lines)
+                    + "\n}\n", inputs)
 
 
 def channels_last_pays(axes: list[WindowAxis], depth: int) -> bool:
@@ -367,17 +416,28 @@ def _grouped_channels_last(ctx: OpContext, axes: list[WindowAxis], groups: int,
     ``T(n, o..., g, j) +=! X(n, g * CG + c, ...) * Wt(g, c, k..., j)``: output channel
     ``j`` of group ``g`` contiguous in the sum and in the weights (vectors over the
     group's outputs, each input element a broadcast), then ``Y(n, g * MG + j, o...)`` read
-    back in channel order. Reads that can land in the padding are guarded where they are
-    made, as the depthwise kernel's."""
+    back in channel order. The window reads a padded copy of the input (``P``, as a
+    dense convolution's, so the sum's inner loop has no select) where
+    :func:`_pads_grouped` says it pays; else reads that can land in the padding are
+    guarded where they are made, as the depthwise kernel's."""
     w = ctx.shape(1)
     per_group, depth = w[0] // groups, w[1]
     o, k = window_names(len(axes))
-    read = f"X(n, g * {depth} + c, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+    padding = ""
+    if _pads_grouped(per_group, axes):
+        stored_last = bool(ctx.attr(CHANNELS_LAST))
+        pitch = channel_pitch(ctx.shape(0)[1], axes, ctx.dtype(0).bits // 8) if stored_last else 0
+        padding = pad_input(ctx, axes, channels_last=stored_last, pitch=pitch)
+        axes = [a.padded() for a in axes]
+        window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
+        read = f"P(n, {window}, g * {depth} + c)" if stored_last else f"P(n, g * {depth} + c, {window})"
+    else:
+        read = f"X(n, g * {depth} + c, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
     inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
     grouped = weights.reshape(groups, per_group, *weights.shape[1:])
     packed = np.ascontiguousarray(grouped.transpose(0, *range(2, grouped.ndim), 1))
     product = guarded(inside, f"{read} * Wt(g, c, {', '.join(k)}, j)", literal(0, ctx.dtype(0)))
-    return channels_last_kernel(ctx, axes, "grouped_conv", "", product, [("c", depth)], packed,
+    return channels_last_kernel(ctx, axes, "grouped_conv", padding, product, [("c", depth)], packed,
                                 channels=[("g", groups), ("j", per_group)],
                                 channel=f"m / {per_group}, m % {per_group}")
 
