@@ -370,6 +370,25 @@ def channels_last_pays(axes: list[WindowAxis], depth: int) -> bool:
         depth >= CHANNELS_LAST_DEPTH
 
 
+def _window_read(ctx: OpContext, axes: list[WindowAxis], channel: str,
+                padded: bool) -> tuple[str, str, list[WindowAxis]]:
+    """How a channels-last kernel's window reads input channel ``channel`` at ``o + k``:
+    the statement writing a padded copy ``P`` of the input where ``padded`` and a window
+    can land in the padding (else none: the read is of ``X``, which the caller guards),
+    the read, and the axes it reads them along (padded where the copy is). The copy
+    keeps the layout X is stored in (channels-last once the layout pass converted the
+    node), so copying it is no transpose."""
+    o, k = window_names(len(axes))
+    if not (padded and any(a.inside("o", "k") for a in axes)):
+        return "", f"X(n, {channel}, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})", axes
+    stored_last = bool(ctx.attr(CHANNELS_LAST))
+    pitch = channel_pitch(ctx.shape(0)[1], axes, ctx.dtype(0).bits // 8) if stored_last else 0
+    padding = pad_input(ctx, axes, channels_last=stored_last, pitch=pitch)
+    axes = [a.padded() for a in axes]
+    window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
+    return padding, f"P(n, {window}, {channel})" if stored_last else f"P(n, {channel}, {window})", axes
+
+
 def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis], weights: np.ndarray) -> TCKernel:
     """Conv with constant weights, accumulated channels-last: ``T(n, o..., m)`` sums
     ``X * Wt(c, k..., m)`` over weights repacked at compile time so that output channels
@@ -377,17 +396,8 @@ def _conv_channels_last(ctx: OpContext, axes: list[WindowAxis], weights: np.ndar
     multiple of 16 output channels, while its maps are often 7, 14 or 28 wide). Six to
     eight jammed output columns then share each vector of weights (benchmarks/LOG.md)."""
     w = ctx.shape(1)
-    o, k = window_names(len(axes))
-    padding, source, stored_last = "", "X", False
-    if any(a.inside("o", "k") for a in axes):
-        # the padded copy keeps the layout X is stored in (channels-last once the layout
-        # pass converted this conv), so copying it is no transpose
-        stored_last = bool(ctx.attr(CHANNELS_LAST))
-        pitch = channel_pitch(w[1], axes, ctx.dtype(0).bits // 8) if stored_last else 0
-        padding, source = pad_input(ctx, axes, channels_last=stored_last, pitch=pitch), "P"
-        axes = [a.padded() for a in axes]
-    window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
-    read = f"P(n, {window}, c)" if stored_last else f"{source}(n, c, {window})"
+    k = window_names(len(axes))[1]
+    padding, read, axes = _window_read(ctx, axes, "c", padded=True)
     packed = np.ascontiguousarray(weights.transpose(*range(1, len(w)), 0))
     return channels_last_kernel(ctx, axes, "conv", padding, f"{read} * Wt(c, {', '.join(k)}, m)",
                                 [("c", w[1])], packed)
@@ -397,16 +407,18 @@ def _depthwise_channels_last(ctx: OpContext, axes: list[WindowAxis], weights: np
     """Depthwise Conv (one filter per channel) with constant weights, channels-last:
     ``T(n, o..., m)`` sums ``X * Wt(k..., m)`` with channels contiguous in every operand
     (vector loads, no broadcasts). Reads that can land in the padding are guarded where
-    they are made, with no padded copy of the input: a depthwise window does so little
+    they are made, with no padded copy of the input: a 3x3 or 5x5 window does so little
     work per element read that the copy's extra pass over memory costs more than the
-    guards (a 56x56 map of 144 channels: 0.50 -> 0.41 ms with a SiLU)."""
+    guards (a 56x56 map of 144 channels: 0.50 -> 0.41 ms with a SiLU). A window of more
+    taps (ConvNeXt's 7x7) reads a padded copy where :func:`_pads_grouped` says it pays
+    (ConvNeXt-T's depthwise convolutions 4.9 -> 2.0 ms; benchmarks/LOG.md)."""
     o, k = window_names(len(axes))
-    read = f"X(n, m, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+    padding, read, axes = _window_read(ctx, axes, "m", _pads_grouped(1, axes))
     inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
     weights = weights[:, 0]
     packed = np.ascontiguousarray(weights.transpose(*range(1, weights.ndim), 0))
     product = guarded(inside, f"{read} * Wt({', '.join(k)}, m)", literal(0, ctx.dtype(0)))
-    return channels_last_kernel(ctx, axes, "depthwise_conv", "", product, [], packed)
+    return channels_last_kernel(ctx, axes, "depthwise_conv", padding, product, [], packed)
 
 
 def _grouped_channels_last(ctx: OpContext, axes: list[WindowAxis], groups: int,
@@ -423,16 +435,7 @@ def _grouped_channels_last(ctx: OpContext, axes: list[WindowAxis], groups: int,
     w = ctx.shape(1)
     per_group, depth = w[0] // groups, w[1]
     o, k = window_names(len(axes))
-    padding = ""
-    if _pads_grouped(per_group, axes):
-        stored_last = bool(ctx.attr(CHANNELS_LAST))
-        pitch = channel_pitch(ctx.shape(0)[1], axes, ctx.dtype(0).bits // 8) if stored_last else 0
-        padding = pad_input(ctx, axes, channels_last=stored_last, pitch=pitch)
-        axes = [a.padded() for a in axes]
-        window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
-        read = f"P(n, {window}, g * {depth} + c)" if stored_last else f"P(n, g * {depth} + c, {window})"
-    else:
-        read = f"X(n, g * {depth} + c, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})"
+    padding, read, axes = _window_read(ctx, axes, f"g * {depth} + c", _pads_grouped(per_group, axes))
     inside = [cond for a, oi, ki in zip(axes, o, k) for cond in a.inside(oi, ki)]
     grouped = weights.reshape(groups, per_group, *weights.shape[1:])
     packed = np.ascontiguousarray(grouped.transpose(0, *range(2, grouped.ndim), 1))
