@@ -195,3 +195,33 @@ def test_grouped_convolutions_read_a_padded_copy_where_it_pays(x_shape, per_grou
             continue   # a depthwise conv of weights fed at run time: ONNX's layout, always padded
         [sum_line] = [line for line in compiled.dump("kernels").splitlines() if "+=!" in line]
         assert ("_P(" in sum_line and "?" not in sum_line) == padded, sum_line
+
+
+@pytest.mark.parametrize("x_shape, kernel, strides, copied", [
+    ([1, 512, 41], [3], [2], True),           # wav2vec2's feature extractor: pixels 4 KiB apart
+    ([1, 512, 40], [2], [2], True),
+    ([1, 256, 9, 10], [1, 1], [2, 2], False),  # a 1x1 conv at stride 2 reads a quarter of the pixels
+    ([1, 96, 41], [3], [2], False),            # pixels 768 bytes apart: no aliasing
+    ([1, 512, 5, 6], [1, 1], [1, 1], False),   # a 1x1 conv reads each pixel once
+])
+def test_unpadded_windows_over_aliasing_pixels_read_a_copy_at_a_wider_pitch(x_shape, kernel, strides, copied):
+    """A channels-last convolution whose windows need no padding, over pixels that share
+    L1 sets (a multiple of ALIAS_BYTES apart at its stride) and that every window reads,
+    sums over a copy of its input with a line more per pixel; the results match
+    onnxruntime's either way."""
+    w = _weights(32, x_shape[1], *kernel)
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=kernel, strides=strides)
+    weights = {"W": w, "B": RNG.standard_normal(32).astype(np.float32)}
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(a, n) for n, a in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = pf.compile(model, target="host")
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-3, atol=1e-4)
+    kernels = compiled.dump("kernels")
+    [sum_line] = [line for line in kernels.splitlines() if "+=!" in line]
+    assert ("P(" in sum_line) == copied, kernels
+    if copied:
+        assert f"float32(1, {x_shape[2]}, {x_shape[1] + 16}) P" in kernels, kernels

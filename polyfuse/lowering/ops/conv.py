@@ -374,15 +374,22 @@ def _window_read(ctx: OpContext, axes: list[WindowAxis], channel: str,
                 padded: bool) -> tuple[str, str, list[WindowAxis]]:
     """How a channels-last kernel's window reads input channel ``channel`` at ``o + k``:
     the statement writing a padded copy ``P`` of the input where ``padded`` and a window
-    can land in the padding (else none: the read is of ``X``, which the caller guards),
-    the read, and the axes it reads them along (padded where the copy is). The copy
-    keeps the layout X is stored in (channels-last once the layout pass converted the
-    node), so copying it is no transpose."""
+    can land in the padding or the input's pixels alias in L1 (:func:`channel_pitch`;
+    wav2vec2's feature extractor, 512 channels at stride 2 and no padding: its second
+    conv 9.2 -> 5.5 ms; benchmarks/LOG.md), else none (the read is of ``X``, which the
+    caller guards); the read; and the axes it reads them along (padded where the copy
+    is). The copy keeps the layout X is stored in (channels-last once the layout pass
+    converted the node), so copying it is no transpose."""
     o, k = window_names(len(axes))
-    if not (padded and any(a.inside("o", "k") for a in axes)):
-        return "", f"X(n, {channel}, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})", axes
     stored_last = bool(ctx.attr(CHANNELS_LAST))
-    pitch = channel_pitch(ctx.shape(0)[1], axes, ctx.dtype(0).bits // 8) if stored_last else 0
+    channels = ctx.shape(0)[1]
+    pitch = channel_pitch(channels, axes, ctx.dtype(0).bits // 8) if stored_last else 0
+    # pixels that share L1 sets, each read by several taps of a window (a window of
+    # more than one tap, none narrower than its stride): the copy at a wider pitch pays
+    # even where no window reaches the padding (a 1x1 convolution reads each pixel once)
+    aliased = pitch > channels and all(a.kernel >= a.stride for a in axes) and any(a.kernel > 1 for a in axes)
+    if not (padded and (aliased or any(a.inside("o", "k") for a in axes))):
+        return "", f"X(n, {channel}, {', '.join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))})", axes
     padding = pad_input(ctx, axes, channels_last=stored_last, pitch=pitch)
     axes = [a.padded() for a in axes]
     window = ", ".join(a.position(oi, ki) for a, oi, ki in zip(axes, o, k))
