@@ -207,9 +207,14 @@ class KernelEmitter:
         b.store(_to_storage(value, dt, b), self.address(Read(s.buffer, s.indices, dt), scope, b))
 
     def _masks_its_tail(self, s: For) -> bool:
-        """Whether ``s`` is a vector loop of a symbolic kernel's trips on AVX-512, whose
-        last, partial vectors run under a mask (see :meth:`loop_metadata`)."""
-        return self.avx512 and s.vector > 1 and s.step == 1 and _trips(s) is None and _sized(s)
+        """Whether ``s`` is a vector loop on AVX-512 whose last, partial vector runs under
+        a mask after its whole vectors: of a symbolic kernel's trips, or of a constant
+        count of more than one vector that whole vectors do not make (see
+        :meth:`loop_metadata`)."""
+        if not (self.avx512 and s.vector > 1 and s.step == 1):
+            return False
+        trips = _trips(s)
+        return _sized(s) if trips is None else trips > s.vector and trips % s.vector != 0
 
     def split_tail(self, s: For, scope: _Scope, b: ir.IRBuilder) -> None:
         """A vector loop of symbolic trips as two: the whole vectors (times the
@@ -217,6 +222,15 @@ class KernelEmitter:
         masked loop masks every vector, not the last alone (a softmax over symbolic rows
         of 256: 1.4x the time of unmasked vectors)."""
         emitter = self.exprs(scope)
+        trips = _trips(s)
+        if trips is not None:
+            # whole vectors, their interleave count fitted to their number, then the
+            # last, partial one: a register block of 58 columns ran its last 10 one at a
+            # time, 3 vectors interleaved and 40 scalar FMAs per step (benchmarks/LOG.md)
+            whole = Literal(int(s.lo.value) + trips // s.vector * s.vector, s.lo.dtype)  # type: ignore[union-attr]
+            self.loop(replace(s, hi=whole), scope, b, masked=False)
+            self.loop(replace(s, lo=whole, unroll=1), scope, b, masked=True)
+            return
         lo, hi = emitter.emit(s.lo, b), emitter.emit(s.hi, b)
         chunk = ir.Constant(I64, s.vector * s.unroll)
         span = b.call(emitter.intrinsic("llvm.smax", I64, 2), [b.sub(hi, lo), ir.Constant(I64, 0)])
@@ -322,7 +336,7 @@ class KernelEmitter:
         self.n_loops += 1
         props = [ir.MetaDataString(self.module, f"polyfuse.loop.{self.n_loops}")]
         m = self.module
-        s = _fit_to_trip_count(s)
+        s = _fit_to_trip_count(s, masked=bool(masked))
         if s.vector > 1 and _calls_libm(s, self.scalable):   # asking would only print "loop not vectorized"
             s = For(s.var, s.lo, s.hi, s.body, s.kind, s.step, 1, s.unroll)
         if s.vector > 1:
@@ -417,7 +431,7 @@ def _trips(s: For) -> int | None:
     return max(0, -(-(int(s.hi.value) - int(s.lo.value)) // s.step))
 
 
-def _fit_to_trip_count(s: For) -> For:
+def _fit_to_trip_count(s: For, masked: bool = False) -> For:
     """The loop with its vector width and interleave count cut to a constant trip count
     (a width LLVM cannot fill is a transformation it reports as failed). Where the trip
     count is whole vectors, the interleave count divides their number: LLVM runs what
@@ -428,7 +442,7 @@ def _fit_to_trip_count(s: For) -> For:
     if trips is None or s.vector <= 1:
         return s
     vector = s.vector
-    while vector > 1 and vector > trips:
+    while vector > 1 and vector > trips and not masked:
         vector //= 2
     vectors, rest = divmod(trips, max(vector, 1))
     unroll = max(1, min(s.unroll, vectors))

@@ -530,3 +530,30 @@ def test_a_whole_reduction_panel_that_l2_holds_is_copied_once_per_column_tile():
     assert "local panel float32(4, 768, 64) B_packed" in loops
     assert loops.index("B_packed_0 in") < loops.index("for c2 in")
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=3e-3)
+
+
+def test_a_constant_operand_narrower_than_its_panel_is_prepacked_in_whole_vectors():
+    """ShuffleNet's 1x1 convolutions over 58 channels: the weights are one panel of
+    whole rows, 58 columns read by a block of 64; prepacked, their lanes past 58 are
+    zeros and the block runs in whole vectors (not 3 vectors, 8 lanes and 2 masked ones
+    a step), where a panel of exactly 64 columns stays as it is. Results against
+    onnxruntime."""
+    import onnx
+    import onnx.helper as oh
+    import onnxruntime as ort
+    rng = np.random.default_rng(9)
+    for channels, packed in ((58, True), (64, False)):
+        w = (rng.standard_normal((channels, channels, 1, 1)) * 0.1).astype(np.float32)
+        g = oh.make_graph([oh.make_node("Conv", ["x", "w"], ["c"]), oh.make_node("Relu", ["c"], ["y"])], "g",
+                          [oh.make_tensor_value_info("x", 1, [1, channels, 28, 28])],
+                          [oh.make_tensor_value_info("y", 1, [1, channels, 28, 28])],
+                          [onnx.numpy_helper.from_array(w, "w")])
+        model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]).SerializeToString()
+        x = rng.standard_normal((1, channels, 28, 28)).astype(np.float32)
+        compiled = pf.compile(model, target="host")
+        want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+        loops = compiled.dump("loops")
+        assert ("_prepacked = pack" in loops) == packed, loops
+        if packed:
+            assert ") padded" in loops and "in 0:64 vectorize" in loops, loops   # the block's whole vectors

@@ -134,3 +134,26 @@ def test_vector_loops_of_symbolic_trips_end_in_a_masked_vector():
     assert ("llvm.loop.vectorize.predicate.enable" in spec.stages["llvm"]) == (vector_bits(spec.target) == 512)
     whole = pf.define(src, target="host").f.specialize(np.ones((3, 64), np.float32), np.ones(64, np.float32))
     assert "llvm.loop.vectorize.predicate.enable" not in whole.stages["llvm"]
+
+
+def test_vector_loops_of_constant_trips_run_whole_vectors_then_one_masked():
+    """On AVX-512, a vector loop of a constant count that whole vectors do not make (100
+    columns of a register block) runs its whole vectors unmasked, interleaved, then its
+    last, partial vector under a mask: two vector loops, one masked, not a loop that
+    masks every vector."""
+    import re
+    from polyfuse.targets.cpu import vector_bits
+    src = "def f(float(H, C) X, float(C) B) -> (Y) { Y(h, c) = exp(X(h, c) + B(c)) }"
+    k = pf.define(src, target="host", options=MappingOptions(vector_width=16, unroll=2, parallel=0)).f
+    rng = np.random.default_rng(4)
+    x, b = rng.standard_normal((5, 100)).astype(np.float32), rng.standard_normal(100).astype(np.float32)
+    np.testing.assert_allclose(k(x, b), np.exp(x + b), rtol=2e-6)
+    spec = k.specialize(x, b)
+    if vector_bits(spec.target) != 512:
+        pytest.skip("masked vectors: AVX-512 only")
+    llvm = spec.stages["llvm"]
+    nodes = dict(re.findall(r"^(!\d+) = (.*)$", llvm, re.M))
+    vector = [n for n, text in nodes.items() if "distinct" in text
+              and any('"llvm.loop.vectorize.enable"' in nodes.get(m, "") for m in re.findall(r"!\d+", text))]
+    masked = [n for n in vector if any("predicate.enable" in nodes.get(m, "") for m in re.findall(r"!\d+", nodes[n]))]
+    assert len(vector) == 2 and len(masked) == 1, llvm[-2000:]

@@ -185,8 +185,13 @@ class _Packer(LoopRewriter):
         if any(not _panel_aligned(s, pd, nr, lows[pd], element[id(s)]) for s in sites) \
                 or (extents[pd] % nr and sites[0].vector is None):
             return None
-        if pd == rank - 1 and extents[-1] <= nr and tuple(extents[1:]) == tuple(source.shape[1:]):
-            return None   # one panel of whole rows: the copy would be laid out as the source
+        if pd == rank - 1 and extents[-1] <= nr and tuple(extents[1:]) == tuple(source.shape[1:]) \
+                and (extents[-1] == nr or tiles is None):
+            # one panel of whole rows: the copy would be laid out as the source. A
+            # constant one narrower than its panel is prepacked still, its lanes past the
+            # rows zeros, so that the block runs in whole vectors (ShuffleNet's 58
+            # channels: 3 vectors, 8 lanes and 2 masked ones a step, spilling, before)
+            return None
         across = [d for d in range(rank) if d != pd]   # the box's dimensions within a panel
         fills = _fills(sites, pd, extents)
         if fills is None:
