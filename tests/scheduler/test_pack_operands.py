@@ -557,3 +557,14 @@ def test_a_constant_operand_narrower_than_its_panel_is_prepacked_in_whole_vector
         assert ("_prepacked = pack" in loops) == packed, loops
         if packed:
             assert ") padded" in loops and "in 0:64 vectorize" in loops, loops   # the block's whole vectors
+
+
+def test_an_operand_narrower_than_its_panel_is_copied_per_call_in_whole_vectors():
+    """The same for an operand given at run time: its one panel of 58 columns is copied
+    per call into a zero-padded panel of 64, which the block reads in whole vectors."""
+    a = RNG.standard_normal((784, 58)).astype(np.float32)
+    b = RNG.standard_normal((58, 58)).astype(np.float32)
+    kernel = pf.define(MM, target="host").mm
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=2e-4, atol=2e-3)
+    loops = kernel.specialize(a, b).stages["loops"]
+    assert "B_packed" in loops and "in 0:64 vectorize" in loops, loops
