@@ -225,3 +225,27 @@ def test_unpadded_windows_over_aliasing_pixels_read_a_copy_at_a_wider_pitch(x_sh
     assert ("P(" in sum_line) == copied, kernels
     if copied:
         assert f"float32(1, {x_shape[2]}, {x_shape[1] + 16}) P" in kernels, kernels
+
+
+def test_a_depthwise_block_of_half_vectors_keeps_its_accumulators_in_registers():
+    """MobileNetV3's depthwise convolution over 88 channels: a block of 64, then a
+    partial block of 24 channels, which runs as three whole half vectors in one pass
+    (no masked vector, whose stores kept the block's accumulators in memory); results
+    against onnxruntime."""
+    import re
+    w = _weights(88, 1, 3, 3)
+    node = helper.make_node("Conv", ["x", "W"], ["c"], group=88, pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node, helper.make_node("Relu", ["c"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 88, 28, 28])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 88, 28, 28])],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal((1, 88, 28, 28)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = pf.compile(model, target="host")
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+    from polyfuse.targets.cpu import vector_bits
+    if vector_bits(compiled.target) != 512:
+        pytest.skip("the partial block's vectors: AVX-512")
+    [llvm] = [part for part in compiled.dump("llvm").split("\n// ") if "Conv_0" in part.splitlines()[0]]
+    assert "predicate.enable" not in llvm and re.search(r'"llvm.loop.vectorize.width", i32 8', llvm), llvm[-3000:]

@@ -107,6 +107,9 @@ def test_vector_loops_end_in_whole_or_masked_vectors(n):
     loop = For("c", Literal(0, DType.INT64), Literal(n, DType.INT64), (), vector=16, unroll=2)
     fitted = _fit_to_trip_count(loop)
     assert (fitted.vector, fitted.unroll) == {49: (16, 2), 144: (16, 1), 200: (16, 2), 16: (16, 1)}[n]
+    # a register block's row of 24: three half vectors in one pass, none masked
+    short = _fit_to_trip_count(For("c", Literal(0, DType.INT64), Literal(24, DType.INT64), (), vector=16, unroll=4))
+    assert (short.vector, short.unroll) == (8, 3)
     src = "def f(float(H, C) X, float(C) B) -> (Y) { Y(h, c) = exp(X(h, c) + B(c)) }"
     x = np.random.default_rng(n).standard_normal((5, n)).astype(np.float32)
     b = np.random.default_rng(1).standard_normal(n).astype(np.float32)
