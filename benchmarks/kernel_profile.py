@@ -46,9 +46,8 @@ def random_feed(model: pf.CompiledModel, rng: np.random.Generator) -> dict[str, 
     return feed
 
 
-def polyfuse_kernels(path: Path, feed: dict[str, np.ndarray], threads: int) -> list[tuple[str, float]]:
+def polyfuse_kernels(model: pf.CompiledModel, feed: dict[str, np.ndarray], threads: int) -> list[tuple[str, float]]:
     native.set_num_threads(threads)
-    model = pf.compile(str(path), target="host")
     model.run(feed)
     rounds = [model.profile(feed, repeat=REPEAT) for _ in range(ROUNDS)]
     return [(label, min(r[k][1] for r in rounds)) for k, (label, _) in enumerate(rounds[0])]
@@ -87,9 +86,9 @@ def main() -> None:
     args = parser.parse_args()
     graph = onnx.load(str(args.model), load_external_data=False).graph
     names = {node.name for node in graph.node}
-    probe = pf.compile(str(args.model), target="host")
-    feed = random_feed(probe, np.random.default_rng(0))
-    ours = polyfuse_kernels(args.model, feed, args.threads)
+    model = pf.compile(str(args.model), target="host")
+    feed = random_feed(model, np.random.default_rng(0))
+    ours = polyfuse_kernels(model, feed, args.threads)
     theirs = onnxruntime_nodes(args.model, feed, args.threads, graph)
     rows, matched = [], set()
     for label, seconds in ours:

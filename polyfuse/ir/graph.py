@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +186,17 @@ class Graph:
         lines += [f"  {n}" for n in self.nodes]
         lines.append("}")
         return "\n".join(lines)
+
+
+def reshape_target(src: Sequence[int], shape: Sequence[int], allow_zero: bool = False) -> list[int]:
+    """ONNX Reshape's target ``shape`` for an input of shape ``src``: a 0 copies the
+    input's dimension there (unless ``allow_zero``), and a single -1 takes what the
+    others leave (several -1 stay as they are, for the caller to refuse)."""
+    out = [src[k] if d == 0 and not allow_zero and k < len(src) else d for k, d in enumerate(shape)]
+    if out.count(-1) == 1:
+        known = math.prod(d for d in out if d != -1)
+        out[out.index(-1)] = math.prod(src) // known if known else 0
+    return out
 
 
 def consumers(g: Graph) -> dict[str, list[Node]]:

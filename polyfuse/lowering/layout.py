@@ -52,7 +52,7 @@ from dataclasses import replace
 import numpy as np
 
 from polyfuse.ir.comprehension import Definition, Expr, Read, Statement, TensorDecl, map_expr
-from polyfuse.ir.graph import Constant, Graph, Node
+from polyfuse.ir.graph import Constant, Graph, Node, reshape_target
 from polyfuse.lowering.fusion import ELEMENTWISE, QUANTIZERS
 from polyfuse.lowering.winograd import winograd_nodes, winograd_tile
 
@@ -277,7 +277,6 @@ class _Converter:
                                   outputs=self._define(n, rank), attrs=attrs))
         return True
 
-
     def _same_shape(self, n: Node) -> bool:
         """A Reshape of a twin to the shape it has (known sizes; the target a constant, or
         the Shape of a value of the same known sizes: GroupNorm as torch exports it, a
@@ -292,13 +291,8 @@ class _Converter:
         source = self.producer.get(n.inputs[1])
         if target is not None:
             dims = target.array.tolist() if target.array.ndim == 1 else None
-            if dims is None or len(dims) != len(shape) or n.attr("allowzero", 0) or dims.count(-1) > 1:
-                return False
-            dims = [shape[k] if d == 0 else d for k, d in enumerate(dims)]
-            if -1 in dims:
-                rest = int(np.prod([d for d in dims if d != -1]))
-                dims[dims.index(-1)] = int(np.prod(shape)) // rest if rest else -1
-            if tuple(dims) != shape:
+            if dims is None or len(dims) != len(shape) or n.attr("allowzero", 0) \
+                    or tuple(reshape_target(shape, dims)) != shape:
                 return False
         elif source is None or source.op != "Shape" or source.attrs or \
                 (u := self.g.type_of(source.inputs[0])) is None or not u.is_static or \

@@ -220,8 +220,8 @@ class KernelEmitter:
         return trips > vector and trips % vector != 0
 
     def split_tail(self, s: For, scope: _Scope, b: ir.IRBuilder) -> None:
-        """A vector loop of symbolic trips as two: the whole vectors (times the
-        interleave count) unmasked, then what is left, each vector under a mask. LLVM's
+        """A vector loop as two: the whole vectors (times the interleave count, or, for a
+        constant count, all of them) unmasked, then what is left, under a mask. LLVM's
         masked loop masks every vector, not the last alone (a softmax over symbolic rows
         of 256: 1.4x the time of unmasked vectors)."""
         emitter = self.exprs(scope)

@@ -205,6 +205,15 @@ def kernel_shape(ctx: OpContext) -> list[int]:
     return kernel
 
 
+def _parameters(ctx: OpContext) -> tuple[list[str], tuple[int, ...]]:
+    """A convolution's parameters as the node gives them: ``X``, ``W`` and the bias ``B``
+    if any, and the node's inputs they take."""
+    params = [tensor_param("X", ctx.types[0]), tensor_param("W", ctx.types[1])]  # type: ignore[arg-type]
+    if not ctx.has(2):
+        return params, (0, 1)
+    return params + [tensor_param("B", ctx.types[2])], (0, 1, 2)  # type: ignore[arg-type]
+
+
 def _convolution(ctx: OpContext, name: str, product: str, inside: list[str],
                  extents: list[tuple[str, int]], padding: str = "") -> TCKernel:
     """One ``+=!`` of ``product`` over ``extents`` (output ``Y(n, m, o...)``); with the
@@ -214,15 +223,11 @@ def _convolution(ctx: OpContext, name: str, product: str, inside: list[str],
     writing the temporary ``P`` that ``product`` reads."""
     index = ', '.join(i for i, _ in extents[:len(ctx.shape(0))])
     body = guarded(inside, product, literal(0, ctx.dtype(0)))
-    params = [tensor_param("X", ctx.types[0]),  # type: ignore[arg-type]
-              tensor_param("W", ctx.types[1])]  # type: ignore[arg-type]
-    inputs: tuple[int, ...] = (0, 1)
+    params, inputs = _parameters(ctx)
     temporaries = ["P"] if padding else []
     if ctx.has(2):
-        params.append(tensor_param("B", ctx.types[2]))  # type: ignore[arg-type]
         lines = [f"  T({index}) +=! {body}{where(extents)}", f"  Y({index}) = T({index}) + B(m)"]
         temporaries.append("T")
-        inputs = (0, 1, 2)
     else:
         lines = [f"  Y({index}) +=! {body}{where(extents)}"]
     lines = ([padding] if padding else []) + lines
@@ -349,11 +354,8 @@ def _grouped(ctx: OpContext, axes: list[WindowAxis], groups: int, taps: list[str
     outs = [(oi, a.out) for oi, a in zip(o, axes)]
     extents = ([("n", x[0]), ("g", groups), ("j", per_group)] + outs
                + [("c", depth)] + [(ki, a.kernel) for ki, a in zip(k, axes)])
-    params = [tensor_param("X", ctx.types[0]), tensor_param("W", ctx.types[1])]  # type: ignore[arg-type]
-    inputs, bias = (0, 1), ""
-    if ctx.has(2):
-        params.append(tensor_param("B", ctx.types[2]))  # type: ignore[arg-type]
-        inputs, bias = (0, 1, 2), " + B(m)"
+    params, inputs = _parameters(ctx)
+    bias = " + B(m)" if ctx.has(2) else ""
     lines = [padding, f"  T(n, g, j, {', '.join(o)}) +=! {product}{where(extents)}",
              f"  Y(n, m, {', '.join(o)}) = T(n, m / {per_group}, m % {per_group}, {', '.join(o)}){bias}"
              f"{where([('n', x[0]), ('m', w[0])] + outs)}"]

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from polyfuse.ir.graph import reshape_target
 from polyfuse.lowering.ops import Folded, OpContext, View, register
 
 
@@ -25,12 +26,9 @@ def _reshape(ctx: OpContext) -> View:
     if not allow_zero and any(d == 0 for d in shape[len(src):]):
         raise ctx.malformed(f"target shape {tuple(shape)} copies (0) a dimension input shape "
                             f"{src} does not have")
-    out = [src[k] if d == 0 and not allow_zero else d for k, d in enumerate(shape)]
+    out = reshape_target(src, shape, bool(allow_zero))
     if out.count(-1) > 1:
         raise ctx.unsupported(f"target shape {tuple(shape)} has more than one -1")
-    if -1 in out:
-        known = math.prod(d for d in out if d != -1)
-        out[out.index(-1)] = math.prod(src) // known if known else 0
     if math.prod(out) != math.prod(src) or any(d < 0 for d in out):
         raise ctx.unsupported(f"cannot reshape {src} into {tuple(shape)}")
     return View(0, tuple(out))
